@@ -1,0 +1,49 @@
+"""The contract every broker backend implements, and the registry of backends."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
+
+from mqttbed.core.host import Host
+from mqttbed.core.protocol import Endpoint
+
+
+class BrokerStatsSample(BaseModel):
+    """One sample of a broker's resource use (whole process tree)."""
+
+    model_config = ConfigDict(frozen=True)
+    t_ns: int               # CLOCK_MONOTONIC
+    cpu_percent: float      # of one core; 200 = two cores busy
+    rss_bytes: int
+    bytes_recv: int         # cumulative since deploy
+    bytes_sent: int         # cumulative since deploy
+    processes: int
+
+
+@runtime_checkable
+class BrokerBackend(Protocol):
+    """A broker deployed per run: deploy, check, sample, tear down."""
+
+    name: str
+
+    def deploy(self, spec: Any, host: Host) -> Endpoint:
+        """Start the broker described by ``spec`` (the campaign's broker section) on ``host``."""
+        ...
+
+    def health(self) -> str | None:
+        """Return None while healthy, else the reason the broker is unusable."""
+        ...
+
+    def stats(self) -> list[BrokerStatsSample]:
+        """Return the resource samples taken since deploy."""
+        ...
+
+    def metadata(self) -> dict[str, Any]:
+        """Return what was deployed: version, config text and hash, binary hash."""
+        ...
+
+    def teardown(self) -> None:
+        """Stop the broker and remove everything it left; safe to call twice."""
+        ...

@@ -1,0 +1,37 @@
+"""Clocks every side of mqttbed timestamps with.
+
+All software timestamps are CLOCK_MONOTONIC nanoseconds. On one machine every process
+reads the same CLOCK_MONOTONIC, so a publisher's ``t_pub_ns`` and a subscriber's
+``t_recv_ns`` in another process are directly comparable; across machines an agent's
+offset to the controller's clock is recorded with each event.
+"""
+
+from __future__ import annotations
+
+import time
+
+CLOCK_NAME = "CLOCK_MONOTONIC"
+
+
+def monotonic_ns() -> int:
+    """Return CLOCK_MONOTONIC in nanoseconds (never wall time, never steps)."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def resolution_ns() -> int:
+    """Return the resolution of CLOCK_MONOTONIC in nanoseconds."""
+    return int(time.clock_getres(time.CLOCK_MONOTONIC) * 1e9) or 1
+
+
+def sleep_until_ns(deadline_ns: int, spin_ns: int = 200_000) -> None:
+    """Sleep until ``deadline_ns`` on the monotonic clock.
+
+    Sleeps coarsely, then spins for the last ``spin_ns`` so open-loop send times are not
+    at the mercy of the scheduler's wake-up slack (typically 50-100 us).
+    """
+    while True:
+        remaining = deadline_ns - monotonic_ns()
+        if remaining <= 0:
+            return
+        if remaining > spin_ns:
+            time.sleep((remaining - spin_ns) / 1e9)

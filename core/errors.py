@@ -1,0 +1,31 @@
+"""Errors a user or an operator can cause, each with a message that names the fix."""
+
+from __future__ import annotations
+
+
+class MqttbedError(Exception):
+    """Base of every error mqttbed raises on purpose."""
+
+
+class SpecError(MqttbedError):
+    """A campaign spec is invalid; the message names the field and the bad value."""
+
+
+class IllegalTransition(MqttbedError):
+    """A run was asked to move between two states the state machine does not connect."""
+
+
+class RunFailed(MqttbedError):
+    """A run cannot finish; ``reason`` is what gets recorded with the run."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class BackendError(MqttbedError):
+    """A broker backend could not be deployed or has died."""
+
+
+class MissingSystemDependency(MqttbedError):
+    """A program mqttbed needs is not installed; the message says how to install it."""

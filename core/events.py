@@ -1,0 +1,84 @@
+"""The event row: one record per publish, per delivery and per subscription.
+
+Every run's events land in one Parquet dataset partitioned by ``campaign_id`` and
+``run_id`` (hive style directories). The partition columns are not stored inside the
+files. Three kinds of rows share the schema:
+
+- ``publish``: one per PUBLISH sent; ``receiver`` and ``t_recv_ns`` are null.
+- ``delivery``: one per message received by a subscriber; ``t_pub_ns``, ``seq`` and
+  ``t_intended_ns`` come from the payload, ``t_recv_ns`` from the receiver's clock.
+- ``subscribe``: one per subscription; ``t_recv_ns`` is when its SUBACK arrived, which
+  orders the subscribers (first subscribed ... last subscribed) for the sync spread.
+"""
+
+from __future__ import annotations
+
+import struct
+from enum import StrEnum
+from typing import Any
+
+
+class EventKind(StrEnum):
+    PUBLISH = "publish"
+    DELIVERY = "delivery"
+    SUBSCRIBE = "subscribe"
+
+
+class ClockSource(StrEnum):
+    """Where a timestamp came from; truth order scope > kernel > user."""
+
+    SCOPE = "scope"
+    KERNEL = "kernel"
+    USER = "user"
+
+
+# (name, arrow type name, nullable) in file order.
+EVENT_FIELDS: tuple[tuple[str, str, bool], ...] = (
+    ("kind", "string", False),
+    ("agent_id", "string", False),
+    ("publisher", "string", True),
+    ("seq", "int64", True),
+    ("receiver", "string", True),
+    ("topic", "string", False),
+    ("payload_bytes", "int32", False),
+    ("qos", "int8", False),
+    ("warmup", "bool", False),
+    ("t_intended_ns", "int64", True),
+    ("t_pub_ns", "int64", True),
+    ("t_recv_ns", "int64", True),
+    ("clock_source", "string", False),
+    ("clock_offset_ns", "int64", False),
+    ("clock_offset_uncertainty_ns", "int64", False),
+)
+EVENT_COLUMNS: tuple[str, ...] = tuple(name for name, _, _ in EVENT_FIELDS)
+PARTITION_COLUMNS: tuple[str, str] = ("campaign_id", "run_id")
+
+
+def arrow_schema() -> Any:
+    """Return the pyarrow schema of an event file (pyarrow imported lazily)."""
+    import pyarrow as pa
+
+    types = {"string": pa.string(), "int64": pa.int64(), "int32": pa.int32(),
+             "int8": pa.int8(), "bool": pa.bool_()}
+    return pa.schema([pa.field(n, types[t], nullable=nb) for n, t, nb in EVENT_FIELDS])
+
+
+# Payload header written by every publisher: sequence number, publisher index,
+# actual send time and intended (open-loop schedule) send time, little endian.
+PAYLOAD_HEADER = struct.Struct("<QIqq")
+PAYLOAD_MAGIC = b"MQB1"
+PAYLOAD_MIN_BYTES = len(PAYLOAD_MAGIC) + PAYLOAD_HEADER.size
+
+
+def encode_payload(seq: int, publisher_index: int, t_pub_ns: int, t_intended_ns: int,
+                   payload_bytes: int) -> bytes:
+    """Build a payload of exactly ``payload_bytes`` carrying the send timestamps."""
+    head = PAYLOAD_MAGIC + PAYLOAD_HEADER.pack(seq, publisher_index, t_pub_ns, t_intended_ns)
+    return head + bytes(payload_bytes - len(head))
+
+
+def decode_payload(payload: bytes) -> tuple[int, int, int, int]:
+    """Return ``(seq, publisher_index, t_pub_ns, t_intended_ns)`` from a payload."""
+    if payload[:4] != PAYLOAD_MAGIC or len(payload) < PAYLOAD_MIN_BYTES:
+        raise ValueError(f"not an mqttbed payload ({len(payload)} bytes)")
+    return PAYLOAD_HEADER.unpack_from(payload, 4)

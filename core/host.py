@@ -1,0 +1,121 @@
+"""Where a thing runs: this machine (subprocesses) or, later, a remote one over SSH.
+
+Backends and agents are started through a :class:`Host`, never with ad-hoc shell
+strings, so the same backend code deploys locally and on a lab machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class ProcessHandle(Protocol):
+    """A process a host started."""
+
+    pid: int
+
+    def poll(self) -> int | None:
+        """Return the exit code if the process has ended, else None."""
+        ...
+
+    def stop(self, timeout_s: float = 5.0) -> int | None:
+        """Stop the process and everything it started; return its exit code."""
+        ...
+
+
+@runtime_checkable
+class Host(Protocol):
+    """A machine mqttbed deploys processes to."""
+
+    name: str
+    address: str
+
+    def spawn(self, argv: list[str], *, env: dict[str, str] | None = None,
+              log_path: Path | None = None) -> ProcessHandle:
+        """Start ``argv`` in its own process group."""
+        ...
+
+    def free_port(self) -> int:
+        """Return a TCP port that is free on this host right now."""
+        ...
+
+    def make_dir(self, prefix: str) -> Path:
+        """Create a fresh private directory on the host."""
+        ...
+
+
+class LocalProcess:
+    """A subprocess in its own session, so stopping it stops all its children too."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]):
+        self._popen = popen
+        self.pid = popen.pid
+
+    def poll(self) -> int | None:
+        return self._popen.poll()
+
+    def stop(self, timeout_s: float = 5.0) -> int | None:
+        """SIGTERM the process group, then SIGKILL whatever is left after ``timeout_s``."""
+        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                return self._popen.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+        return self._popen.poll()
+
+
+class LocalHost:
+    """This machine."""
+
+    name = "local"
+    address = "127.0.0.1"
+
+    def spawn(self, argv: list[str], *, env: dict[str, str] | None = None,
+              log_path: Path | None = None) -> LocalProcess:
+        out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+        try:
+            popen = subprocess.Popen(
+                argv, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            if log_path:
+                out.close()
+        return LocalProcess(popen)
+
+    def free_port(self) -> int:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((self.address, 0))
+            return s.getsockname()[1]
+
+    def make_dir(self, prefix: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def wait_for_tcp(host: str, port: int, timeout_s: float, alive: ProcessHandle | None = None) -> None:
+    """Block until ``host:port`` accepts a connection; raise TimeoutError otherwise.
+
+    If ``alive`` is given and that process exits first, raise RuntimeError at once.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if alive is not None and alive.poll() is not None:
+            raise RuntimeError(f"process {alive.pid} exited with code {alive.poll()} before "
+                               f"listening on {host}:{port}")
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout_s:.1f} s")

@@ -1,0 +1,150 @@
+"""Typed, versioned messages between the controller and its agents (JSON over HTTP).
+
+An agent registers, then heartbeats and long-polls for commands. Commands are an
+assignment (which MQTT clients to run against which broker), a start time, an abort or a
+shutdown. The agent answers with ready, result chunks (idempotent: the same chunk sent
+twice is stored once), done or error.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PROTOCOL_VERSION = 1
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    protocol_version: int = PROTOCOL_VERSION
+
+
+class Transport(StrEnum):
+    MQTT_TCP = "mqtt-tcp"
+    MQTT_UDP = "mqtt-udp"
+    MQTT_SN_UDP = "mqtt-sn-udp"
+
+
+class Endpoint(BaseModel):
+    """Where clients reach a deployed broker."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    host: str
+    port: int
+    transport: Transport = Transport.MQTT_TCP
+
+
+class Register(Message):
+    name: str
+    hostname: str
+    pid: int
+    cores: int
+    gpio_backend: str
+    clock: str
+    clock_resolution_ns: int
+
+
+class Registered(Message):
+    agent_id: str
+    heartbeat_interval_s: float
+
+
+class Heartbeat(Message):
+    agent_id: str
+    state: str
+    t_agent_ns: int
+
+
+class Role(StrEnum):
+    PUBLISHER = "publisher"
+    SUBSCRIBER = "subscriber"
+
+
+class ClientAssignment(BaseModel):
+    """One MQTT client an agent runs during a run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    client_id: str
+    role: Role
+    topic: str
+    qos: int
+    gpio_pin: int
+    # publisher
+    publisher_index: int = 0
+    payload_bytes: int = 0
+    rate_hz: float = 0.0
+    messages: int = 0
+    warmup_messages: int = 0
+    # subscriber: deliveries it expects (sum over the publishers of its topic)
+    expected_messages: int = 0
+    # subscription order: 0 subscribes first
+    subscribe_rank: int = 0
+
+
+class Assignment(Message):
+    type: Literal["assignment"] = "assignment"
+    run_id: str
+    campaign_id: str
+    broker: Endpoint
+    clients: list[ClientAssignment]
+    clock_offset_ns: int = 0
+    clock_offset_uncertainty_ns: int = 0
+    chunk_events: int = 5000
+    chunk_interval_s: float = 0.5
+    drain_s: float = 1.0
+
+
+class StartAt(Message):
+    """Start publishing at ``t_start_ns`` on the controller's clock."""
+
+    type: Literal["start"] = "start"
+    run_id: str
+    t_start_ns: int
+
+
+class Abort(Message):
+    type: Literal["abort"] = "abort"
+    run_id: str
+    reason: str
+
+
+class Shutdown(Message):
+    type: Literal["shutdown"] = "shutdown"
+
+
+Command = Annotated[Assignment | StartAt | Abort | Shutdown, Field(discriminator="type")]
+
+
+class Commands(Message):
+    commands: list[Command]
+
+
+class Ready(Message):
+    """Every client is connected and every subscriber holds its SUBACK."""
+
+    run_id: str
+    agent_id: str
+    clients: list[str]
+
+
+class ResultChunk(Message):
+    run_id: str
+    agent_id: str
+    seq: int
+    events: list[dict[str, Any]]
+
+
+class Done(Message):
+    run_id: str
+    agent_id: str
+    chunks: int
+    published: int
+    received: int
+
+
+class AgentFailure(Message):
+    run_id: str
+    agent_id: str
+    reason: str
