@@ -82,3 +82,13 @@ def decode_payload(payload: bytes) -> tuple[int, int, int, int]:
     if payload[:4] != PAYLOAD_MAGIC or len(payload) < PAYLOAD_MIN_BYTES:
         raise ValueError(f"not an mqttbed payload ({len(payload)} bytes)")
     return PAYLOAD_HEADER.unpack_from(payload, 4)
+
+
+def publisher_client_id(index: int) -> str:
+    """Client id of publisher ``index``; deliveries name their publisher with it."""
+    return f"pub-{index}"
+
+
+def subscriber_client_id(index: int) -> str:
+    """Client id of subscriber ``index`` (0 subscribes first)."""
+    return f"sub-{index}"

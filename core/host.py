@@ -6,6 +6,7 @@ strings, so the same backend code deploys locally and on a lab machine.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -65,10 +66,8 @@ class LocalProcess:
     def stop(self, timeout_s: float = 5.0) -> int | None:
         """SIGTERM the process group, then SIGKILL whatever is left after ``timeout_s``."""
         for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, sig)
-            except ProcessLookupError:
-                pass
             try:
                 return self._popen.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
@@ -103,7 +102,8 @@ class LocalHost:
         return Path(tempfile.mkdtemp(prefix=prefix))
 
 
-def wait_for_tcp(host: str, port: int, timeout_s: float, alive: ProcessHandle | None = None) -> None:
+def wait_for_tcp(host: str, port: int, timeout_s: float,
+                 alive: ProcessHandle | None = None) -> None:
     """Block until ``host:port`` accepts a connection; raise TimeoutError otherwise.
 
     If ``alive`` is given and that process exits first, raise RuntimeError at once.

@@ -77,6 +77,7 @@ class ClientAssignment(BaseModel):
     rate_hz: float = 0.0
     messages: int = 0
     warmup_messages: int = 0
+    start_offset_ns: int = 0  # staggers publishers over one period instead of a burst
     # subscriber: deliveries it expects (sum over the publishers of its topic)
     expected_messages: int = 0
     # subscription order: 0 subscribes first
@@ -93,6 +94,7 @@ class Assignment(Message):
     clock_offset_uncertainty_ns: int = 0
     chunk_events: int = 5000
     chunk_interval_s: float = 0.5
+    window_ns: int = 0  # publishing window of the whole run, from the start time
     drain_s: float = 1.0
 
 

@@ -1,0 +1,142 @@
+"""The agent program: ``mqttbed agent --controller URL --token T``.
+
+It registers with the controller over HTTP, heartbeats on its own thread, long-polls for
+commands and runs each assignment it is given. The same program runs as a local process
+spawned by the controller and on a Raspberry Pi in the lab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import threading
+
+import httpx
+
+from mqttbed.agents.gpio import open_gpio
+from mqttbed.agents.runner import AssignmentRunner
+from mqttbed.core.clock import CLOCK_NAME, monotonic_ns, resolution_ns
+from mqttbed.core.protocol import (
+    Abort,
+    Assignment,
+    Commands,
+    Heartbeat,
+    Register,
+    Registered,
+    Shutdown,
+    StartAt,
+)
+
+log = logging.getLogger("mqttbed.agent")
+
+
+class Agent:
+    """One agent's life: register, heartbeat, obey commands."""
+
+    def __init__(self, controller_url: str, token: str, name: str, gpio_backend: str = "virtual"):
+        # httpx writes headers and body separately: without TCP_NODELAY every request
+        # waits out a delayed ACK (~40 ms on Linux).
+        transport = httpx.HTTPTransport(
+            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+        self._http = httpx.Client(base_url=controller_url.rstrip("/"), timeout=30.0,
+                                  transport=transport,
+                                  headers={"authorization": f"Bearer {token}"})
+        self._name = name
+        self._gpio = open_gpio(gpio_backend)
+        self._stop = threading.Event()
+        self._runners: dict[str, AssignmentRunner] = {}
+        self.agent_id = ""
+        self._heartbeat_s = 0.5
+
+    def register(self) -> None:
+        hello = Register(name=self._name, hostname=socket.gethostname(), pid=os.getpid(),
+                         cores=os.cpu_count() or 1, gpio_backend=self._gpio.backend,
+                         clock=CLOCK_NAME, clock_resolution_ns=resolution_ns())
+        response = self._http.post("/agent/v1/register", content=hello.model_dump_json(),
+                                   headers={"content-type": "application/json"})
+        response.raise_for_status()
+        registered = Registered.model_validate_json(response.content)
+        self.agent_id = registered.agent_id
+        self._heartbeat_s = registered.heartbeat_interval_s
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self._heartbeat_s):
+            state = "busy" if self._runners else "idle"
+            beat = Heartbeat(agent_id=self.agent_id, state=state, t_agent_ns=monotonic_ns())
+            try:
+                self._http.post(f"/agent/v1/agents/{self.agent_id}/heartbeat",
+                                content=beat.model_dump_json(),
+                                headers={"content-type": "application/json"}, timeout=5.0)
+            except httpx.HTTPError as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    def serve(self) -> None:
+        """Register, then obey commands until told to shut down."""
+        self.register()
+        threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        while not self._stop.is_set():
+            try:
+                response = self._http.get(f"/agent/v1/agents/{self.agent_id}/commands",
+                                          params={"wait_s": 5.0}, timeout=15.0)
+                response.raise_for_status()
+            except httpx.HTTPError as exc:
+                log.warning("command poll failed: %s", exc)
+                self._stop.wait(0.5)
+                continue
+            for command in Commands.model_validate_json(response.content).commands:
+                self._obey(command)
+        for runner in list(self._runners.values()):
+            runner.abort("agent shutting down")
+            runner.join(5.0)
+
+    def _obey(self, command: Assignment | StartAt | Abort | Shutdown) -> None:
+        if isinstance(command, Assignment):
+            runner = AssignmentRunner(self._http, self.agent_id, command, self._gpio,
+                                      on_finished=lambda: self._runners.pop(command.run_id, None))
+            self._runners[command.run_id] = runner
+            runner.launch()
+        elif isinstance(command, StartAt):
+            if (runner := self._runners.get(command.run_id)) is not None:
+                runner.start_at(command.t_start_ns)
+        elif isinstance(command, Abort):
+            if (runner := self._runners.get(command.run_id)) is not None:
+                runner.abort(command.reason)
+        elif isinstance(command, Shutdown):
+            self._stop.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Add the agent's options to ``parser`` (a subcommand of ``mqttbed``) or a new one."""
+    parser = parser or argparse.ArgumentParser(prog="mqttbed agent")
+    parser.add_argument("--controller", required=True, help="controller URL, e.g. http://host:8000")
+    parser.add_argument("--token", default=os.environ.get("MQTTBED_AGENT_TOKEN"),
+                        help="agent token (or MQTTBED_AGENT_TOKEN)")
+    parser.add_argument("--name", default=socket.gethostname(), help="name shown by the controller")
+    parser.add_argument("--gpio", default="virtual", help="GPIO backend (virtual)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the agent until the controller shuts it down or SIGTERM arrives."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    if not args.token:
+        raise SystemExit("mqttbed agent: --token (or MQTTBED_AGENT_TOKEN) is required")
+    agent = Agent(args.controller, args.token, args.name, args.gpio)
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop())
+    agent.serve()
+    return 0
+
+
+def main() -> int:
+    return run(build_parser().parse_args())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,96 @@
+"""Executes one assignment: connect, report ready, run at the start time, upload, report done."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+
+import httpx
+
+from mqttbed.agents.gpio import GpioLines
+from mqttbed.agents.mqtt_session import MqttSession
+from mqttbed.agents.uploader import ChunkUploader
+from mqttbed.core.events import ClockSource
+from mqttbed.core.protocol import AgentFailure, Assignment, Done, Ready
+
+
+class AssignmentRunner:
+    """Runs one assignment on its own thread; commands arrive through its methods."""
+
+    def __init__(self, http: httpx.Client, agent_id: str, assignment: Assignment,
+                 gpio: GpioLines, on_finished: Callable[[], None]):
+        self.assignment = assignment
+        self._http = http
+        self._agent_id = agent_id
+        self._gpio = gpio
+        self._on_finished = on_finished
+        self._start_ns: int | None = None
+        self._started = threading.Event()
+        self._aborted = threading.Event()
+        self.abort_reason: str | None = None
+        self._thread = threading.Thread(target=self._main, name=f"run-{assignment.run_id}",
+                                        daemon=True)
+
+    def launch(self) -> None:
+        self._thread.start()
+
+    def start_at(self, t_start_controller_ns: int) -> None:
+        """Start at the controller's ``t_start`` (converted to this agent's clock)."""
+        self._start_ns = t_start_controller_ns + self.assignment.clock_offset_ns
+        self._started.set()
+
+    def abort(self, reason: str) -> None:
+        self.abort_reason = reason
+        self._aborted.set()
+        self._started.set()
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+
+    def _post(self, path: str, message: Ready | Done | AgentFailure) -> None:
+        response = self._http.post(path, content=message.model_dump_json(),
+                                   headers={"content-type": "application/json"})
+        response.raise_for_status()
+
+    def _main(self) -> None:
+        a = self.assignment
+        base = f"/agent/v1/runs/{a.run_id}"
+        uploader = ChunkUploader(
+            self._http, run_id=a.run_id, agent_id=self._agent_id,
+            static_columns={"agent_id": self._agent_id, "clock_source": ClockSource.USER.value,
+                            "clock_offset_ns": a.clock_offset_ns,
+                            "clock_offset_uncertainty_ns": a.clock_offset_uncertainty_ns},
+            chunk_events=a.chunk_events, interval_s=a.chunk_interval_s)
+        session = None
+        try:
+            session = MqttSession(a.broker, a.clients, self._gpio, uploader.record)
+            uploader.start()
+            session.connect(timeout_s=30.0)
+            self._post(f"{base}/ready", Ready(run_id=a.run_id, agent_id=self._agent_id,
+                                             clients=[c.client_id for c in a.clients]))
+            self._started.wait()
+            if self._aborted.is_set():
+                return
+            assert self._start_ns is not None
+            session.run(self._start_ns, self._deadline_ns(self._start_ns), self._aborted.is_set)
+            published, received = session.counts()
+            chunks = uploader.close()
+            self._post(f"{base}/done", Done(run_id=a.run_id, agent_id=self._agent_id,
+                                            chunks=chunks, published=published, received=received))
+        except Exception as exc:  # noqa: BLE001 - any failure is reported, with its reason
+            # The original failure is the one to report; a failing flush must not hide it.
+            with contextlib.suppress(Exception):
+                uploader.close()
+            reason = f"agent {self._agent_id}: {type(exc).__name__}: {exc}"
+            with contextlib.suppress(httpx.HTTPError):
+                self._post(f"{base}/error", AgentFailure(run_id=a.run_id, agent_id=self._agent_id,
+                                                         reason=reason))
+        finally:
+            if session is not None:
+                session.close()
+            self._on_finished()
+
+    def _deadline_ns(self, start_ns: int) -> int:
+        """End of the run's publishing window plus the drain time for late deliveries."""
+        return start_ns + self.assignment.window_ns + int(self.assignment.drain_s * 1e9)

@@ -1,0 +1,89 @@
+"""Streams a run's events to the controller in idempotent chunks.
+
+Events are uploaded while the run goes on (every ``interval_s`` or ``chunk_events``
+rows), so an agent that dies mid-run loses only what it had not sent yet. A chunk is
+identified by (run, agent, seq) and is retried until acknowledged: sending it twice
+stores it once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from mqttbed.agents.mqtt_session import RawEvent
+from mqttbed.core.events import EVENT_COLUMNS
+from mqttbed.core.protocol import ResultChunk
+
+_RAW_COLUMNS = ("kind", "publisher", "seq", "receiver", "topic", "payload_bytes", "qos",
+                "warmup", "t_intended_ns", "t_pub_ns", "t_recv_ns")
+
+
+class ChunkUploader:
+    """Buffers raw events and posts them as numbered chunks from a background thread."""
+
+    def __init__(self, http: httpx.Client, *, run_id: str, agent_id: str,
+                 static_columns: dict[str, Any], chunk_events: int, interval_s: float):
+        assert set(_RAW_COLUMNS) | set(static_columns) == set(EVENT_COLUMNS)
+        self._http = http
+        self._run_id = run_id
+        self._agent_id = agent_id
+        self._static = static_columns
+        self._chunk_events = chunk_events
+        self._interval_s = interval_s
+        self._buffer: list[RawEvent] = []
+        self._buffer_lock = threading.Lock()  # held for an append or a swap, never for I/O
+        self._flush_lock = threading.Lock()   # one flush at a time keeps chunk seqs in order
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="uploader", daemon=True)
+        self.chunks_sent = 0
+        self.error: str | None = None
+
+    def record(self, event: RawEvent) -> None:
+        """Buffer one event (called from the MQTT loop thread; must stay cheap)."""
+        with self._buffer_lock:
+            self._buffer.append(event)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> int:
+        """Flush everything left and stop; return the number of chunks sent."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._flush()
+        return self.chunks_sent
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self._flush()
+
+    def _flush(self) -> None:
+        # Send what is buffered now, not what keeps arriving meanwhile: a flush that chased
+        # the live buffer would post a stream of tiny chunks for the whole run.
+        with self._flush_lock:
+            with self._buffer_lock:
+                pending, self._buffer = self._buffer, []
+            for start in range(0, len(pending), self._chunk_events):
+                rows = [{**dict(zip(_RAW_COLUMNS, event, strict=True)), **self._static}
+                        for event in pending[start:start + self._chunk_events]]
+                self._post(ResultChunk(run_id=self._run_id, agent_id=self._agent_id,
+                                       seq=self.chunks_sent, events=rows))
+                self.chunks_sent += 1
+
+    def _post(self, chunk: ResultChunk, attempts: int = 8) -> None:
+        body = chunk.model_dump_json()
+        for attempt in range(attempts):
+            try:
+                response = self._http.post(f"/agent/v1/runs/{chunk.run_id}/chunks", content=body,
+                                           headers={"content-type": "application/json"})
+                response.raise_for_status()
+                return
+            except httpx.HTTPError as exc:
+                self.error = f"chunk {chunk.seq} upload failed: {exc}"
+                time.sleep(min(0.1 * 2 ** attempt, 2.0))
+        raise RuntimeError(self.error)

@@ -1,0 +1,322 @@
+"""The Spark side of the campaign stats: every figure, per run and per sweep point.
+
+A *level* is a (level, key) pair: ("run", run_id) or ("point", point_index). Each run's
+rows are joined to the levels it belongs to (its own run, and its point if the run is
+done), so one aggregation yields the run figures and the pooled point figures together:
+a point's percentiles are taken over all deliveries of its runs, never averaged from
+per-run percentiles. Figures come out in three long-format families:
+
+- counts: one row per counted thing, named by ``figure``; summed per level.
+- distributions: one value per delivery or message (latency, spreads, in microseconds);
+  mean, sample std, exact linearly interpolated percentiles and max per level.
+- items: one value per run or per run's sub-group (a receiver's jitter, a stream's RFC
+  3550 jitter, a run's throughput or broker figure); mean, sample std, max and sum.
+
+Only Spark SQL functions are used (no Python UDFs). Warm-up rows are dropped up front,
+except subscribe rows: a subscription is not a message, and it must still count when
+an agent marks everything before the measured window as warm-up.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mqttbed.analytics.topics import is_wildcard, topic_filter_regex
+from mqttbed.core.events import EventKind
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+LevelKey = tuple[str, str]
+FigureKey = tuple[str, str, str]
+
+RUN_LEVEL = "run"
+POINT_LEVEL = "point"
+PERCENTILES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
+BYTES_PER_KB = 1024
+NS_PER_US = 1000.0
+# RFC 3550 section 6.4.1: J += (|D| - J) / 16.
+RFC3550_GAIN = 16
+
+COUNT_FIGURES = ("messages_sent", "deliveries_expected", "delivery_rows", "unique_deliveries",
+                 "deliveries_received", "reordered")
+_MESSAGE_KEY = ("run_id", "publisher", "seq")
+_DELIVERY_KEY = ("run_id", "publisher", "seq", "receiver")
+
+
+@dataclass(frozen=True)
+class LevelFigures:
+    """The collected figures of every level, as plain Python numbers (None when empty)."""
+
+    counts: dict[LevelKey, dict[str, int]]
+    distributions: dict[FigureKey, dict[str, float | None]]
+    items: dict[FigureKey, dict[str, float | None]]
+
+
+def compute_level_figures(events: DataFrame, samples: DataFrame,
+                          levels: DataFrame) -> LevelFigures:
+    """Aggregate ``events`` and broker ``samples`` per level.
+
+    ``levels`` has columns run_id, level, key: one row per level a run belongs to.
+    """
+    from pyspark.sql import functions as F
+
+    publishes, subscriptions, deliveries = _split_events(events)
+    deliveries = deliveries.cache()
+    pairs = _expected_pairs(publishes, subscriptions)
+    unique = _unique_deliveries(deliveries, publishes, pairs).cache()
+    try:
+        counts_rows = _per_level(_count_rows(publishes, pairs, deliveries, unique), levels)
+        counts = (counts_rows.groupBy("level", "key").pivot("figure", list(COUNT_FIGURES))
+                  .count().collect())
+        distributions = (
+            _per_level(_distribution_rows(unique, subscriptions), levels)
+            .groupBy("level", "key", "figure")
+            .agg(F.avg("value").alias("mean"), F.stddev_samp("value").alias("std"),
+                 F.percentile("value", list(PERCENTILES.values())).alias("percentiles"),
+                 F.max("value").alias("max"))
+            .collect())
+        items = (
+            _per_level(_item_rows(unique, samples), levels)
+            .groupBy("level", "key", "figure")
+            .agg(F.avg("value").alias("mean"), F.stddev_samp("value").alias("std"),
+                 F.max("value").alias("max"), F.sum("value").alias("sum"))
+            .collect())
+    finally:
+        unique.unpersist()
+        deliveries.unpersist()
+    return LevelFigures(
+        counts={(r["level"], r["key"]): {f: int(r[f] or 0) for f in COUNT_FIGURES}
+                for r in counts},
+        distributions={(r["level"], r["key"], r["figure"]): _distribution(r)
+                       for r in distributions},
+        items={(r["level"], r["key"], r["figure"]): {s: _number(r[s]) for s in
+                                                     ("mean", "std", "max", "sum")}
+               for r in items},
+    )
+
+
+def _number(value: Any) -> float | None:
+    """Return ``value`` as a float, None for null, NaN or infinity."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _distribution(row: Any) -> dict[str, float | None]:
+    percentiles = row["percentiles"] or [None] * len(PERCENTILES)
+    return {"mean": _number(row["mean"]), "std": _number(row["std"]),
+            **{name: _number(v) for name, v in zip(PERCENTILES, percentiles, strict=True)},
+            "max": _number(row["max"])}
+
+
+def _per_level(frame: DataFrame, levels: DataFrame) -> DataFrame:
+    """Repeat each row of ``frame`` once per level its run belongs to."""
+    from pyspark.sql import functions as F
+
+    return frame.join(F.broadcast(levels), "run_id")
+
+
+# -- the rows every figure starts from ------------------------------------------------
+
+
+def _split_events(events: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
+    """Return (publishes, subscriptions, deliveries) without warm-up messages."""
+    from pyspark.sql import functions as F
+
+    kind = F.col("kind")
+    measured = events.where(~F.col("warmup") | (kind == EventKind.SUBSCRIBE.value))
+    publishes = measured.where(kind == EventKind.PUBLISH.value).select(
+        "run_id", "publisher", "seq", "topic", "t_pub_ns",
+        F.col("clock_offset_ns").alias("pub_offset_ns"))
+    # A receiver subscribed twice to one filter is one subscription, from its first SUBACK.
+    # SUBACK times are offset-corrected so receivers on different machines compare.
+    subscriptions = (
+        measured.where(kind == EventKind.SUBSCRIBE.value)
+        .groupBy("run_id", "receiver", F.col("topic").alias("topic_filter"))
+        .agg(F.min(F.col("t_recv_ns") - F.col("clock_offset_ns")).alias("suback_ns")))
+    deliveries = measured.where(kind == EventKind.DELIVERY.value).select(
+        "run_id", "publisher", "seq", "receiver", "t_pub_ns", "t_recv_ns",
+        F.col("clock_offset_ns").alias("recv_offset_ns"))
+    return publishes, subscriptions, deliveries
+
+
+def _expected_pairs(publishes: DataFrame, subscriptions: DataFrame) -> DataFrame:
+    """Return one (run_id, publisher, seq, receiver) row per matching (publish, subscription).
+
+    Filters without wildcards join by equality; the few wildcard filters are collected,
+    turned into regexes and matched with ``rlike`` against a broadcast of their
+    subscriptions. A wildcard filter never equals a topic name (names cannot hold
+    wildcards), so no pair is counted twice.
+    """
+    from pyspark.sql import functions as F
+
+    pair_columns = [F.col("p.run_id"), F.col("p.publisher"), F.col("p.seq"), F.col("s.receiver")]
+    p, s = publishes.alias("p"), subscriptions.alias("s")
+    same_run = F.col("p.run_id") == F.col("s.run_id")
+    pairs = p.join(s, same_run & (F.col("p.topic") == F.col("s.topic_filter"))).select(
+        *pair_columns)
+    wildcards = sorted(row["topic_filter"] for row in
+                       subscriptions.select("topic_filter").distinct().collect()
+                       if is_wildcard(row["topic_filter"]))
+    if wildcards:
+        wild = F.broadcast(subscriptions.where(F.col("topic_filter").isin(wildcards))).alias("s")
+        matches: Column = F.lit(False)
+        for topic_filter in wildcards:
+            matches = matches | ((F.col("s.topic_filter") == topic_filter)
+                                 & F.col("p.topic").rlike(topic_filter_regex(topic_filter)))
+        pairs = pairs.unionByName(p.join(wild, same_run & matches).select(*pair_columns))
+    return pairs
+
+
+def _unique_deliveries(deliveries: DataFrame, publishes: DataFrame,
+                       pairs: DataFrame) -> DataFrame:
+    """Return the first arrival of each (run, publisher, seq, receiver), with its figures.
+
+    Columns: the delivery key, t_pub_ns (payload), t_recv_ns, arrival_ns (offset
+    corrected), latency_us, and ``expected`` (a subscription of the receiver matches).
+    """
+    from pyspark.sql import functions as F
+
+    first = (deliveries.groupBy(*_DELIVERY_KEY)
+             .agg(F.min(F.struct("t_recv_ns", "recv_offset_ns", "t_pub_ns")).alias("d"))
+             .select(*_DELIVERY_KEY, "d.*"))
+    sent = (publishes.groupBy(*_MESSAGE_KEY)
+            .agg(F.min(F.struct("t_pub_ns", "pub_offset_ns")).alias("p"))
+            .select(*_MESSAGE_KEY, F.col("p.t_pub_ns").alias("sent_ns"),
+                    F.col("p.pub_offset_ns")))
+    expected = pairs.distinct().withColumn("expected", F.lit(True))
+    arrival = F.col("t_recv_ns") - F.col("recv_offset_ns")
+    # The publisher's own record is the better send time; without one, use the payload's
+    # timestamp on an unknown clock (offset 0).
+    departure = (F.coalesce(F.col("sent_ns"), F.col("t_pub_ns"))
+                 - F.coalesce(F.col("pub_offset_ns"), F.lit(0)))
+    return (first.join(sent, list(_MESSAGE_KEY), "left")
+            .join(expected, list(_DELIVERY_KEY), "left")
+            .select(*_DELIVERY_KEY, "t_pub_ns", "t_recv_ns", arrival.alias("arrival_ns"),
+                    ((arrival - departure).cast("double") / NS_PER_US).alias("latency_us"),
+                    F.coalesce(F.col("expected"), F.lit(False)).alias("expected")))
+
+
+# -- the three families -----------------------------------------------------------------
+
+
+def _count_rows(publishes: DataFrame, pairs: DataFrame, deliveries: DataFrame,
+                unique: DataFrame) -> DataFrame:
+    """Return (run_id, figure): one row per thing counted under ``figure``."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    # A row is reordered if an earlier arrival on its stream carried a higher seq.
+    stream = (Window.partitionBy("run_id", "receiver", "publisher").orderBy("t_recv_ns", "seq")
+              .rowsBetween(Window.unboundedPreceding, -1))
+    reordered = deliveries.where(F.col("seq") < F.max("seq").over(stream))
+    counted = {
+        "messages_sent": publishes, "deliveries_expected": pairs, "delivery_rows": deliveries,
+        "unique_deliveries": unique, "deliveries_received": unique.where("expected"),
+        "reordered": reordered,
+    }
+    frames = [frame.select("run_id", F.lit(figure).alias("figure"))
+              for figure, frame in counted.items()]
+    rows = frames[0]
+    for frame in frames[1:]:
+        rows = rows.unionByName(frame)
+    return rows
+
+
+def _distribution_rows(unique: DataFrame, subscriptions: DataFrame) -> DataFrame:
+    """Return (run_id, figure, value): latency per delivery, spreads per message, in us."""
+    from pyspark.sql import functions as F
+
+    # First and last subscribed receiver of each run, by (offset-corrected) SUBACK time.
+    by_suback = F.struct("suback_ns", "receiver")
+    ends = (subscriptions.groupBy("run_id", "receiver").agg(F.min("suback_ns").alias("suback_ns"))
+            .groupBy("run_id")
+            .agg(F.min_by("receiver", by_suback).alias("first_receiver"),
+                 F.max_by("receiver", by_suback).alias("last_receiver"))
+            .where(F.col("first_receiver") != F.col("last_receiver")))
+    arrival = F.col("arrival_ns")
+    messages = (
+        unique.join(F.broadcast(ends), "run_id", "left")
+        .groupBy(*_MESSAGE_KEY)
+        .agg(F.count("*").alias("receivers"),
+             (F.max(arrival) - F.min(arrival)).alias("spread_ns"),
+             F.max(F.when(F.col("receiver") == F.col("first_receiver"), arrival)).alias("first_ns"),
+             F.max(F.when(F.col("receiver") == F.col("last_receiver"), arrival)).alias("last_ns")))
+    first_last_ns = F.col("last_ns") - F.col("first_ns")   # null unless both received it
+    return (
+        unique.select("run_id", F.lit("latency_us").alias("figure"),
+                      F.col("latency_us").alias("value"))
+        .unionByName(messages.where(F.col("receivers") >= 2).select(
+            "run_id", F.lit("sync_spread_us").alias("figure"),
+            (F.col("spread_ns") / NS_PER_US).alias("value")))
+        .unionByName(messages.where(first_last_ns.isNotNull()).select(
+            "run_id", F.lit("first_last_spread_us").alias("figure"),
+            (first_last_ns / NS_PER_US).alias("value"))))
+
+
+def _item_rows(unique: DataFrame, samples: DataFrame) -> DataFrame:
+    """Return (run_id, figure, value): per-receiver, per-stream and per-run values."""
+    from pyspark.sql import functions as F
+
+    jitter_std = (unique.groupBy("run_id", "receiver")
+                  .agg(F.stddev_samp("latency_us").alias("value"))
+                  .select("run_id", F.lit("jitter_std_us").alias("figure"), "value"))
+    span_s = (F.max("arrival_ns") - F.min("arrival_ns")) / 1e9
+    throughput = (unique.groupBy("run_id")
+                  .agg(F.try_divide(F.sum(F.col("expected").cast("long")), span_s).alias("value"))
+                  .select("run_id", F.lit("throughput_msgs_per_s").alias("figure"), "value"))
+    return (jitter_std.unionByName(_rfc3550_rows(unique)).unionByName(throughput)
+            .unionByName(_broker_rows(samples)).where(F.col("value").isNotNull()))
+
+
+def _rfc3550_rows(unique: DataFrame) -> DataFrame:
+    """Return (run_id, figure, value): the final RFC 3550 jitter of each stream, in us.
+
+    A stream is (run, receiver, publisher) in arrival order; D_i compares the arrival
+    gap with the send gap of the payload timestamps. Streams with fewer than two
+    deliveries have no D and are left out.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    stream_cols = ("run_id", "receiver", "publisher")
+    in_arrival_order = Window.partitionBy(*stream_cols).orderBy("t_recv_ns", "seq")
+    transit_change = ((F.col("t_recv_ns") - F.lag("t_recv_ns").over(in_arrival_order))
+                      - (F.col("t_pub_ns") - F.lag("t_pub_ns").over(in_arrival_order)))
+    differences = (unique.withColumn("d_ns", transit_change.cast("double"))
+                   .groupBy(*stream_cols)
+                   .agg(F.sort_array(F.collect_list(F.when(
+                       F.col("d_ns").isNotNull(), F.struct("t_recv_ns", "seq", "d_ns"))))
+                       .alias("ds")))
+    jitter_ns = F.aggregate(F.transform("ds", lambda x: x["d_ns"]), F.lit(0.0),
+                            lambda j, d: j + (F.abs(d) - j) / RFC3550_GAIN)
+    return differences.where(F.size("ds") > 0).select(
+        "run_id", F.lit("jitter_rfc3550_us").alias("figure"), (jitter_ns / NS_PER_US).alias("value"))
+
+
+BROKER_FIGURES = ("samples", "cpu_percent_mean", "cpu_percent_max", "rss_bytes_max",
+                  "net_recv_kb_per_s", "net_sent_kb_per_s")
+
+
+def _broker_rows(samples: DataFrame) -> DataFrame:
+    """Return (run_id, figure, value): each run's broker figures (BROKER_FIGURES)."""
+    from pyspark.sql import functions as F
+
+    duration_s = (F.max("t_ns") - F.min("t_ns")) / 1e9
+
+    def kb_per_s(column: str) -> Column:
+        grown = F.max_by(column, "t_ns") - F.min_by(column, "t_ns")
+        return F.try_divide(grown / BYTES_PER_KB, duration_s)
+
+    per_run = samples.groupBy("run_id").agg(
+        F.count("*").cast("double").alias("samples"),
+        F.avg("cpu_percent").alias("cpu_percent_mean"),
+        F.max("cpu_percent").alias("cpu_percent_max"),
+        F.max("rss_bytes").cast("double").alias("rss_bytes_max"),
+        kb_per_s("bytes_recv").alias("net_recv_kb_per_s"),
+        kb_per_s("bytes_sent").alias("net_sent_kb_per_s"))
+    return per_run.unpivot("run_id", list(BROKER_FIGURES), "figure", "value")

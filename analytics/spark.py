@@ -1,0 +1,63 @@
+"""The one Spark session of a process: created on first use, reused, stopped on request.
+
+pyspark is imported inside the functions, so importing mqttbed.analytics stays cheap and
+a host without the ``[analytics]`` extra can still import the package.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+DEFAULT_MASTER = "local[*]"
+MASTER_ENV = "MQTTBED_SPARK_MASTER"
+
+# The one allowed global: the session of this process (Spark allows one per JVM anyway).
+_session: SparkSession | None = None
+
+
+def get_spark(master: str | None = None) -> SparkSession:
+    """Return this process's Spark session, creating it on the first call.
+
+    ``master`` wins over ``$MQTTBED_SPARK_MASTER``, which wins over ``local[*]``. Only the
+    first call's master counts: later calls get the session already running.
+    """
+    global _session
+    if _session is not None:
+        return _session
+    from pyspark.sql import SparkSession
+
+    master = master or os.environ.get(MASTER_ENV) or DEFAULT_MASTER
+    # Spark's Python workers otherwise start whatever `python3` is first on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("mqttbed-analytics")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        # run ids such as "0001" must stay strings, not become integers.
+        .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "2g")
+    )
+    if master.startswith("local"):
+        # Loopback only; a cluster's executors must reach the driver on a real address.
+        builder = (builder.config("spark.driver.bindAddress", "127.0.0.1")
+                   .config("spark.driver.host", "127.0.0.1"))
+    _session = builder.getOrCreate()
+    _session.sparkContext.setLogLevel("WARN")
+    return _session
+
+
+def stop_spark() -> None:
+    """Stop this process's Spark session (and its JVM's context), if one is running."""
+    global _session
+    if _session is not None:
+        _session.stop()
+        _session = None

@@ -1,0 +1,284 @@
+"""Mosquitto, the software reference broker, deployed as a private process per run.
+
+Each deploy writes its own config into a fresh directory, so nothing from a system-wide
+``/etc/mosquitto`` (or a previous run) leaks into a measurement. The queue limits are
+part of the measurement: when a subscriber's queue is full Mosquitto silently drops
+QoS 0 messages to it, so the limits in force are recorded in the run's metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import psutil
+from pydantic import BaseModel, ConfigDict, Field
+
+from mqttbed.brokers.base import BrokerStatsSample
+from mqttbed.core.errors import BackendError, MissingSystemDependency
+from mqttbed.core.host import Host, ProcessHandle, wait_for_tcp
+from mqttbed.core.protocol import Endpoint, Transport
+from mqttbed.instruments.resources import ProcessTreeSampler
+
+FALLBACK_BINARIES = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")
+INSTALL_HINT = ("install it with `apt-get install mosquitto` (Debian/Ubuntu) or build it "
+                "from source with `make install`, or set the broker option `binary`")
+DEPLOY_ATTEMPTS = 3
+STARTUP_TIMEOUT_S = 5.0
+LOG_TAIL_LINES = 50
+
+
+class Options(BaseModel):
+    """The broker section of a campaign spec for the ``mosquitto`` backend."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    backend: Literal["mosquitto"] = "mosquitto"
+    binary: str | None = Field(
+        default=None, description="path to mosquitto; default: found on PATH or in sbin")
+    max_queued_messages: int = Field(
+        default=1000, ge=0,
+        description="per-client queue; QoS 0 beyond it is dropped; 0 = no limit")
+    max_inflight_messages: int = Field(
+        default=20, ge=0, description="QoS 1/2 messages in flight per client; 0 = no limit")
+    set_tcp_nodelay: bool = Field(
+        default=True, description="disable Nagle, so small messages are not held back")
+    stats_interval_s: float = Field(
+        default=0.2, gt=0, description="seconds between resource samples of the broker")
+
+
+class MosquittoBackend:
+    """Deploys one Mosquitto process on a host and samples its resource use."""
+
+    name = "mosquitto"
+
+    def __init__(self) -> None:
+        self._options: Options | None = None
+        self._host: Host | None = None
+        self._handle: ProcessHandle | None = None
+        self._sampler: ProcessTreeSampler | None = None
+        self._dir: Path | None = None
+        self._binary: str | None = None
+        self._binary_sha256: str | None = None
+        self._version: str | None = None
+        self._config: str | None = None
+        self._port: int | None = None
+        self._samples: list[BrokerStatsSample] = []
+        self._exit_code: int | None = None
+        self._log_tail: str | None = None
+        self._torn_down = False
+
+    # -- deploy -------------------------------------------------------------------------
+
+    def deploy(self, spec: Options | Mapping[str, Any], host: Host) -> Endpoint:
+        """Start Mosquitto on ``host`` with ``spec``'s limits; return where clients connect."""
+        if self._handle is not None or self._torn_down:
+            raise BackendError("this MosquittoBackend was already deployed; create a new one "
+                               "per run (mqttbed.brokers.registry.create_backend)")
+        options = spec if isinstance(spec, Options) else Options.model_validate(spec)
+        self._options, self._host = options, host
+        self._binary = _find_binary(options.binary)
+        self._binary_sha256 = _sha256_file(Path(self._binary))
+        self._dir = host.make_dir("mqttbed-mosquitto-")
+        try:
+            self._version = _probe_version(self._binary, host, self._dir)
+            port, handle = self._start(options, host)
+            self._port, self._handle = port, handle
+            self._sampler = ProcessTreeSampler(handle.pid, options.stats_interval_s)
+            self._sampler.start()
+        except BaseException:
+            # A failed deploy must leave nothing behind: no process, no directory.
+            self.teardown()
+            raise
+        return Endpoint(host=host.address, port=port, transport=Transport.MQTT_TCP)
+
+    def _start(self, options: Options, host: Host) -> tuple[int, ProcessHandle]:
+        """Start Mosquitto on a free port, retrying on a new port if it fails to start."""
+        assert self._dir is not None and self._binary is not None
+        conf_path = self._dir / "mosquitto.conf"
+        failures: list[str] = []
+        for attempt in range(1, DEPLOY_ATTEMPTS + 1):
+            # free_port() only says the port was free a moment ago; another process can
+            # take it before Mosquitto binds, which is why a failed start is retried.
+            port = host.free_port()
+            self._config = _render_config(options, host.address, port, self._dir)
+            conf_path.write_text(self._config)
+            handle = host.spawn([self._binary, "-c", str(conf_path)],
+                                log_path=self._dir / "stdout.log")
+            try:
+                wait_for_tcp(host.address, port, STARTUP_TIMEOUT_S, alive=handle)
+                # wait_for_tcp succeeds if *anyone* listens there; make sure it is ours.
+                if not _listens_on(handle.pid, port):
+                    raise RuntimeError(f"port {port} answered, but not from mosquitto "
+                                       f"(pid {handle.pid}): another process took it")
+                return port, handle
+            except (RuntimeError, TimeoutError) as exc:
+                handle.stop(timeout_s=2.0)
+                failures.append(f"attempt {attempt} on port {port}: {exc}")
+        raise BackendError(
+            f"mosquitto ({self._binary}) did not start after {DEPLOY_ATTEMPTS} attempts:\n"
+            + "\n".join(failures) + "\nlast log lines:\n" + self._read_log_tail())
+
+    # -- while running ------------------------------------------------------------------
+
+    def health(self) -> str | None:
+        """Return None while Mosquitto runs, else why it is unusable (with its last log lines)."""
+        if self._handle is None:
+            return "broker mosquitto is not deployed"
+        if self._torn_down:
+            return f"broker mosquitto (pid {self._handle.pid}) was torn down"
+        code = self._handle.poll()
+        if code is None:
+            return None
+        return (f"broker mosquitto (pid {self._handle.pid}) exited with code "
+                f"{_describe_exit(code)}; last log lines:\n{self._read_log_tail()}")
+
+    def stats(self) -> list[BrokerStatsSample]:
+        """Return the resource samples of the broker's process tree taken since deploy."""
+        if self._sampler is not None and not self._torn_down:
+            return self._sampler.samples
+        return list(self._samples)
+
+    def metadata(self) -> dict[str, Any]:
+        """Return what was deployed: version, binary and config with hashes, queue limits."""
+        options = self._options or Options()
+        config = self._config or ""
+        return {
+            "backend": self.name,
+            "version": self._version,
+            "binary": self._binary,
+            "binary_sha256": self._binary_sha256,
+            "config": config,
+            "config_sha256": hashlib.sha256(config.encode()).hexdigest() if config else None,
+            # Mosquitto drops QoS 0 messages to a subscriber whose queue is full, without
+            # telling anyone: a delivery figure means nothing without these limits.
+            "limits": {
+                "max_queued_messages": options.max_queued_messages,
+                "max_inflight_messages": options.max_inflight_messages,
+                "set_tcp_nodelay": options.set_tcp_nodelay,
+            },
+            "stats_interval_s": options.stats_interval_s,
+            "port": self._port,
+            "pid": self._handle.pid if self._handle is not None else None,
+            "exit_code": self._exit_code,
+            "log_tail": self._log_tail if self._torn_down else self._read_log_tail(),
+        }
+
+    # -- teardown -----------------------------------------------------------------------
+
+    def teardown(self) -> None:
+        """Stop sampling and the broker, keep its log tail, remove its directory; idempotent."""
+        if self._torn_down:
+            return
+        self._torn_down = True
+        if self._sampler is not None:
+            self._samples = self._sampler.stop()
+        if self._handle is not None:
+            # A code already set means the broker died on its own before teardown.
+            self._exit_code = self._handle.poll()
+            stopped = self._handle.stop()
+            if self._exit_code is None:
+                self._exit_code = stopped
+        self._log_tail = self._read_log_tail()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _read_log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """Return the last ``lines`` lines Mosquitto wrote (stdout first: it precedes the log)."""
+        if self._dir is None:
+            return ""
+        text = ""
+        for name in ("stdout.log", "mosquitto.log"):
+            try:
+                text += (self._dir / name).read_text(errors="replace")
+            except OSError:
+                continue
+            if text and not text.endswith("\n"):
+                text += "\n"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def _find_binary(configured: str | None) -> str:
+    """Return the mosquitto executable to run, or say how to install one."""
+    if configured is not None:
+        if os.path.isfile(configured) and os.access(configured, os.X_OK):
+            return configured
+        raise MissingSystemDependency(
+            f"broker option binary={configured!r} is not an executable file; "
+            f"point it at mosquitto, or {INSTALL_HINT}")
+    for candidate in (shutil.which("mosquitto"), *FALLBACK_BINARIES):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise MissingSystemDependency(
+        f"mosquitto not found on PATH nor in {', '.join(FALLBACK_BINARIES)}; {INSTALL_HINT}")
+
+
+def _probe_version(binary: str, host: Host, workdir: Path) -> str:
+    """Return the version ``mosquitto -h`` prints ("2.0.11"), or "unknown"."""
+    out_path = workdir / "version.txt"
+    handle = host.spawn([binary, "-h"], log_path=out_path)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while handle.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    handle.stop(timeout_s=1.0)
+    # `mosquitto -h` exits with 3; only the text matters.
+    first_line = next(iter(out_path.read_text(errors="replace").splitlines()), "")
+    match = re.search(r"mosquitto version (\S+)", first_line)
+    return match.group(1) if match else "unknown"
+
+
+def _render_config(options: Options, address: str, port: int, workdir: Path) -> str:
+    """Return the full config text for one deploy (recorded verbatim in the metadata)."""
+    lines = [
+        "# generated by mqttbed for one run; recorded in the run's metadata",
+        f"listener {port} {address}",
+        "allow_anonymous true",
+        "persistence false",
+        f"max_queued_messages {options.max_queued_messages}",
+        f"max_inflight_messages {options.max_inflight_messages}",
+        f"set_tcp_nodelay {'true' if options.set_tcp_nodelay else 'false'}",
+        f"log_dest file {workdir / 'mosquitto.log'}",
+        "log_type error",
+        "log_type warning",
+        "log_type notice",
+    ]
+    if os.geteuid() == 0:
+        # Started as root, Mosquitto drops to user `mosquitto`, which cannot write the
+        # log into our private (0700, root-owned) directory; staying root keeps the log.
+        lines.insert(1, "user root")
+    return "\n".join(lines) + "\n"
+
+
+def _listens_on(pid: int, port: int) -> bool:
+    """Return True if process ``pid`` holds a listening TCP socket on ``port``."""
+    try:
+        connections = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+               for c in connections)
+
+
+def _describe_exit(code: int) -> str:
+    """Return an exit code as text, naming the signal for a negative (killed) code."""
+    if code < 0:
+        try:
+            return f"{code} (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return str(code)
+    return str(code)
+
+
+def _sha256_file(path: Path) -> str:
+    """Return the hex SHA-256 of the file at ``path``."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,236 @@
+"""The campaign spec: what to measure, against which broker, swept over what.
+
+A spec is loaded from YAML or JSON, validated by pydantic, and expanded into one
+resolved spec per sweep point. Every error names the field and the bad value.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from mqttbed.core.errors import SpecError
+from mqttbed.core.events import PAYLOAD_MIN_BYTES
+
+MQTT_MAX_PAYLOAD = 268_435_455 - 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BrokerSection(BaseModel):
+    """The broker backend and its backend-specific options (validated by the backend)."""
+
+    model_config = ConfigDict(extra="allow")
+    backend: str = "mosquitto"
+
+    @model_validator(mode="after")
+    def _options_fit_backend(self) -> BrokerSection:
+        from mqttbed.brokers.registry import options_model
+
+        try:
+            model = options_model(self.backend)
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+        model.model_validate(self.model_dump())
+        return self
+
+    def options(self) -> BaseModel:
+        """Return the backend's own options model for this section."""
+        from mqttbed.brokers.registry import options_model
+
+        return options_model(self.backend).model_validate(self.model_dump())
+
+
+class Workload(_Strict):
+    """Who publishes what, how fast, to how many subscribers."""
+
+    publishers: int = Field(1, ge=1, le=10_000)
+    subscribers: int = Field(1, ge=0, le=10_000)
+    topic: str = "bench/sync"
+    payload_bytes: int = Field(64, ge=PAYLOAD_MIN_BYTES, le=MQTT_MAX_PAYLOAD,
+                               description="at least the timestamp header")
+    rate_hz: float = Field(100.0, gt=0, le=100_000, description="per publisher, open loop")
+    messages: int = Field(500, ge=1, le=10_000_000, description="per publisher, incl. warm-up")
+    qos: Literal[0, 1, 2] = 0
+    warmup_messages: int = Field(20, ge=0)
+
+    @field_validator("topic")
+    @classmethod
+    def _publishable_topic(cls, topic: str) -> str:
+        if not topic or "+" in topic or "#" in topic or "\x00" in topic:
+            raise ValueError("a publish topic must be non-empty without wildcards (+, #) or NUL")
+        return topic
+
+    @model_validator(mode="after")
+    def _warmup_leaves_messages(self) -> Workload:
+        if self.warmup_messages >= self.messages:
+            raise ValueError(f"warmup_messages ({self.warmup_messages}) must be less than "
+                             f"messages ({self.messages}), or nothing is measured")
+        return self
+
+    @property
+    def duration_s(self) -> float:
+        """Time the publishers need to send every message at ``rate_hz``."""
+        return self.messages / self.rate_hz
+
+
+class Agents(_Strict):
+    """How the clients are spread over agent processes."""
+
+    count: int | None = Field(None, ge=1, le=256, description="default: one per core")
+    gpio: Literal["virtual"] = "virtual"
+
+    def resolved_count(self) -> int:
+        return self.count or os.cpu_count() or 1
+
+
+class Timing(_Strict):
+    """Margins around the measured window."""
+
+    start_lead_s: float = Field(0.5, gt=0, le=60, description="start time handed out ahead")
+    drain_s: float = Field(1.0, ge=0, le=600, description="wait for late deliveries")
+    setup_timeout_s: float = Field(30.0, gt=0, le=3600)
+    heartbeat_timeout_s: float = Field(3.0, gt=0, le=600)
+
+
+class CampaignSpec(_Strict):
+    """A whole campaign: base settings, the sweep over them, and repetitions."""
+
+    name: str = Field(min_length=1, max_length=200)
+    description: str = ""
+    broker: BrokerSection = Field(default_factory=BrokerSection)
+    workload: Workload = Field(default_factory=Workload)
+    agents: Agents = Field(default_factory=Agents)
+    timing: Timing = Field(default_factory=Timing)
+    sweep: dict[str, list[Any]] = Field(default_factory=dict)
+    repetitions: int = Field(1, ge=1, le=10_000)
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep_paths_exist(cls, sweep: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for path, values in sweep.items():
+            section, _, field = path.partition(".")
+            if path.startswith("sweep") or path == "repetitions" or path == "name":
+                raise ValueError(f"cannot sweep {path!r}")
+            model = CampaignSpec.model_fields.get(section)
+            if model is None or not field or "." in field:
+                raise ValueError(f"sweep key {path!r} is not a 'section.field' path "
+                                 f"(e.g. workload.subscribers)")
+            if section != "broker" and field not in model.annotation.model_fields:  # type: ignore[union-attr]
+                allowed = ", ".join(model.annotation.model_fields)  # type: ignore[union-attr]
+                raise ValueError(f"sweep key {path!r}: {section} has no field {field!r} "
+                                 f"(fields: {allowed})")
+            if not values:
+                raise ValueError(f"sweep key {path!r} has no values")
+        return sweep
+
+
+class SweepPoint(BaseModel):
+    """One combination of swept values, with the spec it resolves to."""
+
+    model_config = ConfigDict(frozen=True)
+    index: int
+    params: dict[str, Any]
+    spec: CampaignSpec
+
+
+class PlannedRun(BaseModel):
+    """One run: a sweep point and a repetition number."""
+
+    model_config = ConfigDict(frozen=True)
+    point: SweepPoint
+    repetition: int
+
+
+def _format_errors(exc: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for err in exc.errors():
+        loc = prefix + ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{loc}: unknown key (value {err['input']!r})")
+        elif err["type"] == "missing":
+            lines.append(f"{loc}: required field is missing")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{loc}: bad value {err['input']!r}: {msg}")
+    return "; ".join(lines)
+
+
+def parse_spec(data: Any) -> CampaignSpec:
+    """Validate a spec already parsed from YAML/JSON; raise SpecError naming each bad field."""
+    if not isinstance(data, dict):
+        raise SpecError(f"a campaign spec is a mapping, got {type(data).__name__}")
+    try:
+        spec = CampaignSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_format_errors(exc)) from None
+    expand_points(spec)  # every swept value must validate too
+    return spec
+
+
+def spec_from_text(text: str) -> CampaignSpec:
+    """Parse and validate a spec from YAML or JSON text (JSON is a subset of YAML)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"campaign spec is not valid YAML/JSON: {exc}") from None
+    return parse_spec(data)
+
+
+def load_spec(path: str | Path) -> CampaignSpec:
+    """Load and validate a spec from a YAML or JSON file."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"campaign spec file {str(path)!r} does not exist")
+    return spec_from_text(path.read_text())
+
+
+def expand_points(spec: CampaignSpec) -> list[SweepPoint]:
+    """Return the cross product of the sweep, each combination resolved into a full spec."""
+    base = spec.model_dump(exclude={"sweep"})
+    keys = list(spec.sweep)
+    points = []
+    for index, combo in enumerate(itertools.product(*(spec.sweep[k] for k in keys))):
+        data = copy.deepcopy(base)
+        for key, value in zip(keys, combo, strict=True):
+            section, _, field = key.partition(".")
+            data[section][field] = value
+        if "broker.backend" in spec.sweep:
+            # options of one backend do not carry over to another
+            data["broker"] = {k: v for k, v in data["broker"].items()
+                              if k == "backend" or k in spec.broker.model_fields_set}
+        try:
+            resolved = CampaignSpec.model_validate(data)
+        except ValidationError as exc:
+            where = ", ".join(f"{k}={v!r}" for k, v in zip(keys, combo, strict=True))
+            raise SpecError(f"sweep point ({where}): {_format_errors(exc)}") from None
+        points.append(SweepPoint(index=index, params=dict(zip(keys, combo, strict=True)),
+                                 spec=resolved))
+    return points
+
+
+def plan_runs(spec: CampaignSpec) -> list[PlannedRun]:
+    """Expand sweep x repetitions into runs.
+
+    Repetitions are interleaved (every point once, then every point again) so a slow
+    drift of the machine spreads over all points instead of biasing the last one.
+    """
+    points = expand_points(spec)
+    return [PlannedRun(point=p, repetition=r) for r in range(spec.repetitions) for p in points]
+
+
+def builtin_spec_path(name: str) -> Path:
+    """Return the path of a campaign of the built-in library, e.g. ``quickstart``."""
+    path = Path(__file__).with_name(f"{name}.yaml")
+    if not path.exists():
+        available = sorted(p.stem for p in Path(__file__).parent.glob("*.yaml"))
+        raise SpecError(f"no built-in campaign {name!r}; available: {', '.join(available)}")
+    return path

@@ -1,0 +1,33 @@
+"""Runs the statistics job over a finished campaign and writes its stats files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import sessionmaker
+
+from mqttbed.controller.db import CampaignRow, RunRow
+from mqttbed.controller.storage import DataLayout
+
+
+def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: str,
+                     spark_master: str | None = None) -> tuple[dict[str, Any], Path, Path]:
+    """Compute the campaign's statistics with Spark; return (stats, stats.json, stats.parquet)."""
+    from mqttbed.analytics.spark import get_spark
+    from mqttbed.analytics.stats import RunInfo, compute_campaign_stats, write_stats
+
+    with sessions() as s:
+        campaign = s.get(CampaignRow, campaign_id)
+        if campaign is None:
+            raise KeyError(f"no campaign {campaign_id!r}")
+        rows = s.query(RunRow).filter_by(campaign_id=campaign_id).order_by(RunRow.ordinal).all()
+    runs = [RunInfo(run_id=r.id, point_index=r.point_index, params=r.params,
+                    repetition=r.repetition, state=r.state, reason=r.reason,
+                    backend=r.spec["broker"]["backend"],
+                    warmup_messages=r.spec["workload"]["warmup_messages"]) for r in rows]
+    stats = compute_campaign_stats(
+        get_spark(spark_master), events_path=layout.events, samples_path=layout.broker_samples,
+        campaign={"id": campaign.id, "name": campaign.name, "spec": campaign.spec}, runs=runs)
+    json_path, parquet_path = write_stats(stats, layout.campaign_dir(campaign_id))
+    return stats, json_path, parquet_path

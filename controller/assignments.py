@@ -1,0 +1,38 @@
+"""Turning a run's workload into per-agent assignments."""
+
+from __future__ import annotations
+
+from mqttbed.campaigns.spec import CampaignSpec
+from mqttbed.core.events import publisher_client_id, subscriber_client_id
+from mqttbed.core.protocol import Assignment, ClientAssignment, Endpoint, Role
+
+FIRST_GPIO_PIN = 2  # BCM 2 is the first general-purpose line on a Raspberry Pi header
+
+
+def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint: Endpoint,
+                     agent_ids: list[str]) -> dict[str, Assignment]:
+    """Spread the run's clients round-robin over the agents (publishers first)."""
+    w = spec.workload
+    period_ns = 1e9 / w.rate_hz
+    clients: list[ClientAssignment] = []
+    for i in range(w.publishers):
+        clients.append(ClientAssignment(
+            client_id=publisher_client_id(i), role=Role.PUBLISHER, topic=w.topic, qos=w.qos,
+            gpio_pin=0, publisher_index=i, payload_bytes=w.payload_bytes, rate_hz=w.rate_hz,
+            messages=w.messages, warmup_messages=w.warmup_messages,
+            start_offset_ns=int(i * period_ns / w.publishers)))
+    for j in range(w.subscribers):
+        clients.append(ClientAssignment(
+            client_id=subscriber_client_id(j), role=Role.SUBSCRIBER, topic=w.topic, qos=w.qos,
+            gpio_pin=0, warmup_messages=w.warmup_messages,
+            expected_messages=w.publishers * w.messages, subscribe_rank=j))
+    window_ns = max(c.start_offset_ns for c in clients if c.role == Role.PUBLISHER) + int(
+        w.messages * period_ns)
+    per_agent: dict[str, list[ClientAssignment]] = {a: [] for a in agent_ids}
+    for n, client in enumerate(clients):
+        agent = agent_ids[n % len(agent_ids)]
+        pin = FIRST_GPIO_PIN + len(per_agent[agent])
+        per_agent[agent].append(client.model_copy(update={"gpio_pin": pin}))
+    return {agent: Assignment(run_id=run_id, campaign_id=campaign_id, broker=endpoint,
+                              clients=mine, window_ns=window_ns, drain_s=spec.timing.drain_s)
+            for agent, mine in per_agent.items() if mine}

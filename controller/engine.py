@@ -1,0 +1,297 @@
+"""The run engine: drives each run of a campaign through the run state machine.
+
+For each run: deploy the broker, start the agents, wait until every subscriber holds its
+SUBACK, hand out one common start time, collect, tear down. Every transition is written
+to the database before the work of that state starts, so a restarted controller finds
+every run in a known state. The engine emits :class:`RunUpdate` documents to listeners
+(progress display, live status); storage of events happens in the gateway as chunks
+arrive, so a failing run keeps everything that already came in.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.orm import sessionmaker
+
+from mqttbed.brokers.base import BrokerBackend
+from mqttbed.brokers.registry import create_backend
+from mqttbed.campaigns.spec import CampaignSpec, plan_runs
+from mqttbed.controller.assignments import plan_assignments
+from mqttbed.controller.db import CampaignRow, RunRow, TransitionRow, utcnow
+from mqttbed.controller.local_agents import LocalAgentPool
+from mqttbed.controller.registry import AgentRegistry, RunInbox
+from mqttbed.controller.states import (
+    ACTIVE_STATES,
+    CampaignStatus,
+    RunState,
+    check_transition,
+)
+from mqttbed.controller.storage import DataLayout, write_broker_samples, write_json
+from mqttbed.core.clock import monotonic_ns
+from mqttbed.core.errors import RunFailed
+from mqttbed.core.host import Host
+from mqttbed.core.protocol import Shutdown, StartAt
+
+COLLECT_TIMEOUT_S = 30.0
+RUN_GRACE_S = 10.0
+
+
+class RunInterrupted(Exception):
+    """The run was stopped on purpose (cancel, Ctrl-C)."""
+
+
+@dataclass(frozen=True)
+class RunUpdate:
+    """A document: a run changed state."""
+
+    campaign_id: str
+    run_id: str
+    ordinal: int
+    total: int
+    params: dict[str, Any]
+    repetition: int
+    state: RunState
+    reason: str | None = None
+
+
+@dataclass
+class EngineContext:
+    """Everything the engine works with: one object instead of globals."""
+
+    sessions: sessionmaker
+    layout: DataLayout
+    registry: AgentRegistry
+    host: Host
+    controller_url: str
+    agent_token: str
+    listeners: list[Callable[[RunUpdate], None]] = field(default_factory=list)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{secrets.token_hex(6)}"
+
+
+class RunEngine:
+    """Creates campaigns from specs and executes their runs one after another."""
+
+    def __init__(self, ctx: EngineContext):
+        self.ctx = ctx
+        self._cancel = threading.Event()
+
+    # -- campaigns ----------------------------------------------------------------------
+
+    def create_campaign(self, spec: CampaignSpec) -> str:
+        """Store the campaign and its planned runs (state queued); return the campaign id."""
+        campaign_id = new_id("c")
+        planned = plan_runs(spec)
+        with self.ctx.sessions() as s:
+            s.add(CampaignRow(id=campaign_id, name=spec.name, spec=spec.model_dump(mode="json"),
+                              status=CampaignStatus.CREATED))
+            s.flush()
+            for ordinal, run in enumerate(planned):
+                s.add(RunRow(id=f"{campaign_id}-r{ordinal:04d}", campaign_id=campaign_id,
+                             ordinal=ordinal, point_index=run.point.index,
+                             repetition=run.repetition, params=run.point.params,
+                             spec=run.point.spec.model_dump(mode="json"),
+                             state=RunState.QUEUED, run_metadata={}))
+            s.commit()
+        return campaign_id
+
+    def cancel(self) -> None:
+        """Stop the running run cleanly (its events are kept) and run nothing more."""
+        self._cancel.set()
+
+    def run_campaign(self, campaign_id: str) -> CampaignStatus:
+        """Execute every queued run of the campaign; return the campaign's final status."""
+        self._set_campaign(campaign_id, CampaignStatus.RUNNING)
+        with self.ctx.sessions() as s:
+            runs = (s.query(RunRow).filter_by(campaign_id=campaign_id)
+                    .order_by(RunRow.ordinal).all())
+        total = len(runs)
+        for run in runs:
+            if run.state != RunState.QUEUED:
+                continue
+            if self._cancel.is_set():
+                self._transition(run, total, RunState.INTERRUPTED, "campaign cancelled")
+                continue
+            self._execute(run, total)
+        with self.ctx.sessions() as s:
+            states = [r.state for r in s.query(RunRow).filter_by(campaign_id=campaign_id)]
+        if self._cancel.is_set():
+            final = CampaignStatus.CANCELLED
+        elif all(state == RunState.DONE for state in states):
+            final = CampaignStatus.DONE
+        else:
+            final = CampaignStatus.FAILED
+        failed = sum(state != RunState.DONE for state in states)
+        self._set_campaign(campaign_id, final,
+                           f"{failed} of {len(states)} runs did not finish" if failed else None)
+        return final
+
+    def recover(self) -> int:
+        """Mark runs left active by a previous controller as interrupted; return how many."""
+        with self.ctx.sessions() as s:
+            stale = s.query(RunRow).filter(RunRow.state.in_(list(ACTIVE_STATES))).all()
+        for run in stale:
+            self._transition(run, 0, RunState.INTERRUPTED, "controller restarted during the run")
+        return len(stale)
+
+    def _set_campaign(self, campaign_id: str, status: CampaignStatus,
+                      reason: str | None = None) -> None:
+        with self.ctx.sessions() as s:
+            row = s.get(CampaignRow, campaign_id)
+            row.status = status
+            row.reason = reason
+            s.commit()
+
+    # -- one run ------------------------------------------------------------------------
+
+    def _transition(self, run: RunRow, total: int, target: RunState,
+                    reason: str | None = None) -> None:
+        """Write the transition to the database, then tell the listeners."""
+        current = RunState(run.state)
+        check_transition(current, target)
+        with self.ctx.sessions() as s:
+            row = s.get(RunRow, run.id)
+            row.state = target
+            row.reason = reason
+            if target == RunState.DEPLOYING:
+                row.started_at = utcnow()
+            if target not in ACTIVE_STATES:
+                row.ended_at = utcnow()
+            row.run_metadata = dict(run.run_metadata)
+            s.add(TransitionRow(run_id=run.id, from_state=current, to_state=target,
+                                reason=reason))
+            s.commit()
+        run.state = target
+        run.reason = reason
+        update = RunUpdate(run.campaign_id, run.id, run.ordinal, total, run.params,
+                           run.repetition, target, reason)
+        for listener in self.ctx.listeners:
+            listener(update)
+
+    def _execute(self, run: RunRow, total: int) -> None:
+        spec = CampaignSpec.model_validate(run.spec)
+        registry = self.ctx.registry
+        backend: BrokerBackend | None = None
+        pool: LocalAgentPool | None = None
+        inbox = registry.open_inbox(run.id, run.campaign_id)
+        try:
+            self._transition(run, total, RunState.DEPLOYING)
+            backend = create_backend(spec.broker.backend)
+            endpoint = backend.deploy(spec.broker.options(), self.ctx.host)
+            run.run_metadata = {"broker": backend.metadata(), "endpoint": endpoint.model_dump(),
+                                "host": self.ctx.host.name}
+            pool = LocalAgentPool(self.ctx.host, self.ctx.controller_url, self.ctx.agent_token,
+                                  run.id, spec.agents.resolved_count(),
+                                  self.ctx.layout.run_dir(run.campaign_id, run.id) / "agents")
+            agent_ids = self._await_agents(pool, spec)
+            assignments = plan_assignments(spec, run.id, run.campaign_id, endpoint, agent_ids)
+            for agent_id, assignment in assignments.items():
+                registry.send(agent_id, assignment)
+            active = list(assignments)
+            run.run_metadata["agents"] = {a: [c.client_id for c in assignments[a].clients]
+                                          for a in active}
+            self._wait(inbox, active, spec, backend, pool, until=lambda: len(inbox.ready) == len(
+                active), timeout_s=spec.timing.setup_timeout_s, waiting_for="agents ready")
+
+            t_start = monotonic_ns() + int(spec.timing.start_lead_s * 1e9)
+            run.run_metadata["t_start_ns"] = t_start
+            self._transition(run, total, RunState.RUNNING)
+            for agent_id in active:
+                registry.send(agent_id, StartAt(run_id=run.id, t_start_ns=t_start))
+            window_s = spec.timing.start_lead_s + next(iter(assignments.values())).window_ns / 1e9
+            self._wait(inbox, active, spec, backend, pool,
+                       until=lambda: len(inbox.done) == len(active),
+                       timeout_s=window_s + spec.timing.drain_s + RUN_GRACE_S,
+                       waiting_for="agents done")
+
+            self._transition(run, total, RunState.COLLECTING)
+            self._wait(inbox, active, spec, backend, pool,
+                       until=lambda: all(len(inbox.chunks[a]) >= inbox.done[a].chunks
+                                         for a in active),
+                       timeout_s=COLLECT_TIMEOUT_S, waiting_for="event chunks")
+            run.run_metadata["delivery_counts"] = {
+                a: {"published": d.published, "received": d.received}
+                for a, d in inbox.done.items()}
+            self._finish_run(run, backend)
+            backend = None
+            self._transition(run, total, RunState.DONE)
+        except RunFailed as exc:
+            self._end_badly(run, total, backend, RunState.FAILED, exc.reason)
+        except (RunInterrupted, KeyboardInterrupt) as exc:
+            self._end_badly(run, total, backend, RunState.INTERRUPTED, str(exc) or "interrupted")
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+        except Exception as exc:  # noqa: BLE001 - a run fails with its reason, never silently
+            self._end_badly(run, total, backend, RunState.FAILED, f"{type(exc).__name__}: {exc}")
+        finally:
+            self._teardown(pool, backend)
+            registry.close_inbox(run.id)
+
+    def _await_agents(self, pool: LocalAgentPool, spec: CampaignSpec) -> list[str]:
+        found = self.ctx.registry.wait_for_agents(set(pool.names), spec.timing.setup_timeout_s)
+        if len(found) < len(pool.names):
+            missing = sorted(set(pool.names) - set(found))
+            reasons = pool.exited() or [f"{', '.join(missing)} did not register within "
+                                        f"{spec.timing.setup_timeout_s:.0f} s"]
+            raise RunFailed("; ".join(reasons))
+        return [found[name] for name in pool.names]
+
+    def _wait(self, inbox: RunInbox, agent_ids: list[str], spec: CampaignSpec,
+              backend: BrokerBackend, pool: LocalAgentPool, *, until: Callable[[], bool],
+              timeout_s: float, waiting_for: str) -> None:
+        """Wait for ``until()``, failing the run at once if anything it depends on breaks."""
+        deadline = monotonic_ns() + int(timeout_s * 1e9)
+        while not until():
+            if self._cancel.is_set():
+                raise RunInterrupted("campaign cancelled")
+            if inbox.errors:
+                raise RunFailed("; ".join(e.reason for e in inbox.errors.values()))
+            if exited := pool.exited():
+                raise RunFailed("; ".join(exited))
+            silent = self.ctx.registry.silent_agents(agent_ids, spec.timing.heartbeat_timeout_s)
+            if silent:
+                raise RunFailed(f"agent {', '.join(silent)} lost: no heartbeat for "
+                                f"{spec.timing.heartbeat_timeout_s:.1f} s")
+            if (broken := backend.health()) is not None:
+                raise RunFailed(broken)
+            if monotonic_ns() > deadline:
+                raise RunFailed(f"timed out after {timeout_s:.1f} s waiting for {waiting_for}")
+            self.ctx.registry.wait(0.05)
+
+    def _finish_run(self, run: RunRow, backend: BrokerBackend) -> None:
+        """Store the broker's samples and metadata, then stop it."""
+        backend.teardown()  # its sampler takes one last sample on the way down
+        samples = backend.stats()
+        run.run_metadata["broker"] = backend.metadata()
+        write_broker_samples(self.ctx.layout, run.campaign_id, run.id, samples)
+        write_json(self.ctx.layout.run_dir(run.campaign_id, run.id) / "run.json",
+                   {"run_id": run.id, "params": run.params, "repetition": run.repetition,
+                    "metadata": run.run_metadata})
+
+    def _end_badly(self, run: RunRow, total: int, backend: BrokerBackend | None,
+                   state: RunState, reason: str) -> None:
+        if backend is not None:
+            try:
+                self._finish_run(run, backend)
+            except Exception as exc:  # noqa: BLE001 - keep the first reason
+                reason = f"{reason} (and saving broker data failed: {exc})"
+        if RunState(run.state) in ACTIVE_STATES:
+            self._transition(run, total, state, reason)
+
+    def _teardown(self, pool: LocalAgentPool | None, backend: BrokerBackend | None) -> None:
+        if pool is not None:
+            agents = self.ctx.registry.wait_for_agents(set(pool.names), 0).values()
+            for agent_id in agents:
+                self.ctx.registry.send(agent_id, Shutdown())
+            pool.stop()
+            for agent_id in agents:
+                self.ctx.registry.forget(agent_id)
+        if backend is not None:
+            backend.teardown()

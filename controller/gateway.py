@@ -1,0 +1,123 @@
+"""The HTTP routes agents talk to (``/agent/v1``), and the store behind chunk uploads.
+
+Routes are plain ``def`` handlers: FastAPI runs them in its thread pool, so a long-poll
+for commands blocks one worker thread, not the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, status
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import sessionmaker
+
+from mqttbed.controller.db import ChunkRow, RunRow
+from mqttbed.controller.registry import AgentRegistry
+from mqttbed.controller.storage import DataLayout, write_event_chunk
+from mqttbed.core.protocol import (
+    AgentFailure,
+    Commands,
+    Done,
+    Heartbeat,
+    Ready,
+    Register,
+    Registered,
+    ResultChunk,
+)
+
+TokenCheck = Callable[[str], bool]
+
+
+class ChunkStore:
+    """Stores uploaded chunks once: Parquet file first, then the chunk's row."""
+
+    def __init__(self, sessions: sessionmaker, layout: DataLayout, registry: AgentRegistry):
+        self._sessions = sessions
+        self._layout = layout
+        self._registry = registry
+
+    def store(self, chunk: ResultChunk) -> bool:
+        """Store ``chunk``; return False if it had been stored before (a retry)."""
+        with self._sessions() as session:
+            run = session.get(RunRow, chunk.run_id)
+            if run is None:
+                raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run {chunk.run_id!r}")
+            known = session.query(ChunkRow).filter_by(
+                run_id=chunk.run_id, agent_id=chunk.agent_id, seq=chunk.seq).first()
+            if known is not None:
+                self._registry.chunk_stored(chunk.run_id, chunk.agent_id, chunk.seq)
+                return False
+            path = write_event_chunk(self._layout, run.campaign_id, chunk.run_id,
+                                     chunk.agent_id, chunk.seq, chunk.events)
+            session.add(ChunkRow(run_id=chunk.run_id, agent_id=chunk.agent_id, seq=chunk.seq,
+                                 rows=len(chunk.events), path=str(path)))
+            try:
+                session.commit()
+            except IntegrityError:  # the same chunk raced in on another thread
+                session.rollback()
+                return False
+        self._registry.chunk_stored(chunk.run_id, chunk.agent_id, chunk.seq)
+        return True
+
+
+def agent_router(registry: AgentRegistry, chunks: ChunkStore, token_ok: TokenCheck) -> APIRouter:
+    """Build the ``/agent/v1`` routes over ``registry``; every route needs an agent token."""
+
+    def require_agent(authorization: Annotated[str | None, Header()] = None) -> None:
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token_ok(token):
+            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "agent token missing or wrong",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    router = APIRouter(prefix="/agent/v1", tags=["agents"], dependencies=[Depends(require_agent)])
+
+    @router.post("/register")
+    def register(hello: Register) -> Registered:
+        agent_id = registry.register(hello)
+        return Registered(agent_id=agent_id, heartbeat_interval_s=registry.heartbeat_interval_s)
+
+    @router.post("/agents/{agent_id}/heartbeat")
+    def heartbeat(agent_id: str, beat: Heartbeat) -> dict[str, bool]:
+        if not registry.heartbeat(agent_id, beat.state):
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown agent {agent_id!r}")
+        return {"ok": True}
+
+    @router.get("/agents/{agent_id}/commands")
+    def commands(agent_id: str, wait_s: Annotated[float, Query(ge=0, le=30)] = 5.0) -> Commands:
+        if registry.agent(agent_id) is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown agent {agent_id!r}")
+        return Commands(commands=registry.take_commands(agent_id, wait_s))
+
+    def deliver(message: Ready | Done | AgentFailure) -> dict[str, bool]:
+        if not registry.deliver(message):
+            raise HTTPException(status.HTTP_409_CONFLICT, f"run {message.run_id!r} is not active")
+        return {"ok": True}
+
+    @router.post("/runs/{run_id}/ready")
+    def ready(run_id: str, message: Ready) -> dict[str, bool]:
+        return deliver(message)
+
+    @router.post("/runs/{run_id}/done")
+    def done(run_id: str, message: Done) -> dict[str, bool]:
+        return deliver(message)
+
+    @router.post("/runs/{run_id}/error")
+    def error(run_id: str, message: AgentFailure) -> dict[str, bool]:
+        return deliver(message)
+
+    @router.post("/runs/{run_id}/chunks")
+    def chunk(run_id: str, message: ResultChunk) -> dict[str, bool]:
+        if message.run_id != run_id:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, "run id mismatch")
+        return {"stored": chunks.store(message)}
+
+    return router
+
+
+def agent_app(router: APIRouter) -> FastAPI:
+    """A minimal app serving only the agent routes (the embedded controller of ``mqttbed run``)."""
+    app = FastAPI(title="mqttbed agent gateway")
+    app.include_router(router)
+    return app

@@ -1,0 +1,53 @@
+"""Agent processes the controller spawns on this machine, one set per run."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+from mqttbed.core.host import Host, ProcessHandle
+
+
+def describe_exit(code: int) -> str:
+    """Say how a process ended, naming the signal when it was killed by one."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class LocalAgentPool:
+    """Starts ``count`` agent processes for one run and stops every one of them after it."""
+
+    def __init__(self, host: Host, controller_url: str, token: str, run_id: str, count: int,
+                 log_dir: Path):
+        self.names = [f"{run_id}-a{i}" for i in range(count)]
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.processes: dict[str, ProcessHandle] = {}
+        for name in self.names:
+            argv = [sys.executable, "-m", "mqttbed.agents", "--controller", controller_url,
+                    "--name", name]
+            # The token goes through the environment: argv is world-readable in ps.
+            self.processes[name] = host.spawn(argv, env={"MQTTBED_AGENT_TOKEN": token},
+                                              log_path=log_dir / f"{name}.log")
+
+    def exited(self) -> list[str]:
+        """Reasons for every agent process that has ended."""
+        return [f"agent {name} (pid {proc.pid}) {describe_exit(code)}"
+                for name, proc in self.processes.items() if (code := proc.poll()) is not None]
+
+    def stop(self, grace_s: float = 2.0, timeout_s: float = 3.0) -> None:
+        """Give the agents ``grace_s`` to exit by themselves, then stop what is left.
+
+        Stopping signals each agent's whole process group, so nothing it started survives.
+        """
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(p.poll() is None
+                                                  for p in self.processes.values()):
+            time.sleep(0.02)
+        for proc in self.processes.values():
+            proc.stop(timeout_s)

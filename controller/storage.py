@@ -1,0 +1,92 @@
+"""Where a campaign's data lives under the data dir, and how events reach Parquet.
+
+```
+<data_dir>/mqttbed.sqlite
+<data_dir>/events/campaign_id=<c>/run_id=<r>/<agent>-<seq>.parquet     one file per chunk
+<data_dir>/broker_samples/campaign_id=<c>/run_id=<r>/samples.parquet
+<data_dir>/campaigns/<c>/stats.json, stats.parquet, runs/<r>/run.json
+```
+A chunk's file name is its identity (agent, seq), so a chunk written twice is the same
+file, and everything that arrived is on disk the moment it is acknowledged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mqttbed.brokers.base import BrokerStatsSample
+from mqttbed.core.events import EVENT_COLUMNS, arrow_schema
+
+
+@dataclass(frozen=True)
+class DataLayout:
+    """The paths of everything mqttbed stores under one data dir."""
+
+    root: Path
+
+    @property
+    def events(self) -> Path:
+        return self.root / "events"
+
+    @property
+    def broker_samples(self) -> Path:
+        return self.root / "broker_samples"
+
+    def campaign_dir(self, campaign_id: str) -> Path:
+        return self.root / "campaigns" / campaign_id
+
+    def run_dir(self, campaign_id: str, run_id: str) -> Path:
+        return self.campaign_dir(campaign_id) / "runs" / run_id
+
+    def run_events(self, campaign_id: str, run_id: str) -> Path:
+        return self.events / f"campaign_id={campaign_id}" / f"run_id={run_id}"
+
+    def run_samples(self, campaign_id: str, run_id: str) -> Path:
+        return self.broker_samples / f"campaign_id={campaign_id}" / f"run_id={run_id}"
+
+
+def _atomic_write_table(table: Any, path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def write_event_chunk(layout: DataLayout, campaign_id: str, run_id: str, agent_id: str,
+                      seq: int, rows: list[dict[str, Any]]) -> Path:
+    """Write one chunk of event rows as its own Parquet file; return its path."""
+    import pyarrow as pa
+
+    columns = {name: [row.get(name) for row in rows] for name in EVENT_COLUMNS}
+    table = pa.table(columns, schema=arrow_schema())
+    path = layout.run_events(campaign_id, run_id) / f"{agent_id}-{seq:06d}.parquet"
+    _atomic_write_table(table, path)
+    return path
+
+
+def write_broker_samples(layout: DataLayout, campaign_id: str, run_id: str,
+                         samples: list[BrokerStatsSample]) -> Path | None:
+    """Write a run's broker resource samples; None when there are none."""
+    import pyarrow as pa
+
+    if not samples:
+        return None
+    fields = list(BrokerStatsSample.model_fields)
+    table = pa.table({f: [getattr(s, f) for s in samples] for f in fields})
+    path = layout.run_samples(campaign_id, run_id) / "samples.parquet"
+    _atomic_write_table(table, path)
+    return path
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    """Write ``document`` as indented JSON, atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(document, indent=2, default=str))
+    os.replace(tmp, path)
