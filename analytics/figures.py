@@ -65,7 +65,7 @@ def compute_level_figures(events: DataFrame, samples: DataFrame,
 
     publishes, subscriptions, deliveries = _split_events(events)
     deliveries = deliveries.cache()
-    pairs = _expected_pairs(publishes, subscriptions)
+    pairs = _expected_pairs(publishes, subscriptions).distinct().cache()
     unique = _unique_deliveries(deliveries, publishes, pairs).cache()
     try:
         counts_rows = _per_level(_count_rows(publishes, pairs, deliveries, unique), levels)
@@ -85,8 +85,8 @@ def compute_level_figures(events: DataFrame, samples: DataFrame,
                  F.max("value").alias("max"), F.sum("value").alias("sum"))
             .collect())
     finally:
-        unique.unpersist()
-        deliveries.unpersist()
+        for frame in (unique, pairs, deliveries):
+            frame.unpersist()
     return LevelFigures(
         counts={(r["level"], r["key"]): {f: int(r[f] or 0) for f in COUNT_FIGURES}
                 for r in counts},
@@ -145,7 +145,11 @@ def _split_events(events: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
 
 
 def _expected_pairs(publishes: DataFrame, subscriptions: DataFrame) -> DataFrame:
-    """Return one (run_id, publisher, seq, receiver) row per matching (publish, subscription).
+    """Return (run_id, publisher, seq, receiver) for each (publish, matching subscription).
+
+    Callers take the distinct rows: a receiver whose overlapping filters both match a
+    topic expects the message once (MQTT 3.1.1 section 3.3.5: one delivery, at the
+    highest QoS of the matching subscriptions).
 
     Filters without wildcards join by equality; the few wildcard filters are collected,
     turned into regexes and matched with ``rlike`` against a broadcast of their
@@ -176,6 +180,7 @@ def _unique_deliveries(deliveries: DataFrame, publishes: DataFrame,
                        pairs: DataFrame) -> DataFrame:
     """Return the first arrival of each (run, publisher, seq, receiver), with its figures.
 
+    ``pairs`` are the distinct expected (run_id, publisher, seq, receiver).
     Columns: the delivery key, t_pub_ns (payload), t_recv_ns, arrival_ns (offset
     corrected), latency_us, and ``expected`` (a subscription of the receiver matches).
     """
@@ -188,7 +193,7 @@ def _unique_deliveries(deliveries: DataFrame, publishes: DataFrame,
             .agg(F.min(F.struct("t_pub_ns", "pub_offset_ns")).alias("p"))
             .select(*_MESSAGE_KEY, F.col("p.t_pub_ns").alias("sent_ns"),
                     F.col("p.pub_offset_ns")))
-    expected = pairs.distinct().withColumn("expected", F.lit(True))
+    expected = pairs.withColumn("expected", F.lit(True))
     arrival = F.col("t_recv_ns") - F.col("recv_offset_ns")
     # The publisher's own record is the better send time; without one, use the payload's
     # timestamp on an unknown clock (offset 0).

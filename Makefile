@@ -1,0 +1,35 @@
+# mqttbed: `make install`, `make test`, `make demo`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+EXTRAS := agent,controller,analytics,dev
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+
+.PHONY: install system-deps test lint demo bench clean
+
+install: system-deps $(VENV)/.installed
+
+system-deps:
+	@scripts/system-deps.sh
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	touch $@
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install lint
+	$(PY) -m pytest -ra
+
+demo: install
+	$(VENV)/bin/mqttbed run campaigns/quickstart.yaml --data-dir data/demo
+
+bench: install
+	$(PY) bench/latency_floor.py
+
+clean:
+	rm -rf $(VENV) data build *.egg-info .pytest_cache

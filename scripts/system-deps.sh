@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the system packages mqttbed needs (Debian/Ubuntu), or says exactly how to.
+set -euo pipefail
+
+need=()
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
+command -v mosquitto_pub >/dev/null 2>&1 || need+=(mosquitto-clients)
+# Spark 4 needs Java 17 or newer.
+if ! java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])'; then
+    need+=(default-jre-headless)
+fi
+
+if [ ${#need[@]} -eq 0 ]; then
+    echo "system packages: all present"
+    exit 0
+fi
+cmd="apt-get update && apt-get install -y --no-install-recommends ${need[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+    echo "mqttbed needs these system packages: ${need[*]}" >&2
+    echo "run as root:  sudo sh -c '$cmd'" >&2
+    exit 1
+fi
+echo "installing system packages: ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}"
