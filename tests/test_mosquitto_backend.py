@@ -15,13 +15,14 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import psutil
 import pytest
+from pydantic import ValidationError
+
 from mqttbed.brokers.base import BrokerBackend
 from mqttbed.brokers.mosquitto import MosquittoBackend, Options
 from mqttbed.brokers.registry import backend_names, create_backend, options_model
 from mqttbed.core.errors import MissingSystemDependency
 from mqttbed.core.host import LocalHost
 from mqttbed.core.protocol import Endpoint, Transport
-from pydantic import ValidationError
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import psutil
 import pytest
+
 from mqttbed.brokers.base import BrokerStatsSample
 from mqttbed.brokers.mosquitto import MosquittoBackend, Options
 from mqttbed.core.host import LocalHost, LocalProcess

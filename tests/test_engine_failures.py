@@ -1,0 +1,156 @@
+"""The run engine with real agents and a real Mosquitto, when things go wrong.
+
+A lost agent or a dead broker fails the run with that reason and keeps every event that
+already arrived; no process outlives its run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pyarrow.dataset as ds
+import pytest
+
+from mqttbed.campaigns.spec import parse_spec
+from mqttbed.controller.db import ChunkRow, RunRow, TransitionRow
+from mqttbed.controller.states import RunState
+from mqttbed.core.protocol import ResultChunk
+from tests.conftest import child_processes
+
+pytestmark = pytest.mark.integration
+
+LONG_RUN = {"name": "long", "agents": {"count": 2},
+            "workload": {"publishers": 1, "subscribers": 2, "rate_hz": 200, "messages": 3000,
+                         "warmup_messages": 0},
+            "timing": {"heartbeat_timeout_s": 2.0}}
+
+
+def start_campaign(controller, spec_data):
+    campaign_id = controller.engine.create_campaign(parse_spec(spec_data))
+    result = {}
+    thread = threading.Thread(
+        target=lambda: result.setdefault("status", controller.engine.run_campaign(campaign_id)))
+    thread.start()
+    return campaign_id, thread, result
+
+
+def wait_for(predicate, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def stored_rows(controller, run_id):
+    with controller.sessions() as s:
+        chunks = s.query(ChunkRow).filter_by(run_id=run_id).all()
+        return {(c.agent_id, c.seq): c.rows for c in chunks}
+
+
+def dataset_rows(controller, campaign_id, run_id):
+    path = controller.layout.events / f"campaign_id={campaign_id}" / f"run_id={run_id}"
+    return ds.dataset(path, format="parquet").count_rows() if path.exists() else 0
+
+
+def only_run(controller, campaign_id) -> RunRow:
+    with controller.sessions() as s:
+        (run,) = s.query(RunRow).filter_by(campaign_id=campaign_id).all()
+        return run
+
+
+def test_killed_agent_fails_run_with_reason_and_keeps_uploaded_events(controller, updates):
+    campaign_id, thread, result = start_campaign(controller, LONG_RUN)
+    run_id = f"{campaign_id}-r0000"
+    wait_for(lambda: RunState.RUNNING in updates.states(run_id), 30, "run to start")
+    wait_for(lambda: sum(stored_rows(controller, run_id).values()) > 200, 15, "some chunks")
+    victim = child_processes("mqttbed.agents")[0]
+    victim.kill()
+    thread.join(60)
+    assert not thread.is_alive()
+
+    run = only_run(controller, campaign_id)
+    assert run.state == RunState.FAILED
+    assert f"(pid {victim.pid}) was killed by SIGKILL" in run.reason
+    assert result["status"] == "failed"
+    # every chunk acknowledged before the kill is still in the dataset
+    stored = stored_rows(controller, run_id)
+    assert sum(stored.values()) > 200
+    assert dataset_rows(controller, campaign_id, run_id) == sum(stored.values())
+    # and nothing the run started is left
+    assert child_processes("mqttbed.agents") == []
+    assert child_processes("mosquitto") == []
+
+
+def test_dead_broker_fails_run_with_reason_and_keeps_events(controller, updates):
+    campaign_id, thread, _ = start_campaign(controller, LONG_RUN)
+    run_id = f"{campaign_id}-r0000"
+    wait_for(lambda: RunState.RUNNING in updates.states(run_id), 30, "run to start")
+    wait_for(lambda: sum(stored_rows(controller, run_id).values()) > 200, 15, "some chunks")
+    (broker,) = child_processes("mosquitto")
+    broker.kill()
+    thread.join(60)
+
+    run = only_run(controller, campaign_id)
+    assert run.state == RunState.FAILED
+    assert "mosquitto" in run.reason and "exited" in run.reason
+    assert dataset_rows(controller, campaign_id, run_id) >= 200
+    assert child_processes("mqttbed.agents") == [] and child_processes("mosquitto") == []
+
+
+def test_every_transition_is_recorded_in_order(controller, updates):
+    spec = {"name": "tiny", "agents": {"count": 1},
+            "workload": {"subscribers": 2, "rate_hz": 200, "messages": 40, "warmup_messages": 5}}
+    campaign_id, thread, result = start_campaign(controller, spec)
+    thread.join(60)
+    run_id = f"{campaign_id}-r0000"
+    assert result["status"] == "done"
+    with controller.sessions() as s:
+        path = [(t.from_state, t.to_state) for t in
+                s.query(TransitionRow).filter_by(run_id=run_id).order_by(TransitionRow.id)]
+    assert path == [("queued", "deploying"), ("deploying", "running"),
+                    ("running", "collecting"), ("collecting", "done")]
+    assert updates.states(run_id) == ["deploying", "running", "collecting", "done"]
+    run = only_run(controller, campaign_id)
+    assert run.run_metadata["broker"]["version"].startswith("2.")
+    assert run.run_metadata["broker"]["limits"]["max_queued_messages"] == 1000
+    # 40 publishes + 2 x 40 deliveries + 2 subscriptions, all stored
+    assert dataset_rows(controller, campaign_id, run_id) == 40 + 80 + 2
+    assert child_processes("mqttbed.agents") == [] and child_processes("mosquitto") == []
+
+
+def test_a_chunk_sent_twice_is_stored_once(controller):
+    campaign_id = controller.engine.create_campaign(parse_spec({"name": "idem"}))
+    run_id = f"{campaign_id}-r0000"
+    row = {"kind": "publish", "agent_id": "a", "publisher": "pub-0", "seq": 1, "receiver": None,
+           "topic": "t", "payload_bytes": 64, "qos": 0, "warmup": False, "t_intended_ns": 1,
+           "t_pub_ns": 2, "t_recv_ns": None, "clock_source": "user", "clock_offset_ns": 0,
+           "clock_offset_uncertainty_ns": 0}
+    chunk = ResultChunk(run_id=run_id, agent_id="a", seq=0, events=[row, {**row, "seq": 2}])
+    token = controller.engine.ctx.agent_token
+    with httpx.Client(base_url=controller.server.url,
+                      headers={"authorization": f"Bearer {token}",
+                               "content-type": "application/json"}) as http:
+        answers = [http.post(f"/agent/v1/runs/{run_id}/chunks",
+                             content=chunk.model_dump_json()).json() for _ in range(2)]
+        wrong = httpx.post(f"{controller.server.url}/agent/v1/runs/{run_id}/chunks",
+                           content=chunk.model_dump_json(),
+                           headers={"authorization": "Bearer nope",
+                                    "content-type": "application/json"})
+    assert answers == [{"stored": True}, {"stored": False}]
+    assert stored_rows(controller, run_id) == {("a", 0): 2}
+    assert dataset_rows(controller, campaign_id, run_id) == 2
+    assert wrong.status_code == 401
+
+
+def test_runs_left_active_by_a_dead_controller_are_marked_interrupted(controller):
+    campaign_id = controller.engine.create_campaign(parse_spec({"name": "crash"}))
+    with controller.sessions() as s:
+        run = s.get(RunRow, f"{campaign_id}-r0000")
+        run.state = RunState.RUNNING
+        s.commit()
+    assert controller.engine.recover() == 1
+    run = only_run(controller, campaign_id)
+    assert run.state == RunState.INTERRUPTED
+    assert "controller restarted" in run.reason
