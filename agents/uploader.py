@@ -8,6 +8,7 @@ stores it once.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -15,7 +16,6 @@ from typing import Any
 import httpx
 
 from mqttbed.agents.mqtt_session import RawEvent
-from mqttbed.core.events import EVENT_COLUMNS
 from mqttbed.core.protocol import ResultChunk
 
 _RAW_COLUMNS = ("kind", "publisher", "seq", "receiver", "topic", "payload_bytes", "qos",
@@ -27,7 +27,6 @@ class ChunkUploader:
 
     def __init__(self, http: httpx.Client, *, run_id: str, agent_id: str,
                  static_columns: dict[str, Any], chunk_events: int, interval_s: float):
-        assert set(_RAW_COLUMNS) | set(static_columns) == set(EVENT_COLUMNS)
         self._http = http
         self._run_id = run_id
         self._agent_id = agent_id
@@ -69,14 +68,15 @@ class ChunkUploader:
             with self._buffer_lock:
                 pending, self._buffer = self._buffer, []
             for start in range(0, len(pending), self._chunk_events):
-                rows = [{**dict(zip(_RAW_COLUMNS, event, strict=True)), **self._static}
-                        for event in pending[start:start + self._chunk_events]]
-                self._post(ResultChunk(run_id=self._run_id, agent_id=self._agent_id,
-                                       seq=self.chunks_sent, events=rows))
+                columns = zip(*pending[start:start + self._chunk_events], strict=True)
+                self._post(ResultChunk(
+                    run_id=self._run_id, agent_id=self._agent_id, seq=self.chunks_sent,
+                    columns=dict(zip(_RAW_COLUMNS, map(list, columns), strict=True)),
+                    constants=self._static))
                 self.chunks_sent += 1
 
     def _post(self, chunk: ResultChunk, attempts: int = 8) -> None:
-        body = chunk.model_dump_json()
+        body = json.dumps(chunk.model_dump(), separators=(",", ":"))
         for attempt in range(attempts):
             try:
                 response = self._http.post(f"/agent/v1/runs/{chunk.run_id}/chunks", content=body,

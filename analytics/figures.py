@@ -218,7 +218,8 @@ def _count_rows(publishes: DataFrame, pairs: DataFrame, deliveries: DataFrame,
     # A row is reordered if an earlier arrival on its stream carried a higher seq.
     stream = (Window.partitionBy("run_id", "receiver", "publisher").orderBy("t_recv_ns", "seq")
               .rowsBetween(Window.unboundedPreceding, -1))
-    reordered = deliveries.where(F.col("seq") < F.max("seq").over(stream))
+    reordered = (deliveries.withColumn("highest_before", F.max("seq").over(stream))
+                 .where(F.col("seq") < F.col("highest_before")))
     counted = {
         "messages_sent": publishes, "deliveries_expected": pairs, "delivery_rows": deliveries,
         "unique_deliveries": unique, "deliveries_received": unique.where("expected"),

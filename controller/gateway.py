@@ -50,9 +50,9 @@ class ChunkStore:
                 self._registry.chunk_stored(chunk.run_id, chunk.agent_id, chunk.seq)
                 return False
             path = write_event_chunk(self._layout, run.campaign_id, chunk.run_id,
-                                     chunk.agent_id, chunk.seq, chunk.events)
+                                     chunk.agent_id, chunk.seq, chunk.columns, chunk.constants)
             session.add(ChunkRow(run_id=chunk.run_id, agent_id=chunk.agent_id, seq=chunk.seq,
-                                 rows=len(chunk.events), path=str(path)))
+                                 rows=chunk.rows, path=str(path)))
             try:
                 session.commit()
             except IntegrityError:  # the same chunk raced in on another thread

@@ -59,12 +59,17 @@ def _atomic_write_table(table: Any, path: Path) -> None:
 
 
 def write_event_chunk(layout: DataLayout, campaign_id: str, run_id: str, agent_id: str,
-                      seq: int, rows: list[dict[str, Any]]) -> Path:
-    """Write one chunk of event rows as its own Parquet file; return its path."""
+                      seq: int, columns: dict[str, list[Any]],
+                      constants: dict[str, Any]) -> Path:
+    """Write one chunk of event rows as its own Parquet file; return its path.
+
+    ``constants`` are columns with one value for every row of the chunk.
+    """
     import pyarrow as pa
 
-    columns = {name: [row.get(name) for row in rows] for name in EVENT_COLUMNS}
-    table = pa.table(columns, schema=arrow_schema())
+    rows = len(next(iter(columns.values()), []))
+    table = pa.table({name: columns[name] if name in columns else [constants[name]] * rows
+                      for name in EVENT_COLUMNS}, schema=arrow_schema())
     path = layout.run_events(campaign_id, run_id) / f"{agent_id}-{seq:06d}.parquet"
     _atomic_write_table(table, path)
     return path

@@ -11,7 +11,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from mqttbed.core.events import EVENT_COLUMNS
 
 PROTOCOL_VERSION = 1
 
@@ -93,7 +95,7 @@ class Assignment(Message):
     clock_offset_ns: int = 0
     clock_offset_uncertainty_ns: int = 0
     chunk_events: int = 5000
-    chunk_interval_s: float = 0.5
+    chunk_interval_s: float = 1.0
     window_ns: int = 0  # publishing window of the whole run, from the start time
     drain_s: float = 1.0
 
@@ -132,10 +134,32 @@ class Ready(Message):
 
 
 class ResultChunk(Message):
+    """Event rows in columns: ``columns`` vary per row, ``constants`` hold for every row.
+
+    Columnar because the agent builds it on the machine it measures on: zipping tuples
+    into columns and dumping lists is C work; building a dict per row is not.
+    """
+
     run_id: str
     agent_id: str
     seq: int
-    events: list[dict[str, Any]]
+    columns: dict[str, list[Any]]
+    constants: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _columns_cover_the_event_row(self) -> ResultChunk:
+        lengths = {len(values) for values in self.columns.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"columns differ in length: {sorted(lengths)}")
+        missing = set(EVENT_COLUMNS) - set(self.columns) - set(self.constants)
+        extra = (set(self.columns) | set(self.constants)) - set(EVENT_COLUMNS)
+        if missing or extra:
+            raise ValueError(f"event columns missing {sorted(missing)}, unknown {sorted(extra)}")
+        return self
+
+    @property
+    def rows(self) -> int:
+        return len(next(iter(self.columns.values()), []))
 
 
 class Done(Message):

@@ -16,6 +16,7 @@ import pytest
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.db import ChunkRow, RunRow, TransitionRow
 from mqttbed.controller.states import RunState
+from mqttbed.core.events import EVENT_COLUMNS
 from mqttbed.core.protocol import ResultChunk
 from tests.conftest import child_processes
 
@@ -123,11 +124,13 @@ def test_every_transition_is_recorded_in_order(controller, updates):
 def test_a_chunk_sent_twice_is_stored_once(controller):
     campaign_id = controller.engine.create_campaign(parse_spec({"name": "idem"}))
     run_id = f"{campaign_id}-r0000"
-    row = {"kind": "publish", "agent_id": "a", "publisher": "pub-0", "seq": 1, "receiver": None,
-           "topic": "t", "payload_bytes": 64, "qos": 0, "warmup": False, "t_intended_ns": 1,
-           "t_pub_ns": 2, "t_recv_ns": None, "clock_source": "user", "clock_offset_ns": 0,
-           "clock_offset_uncertainty_ns": 0}
-    chunk = ResultChunk(run_id=run_id, agent_id="a", seq=0, events=[row, {**row, "seq": 2}])
+    columns = {"kind": ["publish"] * 2, "publisher": ["pub-0"] * 2, "seq": [1, 2],
+               "receiver": [None] * 2, "topic": ["t"] * 2, "payload_bytes": [64] * 2,
+               "qos": [0] * 2, "warmup": [False] * 2, "t_intended_ns": [1, 2],
+               "t_pub_ns": [2, 3], "t_recv_ns": [None] * 2}
+    constants = {"agent_id": "a", "clock_source": "user", "clock_offset_ns": 0,
+                 "clock_offset_uncertainty_ns": 0}
+    chunk = ResultChunk(run_id=run_id, agent_id="a", seq=0, columns=columns, constants=constants)
     token = controller.engine.ctx.agent_token
     with httpx.Client(base_url=controller.server.url,
                       headers={"authorization": f"Bearer {token}",
@@ -142,6 +145,12 @@ def test_a_chunk_sent_twice_is_stored_once(controller):
     assert stored_rows(controller, run_id) == {("a", 0): 2}
     assert dataset_rows(controller, campaign_id, run_id) == 2
     assert wrong.status_code == 401
+
+
+def test_a_chunk_missing_a_column_is_rejected_naming_it():
+    with pytest.raises(ValueError, match=r"missing \['t_recv_ns'\]"):
+        ResultChunk(run_id="r", agent_id="a", seq=0,
+                    columns={c: [] for c in EVENT_COLUMNS if c != "t_recv_ns"})
 
 
 def test_runs_left_active_by_a_dead_controller_are_marked_interrupted(controller):

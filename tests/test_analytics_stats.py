@@ -1,0 +1,471 @@
+"""Campaign stats from Spark match an independent plain-Python computation.
+
+The dataset is built by hand: two points of two done runs and one failed run each side,
+a point whose only run failed, two publishers, three subscribers with exact, ``+`` and
+``#`` filters, warm-up messages, losses, duplicates, reordering, clock offsets on two
+agents, a delivery whose publish record is missing, plus another campaign and an
+unlisted run that must not leak in. The reference figures below are computed from the
+same rows with loops and numpy, following the definitions in mqttbed.analytics.figures.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+pytest.importorskip("pyspark")
+
+from mqttbed.analytics.spark import get_spark, stop_spark  # noqa: E402
+from mqttbed.analytics.stats import RunInfo, compute_campaign_stats, write_stats  # noqa: E402
+from mqttbed.analytics.topics import topic_filter_regex  # noqa: E402
+from mqttbed.core.events import EVENT_COLUMNS, arrow_schema  # noqa: E402
+
+CAMPAIGN = "camp-1"
+T0 = 5_000_000_000_000
+MS = 1_000_000
+WARMUP = 2
+MESSAGES = 10
+TOPICS = {"pub-0": "plant/line1/temp", "pub-1": "plant/line2/temp"}
+# Clock offsets: corrected time = raw time - offset.
+OFFSETS = {"pub-0": 0, "pub-1": -40_000, "sub-0": 0, "sub-1": 2_500_000, "sub-2": 0}
+SUBSCRIPTIONS = [("sub-0", "plant/line1/temp"), ("sub-1", "plant/+/temp"), ("sub-2", "plant/#"),
+                 ("sub-0", "other/#")]
+
+RUNS = [
+    RunInfo("r1", 0, {"qos": 1}, 0, "done", "mosquitto", warmup_messages=WARMUP),
+    RunInfo("r2", 0, {"qos": 1}, 1, "done", "mosquitto", warmup_messages=WARMUP),
+    RunInfo("r3", 1, {"qos": 2}, 0, "done", "mosquitto", warmup_messages=WARMUP),
+    RunInfo("r4", 1, {"qos": 2}, 1, "failed", "mosquitto", reason="agent sub-1 lost",
+            warmup_messages=WARMUP),
+    RunInfo("r5", 2, {"qos": 0}, 0, "failed", "mosquitto", reason="broker did not start"),
+]
+
+
+# -- the hand-made dataset ------------------------------------------------------------
+
+
+def _row(kind: str, agent: str, **fields: Any) -> dict[str, Any]:
+    row = dict.fromkeys(EVENT_COLUMNS)
+    row.update(kind=kind, agent_id=agent, payload_bytes=64, qos=1, warmup=False,
+               clock_source="user", clock_offset_ns=OFFSETS[agent],
+               clock_offset_uncertainty_ns=1000)
+    row.update(fields)
+    return row
+
+
+def _run_rows(run_id: str, seed: int, *, subscriptions=SUBSCRIPTIONS, lost=(), duplicated=(),
+              late=None, unrecorded_publishes=()) -> list[dict[str, Any]]:
+    """Rows of one run; latencies random, anomalies named by (publisher, seq, receiver)."""
+    late = late or {}
+    rng = np.random.default_rng(seed)
+    rows = []
+    for rank, (receiver, topic_filter) in enumerate(subscriptions):
+        rows.append(_row("subscribe", receiver, receiver=receiver, topic=topic_filter,
+                         t_recv_ns=T0 + rank * 10 * MS + OFFSETS[receiver]))
+    receivers = {r for r, _ in subscriptions}
+    for p, publisher in enumerate(TOPICS):
+        topic = TOPICS[publisher]
+        for seq in range(MESSAGES):
+            sent = T0 + 100 * MS + seq * 10 * MS + p * 3 * MS   # controller clock
+            t_pub = sent + OFFSETS[publisher]
+            warmup = seq < WARMUP
+            if (publisher, seq) not in unrecorded_publishes:
+                rows.append(_row("publish", publisher, publisher=publisher, seq=seq,
+                                 topic=topic, warmup=warmup, t_intended_ns=t_pub,
+                                 t_pub_ns=t_pub))
+            for receiver in sorted(receivers):
+                if not any(_matches(f, topic) for r, f in subscriptions if r == receiver):
+                    continue
+                key = (publisher, seq, receiver)
+                latency = late.get(key, int(rng.integers(150_000, 900_000)))
+                if key in lost:
+                    continue
+                t_recv = sent + latency + OFFSETS[receiver]
+                for extra in ((0, 35 * MS) if key in duplicated else (0,)):
+                    rows.append(_row("delivery", receiver, publisher=publisher, seq=seq,
+                                     receiver=receiver, topic=topic, warmup=warmup,
+                                     t_intended_ns=t_pub, t_pub_ns=t_pub,
+                                     t_recv_ns=t_recv + extra))
+    return rows
+
+
+def _samples(seed: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    recv = sent = 10_000
+    rows = []
+    for k in range(5):
+        recv += int(rng.integers(1_000, 50_000))
+        sent += int(rng.integers(1_000, 90_000))
+        rows.append({"t_ns": T0 + k * 200 * MS, "cpu_percent": float(rng.uniform(1, 40)),
+                     "rss_bytes": int(rng.integers(5_000_000, 9_000_000)),
+                     "bytes_recv": recv, "bytes_sent": sent, "processes": 1})
+    return rows
+
+
+def _dataset() -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
+    events = {
+        # r1: three lost, one lost warm-up delivery, a duplicate arriving 35 ms late.
+        "r1": _run_rows("r1", 1, lost={("pub-0", 5, "sub-1"), ("pub-1", 3, "sub-2"),
+                                       ("pub-0", 8, "sub-2"), ("pub-0", 0, "sub-0")},
+                        duplicated={("pub-0", 4, "sub-0")}),
+        # r2: seq 5 overtaken by seq 6, an overlapping filter for sub-2, a delivered
+        # message whose publish record is missing, a duplicated warm-up delivery.
+        "r2": _run_rows("r2", 2, subscriptions=[*SUBSCRIPTIONS, ("sub-2", "plant/line2/temp")],
+                        late={("pub-1", 5, "sub-2"): 12 * MS},
+                        unrecorded_publishes={("pub-1", 7)},
+                        duplicated={("pub-1", 1, "sub-1")}),
+        # r3: only two subscribers.
+        "r3": _run_rows("r3", 3, subscriptions=SUBSCRIPTIONS[:2]),
+        # r4 failed after a few messages.
+        "r4": [r for r in _run_rows("r4", 4) if r["seq"] is None or r["seq"] < 4],
+    }
+    samples = {"r1": _samples(11), "r2": _samples(12), "r3": _samples(13)}
+    return events, samples
+
+
+def _write(root: Path, campaign: str, run_id: str, name: str, table: Any) -> None:
+    directory = root / f"campaign_id={campaign}" / f"run_id={run_id}"
+    directory.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, directory / name)
+
+
+def _write_events(root: Path, campaign: str, run_id: str, rows: list[dict]) -> None:
+    # One file per agent, as the controller stores uploaded chunks.
+    by_agent = defaultdict(list)
+    for row in rows:
+        by_agent[row["agent_id"]].append(row)
+    for agent, agent_rows in by_agent.items():
+        _write(root, campaign, run_id, f"{agent}-000000.parquet",
+               pa.Table.from_pylist(agent_rows, schema=arrow_schema()))
+
+
+def _write_samples(root: Path, campaign: str, run_id: str, rows: list[dict]) -> None:
+    schema = pa.schema([("t_ns", pa.int64()), ("cpu_percent", pa.float64()),
+                        ("rss_bytes", pa.int64()), ("bytes_recv", pa.int64()),
+                        ("bytes_sent", pa.int64()), ("processes", pa.int32())])
+    _write(root, campaign, run_id, "samples.parquet", pa.Table.from_pylist(rows, schema=schema))
+
+
+# -- the reference computation ----------------------------------------------------------
+
+
+def _matches(topic_filter: str, topic: str) -> bool:
+    """MQTT topic matching, level by level."""
+    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+        return False
+    filter_levels, topic_levels = topic_filter.split("/"), topic.split("/")
+    for i, level in enumerate(filter_levels):
+        if level == "#":
+            return True
+        if i >= len(topic_levels) or level not in ("+", topic_levels[i]):
+            return False
+    return len(filter_levels) == len(topic_levels)
+
+
+def _reference_run(rows: list[dict]) -> dict[str, Any]:
+    """Counts and raw value lists of one run, by the definitions, in plain Python."""
+    pubs = [r for r in rows if r["kind"] == "publish" and not r["warmup"]]
+    deliveries = [r for r in rows if r["kind"] == "delivery" and not r["warmup"]]
+    suback: dict[str, int] = {}
+    filters: set[tuple[str, str]] = set()
+    for r in rows:
+        if r["kind"] == "subscribe":
+            filters.add((r["receiver"], r["topic"]))
+            t = r["t_recv_ns"] - r["clock_offset_ns"]
+            suback[r["receiver"]] = min(t, suback.get(r["receiver"], t))
+    expected = {(p["publisher"], p["seq"], receiver) for p in pubs
+                for receiver, f in filters if _matches(f, p["topic"])}
+    unique: dict[tuple, dict] = {}
+    for d in sorted(deliveries, key=lambda d: d["t_recv_ns"]):
+        unique.setdefault((d["publisher"], d["seq"], d["receiver"]), d)
+    published = {(p["publisher"], p["seq"]): p for p in pubs}
+
+    reordered = 0
+    streams: dict[tuple, list[dict]] = defaultdict(list)
+    for d in deliveries:
+        streams[(d["receiver"], d["publisher"])].append(d)
+    for stream in streams.values():
+        highest = None
+        for d in sorted(stream, key=lambda d: (d["t_recv_ns"], d["seq"])):
+            reordered += highest is not None and d["seq"] < highest
+            highest = d["seq"] if highest is None else max(highest, d["seq"])
+
+    arrival, latency = {}, {}
+    for key, d in unique.items():
+        arrival[key] = d["t_recv_ns"] - d["clock_offset_ns"]
+        p = published.get(key[:2])
+        departure = p["t_pub_ns"] - p["clock_offset_ns"] if p else d["t_pub_ns"]
+        latency[key] = (arrival[key] - departure) / 1000
+
+    jitter_std = []
+    for receiver in {k[2] for k in unique}:
+        values = [v for k, v in latency.items() if k[2] == receiver]
+        if len(values) >= 2:
+            jitter_std.append(np.std(values, ddof=1))
+    rfc = []
+    for receiver, publisher in {(k[2], k[0]) for k in unique}:
+        stream = sorted((d for k, d in unique.items() if k[2] == receiver and k[0] == publisher),
+                        key=lambda d: (d["t_recv_ns"], d["seq"]))
+        if len(stream) < 2:
+            continue
+        j = 0.0
+        for prev, cur in zip(stream, stream[1:], strict=False):
+            diff = (cur["t_recv_ns"] - prev["t_recv_ns"]) - (cur["t_pub_ns"] - prev["t_pub_ns"])
+            j += (abs(diff) - j) / 16
+        rfc.append(j / 1000)
+
+    order = sorted(suback, key=lambda r: (suback[r], r))
+    spread, first_last = [], []
+    for message in {k[:2] for k in unique}:
+        times = {k[2]: t for k, t in arrival.items() if k[:2] == message}
+        if len(times) >= 2:
+            spread.append((max(times.values()) - min(times.values())) / 1000)
+        if len(order) >= 2 and order[0] in times and order[-1] in times:
+            first_last.append((times[order[-1]] - times[order[0]]) / 1000)
+
+    received = sum(key in expected for key in unique)
+    span_s = (max(arrival.values()) - min(arrival.values())) / 1e9 if arrival else 0
+    return {
+        "counts": {"messages_sent": len(pubs), "deliveries_expected": len(expected),
+                   "deliveries_received": received,
+                   "deliveries_unexpected": len(unique) - received,
+                   "lost": len(expected) - received,
+                   "duplicates": len(deliveries) - len(unique), "reordered": reordered},
+        "latency": list(latency.values()), "jitter_std": jitter_std, "rfc": rfc,
+        "spread": spread, "first_last": first_last,
+        "throughput": [received / span_s] if span_s > 0 else [],
+    }
+
+
+def _reference_broker(samples_by_run: list[list[dict]]) -> dict[str, Any]:
+    cpu_mean, cpu_max, rss, recv, sent = [], [], [], [], []
+    for samples in samples_by_run:
+        if not samples:
+            continue
+        duration_s = (samples[-1]["t_ns"] - samples[0]["t_ns"]) / 1e9
+        cpu_mean.append(np.mean([s["cpu_percent"] for s in samples]))
+        cpu_max.append(max(s["cpu_percent"] for s in samples))
+        rss.append(max(s["rss_bytes"] for s in samples))
+        recv.append((samples[-1]["bytes_recv"] - samples[0]["bytes_recv"]) / 1024 / duration_s)
+        sent.append((samples[-1]["bytes_sent"] - samples[0]["bytes_sent"]) / 1024 / duration_s)
+    return {
+        "samples": sum(len(s) for s in samples_by_run),
+        "cpu_percent_mean": _mean(cpu_mean), "cpu_percent_std": _std(cpu_mean),
+        "cpu_percent_max": max(cpu_max, default=None),
+        "rss_bytes_max": max(rss, default=None), "rss_bytes_std": _std(rss),
+        "net_recv_kb_per_s": _mean(recv), "net_recv_kb_per_s_std": _std(recv),
+        "net_sent_kb_per_s": _mean(sent), "net_sent_kb_per_s_std": _std(sent),
+    }
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def _std(values: list[float]) -> float | None:
+    return float(np.std(values, ddof=1)) if len(values) >= 2 else None
+
+
+def _summary(values: list[float], percentiles: tuple[str, ...]) -> dict[str, float | None]:
+    out = {"mean": _mean(values), "std": _std(values)}
+    for name in percentiles:
+        q = {"p50": 50, "p90": 90, "p99": 99, "p999": 99.9}[name]
+        out[name] = float(np.percentile(values, q)) if values else None
+    out["max"] = float(max(values)) if values else None
+    return out
+
+
+def _reference_figures(parts: list[dict], samples_by_run: list[list[dict]]) -> dict[str, Any]:
+    """Pool the reference parts of some runs into the figures of one level."""
+    def pooled(name: str) -> list[float]:
+        return [v for part in parts for v in part[name]]
+
+    counts = {name: sum(part["counts"][name] for part in parts)
+              for name in ("messages_sent", "deliveries_expected", "deliveries_received",
+                           "deliveries_unexpected", "lost", "duplicates", "reordered")}
+    return {
+        **counts,
+        "latency_us": _summary(pooled("latency"), ("p50", "p90", "p99", "p999")),
+        "jitter_us": {"std": _mean(pooled("jitter_std")), "rfc3550": _mean(pooled("rfc"))},
+        "sync_spread_us": _summary(pooled("spread"), ("p50", "p99")),
+        "first_last_spread_us": _summary(pooled("first_last"), ("p50", "p99")),
+        "throughput_msgs_per_s": _mean(pooled("throughput")),
+        "throughput_msgs_per_s_std": _std(pooled("throughput")),
+        "broker": _reference_broker(samples_by_run),
+    }
+
+
+def _flat(document: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in document.items():
+        if isinstance(value, dict) and key != "params":
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def _assert_figures(actual: dict[str, Any], expected: dict[str, Any]) -> None:
+    actual_flat = _flat(actual)
+    expected_flat = _flat(expected)
+    # approx cannot take None with a relative tolerance: nulls must match exactly.
+    nulls = {key for key, value in expected_flat.items() if value is None}
+    assert {key for key in expected_flat if actual_flat[key] is None} == nulls
+    compared = {key: actual_flat[key] for key in expected_flat if key not in nulls}
+    numbers = {key: value for key, value in expected_flat.items() if key not in nulls}
+    assert compared == pytest.approx(numbers, rel=1e-9, abs=1e-6)
+
+
+# -- fixtures -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = get_spark("local[2]")
+    yield session
+    stop_spark()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    events, samples = _dataset()
+    for run_id, rows in events.items():
+        _write_events(root / "events", CAMPAIGN, run_id, rows)
+    for run_id, rows in samples.items():
+        _write_samples(root / "samples", CAMPAIGN, run_id, rows)
+    # Same run id in another campaign, and an unlisted run: neither may be read.
+    _write_events(root / "events", "camp-other", "r1", _run_rows("r1", 99, lost={("pub-0", 2, "sub-0")}))
+    _write_samples(root / "samples", "camp-other", "r1", _samples(99))
+    _write_events(root / "events", CAMPAIGN, "r9", _run_rows("r9", 9))
+    return root, events, samples
+
+
+@pytest.fixture(scope="module")
+def stats(spark, dataset):
+    root, _, _ = dataset
+    return compute_campaign_stats(
+        spark, events_path=root / "events", samples_path=root / "samples",
+        campaign={"id": CAMPAIGN, "name": "unit", "spec": {"repetitions": 2}}, runs=RUNS)
+
+
+# -- tests ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("topic_filter", "topic", "matches"), [
+    ("plant/line1/temp", "plant/line1/temp", True),
+    ("plant/line1/temp", "plant/line1/temp/x", False),
+    ("plant/+/temp", "plant/line2/temp", True),
+    ("plant/+/temp", "plant/temp", False),
+    ("plant/#", "plant", True),
+    ("plant/#", "plant/a/b/c", True),
+    ("plant/#", "plants/a", False),
+    ("+/+", "/finance", True),
+    ("#", "$SYS/broker/load", False),
+    ("+/broker/load", "$SYS/broker/load", False),
+    ("$SYS/#", "$SYS/broker/load", True),
+    ("a.b/(c)", "a.b/(c)", True),
+    ("a.b/(c)", "axb/(c)", False),
+])
+def test_topic_filter_regex_follows_mqtt_matching(topic_filter, topic, matches):
+    import re
+
+    assert bool(re.search(topic_filter_regex(topic_filter), topic)) is matches
+    assert _matches(topic_filter, topic) is matches
+
+
+def test_every_run_figure_matches_the_reference(stats, dataset):
+    _, events, samples = dataset
+    runs = {run["run_id"]: run for run in stats["runs"]}
+    assert list(runs) == ["r1", "r2", "r3", "r4", "r5"]
+    for info in RUNS:
+        parts = [_reference_run(events.get(info.run_id, []))]
+        expected = _reference_figures(parts, [samples.get(info.run_id, [])])
+        _assert_figures(runs[info.run_id], expected)
+        assert runs[info.run_id]["state"] == info.state
+        assert runs[info.run_id]["reason"] == info.reason
+
+
+def test_points_pool_done_runs_only(stats, dataset):
+    _, events, samples = dataset
+    points = {point["point_index"]: point for point in stats["points"]}
+    assert sorted(points) == [0, 1, 2]
+    for index, point in points.items():
+        done = [r.run_id for r in RUNS if r.point_index == index and r.state == "done"]
+        parts = [_reference_run(events[run_id]) for run_id in done]
+        expected = _reference_figures(parts, [samples.get(run_id, []) for run_id in done])
+        _assert_figures(point, expected)
+        assert point["runs"] == len(done)
+        assert point["run_ids"] == done
+    assert points[1]["runs_failed"] == 1
+    assert points[0]["params"] == {"qos": 1}
+
+
+def test_anomalies_are_counted_where_they_were_planted(stats):
+    runs = {run["run_id"]: run for run in stats["runs"]}
+    r1, r2, r3 = runs["r1"], runs["r2"], runs["r3"]
+    # 8 measured messages per publisher; pub-0 to 3 receivers, pub-1 to 2.
+    assert r1["messages_sent"] == 16 and r1["deliveries_expected"] == 40
+    assert r1["lost"] == 3 and r1["duplicates"] == 1
+    assert r1["reordered"] == 1   # the late duplicate of seq 4 arrives after seq 7
+    # The overlapping filter of sub-2 adds no expected delivery; the unrecorded publish
+    # of (pub-1, 7) is not expected, so its two deliveries are unexpected.
+    assert r2["deliveries_expected"] == 38 and r2["deliveries_unexpected"] == 2
+    assert r2["lost"] == 0 and r2["duplicates"] == 0 and r2["reordered"] == 1
+    assert r3["first_last_spread_us"]["mean"] is not None
+    point2 = next(p for p in stats["points"] if p["point_index"] == 2)
+    assert point2["runs"] == 0 and point2["runs_failed"] == 1
+    assert point2["messages_sent"] == 0 and point2["latency_us"]["p50"] is None
+    assert point2["broker"]["cpu_percent_mean"] is None
+    assert runs["r4"]["broker"]["samples"] == 0
+
+
+def test_all_deliveries_lost_gives_expected_counts_and_null_figures(spark, tmp_path):
+    rows = [r for r in _run_rows("x1", 5) if r["kind"] != "delivery"]
+    _write_events(tmp_path / "events", "camp-lost", "x1", rows)
+    stats = compute_campaign_stats(
+        spark, events_path=tmp_path / "events", samples_path=tmp_path / "no-samples",
+        campaign={"id": "camp-lost"}, runs=[RunInfo("x1", 0, {}, 0, "done", "mosquitto")])
+    for level in (stats["runs"][0], stats["points"][0]):
+        assert level["deliveries_expected"] == 40
+        assert level["lost"] == 40 and level["deliveries_received"] == 0
+        assert level["duplicates"] == 0 and level["reordered"] == 0
+        assert set(level["latency_us"].values()) == {None}
+        assert level["jitter_us"] == {"std": None, "rfc3550": None}
+        assert set(level["sync_spread_us"].values()) == {None}
+        assert level["throughput_msgs_per_s"] is None
+        assert level["broker"]["rss_bytes_max"] is None
+
+
+def test_write_stats_writes_json_and_one_parquet_row_per_point_and_run(stats, tmp_path):
+    json_path, parquet_path = write_stats(stats, tmp_path / "out")
+    document = json.loads(json_path.read_text())
+    assert set(document) >= {"campaign", "generated_at", "points", "runs"}
+    assert set(document["campaign"]) == {"id", "name", "spec"}
+    point_keys = {"point_index", "params", "backend", "runs", "runs_failed", "messages_sent",
+                  "deliveries_expected", "deliveries_received", "lost", "duplicates",
+                  "reordered", "latency_us", "jitter_us", "sync_spread_us",
+                  "first_last_spread_us", "throughput_msgs_per_s", "broker"}
+    assert all(point_keys <= set(point) for point in document["points"])
+    run_keys = (point_keys - {"runs", "runs_failed"}) | {"run_id", "repetition", "state",
+                                                        "reason"}
+    assert all(run_keys <= set(run) for run in document["runs"])
+    assert set(document["points"][0]["latency_us"]) == {"mean", "std", "p50", "p90", "p99",
+                                                        "p999", "max"}
+    assert set(document["points"][0]["sync_spread_us"]) == {"mean", "std", "p50", "p99", "max"}
+    assert {"cpu_percent_mean", "cpu_percent_std", "rss_bytes_max", "net_recv_kb_per_s",
+            "net_sent_kb_per_s"} <= set(document["points"][0]["broker"])
+
+    table = pq.read_table(parquet_path).to_pylist()
+    assert [row["level"] for row in table].count("point") == len(stats["points"])
+    assert [row["level"] for row in table].count("run") == len(stats["runs"])
+    r1 = next(row for row in table if row["run_id"] == "r1")
+    assert r1["latency_us_p99"] == pytest.approx(stats["runs"][0]["latency_us"]["p99"])
+    assert json.loads(r1["params"]) == {"qos": 1}
