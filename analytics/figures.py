@@ -198,7 +198,7 @@ def _unique_deliveries(deliveries: DataFrame, publishes: DataFrame,
     # The publisher's own record is the better send time; without one, use the payload's
     # timestamp on an unknown clock (offset 0).
     departure = (F.coalesce(F.col("sent_ns"), F.col("t_pub_ns"))
-                 - F.coalesce(F.col("pub_offset_ns"), F.lit(0)))
+                 - F.lit(0))
     return (first.join(sent, list(_MESSAGE_KEY), "left")
             .join(expected, list(_DELIVERY_KEY), "left")
             .select(*_DELIVERY_KEY, "t_pub_ns", "t_recv_ns", arrival.alias("arrival_ns"),
