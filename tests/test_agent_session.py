@@ -1,0 +1,96 @@
+"""The agent's MQTT session against a real Mosquitto: sockets, schedule, events."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from mqttbed.agents.gpio import VirtualGpio
+from mqttbed.agents.mqtt_session import MqttSession
+from mqttbed.brokers.mosquitto import MosquittoBackend, Options
+from mqttbed.core.clock import monotonic_ns
+from mqttbed.core.events import PAYLOAD_MIN_BYTES, decode_payload, encode_payload
+from mqttbed.core.host import LocalHost
+from mqttbed.core.protocol import ClientAssignment, Role
+
+RATE_HZ = 500
+MESSAGES = 50
+
+
+@pytest.fixture
+def broker():
+    backend = MosquittoBackend()
+    endpoint = backend.deploy(Options(), LocalHost())
+    yield endpoint
+    backend.teardown()
+
+
+def clients(subscribers: int) -> list[ClientAssignment]:
+    pub = ClientAssignment(client_id="pub-0", role=Role.PUBLISHER, topic="t/x", qos=0,
+                           gpio_pin=2, payload_bytes=64, rate_hz=RATE_HZ, messages=MESSAGES,
+                           warmup_messages=5)
+    subs = [ClientAssignment(client_id=f"sub-{j}", role=Role.SUBSCRIBER, topic="t/x", qos=0,
+                             gpio_pin=3 + j, warmup_messages=5, expected_messages=MESSAGES,
+                             subscribe_rank=j) for j in range(subscribers)]
+    return [pub, *reversed(subs)]  # given out of order on purpose
+
+
+def run_session(endpoint, subscribers=3):
+    events, gpio = [], VirtualGpio()
+    session = MqttSession(endpoint, clients(subscribers), gpio, events.append)
+    try:
+        session.connect(timeout_s=10)
+        nodelay = [c.paho.socket().getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                   for c in session._clients]
+        start = monotonic_ns() + 50_000_000
+        session.run(start, start + 2_000_000_000, abort=lambda: False)
+        counts = session.counts()
+    finally:
+        session.close()
+    return events, gpio, nodelay, counts, start
+
+
+def test_every_mqtt_socket_has_tcp_nodelay(broker):
+    _, _, nodelay, _, _ = run_session(broker)
+    assert len(nodelay) == 4 and all(nodelay)
+
+
+def test_subscribers_subscribe_in_rank_order(broker):
+    events, *_ = run_session(broker)
+    subscribed = [e for e in events if e[0] == "subscribe"]
+    assert [e[3] for e in sorted(subscribed, key=lambda e: e[10])] == ["sub-0", "sub-1", "sub-2"]
+
+
+def test_publishes_follow_the_open_loop_schedule(broker):
+    events, _, _, counts, start = run_session(broker)
+    published = [e for e in events if e[0] == "publish"]
+    assert [e[2] for e in published] == list(range(MESSAGES))
+    assert [e[8] for e in published] == [start + k * 1_000_000_000 // RATE_HZ
+                                         for k in range(MESSAGES)]
+    assert all(e[9] >= e[8] for e in published)  # never sent before it was due
+    assert [e[7] for e in published] == [k < 5 for k in range(MESSAGES)]
+    assert counts == (MESSAGES, 3 * MESSAGES)
+
+
+def test_every_delivery_carries_the_send_time_of_its_publish(broker):
+    events, gpio, *_ = run_session(broker)
+    sent = {e[2]: e[9] for e in events if e[0] == "publish"}
+    deliveries = [e for e in events if e[0] == "delivery"]
+    assert len(deliveries) == 3 * MESSAGES
+    for _, publisher, seq, receiver, topic, size, qos, warmup, _, t_pub, t_recv in deliveries:
+        assert receiver.startswith("sub-")
+        assert (publisher, topic, size, qos) == ("pub-0", "t/x", 64, 0)
+        assert t_pub == sent[seq] and t_recv > t_pub
+        assert warmup == (seq < 5)
+    # a GPIO edge per publish and per receipt
+    assert len(gpio.edges()) == MESSAGES + 3 * MESSAGES
+
+
+def test_payload_round_trips_and_has_the_requested_size():
+    payload = encode_payload(7, 3, 123456789, 123456000, 64)
+    assert len(payload) == 64
+    assert decode_payload(payload) == (7, 3, 123456789, 123456000)
+    assert len(encode_payload(0, 0, 0, 0, PAYLOAD_MIN_BYTES)) == PAYLOAD_MIN_BYTES
+    with pytest.raises(ValueError):
+        decode_payload(b"hello world, not ours at all....")
