@@ -4,22 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
-
 from mqttbed.core.host import Host
 from mqttbed.core.protocol import Endpoint
-
-
-class BrokerStatsSample(BaseModel):
-    """One sample of a broker's resource use (whole process tree)."""
-
-    model_config = ConfigDict(frozen=True)
-    t_ns: int               # CLOCK_MONOTONIC
-    cpu_percent: float      # of one core; 200 = two cores busy
-    rss_bytes: int
-    bytes_recv: int         # cumulative since deploy
-    bytes_sent: int         # cumulative since deploy
-    processes: int
+from mqttbed.core.samples import BrokerStatsSample
 
 
 @runtime_checkable

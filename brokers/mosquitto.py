@@ -21,10 +21,10 @@ from typing import Any, Literal
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
-from mqttbed.brokers.base import BrokerStatsSample
 from mqttbed.core.errors import BackendError, MissingSystemDependency
 from mqttbed.core.host import Host, ProcessHandle, wait_for_tcp
 from mqttbed.core.protocol import Endpoint, Transport
+from mqttbed.core.samples import BrokerStatsSample
 from mqttbed.instruments.resources import ProcessTreeSampler
 
 FALLBACK_BINARIES = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")

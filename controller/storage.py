@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mqttbed.brokers.base import BrokerStatsSample
 from mqttbed.core.events import EVENT_COLUMNS, arrow_schema
+from mqttbed.core.samples import BrokerStatsSample
 
 
 @dataclass(frozen=True)

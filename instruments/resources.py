@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from mqttbed.brokers.base import BrokerStatsSample
 from mqttbed.core.clock import monotonic_ns
+from mqttbed.core.samples import BrokerStatsSample
 
 logger = logging.getLogger(__name__)
 

@@ -51,6 +51,7 @@ def test_the_checker_catches_a_bare_import(tmp_path):
 @pytest.mark.parametrize("folder, forbidden", [
     ("agents", ("mqttbed.controller", "mqttbed.api", "mqttbed.analytics")),
     ("analytics", ("mqttbed.controller", "mqttbed.api", "mqttbed.agents", "mqttbed.brokers")),
+    ("instruments", ("mqttbed.controller", "mqttbed.api", "mqttbed.agents", "mqttbed.brokers")),
     ("core", ("mqttbed.controller", "mqttbed.api", "mqttbed.agents", "mqttbed.brokers",
               "mqttbed.analytics", "mqttbed.campaigns", "mqttbed.instruments")),
 ])

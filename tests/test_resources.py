@@ -12,9 +12,9 @@ import paho.mqtt.client as mqtt
 import psutil
 import pytest
 
-from mqttbed.brokers.base import BrokerStatsSample
 from mqttbed.brokers.mosquitto import MosquittoBackend, Options
 from mqttbed.core.host import LocalHost, LocalProcess
+from mqttbed.core.samples import BrokerStatsSample
 from mqttbed.instruments.resources import ProcessTreeSampler, summarize
 
 pytestmark = pytest.mark.timeout(30)
