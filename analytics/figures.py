@@ -15,6 +15,11 @@ per-run percentiles. Figures come out in three long-format families:
 Only Spark SQL functions are used (no Python UDFs). Warm-up rows are dropped up front,
 except subscribe rows: a subscription is not a message, and it must still count when
 an agent marks everything before the measured window as warm-up.
+
+Times compared across receivers (sync spread, first/last, the throughput window, the
+subscription order) are offset-corrected (``t - clock_offset_ns``): raw monotonic clocks
+of two machines share no origin. RFC 3550 jitter uses the raw payload and receive
+timestamps of one stream, whose offsets cancel.
 """
 
 from __future__ import annotations
@@ -198,7 +203,7 @@ def _unique_deliveries(deliveries: DataFrame, publishes: DataFrame,
     # The publisher's own record is the better send time; without one, use the payload's
     # timestamp on an unknown clock (offset 0).
     departure = (F.coalesce(F.col("sent_ns"), F.col("t_pub_ns"))
-                 - F.lit(0))
+                 - F.coalesce(F.col("pub_offset_ns"), F.lit(0)))
     return (first.join(sent, list(_MESSAGE_KEY), "left")
             .join(expected, list(_DELIVERY_KEY), "left")
             .select(*_DELIVERY_KEY, "t_pub_ns", "t_recv_ns", arrival.alias("arrival_ns"),
@@ -271,6 +276,7 @@ def _item_rows(unique: DataFrame, samples: DataFrame) -> DataFrame:
     jitter_std = (unique.groupBy("run_id", "receiver")
                   .agg(F.stddev_samp("latency_us").alias("value"))
                   .select("run_id", F.lit("jitter_std_us").alias("figure"), "value"))
+    # Received (expected) deliveries over the first-to-last arrival of any unique one.
     span_s = (F.max("arrival_ns") - F.min("arrival_ns")) / 1e9
     throughput = (unique.groupBy("run_id")
                   .agg(F.try_divide(F.sum(F.col("expected").cast("long")), span_s).alias("value"))
@@ -301,7 +307,8 @@ def _rfc3550_rows(unique: DataFrame) -> DataFrame:
     jitter_ns = F.aggregate(F.transform("ds", lambda x: x["d_ns"]), F.lit(0.0),
                             lambda j, d: j + (F.abs(d) - j) / RFC3550_GAIN)
     return differences.where(F.size("ds") > 0).select(
-        "run_id", F.lit("jitter_rfc3550_us").alias("figure"), (jitter_ns / NS_PER_US).alias("value"))
+        "run_id", F.lit("jitter_rfc3550_us").alias("figure"),
+        (jitter_ns / NS_PER_US).alias("value"))
 
 
 BROKER_FIGURES = ("samples", "cpu_percent_mean", "cpu_percent_max", "rss_bytes_max",

@@ -60,7 +60,7 @@ def _row(kind: str, agent: str, **fields: Any) -> dict[str, Any]:
     return row
 
 
-def _run_rows(run_id: str, seed: int, *, subscriptions=SUBSCRIPTIONS, lost=(), duplicated=(),
+def _run_rows(seed: int, *, subscriptions=SUBSCRIPTIONS, lost=(), duplicated=(),
               late=None, unrecorded_publishes=()) -> list[dict[str, Any]]:
     """Rows of one run; latencies random, anomalies named by (publisher, seq, receiver)."""
     late = late or {}
@@ -73,7 +73,8 @@ def _run_rows(run_id: str, seed: int, *, subscriptions=SUBSCRIPTIONS, lost=(), d
     for p, publisher in enumerate(TOPICS):
         topic = TOPICS[publisher]
         for seq in range(MESSAGES):
-            sent = T0 + 100 * MS + seq * 10 * MS + p * 3 * MS   # controller clock
+            # pub-1 runs 15 ms ahead, so the two streams interleave out of seq order.
+            sent = T0 + 100 * MS + seq * 10 * MS - p * 15 * MS   # controller clock
             t_pub = sent + OFFSETS[publisher]
             warmup = seq < WARMUP
             if (publisher, seq) not in unrecorded_publishes:
@@ -112,19 +113,19 @@ def _samples(seed: int) -> list[dict[str, Any]]:
 def _dataset() -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
     events = {
         # r1: three lost, one lost warm-up delivery, a duplicate arriving 35 ms late.
-        "r1": _run_rows("r1", 1, lost={("pub-0", 5, "sub-1"), ("pub-1", 3, "sub-2"),
+        "r1": _run_rows(1, lost={("pub-0", 5, "sub-1"), ("pub-1", 3, "sub-2"),
                                        ("pub-0", 8, "sub-2"), ("pub-0", 0, "sub-0")},
                         duplicated={("pub-0", 4, "sub-0")}),
         # r2: seq 5 overtaken by seq 6, an overlapping filter for sub-2, a delivered
         # message whose publish record is missing, a duplicated warm-up delivery.
-        "r2": _run_rows("r2", 2, subscriptions=[*SUBSCRIPTIONS, ("sub-2", "plant/line2/temp")],
+        "r2": _run_rows(2, subscriptions=[*SUBSCRIPTIONS, ("sub-2", "plant/line2/temp")],
                         late={("pub-1", 5, "sub-2"): 12 * MS},
                         unrecorded_publishes={("pub-1", 7)},
                         duplicated={("pub-1", 1, "sub-1")}),
         # r3: only two subscribers.
-        "r3": _run_rows("r3", 3, subscriptions=SUBSCRIPTIONS[:2]),
+        "r3": _run_rows(3, subscriptions=SUBSCRIPTIONS[:2]),
         # r4 failed after a few messages.
-        "r4": [r for r in _run_rows("r4", 4) if r["seq"] is None or r["seq"] < 4],
+        "r4": [r for r in _run_rows(4) if r["seq"] is None or r["seq"] < 4],
     }
     samples = {"r1": _samples(11), "r2": _samples(12), "r3": _samples(13)}
     return events, samples
@@ -342,9 +343,10 @@ def dataset(tmp_path_factory):
     for run_id, rows in samples.items():
         _write_samples(root / "samples", CAMPAIGN, run_id, rows)
     # Same run id in another campaign, and an unlisted run: neither may be read.
-    _write_events(root / "events", "camp-other", "r1", _run_rows("r1", 99, lost={("pub-0", 2, "sub-0")}))
+    _write_events(root / "events", "camp-other", "r1",
+                  _run_rows(99, lost={("pub-0", 2, "sub-0")}))
     _write_samples(root / "samples", "camp-other", "r1", _samples(99))
-    _write_events(root / "events", CAMPAIGN, "r9", _run_rows("r9", 9))
+    _write_events(root / "events", CAMPAIGN, "r9", _run_rows(9))
     return root, events, samples
 
 
@@ -428,7 +430,7 @@ def test_anomalies_are_counted_where_they_were_planted(stats):
 
 
 def test_all_deliveries_lost_gives_expected_counts_and_null_figures(spark, tmp_path):
-    rows = [r for r in _run_rows("x1", 5) if r["kind"] != "delivery"]
+    rows = [r for r in _run_rows(5) if r["kind"] != "delivery"]
     _write_events(tmp_path / "events", "camp-lost", "x1", rows)
     stats = compute_campaign_stats(
         spark, events_path=tmp_path / "events", samples_path=tmp_path / "no-samples",
