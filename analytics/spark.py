@@ -48,6 +48,9 @@ def get_spark(master: str | None = None) -> SparkSession:
     )
     if master.startswith("local"):
         # Loopback only; a cluster's executors must reach the driver on a real address.
+        # SPARK_LOCAL_IP also keeps the JVM from resolving the host name to an outside
+        # interface at start-up.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = (builder.config("spark.driver.bindAddress", "127.0.0.1")
                    .config("spark.driver.host", "127.0.0.1"))
     _session = builder.getOrCreate()

@@ -254,8 +254,8 @@ def _reference_broker(samples_by_run: list[list[dict]]) -> dict[str, Any]:
         cpu_mean.append(np.mean([s["cpu_percent"] for s in samples]))
         cpu_max.append(max(s["cpu_percent"] for s in samples))
         rss.append(max(s["rss_bytes"] for s in samples))
-        recv.append((samples[-1]["bytes_recv"] - samples[0]["bytes_recv"]) / 1024 / duration_s)
-        sent.append((samples[-1]["bytes_sent"] - samples[0]["bytes_sent"]) / 1024 / duration_s)
+        recv.append((samples[-1]["bytes_recv"] - samples[0]["bytes_recv"]) / 1000 / duration_s)
+        sent.append((samples[-1]["bytes_sent"] - samples[0]["bytes_sent"]) / 1000 / duration_s)
     return {
         "samples": sum(len(s) for s in samples_by_run),
         "cpu_percent_mean": _mean(cpu_mean), "cpu_percent_std": _std(cpu_mean),
