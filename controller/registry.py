@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mqttbed.core.clock import monotonic_ns
@@ -40,8 +41,11 @@ class RunInbox:
 class AgentRegistry:
     """Thread-safe state shared by the HTTP gateway and the run engine."""
 
-    def __init__(self, heartbeat_interval_s: float = 0.5):
+    def __init__(self, heartbeat_interval_s: float = 0.5,
+                 on_agent_change: Callable[[AgentRecord], None] | None = None):
         self.heartbeat_interval_s = heartbeat_interval_s
+        # Told of registrations and of agents lost or gone (not of every heartbeat).
+        self._on_agent_change = on_agent_change or (lambda _record: None)
         self._agents: dict[str, AgentRecord] = {}
         self._commands: dict[str, list[Command]] = defaultdict(list)
         self._inboxes: dict[str, RunInbox] = {}
@@ -53,9 +57,10 @@ class AgentRegistry:
     def register(self, hello: Register) -> str:
         with self._changed:
             agent_id = f"agent-{next(self._ids)}-{hello.name}"[:48]
-            self._agents[agent_id] = AgentRecord(agent_id, hello, monotonic_ns())
+            record = self._agents[agent_id] = AgentRecord(agent_id, hello, monotonic_ns())
             self._changed.notify_all()
-            return agent_id
+        self._on_agent_change(record)
+        return agent_id
 
     def heartbeat(self, agent_id: str, state: str) -> bool:
         """Record a heartbeat; False if the agent is unknown (it must register again)."""
@@ -78,20 +83,28 @@ class AgentRegistry:
     def silent_agents(self, agent_ids: list[str], timeout_s: float) -> list[str]:
         """Return those of ``agent_ids`` not heard from within ``timeout_s``; mark them lost."""
         now = monotonic_ns()
-        silent = []
+        silent, newly_lost = [], []
         with self._changed:
             for agent_id in agent_ids:
                 record = self._agents.get(agent_id)
                 if record is None or now - record.last_seen_ns > timeout_s * 1e9:
                     silent.append(agent_id)
-                    if record is not None:
+                    if record is not None and not record.lost:
                         record.lost = True
+                        record.state = "lost"
+                        newly_lost.append(record)
+        for record in newly_lost:
+            self._on_agent_change(record)
         return silent
 
     def forget(self, agent_id: str) -> None:
+        """Drop an agent whose process is gone."""
         with self._changed:
-            self._agents.pop(agent_id, None)
+            record = self._agents.pop(agent_id, None)
             self._commands.pop(agent_id, None)
+        if record is not None:
+            record.state = "gone"
+            self._on_agent_change(record)
 
     def wait_for_agents(self, names: set[str], timeout_s: float) -> dict[str, str]:
         """Wait until agents with every name in ``names`` registered; return name -> id."""

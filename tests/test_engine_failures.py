@@ -14,7 +14,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from mqttbed.campaigns.spec import parse_spec
-from mqttbed.controller.db import ChunkRow, RunRow, TransitionRow
+from mqttbed.controller.db import AgentRow, ChunkRow, RunRow, TransitionRow
 from mqttbed.controller.states import RunState
 from mqttbed.core.events import EVENT_COLUMNS
 from mqttbed.core.protocol import ResultChunk
@@ -74,6 +74,8 @@ def test_killed_agent_fails_run_with_reason_and_keeps_uploaded_events(controller
     run = only_run(controller, campaign_id)
     assert run.state == RunState.FAILED
     assert f"(pid {victim.pid}) was killed by SIGKILL" in run.reason
+    with controller.sessions() as s:
+        assert {a.pid: a.state for a in s.query(AgentRow)}[victim.pid] == "gone"
     assert result["status"] == "failed"
     # every chunk acknowledged before the kill is still in the dataset
     stored = stored_rows(controller, run_id)
@@ -113,6 +115,9 @@ def test_every_transition_is_recorded_in_order(controller, updates):
     assert path == [("queued", "deploying"), ("deploying", "running"),
                     ("running", "collecting"), ("collecting", "done")]
     assert updates.states(run_id) == ["deploying", "running", "collecting", "done"]
+    with controller.sessions() as s:
+        agents = s.query(AgentRow).all()
+    assert [(a.name, a.state) for a in agents] == [(f"{run_id}-a0", "gone")]
     run = only_run(controller, campaign_id)
     assert run.run_metadata["broker"]["version"].startswith("2.")
     assert run.run_metadata["broker"]["limits"]["max_queued_messages"] == 1000
@@ -163,3 +168,20 @@ def test_runs_left_active_by_a_dead_controller_are_marked_interrupted(controller
     run = only_run(controller, campaign_id)
     assert run.state == RunState.INTERRUPTED
     assert "controller restarted" in run.reason
+
+
+def test_agent_that_stops_heartbeating_is_lost_and_fails_the_run(controller, updates):
+    """The remote-agent case: the process may live on, but the controller hears nothing."""
+    campaign_id, thread, _ = start_campaign(controller, LONG_RUN)
+    run_id = f"{campaign_id}-r0000"
+    wait_for(lambda: RunState.RUNNING in updates.states(run_id), 30, "run to start")
+    wait_for(lambda: sum(stored_rows(controller, run_id).values()) > 200, 15, "some chunks")
+    victim = child_processes("mqttbed.agents")[0]
+    victim.suspend()  # SIGSTOP: alive, silent
+    thread.join(60)
+
+    run = only_run(controller, campaign_id)
+    assert run.state == RunState.FAILED
+    assert "lost: no heartbeat for 2.0 s" in run.reason
+    assert dataset_rows(controller, campaign_id, run_id) >= 200
+    assert child_processes("mqttbed.agents") == [] and child_processes("mosquitto") == []
