@@ -7,7 +7,10 @@ latency and per-message arrival spread (max - min over subscribers) for
   - paho without TCP_NODELAY: the same, as paho ships (Nagle on),
 each as a ratio to "paho + TCP_NODELAY", measured in this one script.
 
-    .venv/bin/python bench/latency_floor.py [--messages 500]
+    .venv/bin/python bench/latency_floor.py [--messages 500] [--rate-hz 100]
+
+Nagle only delays a small write while an earlier one is unacknowledged, so its cost
+shows at rates where publishes follow each other faster than the peer ACKs them.
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ from mqttbed.core.host import LocalHost
 from mqttbed.core.settings import Settings
 
 SUBSCRIBERS = 10
-RATE_HZ = 100
 WARMUP = 20
 
 
@@ -54,10 +56,10 @@ def spreads(seq: np.ndarray, t_recv: np.ndarray) -> np.ndarray:
     return np.array([g.max() - g.min() for g in groups if len(g) == SUBSCRIBERS])
 
 
-def measure_mqttbed(messages: int) -> dict[str, float]:
+def measure_mqttbed(messages: int, rate_hz: float) -> dict[str, float]:
     spec = parse_spec({"name": "latency-floor",
                        "workload": {"publishers": 1, "subscribers": SUBSCRIBERS,
-                                    "rate_hz": RATE_HZ, "messages": messages,
+                                    "rate_hz": rate_hz, "messages": messages,
                                     "warmup_messages": WARMUP}})
     with tempfile.TemporaryDirectory() as tmp, \
             EmbeddedController(Settings(data_dir=Path(tmp))) as ctl:
@@ -72,7 +74,7 @@ def measure_mqttbed(messages: int) -> dict[str, float]:
     return summarize(latency, spreads(table["seq"].to_numpy(), t_recv))
 
 
-def measure_plain_paho(messages: int, nodelay: bool) -> dict[str, float]:
+def measure_plain_paho(messages: int, rate_hz: float, nodelay: bool) -> dict[str, float]:
     backend = MosquittoBackend()
     endpoint = backend.deploy(Options(), LocalHost())
     received: list[tuple[int, int, int]] = []  # (seq, t_pub, t_recv)
@@ -112,7 +114,7 @@ def measure_plain_paho(messages: int, nodelay: bool) -> dict[str, float]:
         time.sleep(0.3)
         start = monotonic_ns() + 100_000_000
         for k in range(messages):
-            due = start + k * 1_000_000_000 // RATE_HZ
+            due = start + int(k * 1e9 / rate_hz)
             sleep_until_ns(due)
             pub.publish("bench/plain", encode_payload(k, 0, monotonic_ns(), due, 64), qos=0)
         time.sleep(1.0)
@@ -128,15 +130,17 @@ def measure_plain_paho(messages: int, nodelay: bool) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=500)
+    parser.add_argument("--rate-hz", type=float, default=100.0)
     args = parser.parse_args()
     results = {
-        "paho + TCP_NODELAY (baseline)": measure_plain_paho(args.messages, nodelay=True),
-        "paho, Nagle on": measure_plain_paho(args.messages, nodelay=False),
-        "mqttbed agents": measure_mqttbed(args.messages),
+        "paho + TCP_NODELAY (baseline)": measure_plain_paho(args.messages, args.rate_hz, True),
+        "paho, Nagle on": measure_plain_paho(args.messages, args.rate_hz, False),
+        "mqttbed agents": measure_mqttbed(args.messages, args.rate_hz),
     }
     base = results["paho + TCP_NODELAY (baseline)"]
-    print(f"\n1 publisher -> {SUBSCRIBERS} subscribers, {RATE_HZ} Hz, {args.messages} messages "
-          f"({WARMUP} warm-up), Mosquitto on loopback, {sys.platform}\n")
+    print(f"\n1 publisher -> {SUBSCRIBERS} subscribers, {args.rate_hz:g} Hz, "
+          f"{args.messages} messages ({WARMUP} warm-up), Mosquitto on loopback, "
+          f"{sys.platform}\n")
     header = (f"{'client':32} {'lat p50 µs':>11} {'lat p99 µs':>11} {'spread p50':>11} "
               f"{'spread p99':>11} {'deliveries':>10}   ratios to baseline (p50 lat, p99 lat)")
     print(header)
