@@ -95,6 +95,8 @@ class Agent:
 
     def _obey(self, command: Assignment | StartAt | Abort | Shutdown) -> None:
         if isinstance(command, Assignment):
+            if command.run_id in self._runners:
+                return  # a repeated assignment: the run is already under way
             runner = AssignmentRunner(self._http, self.agent_id, command, self._gpio,
                                       on_finished=lambda: self._runners.pop(command.run_id, None))
             self._runners[command.run_id] = runner

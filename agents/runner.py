@@ -66,14 +66,17 @@ class AssignmentRunner:
         try:
             session = MqttSession(a.broker, a.clients, self._gpio, uploader.record)
             uploader.start()
-            session.connect(timeout_s=30.0)
+            session.connect(timeout_s=a.connect_timeout_s)
             self._post(f"{base}/ready", Ready(run_id=a.run_id, agent_id=self._agent_id,
                                              clients=[c.client_id for c in a.clients]))
             self._started.wait()
             if self._aborted.is_set():
                 return
             assert self._start_ns is not None
-            session.run(self._start_ns, self._deadline_ns(self._start_ns), self._aborted.is_set)
+            session.run(self._start_ns, self._deadline_ns(self._start_ns),
+                        abort=lambda: self._aborted.is_set() or uploader.error is not None)
+            if uploader.error is not None:
+                raise RuntimeError(uploader.error)
             published, received = session.counts()
             chunks = uploader.close()
             self._post(f"{base}/done", Done(run_id=a.run_id, agent_id=self._agent_id,

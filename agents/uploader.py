@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from mqttbed.agents.mqtt_session import RawEvent
-from mqttbed.core.protocol import ResultChunk
+from mqttbed.core.protocol import PROTOCOL_VERSION, ResultChunk
 
 _RAW_COLUMNS = ("kind", "publisher", "seq", "receiver", "topic", "payload_bytes", "qos",
                 "warmup", "t_intended_ns", "t_pub_ns", "t_recv_ns")
@@ -26,20 +26,22 @@ class ChunkUploader:
     """Buffers raw events and posts them as numbered chunks from a background thread."""
 
     def __init__(self, http: httpx.Client, *, run_id: str, agent_id: str,
-                 static_columns: dict[str, Any], chunk_events: int, interval_s: float):
+                 static_columns: dict[str, Any], chunk_events: int, interval_s: float,
+                 attempts: int = 8):
         self._http = http
         self._run_id = run_id
         self._agent_id = agent_id
         self._static = static_columns
         self._chunk_events = chunk_events
         self._interval_s = interval_s
+        self._attempts = attempts
         self._buffer: list[RawEvent] = []
         self._buffer_lock = threading.Lock()  # held for an append or a swap, never for I/O
         self._flush_lock = threading.Lock()   # one flush at a time keeps chunk seqs in order
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="uploader", daemon=True)
         self.chunks_sent = 0
-        self.error: str | None = None
+        self.error: str | None = None   # set once uploads have failed for good
 
     def record(self, event: RawEvent) -> None:
         """Buffer one event (called from the MQTT loop thread; must stay cheap)."""
@@ -49,8 +51,17 @@ class ChunkUploader:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def buffered(self) -> int:
+        """Events recorded but not yet acknowledged by the controller."""
+        with self._buffer_lock:
+            return len(self._buffer)
+
     def close(self) -> int:
-        """Flush everything left and stop; return the number of chunks sent."""
+        """Flush everything left and stop; return the number of chunks sent.
+
+        Raises RuntimeError if the controller cannot be reached (the events stay buffered).
+        """
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
@@ -59,7 +70,10 @@ class ChunkUploader:
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval_s):
-            self._flush()
+            try:
+                self._flush()
+            except RuntimeError:
+                return  # ``error`` says why; the runner aborts the run on it
 
     def _flush(self) -> None:
         # Send what is buffered now, not what keeps arriving meanwhile: a flush that chased
@@ -69,15 +83,23 @@ class ChunkUploader:
                 pending, self._buffer = self._buffer, []
             for start in range(0, len(pending), self._chunk_events):
                 columns = zip(*pending[start:start + self._chunk_events], strict=True)
-                self._post(ResultChunk(
+                # Built unvalidated: the controller validates it, and this machine measures.
+                chunk = ResultChunk.model_construct(
                     run_id=self._run_id, agent_id=self._agent_id, seq=self.chunks_sent,
                     columns=dict(zip(_RAW_COLUMNS, map(list, columns), strict=True)),
-                    constants=self._static))
+                    constants=self._static)
+                try:
+                    self._post(chunk)
+                except RuntimeError:
+                    with self._buffer_lock:  # keep the unsent events, in order
+                        self._buffer[:0] = pending[start:]
+                    raise
                 self.chunks_sent += 1
 
-    def _post(self, chunk: ResultChunk, attempts: int = 8) -> None:
-        body = json.dumps(chunk.model_dump(), separators=(",", ":"))
-        for attempt in range(attempts):
+    def _post(self, chunk: ResultChunk) -> None:
+        body = json.dumps({**vars(chunk), "protocol_version": PROTOCOL_VERSION},
+                          separators=(",", ":"))
+        for attempt in range(self._attempts):
             try:
                 response = self._http.post(f"/agent/v1/runs/{chunk.run_id}/chunks", content=body,
                                            headers={"content-type": "application/json"})

@@ -97,6 +97,7 @@ class Assignment(Message):
     chunk_events: int = 5000
     chunk_interval_s: float = 1.0
     window_ns: int = 0  # publishing window of the whole run, from the start time
+    connect_timeout_s: float = 30.0
     drain_s: float = 1.0
 
 

@@ -1,0 +1,51 @@
+"""Chunked uploads from an agent to a real controller gateway."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import pyarrow.dataset as ds
+import pytest
+
+from mqttbed.agents.uploader import ChunkUploader
+from mqttbed.campaigns.spec import parse_spec
+from mqttbed.core.host import LocalHost
+
+STATIC = {"agent_id": "a1", "clock_source": "user", "clock_offset_ns": 0,
+          "clock_offset_uncertainty_ns": 0}
+
+
+def publish_event(seq: int):
+    return ("publish", "pub-0", seq, None, "t", 64, 0, False, seq * 10, seq * 10 + 1, None)
+
+
+def test_events_arrive_in_chunks_of_bounded_size_in_order(controller):
+    campaign_id = controller.engine.create_campaign(parse_spec({"name": "up"}))
+    run_id = f"{campaign_id}-r0000"
+    token = controller.engine.ctx.agent_token
+    with httpx.Client(base_url=controller.server.url,
+                      headers={"authorization": f"Bearer {token}"}) as http:
+        uploader = ChunkUploader(http, run_id=run_id, agent_id="a1", static_columns=STATIC,
+                                 chunk_events=100, interval_s=60)
+        uploader.start()
+        for seq in range(250):
+            uploader.record(publish_event(seq))
+        assert uploader.close() == 3
+    table = ds.dataset(controller.layout.run_events(campaign_id, run_id)).to_table()
+    assert sorted(table["seq"].to_pylist()) == list(range(250))
+    assert set(table["agent_id"].to_pylist()) == {"a1"}
+
+
+def test_unreachable_controller_keeps_the_events_and_says_why():
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", LocalHost().free_port()))
+        port = s.getsockname()[1]
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}") as http:
+        uploader = ChunkUploader(http, run_id="r", agent_id="a1", static_columns=STATIC,
+                                 chunk_events=10, interval_s=60, attempts=2)
+        for seq in range(25):
+            uploader.record(publish_event(seq))
+        with pytest.raises(RuntimeError, match="chunk 0 upload failed"):
+            uploader.close()
+    assert uploader.buffered == 25 and uploader.chunks_sent == 0
