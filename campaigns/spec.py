@@ -52,7 +52,7 @@ class BrokerSection(BaseModel):
 class Workload(_Strict):
     """Who publishes what, how fast, to how many subscribers."""
 
-    publishers: int = Field(1, ge=1, le=10_000)
+    publishers: int = Field(1, ge=0, le=10_000)
     subscribers: int = Field(1, ge=0, le=10_000)
     topic: str = "bench/sync"
     payload_bytes: int = Field(64, ge=PAYLOAD_MIN_BYTES, le=MQTT_MAX_PAYLOAD,
@@ -61,6 +61,8 @@ class Workload(_Strict):
     messages: int = Field(500, ge=1, le=10_000_000, description="per publisher, incl. warm-up")
     qos: Literal[0, 1, 2] = 0
     warmup_messages: int = Field(20, ge=0)
+    min_window_s: float = Field(0.0, ge=0, le=86_400,
+                                description="measure at least this long (e.g. an idle broker)")
 
     @field_validator("topic")
     @classmethod
@@ -76,10 +78,6 @@ class Workload(_Strict):
                              f"messages ({self.messages}), or nothing is measured")
         return self
 
-    @property
-    def duration_s(self) -> float:
-        """Time the publishers need to send every message at ``rate_hz``."""
-        return self.messages / self.rate_hz
 
 
 class Agents(_Strict):

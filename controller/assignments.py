@@ -9,6 +9,24 @@ from mqttbed.core.protocol import Assignment, ClientAssignment, Endpoint, Role
 FIRST_GPIO_PIN = 2  # BCM 2 is the first general-purpose line on a Raspberry Pi header
 
 
+def run_window_ns(spec: CampaignSpec) -> int:
+    """The run's measured window from the start time: sending time, or min_window_s."""
+    w = spec.workload
+    sending_ns = 0
+    if w.publishers:
+        # The last publisher starts up to one period late (staggered start).
+        period_ns = 1e9 / w.rate_hz
+        sending_ns = int((w.publishers - 1) * period_ns / w.publishers) + int(
+            w.messages * period_ns)
+    return max(sending_ns, int(w.min_window_s * 1e9))
+
+
+def agents_needed(spec: CampaignSpec) -> int:
+    """How many agent processes the run needs (none when it has no clients)."""
+    clients = spec.workload.publishers + spec.workload.subscribers
+    return min(spec.agents.resolved_count(), clients)
+
+
 def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint: Endpoint,
                      agent_ids: list[str]) -> dict[str, Assignment]:
     """Spread the run's clients round-robin over the agents (publishers first)."""
@@ -26,8 +44,7 @@ def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint
             client_id=subscriber_client_id(j), role=Role.SUBSCRIBER, topic=w.topic, qos=w.qos,
             gpio_pin=0, warmup_messages=w.warmup_messages,
             expected_messages=w.publishers * w.messages, subscribe_rank=j))
-    window_ns = max(c.start_offset_ns for c in clients if c.role == Role.PUBLISHER) + int(
-        w.messages * period_ns)
+    window_ns = run_window_ns(spec)
     per_agent: dict[str, list[ClientAssignment]] = {a: [] for a in agent_ids}
     for n, client in enumerate(clients):
         agent = agent_ids[n % len(agent_ids)]

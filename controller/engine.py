@@ -21,7 +21,7 @@ from sqlalchemy.orm import sessionmaker
 from mqttbed.brokers.base import BrokerBackend
 from mqttbed.brokers.registry import create_backend
 from mqttbed.campaigns.spec import CampaignSpec, plan_runs
-from mqttbed.controller.assignments import plan_assignments
+from mqttbed.controller.assignments import agents_needed, plan_assignments, run_window_ns
 from mqttbed.controller.db import CampaignRow, RunRow, TransitionRow, utcnow
 from mqttbed.controller.local_agents import LocalAgentPool
 from mqttbed.controller.registry import AgentRegistry, RunInbox
@@ -188,7 +188,7 @@ class RunEngine:
             run.run_metadata = {"broker": backend.metadata(), "endpoint": endpoint.model_dump(),
                                 "host": self.ctx.host.name}
             pool = LocalAgentPool(self.ctx.host, self.ctx.controller_url, self.ctx.agent_token,
-                                  run.id, spec.agents.resolved_count(),
+                                  run.id, agents_needed(spec),
                                   self.ctx.layout.run_dir(run.campaign_id, run.id) / "agents")
             agent_ids = self._await_agents(pool, spec)
             assignments = plan_assignments(spec, run.id, run.campaign_id, endpoint, agent_ids)
@@ -205,10 +205,13 @@ class RunEngine:
             self._transition(run, total, RunState.RUNNING)
             for agent_id in active:
                 registry.send(agent_id, StartAt(run_id=run.id, t_start_ns=t_start))
-            window_s = spec.timing.start_lead_s + next(iter(assignments.values())).window_ns / 1e9
+            window_ns = run_window_ns(spec)
+            # The window is waited out even without agents: an idle broker is measured too.
             self._wait(inbox, active, spec, backend, pool,
-                       until=lambda: len(inbox.done) == len(active),
-                       timeout_s=window_s + spec.timing.drain_s + RUN_GRACE_S,
+                       until=lambda: len(inbox.done) == len(active)
+                       and monotonic_ns() >= t_start + window_ns,
+                       timeout_s=spec.timing.start_lead_s + window_ns / 1e9
+                       + spec.timing.drain_s + RUN_GRACE_S,
                        waiting_for="agents done")
 
             self._transition(run, total, RunState.COLLECTING)
