@@ -111,24 +111,50 @@ class CampaignSpec(_Strict):
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
     repetitions: int = Field(1, ge=1, le=10_000)
 
+    scenarios: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="named sets of overrides; each is crossed with the sweep")
+
     @field_validator("sweep")
     @classmethod
     def _sweep_paths_exist(cls, sweep: dict[str, list[Any]]) -> dict[str, list[Any]]:
         for path, values in sweep.items():
-            section, _, field = path.partition(".")
-            if path.startswith("sweep") or path == "repetitions" or path == "name":
-                raise ValueError(f"cannot sweep {path!r}")
-            model = CampaignSpec.model_fields.get(section)
-            if model is None or not field or "." in field:
-                raise ValueError(f"sweep key {path!r} is not a 'section.field' path "
-                                 f"(e.g. workload.subscribers)")
-            if section != "broker" and field not in model.annotation.model_fields:  # type: ignore[union-attr]
-                allowed = ", ".join(model.annotation.model_fields)  # type: ignore[union-attr]
-                raise ValueError(f"sweep key {path!r}: {section} has no field {field!r} "
-                                 f"(fields: {allowed})")
+            _check_override_path(path, "sweep key")
             if not values:
                 raise ValueError(f"sweep key {path!r} has no values")
         return sweep
+
+    @field_validator("scenarios")
+    @classmethod
+    def _scenarios_are_named_overrides(cls, scenarios: list[dict[str, Any]]
+                                       ) -> list[dict[str, Any]]:
+        names = []
+        for n, scenario in enumerate(scenarios):
+            name = scenario.get("name")
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"scenario {n} needs a 'name'")
+            names.append(name)
+            for path in scenario:
+                if path != "name":
+                    _check_override_path(path, f"scenario {name!r} key")
+        if len(set(names)) != len(names):
+            raise ValueError(f"scenario names repeat: {names}")
+        return scenarios
+
+
+def _check_override_path(path: str, what: str) -> None:
+    """Raise ValueError unless ``path`` is a 'section.field' the spec has."""
+    section, _, field = path.partition(".")
+    if section in ("sweep", "scenarios", "repetitions", "name", "description"):
+        raise ValueError(f"{what} {path!r}: {section} cannot be overridden")
+    model = CampaignSpec.model_fields.get(section)
+    if model is None or not field or "." in field:
+        raise ValueError(f"{what} {path!r} is not a 'section.field' path "
+                         f"(e.g. workload.subscribers)")
+    fields = model.annotation.model_fields  # type: ignore[union-attr]
+    if section != "broker" and field not in fields:
+        raise ValueError(f"{what} {path!r}: {section} has no field {field!r} "
+                         f"(fields: {', '.join(fields)})")
 
 
 class SweepPoint(BaseModel):
@@ -192,26 +218,37 @@ def load_spec(path: str | Path) -> CampaignSpec:
 
 
 def expand_points(spec: CampaignSpec) -> list[SweepPoint]:
-    """Return the cross product of the sweep, each combination resolved into a full spec."""
-    base = spec.model_dump(exclude={"sweep"})
+    """Return scenarios x the sweep's cross product, each resolved into a full spec.
+
+    A point's ``params`` hold its scenario's name (under ``scenario``) and its swept values.
+    """
+    base = spec.model_dump(exclude={"sweep", "scenarios"})
     keys = list(spec.sweep)
+    backend_varies = "broker.backend" in spec.sweep or any(
+        "broker.backend" in sc for sc in spec.scenarios)
     points = []
-    for index, combo in enumerate(itertools.product(*(spec.sweep[k] for k in keys))):
+    combos = itertools.product(spec.scenarios or [None],
+                               itertools.product(*(spec.sweep[k] for k in keys)))
+    for index, (scenario, combo) in enumerate(combos):
+        params = {"scenario": scenario["name"]} if scenario else {}
+        params.update(zip(keys, combo, strict=True))
+        overrides = {k: v for k, v in (scenario or {}).items() if k != "name"}
+        overrides.update(zip(keys, combo, strict=True))
         data = copy.deepcopy(base)
-        for key, value in zip(keys, combo, strict=True):
+        for key, value in overrides.items():
             section, _, field = key.partition(".")
             data[section][field] = value
-        if "broker.backend" in spec.sweep:
+        if backend_varies:
             # options of one backend do not carry over to another
             data["broker"] = {k: v for k, v in data["broker"].items()
-                              if k == "backend" or k in spec.broker.model_fields_set}
+                              if k == "backend" or k in spec.broker.model_fields_set
+                              or f"broker.{k}" in overrides}
         try:
             resolved = CampaignSpec.model_validate(data)
         except ValidationError as exc:
-            where = ", ".join(f"{k}={v!r}" for k, v in zip(keys, combo, strict=True))
+            where = ", ".join(f"{k}={v!r}" for k, v in params.items())
             raise SpecError(f"sweep point ({where}): {_format_errors(exc)}") from None
-        points.append(SweepPoint(index=index, params=dict(zip(keys, combo, strict=True)),
-                                 spec=resolved))
+        points.append(SweepPoint(index=index, params=params, spec=resolved))
     return points
 
 

@@ -162,3 +162,33 @@ def test_sync_spread_reproduces_the_papers_subscriber_counts():
 def test_unknown_builtin_lists_the_library():
     with pytest.raises(SpecError, match=r"quickstart"):
         builtin_spec_path("nope")
+
+
+def test_scenarios_are_crossed_with_the_sweep_and_named_in_params():
+    spec = parse_spec({
+        "name": "cmp",
+        "scenarios": [
+            {"name": "idle", "workload.publishers": 0, "workload.subscribers": 0,
+             "workload.min_window_s": 30},
+            {"name": "50+50", "workload.publishers": 50, "workload.subscribers": 50,
+             "workload.messages": 3, "workload.warmup_messages": 0},
+        ],
+        "sweep": {"workload.qos": [0, 1]},
+    })
+    points = expand_points(spec)
+    assert [p.params for p in points] == [
+        {"scenario": "idle", "workload.qos": 0}, {"scenario": "idle", "workload.qos": 1},
+        {"scenario": "50+50", "workload.qos": 0}, {"scenario": "50+50", "workload.qos": 1}]
+    assert points[0].spec.workload.min_window_s == 30 and points[0].spec.workload.publishers == 0
+    assert points[3].spec.workload.publishers == 50 and points[3].spec.workload.qos == 1
+    assert points[3].spec.scenarios == []
+
+
+def test_scenario_with_an_unknown_field_is_rejected_naming_it():
+    with pytest.raises(SpecError, match=r"scenario 'x' key 'workload\.pubs'.*no field 'pubs'"):
+        parse_spec({"name": "t", "scenarios": [{"name": "x", "workload.pubs": 1}]})
+
+
+def test_scenario_needs_a_name():
+    with pytest.raises(SpecError, match=r"scenario 0 needs a 'name'"):
+        parse_spec({"name": "t", "scenarios": [{"workload.publishers": 1}]})
