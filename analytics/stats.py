@@ -24,6 +24,7 @@ from mqttbed.analytics.figures import (
     LevelKey,
     compute_level_figures,
 )
+from mqttbed.analytics.series import compute_series
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -67,10 +68,11 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
         [(run.run_id, RUN_LEVEL, run.run_id) for run in runs]
         + [(run.run_id, POINT_LEVEL, str(run.point_index)) for run in runs if run.state == DONE],
         "run_id string, level string, key string")
+    events = read_runs(spark, events_path, campaign_id, run_ids, EVENTS_DDL)
     figures = compute_level_figures(
-        read_runs(spark, events_path, campaign_id, run_ids, EVENTS_DDL),
-        read_runs(spark, samples_path, campaign_id, run_ids, SAMPLES_DDL),
-        levels)
+        events, read_runs(spark, samples_path, campaign_id, run_ids, SAMPLES_DDL), levels)
+    series = compute_series(events, {run.run_id: run.point_index for run in runs
+                                     if run.state == DONE})
     ordered = sorted(runs, key=lambda run: (run.point_index, run.repetition, run.run_id))
     by_point: dict[int, list[RunInfo]] = {}
     for run in ordered:
@@ -82,6 +84,8 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
         "points": [_point_entry(index, point_runs, figures)
                    for index, point_runs in by_point.items()],
         "runs": [_run_entry(run, figures) for run in ordered],
+        # Plot series, kept out of stats.parquet: CDF per point index, timeline per run.
+        "series": series,
     }
 
 

@@ -471,3 +471,29 @@ def test_write_stats_writes_json_and_one_parquet_row_per_point_and_run(stats, tm
     r1 = next(row for row in table if row["run_id"] == "r1")
     assert r1["latency_us_p99"] == pytest.approx(stats["runs"][0]["latency_us"]["p99"])
     assert json.loads(r1["params"]) == {"qos": 1}
+
+
+def test_latency_cdf_per_point_is_the_quantiles_of_its_done_runs(stats, dataset):
+    _, events, _ = dataset
+    cdf = stats["series"]["latency_cdf_us"]
+    for point in stats["points"]:
+        latencies = [v for run_id in point["run_ids"]
+                     for v in _reference_run(events[run_id])["latency"]]
+        if not latencies:
+            assert str(point["point_index"]) not in cdf
+            continue
+        expected = np.percentile(latencies, np.arange(101))
+        assert cdf[str(point["point_index"])] == pytest.approx(list(expected))
+
+
+def test_latency_timeline_counts_every_unique_delivery_of_the_run(stats, dataset):
+    _, events, _ = dataset
+    timeline = stats["series"]["latency_timeline"]
+    for run in RUNS:
+        if run.run_id not in events:
+            continue
+        series = timeline[run.run_id]
+        assert sum(series["deliveries"]) == len(_reference_run(events[run.run_id])["latency"])
+        assert series["t_s"] == sorted(series["t_s"]) and series["t_s"][0] == 0
+        assert all(p50 <= p99 for p50, p99 in zip(series["p50_us"], series["p99_us"],
+                                                 strict=True))
