@@ -97,6 +97,17 @@ class ChunkRow(Base):
     received_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class TokenRow(Base):
+    """An API token; only its SHA-256 is stored, the token itself is shown once."""
+
+    __tablename__ = "tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(16))
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 def database_url(data_dir: Path) -> str:
     """The default database: SQLite in the data dir."""
     return f"sqlite:///{(data_dir / 'mqttbed.sqlite').resolve()}"

@@ -10,14 +10,23 @@ import uvicorn
 from fastapi import FastAPI
 
 
-class BackgroundServer:
-    """Serves ``app`` with uvicorn on a thread, bound to ``host`` on a free port."""
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket bound to ``host:port`` (0 picks a free port).
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0):
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
-        self.host, self.port = self._sock.getsockname()
+    Binding before the app exists lets the app know its own URL (agents are told it).
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+class BackgroundServer:
+    """Serves ``app`` with uvicorn on a thread, on an already bound socket."""
+
+    def __init__(self, app: FastAPI, sock: socket.socket):
+        self._sock = sock
+        self.host, self.port = sock.getsockname()
         config = uvicorn.Config(app, log_level="warning", access_log=False,
                                 timeout_graceful_shutdown=2)
         self._server = uvicorn.Server(config)

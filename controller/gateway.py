@@ -16,6 +16,7 @@ from sqlalchemy.orm import sessionmaker
 from mqttbed.controller.db import ChunkRow, RunRow
 from mqttbed.controller.registry import AgentRegistry
 from mqttbed.controller.storage import DataLayout, write_event_chunk
+from mqttbed.controller.tokens import TokenRole
 from mqttbed.core.protocol import (
     AgentFailure,
     Commands,
@@ -27,7 +28,7 @@ from mqttbed.core.protocol import (
     ResultChunk,
 )
 
-TokenCheck = Callable[[str], bool]
+RoleOf = Callable[[str], TokenRole | None]
 
 
 class ChunkStore:
@@ -62,14 +63,17 @@ class ChunkStore:
         return True
 
 
-def agent_router(registry: AgentRegistry, chunks: ChunkStore, token_ok: TokenCheck) -> APIRouter:
+def agent_router(registry: AgentRegistry, chunks: ChunkStore, role_of: RoleOf) -> APIRouter:
     """Build the ``/agent/v1`` routes over ``registry``; every route needs an agent token."""
 
     def require_agent(authorization: Annotated[str | None, Header()] = None) -> None:
         scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not token_ok(token):
+        role = role_of(token) if scheme.lower() == "bearer" else None
+        if role is None:
             raise HTTPException(status.HTTP_401_UNAUTHORIZED, "agent token missing or wrong",
                                 headers={"WWW-Authenticate": "Bearer"})
+        if role != TokenRole.AGENT:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, "this route takes agent tokens only")
 
     router = APIRouter(prefix="/agent/v1", tags=["agents"], dependencies=[Depends(require_agent)])
 
