@@ -99,6 +99,23 @@ class Timing(_Strict):
     heartbeat_timeout_s: float = Field(3.0, gt=0, le=600)
 
 
+class ReferencePoint(_Strict):
+    """A published figure a report shows beside the measured ones (e.g. from a seed paper)."""
+
+    plot: Literal["sync_spread", "latency"]
+    label: str = Field(min_length=1, description="legend entry, e.g. 'paper: FPGA broker'")
+    x: float | str = Field(description="value of the swept parameter it belongs to")
+    y_us: float
+    std_us: float | None = None
+
+
+class ReportOptions(_Strict):
+    """How the report presents the campaign."""
+
+    reference: list[ReferencePoint] = Field(default_factory=list)
+    source: str = Field("", description="where the reference figures come from")
+
+
 class CampaignSpec(_Strict):
     """A whole campaign: base settings, the sweep over them, and repetitions."""
 
@@ -110,6 +127,7 @@ class CampaignSpec(_Strict):
     timing: Timing = Field(default_factory=Timing)
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
     repetitions: int = Field(1, ge=1, le=10_000)
+    report: ReportOptions = Field(default_factory=ReportOptions)
 
     scenarios: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -145,7 +163,7 @@ class CampaignSpec(_Strict):
 def _check_override_path(path: str, what: str) -> None:
     """Raise ValueError unless ``path`` is a 'section.field' the spec has."""
     section, _, field = path.partition(".")
-    if section in ("sweep", "scenarios", "repetitions", "name", "description"):
+    if section in ("sweep", "scenarios", "repetitions", "name", "description", "report"):
         raise ValueError(f"{what} {path!r}: {section} cannot be overridden")
     model = CampaignSpec.model_fields.get(section)
     if model is None or not field or "." in field:

@@ -86,6 +86,66 @@ def print_points(stats: dict[str, Any]) -> None:
     Console(width=160).print(table)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from mqttbed.api.app import create_app  # the CLI is the one place controller meets api
+    from mqttbed.controller.embedded import bind_socket
+    from mqttbed.core.settings import Settings
+
+    sock = bind_socket(args.host, args.port)
+    host, port = sock.getsockname()
+    reachable = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    app = create_app(Settings.from_env(args.data_dir, args.spark_master),
+                     controller_url=f"http://{reachable}:{port}")
+    print(f"mqttbed controller on http://{host}:{port} (API docs at /docs)", file=sys.stderr)
+    uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[sock])
+    return 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    from mqttbed.controller.db import database_url, open_database
+    from mqttbed.controller.tokens import TokenRole, create_token
+    from mqttbed.core.settings import Settings
+
+    settings = Settings.from_env(args.data_dir)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    sessions = open_database(settings.database_url or database_url(settings.data_dir))
+    token = create_token(sessions, args.name, TokenRole(args.role))
+    sessions.kw["bind"].dispose()
+    print(token)  # alone on stdout, so scripts can capture it; it is not shown again
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from mqttbed.api.report import render_report
+    from mqttbed.controller.core import ControllerCore
+    from mqttbed.controller.db import CampaignRow
+    from mqttbed.core.settings import Settings
+
+    core = ControllerCore(Settings.from_env(args.data_dir), controller_url="")
+    try:
+        campaign_id = args.id
+        if campaign_id == "latest":
+            with core.sessions() as s:
+                latest = s.query(CampaignRow).order_by(CampaignRow.created_at.desc()).first()
+            if latest is None:
+                raise SystemExit(f"mqttbed report: no campaign in {core.layout.root}")
+            campaign_id = latest.id
+        try:
+            html = render_report(core, campaign_id, standalone=True)
+        except KeyError:
+            raise SystemExit(f"mqttbed report: no campaign {campaign_id!r} in "
+                             f"{core.layout.root}") from None
+    finally:
+        core.close()
+    out = args.out or Path(f"{campaign_id}-report.html")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(html)
+    print(out.resolve())
+    return 0
+
+
 def _agent(args: argparse.Namespace) -> int:
     from mqttbed.agents.main import run
 
@@ -103,6 +163,33 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--spark-master", help="Spark master URL (default: MQTTBED_SPARK_MASTER "
                                             "or local[*])")
     run.set_defaults(func=_run)
+
+    serve = commands.add_parser("serve", help="run the controller: REST API, web reports, "
+                                              "agent gateway, campaign queue")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--data-dir")
+    serve.add_argument("--spark-master")
+    serve.set_defaults(func=_serve)
+
+    token = commands.add_parser("token", help="API tokens")
+    token_actions = token.add_subparsers(dest="action", required=True)
+    create = token_actions.add_parser("create", help="create a token and print it once")
+    create.add_argument("--name", required=True, help="who or what the token is for")
+    create.add_argument("--role", choices=("user", "agent"), default="user")
+    create.add_argument("--data-dir")
+    create.set_defaults(func=_token)
+
+    report = commands.add_parser("report", help="write a campaign's report as one "
+                                                "self-contained HTML file")
+    report.add_argument("id", help="campaign id, or 'latest'")
+    report.add_argument("--out", type=Path, help="default: ID-report.html")
+    report.add_argument("--data-dir")
+    report.set_defaults(func=_report)
+
+    from mqttbed.controller.cli_remote import add_commands
+
+    add_commands(commands)
 
     agent = commands.add_parser("agent", help="run an agent that obeys a controller")
     from mqttbed.agents.main import build_parser as agent_options

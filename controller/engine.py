@@ -81,7 +81,8 @@ class RunEngine:
 
     def __init__(self, ctx: EngineContext):
         self.ctx = ctx
-        self._cancel = threading.Event()
+        self._cancelled: set[str] = set()
+        self._lock = threading.Lock()
 
     # -- campaigns ----------------------------------------------------------------------
 
@@ -102,12 +103,36 @@ class RunEngine:
             s.commit()
         return campaign_id
 
-    def cancel(self) -> None:
-        """Stop the running run cleanly (its events are kept) and run nothing more."""
-        self._cancel.set()
+    def cancel(self, campaign_id: str) -> None:
+        """Cancel a campaign: its running run stops cleanly (events kept), no more run.
+
+        A campaign that is not running is cancelled at once; a running one when its
+        current run has wound down.
+        """
+        with self._lock:
+            self._cancelled.add(campaign_id)
+        with self.ctx.sessions() as s:
+            row = s.get(CampaignRow, campaign_id)
+            running = row is not None and row.status == CampaignStatus.RUNNING
+        if not running:
+            self._interrupt_queued_runs(campaign_id, "campaign cancelled")
+            self._set_campaign(campaign_id, CampaignStatus.CANCELLED, "cancelled before it ran")
+
+    def is_cancelled(self, campaign_id: str) -> bool:
+        with self._lock:
+            return campaign_id in self._cancelled
+
+    def _interrupt_queued_runs(self, campaign_id: str, reason: str) -> None:
+        with self.ctx.sessions() as s:
+            runs = s.query(RunRow).filter_by(campaign_id=campaign_id, state=RunState.QUEUED).all()
+            total = s.query(RunRow).filter_by(campaign_id=campaign_id).count()
+        for run in runs:
+            self._transition(run, total, RunState.INTERRUPTED, reason)
 
     def run_campaign(self, campaign_id: str) -> CampaignStatus:
         """Execute every queued run of the campaign; return the campaign's final status."""
+        if self.is_cancelled(campaign_id):
+            return CampaignStatus.CANCELLED
         self._set_campaign(campaign_id, CampaignStatus.RUNNING)
         with self.ctx.sessions() as s:
             runs = (s.query(RunRow).filter_by(campaign_id=campaign_id)
@@ -116,13 +141,13 @@ class RunEngine:
         for run in runs:
             if run.state != RunState.QUEUED:
                 continue
-            if self._cancel.is_set():
+            if self.is_cancelled(campaign_id):
                 self._transition(run, total, RunState.INTERRUPTED, "campaign cancelled")
                 continue
             self._execute(run, total)
         with self.ctx.sessions() as s:
             states = [r.state for r in s.query(RunRow).filter_by(campaign_id=campaign_id)]
-        if self._cancel.is_set():
+        if self.is_cancelled(campaign_id):
             final = CampaignStatus.CANCELLED
         elif all(state == RunState.DONE for state in states):
             final = CampaignStatus.DONE
@@ -134,11 +159,20 @@ class RunEngine:
         return final
 
     def recover(self) -> int:
-        """Mark runs left active by a previous controller as interrupted; return how many."""
+        """Clean up after a controller that stopped mid-campaign; return the runs interrupted.
+
+        Runs it left active are marked interrupted (their events stay); its running
+        campaigns go back to the queue, where only their queued runs will run.
+        """
         with self.ctx.sessions() as s:
             stale = s.query(RunRow).filter(RunRow.state.in_(list(ACTIVE_STATES))).all()
+            running = [c.id for c in s.query(CampaignRow).filter_by(
+                status=CampaignStatus.RUNNING)]
         for run in stale:
             self._transition(run, 0, RunState.INTERRUPTED, "controller restarted during the run")
+        for campaign_id in running:
+            self._set_campaign(campaign_id, CampaignStatus.QUEUED,
+                               "requeued after a controller restart")
         return len(stale)
 
     def _set_campaign(self, campaign_id: str, status: CampaignStatus,
@@ -252,7 +286,7 @@ class RunEngine:
         """Wait for ``until()``, failing the run at once if anything it depends on breaks."""
         deadline = monotonic_ns() + int(timeout_s * 1e9)
         while not until():
-            if self._cancel.is_set():
+            if self.is_cancelled(inbox.campaign_id):
                 raise RunInterrupted("campaign cancelled")
             if inbox.errors:
                 raise RunFailed("; ".join(e.reason for e in inbox.errors.values()))

@@ -1,0 +1,157 @@
+"""``/api/v1/campaigns``: define, start, cancel, watch, and take the results away."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi.responses import FileResponse, StreamingResponse
+from starlette.background import BackgroundTask
+
+from mqttbed.api.deps import CoreDep, UserDep, WorkerDep
+from mqttbed.api.export import build_dataset_zip, stream_deliveries_csv
+from mqttbed.api.schemas import CampaignPublic, CampaignSummary, Progress, RunPublic
+from mqttbed.campaigns.spec import spec_from_text
+from mqttbed.controller.core import ControllerCore
+from mqttbed.controller.db import CampaignRow, RunRow
+from mqttbed.controller.states import CampaignStatus, RunState
+from mqttbed.core.errors import SpecError
+
+router = APIRouter(prefix="/api/v1/campaigns", tags=["campaigns"], dependencies=[UserDep])
+
+_SPEC_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "application/yaml": {"schema": {"type": "string"}},
+        },
+    }
+}
+_NOT_FOUND = {404: {"description": "no campaign with that id"}}
+
+
+def _progress(runs: list[RunRow]) -> Progress:
+    done = sum(r.state == RunState.DONE for r in runs)
+    failed = sum(r.state in (RunState.FAILED, RunState.INTERRUPTED) for r in runs)
+    total = len(runs)
+    return Progress(runs_total=total, runs_done=done, runs_failed=failed,
+                    runs_finished=done + failed,
+                    fraction=(done + failed) / total if total else 1.0)
+
+
+def load_campaign(core: ControllerCore, campaign_id: str) -> tuple[CampaignRow, list[RunRow]]:
+    """The campaign and its runs, or 404."""
+    with core.sessions() as s:
+        row = s.get(CampaignRow, campaign_id)
+        if row is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no campaign {campaign_id!r}")
+        runs = s.query(RunRow).filter_by(campaign_id=campaign_id).order_by(RunRow.ordinal).all()
+    return row, runs
+
+
+def _summary(core: ControllerCore, row: CampaignRow, runs: list[RunRow]) -> dict[str, Any]:
+    return {"id": row.id, "name": row.name, "status": row.status, "reason": row.reason,
+            "created_at": row.created_at, "updated_at": row.updated_at,
+            "progress": _progress(runs),
+            "stats_ready": (core.layout.campaign_dir(row.id) / "stats.json").exists()}
+
+
+def campaign_public(core: ControllerCore, campaign_id: str) -> CampaignPublic:
+    row, runs = load_campaign(core, campaign_id)
+    return CampaignPublic(
+        **_summary(core, row, runs), spec=row.spec,
+        runs=[RunPublic(id=r.id, ordinal=r.ordinal, point_index=r.point_index,
+                        repetition=r.repetition, params=r.params, state=r.state,
+                        reason=r.reason, started_at=r.started_at, ended_at=r.ended_at)
+              for r in runs])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, openapi_extra=_SPEC_BODY,
+             responses={422: {"description": "the spec is invalid; the detail names the "
+                                             "field and the bad value"}})
+async def create_campaign(request: Request, core: CoreDep) -> CampaignPublic:
+    """Create a campaign from a spec sent as JSON, or as YAML (``application/yaml``)."""
+    body = (await request.body()).decode("utf-8", errors="replace")
+    try:
+        spec = spec_from_text(body)
+    except SpecError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from None
+    campaign_id = core.engine.create_campaign(spec)
+    return campaign_public(core, campaign_id)
+
+
+@router.get("")
+def list_campaigns(core: CoreDep) -> list[CampaignSummary]:
+    """Every campaign, newest first, with its status and progress."""
+    with core.sessions() as s:
+        rows = s.query(CampaignRow).order_by(CampaignRow.created_at.desc()).all()
+        runs = s.query(RunRow).all()
+    by_campaign: dict[str, list[RunRow]] = {}
+    for run in runs:
+        by_campaign.setdefault(run.campaign_id, []).append(run)
+    return [CampaignSummary(**_summary(core, row, by_campaign.get(row.id, []))) for row in rows]
+
+
+@router.get("/{campaign_id}", responses=_NOT_FOUND)
+def get_campaign(campaign_id: str, core: CoreDep) -> CampaignPublic:
+    """One campaign: spec, status, progress, and its runs with states and failure reasons."""
+    return campaign_public(core, campaign_id)
+
+
+@router.post("/{campaign_id}/start", responses={**_NOT_FOUND, 409: {"description":
+                                                                     "already started"}})
+def start_campaign(campaign_id: str, core: CoreDep, worker: WorkerDep) -> CampaignPublic:
+    """Queue the campaign; it runs when the campaigns queued before it have ended."""
+    row, _ = load_campaign(core, campaign_id)
+    if row.status != CampaignStatus.CREATED:
+        raise HTTPException(status.HTTP_409_CONFLICT,
+                            f"campaign {campaign_id} is {row.status}; only a created campaign "
+                            "can be started")
+    worker.enqueue(campaign_id)
+    return campaign_public(core, campaign_id)
+
+
+@router.post("/{campaign_id}/cancel", responses={**_NOT_FOUND, 409: {"description":
+                                                                      "already ended"}})
+def cancel_campaign(campaign_id: str, core: CoreDep) -> CampaignPublic:
+    """Cancel: the running run stops cleanly and keeps its events; no further run starts."""
+    row, _ = load_campaign(core, campaign_id)
+    if row.status in (CampaignStatus.DONE, CampaignStatus.FAILED, CampaignStatus.CANCELLED):
+        raise HTTPException(status.HTTP_409_CONFLICT, f"campaign {campaign_id} already "
+                                                      f"ended ({row.status})")
+    core.engine.cancel(campaign_id)
+    return campaign_public(core, campaign_id)
+
+
+@router.get("/{campaign_id}/stats", responses={**_NOT_FOUND, 409: {
+    "description": "statistics are not computed yet"}})
+def campaign_stats(campaign_id: str, core: CoreDep) -> dict[str, Any]:
+    """The campaign's ``stats.json``: figures per sweep point and per run."""
+    load_campaign(core, campaign_id)
+    path = core.layout.campaign_dir(campaign_id) / "stats.json"
+    if not path.exists():
+        raise HTTPException(status.HTTP_409_CONFLICT,
+                            f"no statistics for campaign {campaign_id} yet; they are computed "
+                            "when it ends")
+    return json.loads(path.read_text())
+
+
+@router.get("/{campaign_id}/dataset", responses={
+    **_NOT_FOUND,
+    200: {"content": {"application/zip": {}, "text/csv": {}},
+          "description": "parquet: a zip of the dataset and manifest.json; csv: one row per "
+                         "delivery"}})
+def campaign_dataset(campaign_id: str, core: CoreDep,
+                     format: Annotated[Literal["parquet", "csv"], Query()] = "parquet"):
+    """The campaign's data: a zip of its Parquet dataset with a provenance manifest, or
+    every delivery as one CSV file (streamed)."""
+    load_campaign(core, campaign_id)
+    if format == "csv":
+        return StreamingResponse(
+            stream_deliveries_csv(core, campaign_id), media_type="text/csv",
+            headers={"content-disposition": f'attachment; filename="{campaign_id}.csv"'})
+    path = build_dataset_zip(core, campaign_id)
+    return FileResponse(path, media_type="application/zip", filename=f"{campaign_id}.zip",
+                        background=BackgroundTask(path.unlink, missing_ok=True))

@@ -1,0 +1,120 @@
+"""Dataset exports: the Parquet dataset as a zip with its provenance, or deliveries as CSV."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import platform
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+import mqttbed
+from mqttbed.controller.core import ControllerCore
+from mqttbed.controller.db import CampaignRow, RunRow
+from mqttbed.core.clock import CLOCK_NAME
+from mqttbed.core.events import EVENT_FIELDS, EventKind
+
+CSV_COLUMNS = ("campaign_id", "run_id", "publisher", "seq", "receiver", "topic",
+               "payload_bytes", "qos", "warmup", "t_intended_ns", "t_pub_ns", "t_recv_ns",
+               "clock_source", "clock_offset_ns", "clock_offset_uncertainty_ns", "agent_id")
+
+
+def _host_facts() -> dict[str, Any]:
+    uname = platform.uname()
+    return {"system": uname.system, "release": uname.release, "machine": uname.machine,
+            "hostname": uname.node, "cpus": os.cpu_count(),
+            "memory_bytes": psutil.virtual_memory().total,
+            "python": platform.python_version()}
+
+
+def _clock_sources(core: ControllerCore, campaign_id: str) -> list[str]:
+    import pyarrow.dataset as ds
+
+    root = core.layout.events / f"campaign_id={campaign_id}"
+    if not root.exists():
+        return []
+    table = ds.dataset(root, format="parquet").to_table(columns=["clock_source"])
+    return sorted(set(table["clock_source"].to_pylist()))
+
+
+def manifest(core: ControllerCore, campaign_id: str) -> dict[str, Any]:
+    """Provenance of a campaign's data: spec, what was deployed, where, with which clocks."""
+    with core.sessions() as s:
+        campaign = s.get(CampaignRow, campaign_id)
+        runs = s.query(RunRow).filter_by(campaign_id=campaign_id).order_by(RunRow.ordinal).all()
+    backends = []
+    for run in runs:
+        broker = (run.run_metadata or {}).get("broker", {})
+        backends.append({key: broker.get(key) for key in
+                         ("backend", "version", "binary", "binary_sha256", "config_sha256",
+                          "limits")} | {"run_id": run.id})
+    return {
+        "mqttbed_version": mqttbed.__version__,
+        "exported_at": datetime.now(UTC).isoformat(),
+        "campaign": {"id": campaign.id, "name": campaign.name, "status": campaign.status,
+                     "spec": campaign.spec, "created_at": campaign.created_at.isoformat()},
+        "runs": [{"run_id": r.id, "point_index": r.point_index, "repetition": r.repetition,
+                  "params": r.params, "state": r.state, "reason": r.reason} for r in runs],
+        "backends": backends,
+        "controller_host": _host_facts(),
+        "clock": {"software": CLOCK_NAME,
+                  "sources_in_data": _clock_sources(core, campaign_id)},
+        "event_schema": [{"name": n, "type": t, "nullable": nb} for n, t, nb in EVENT_FIELDS],
+        "layout": "events/campaign_id=<c>/run_id=<r>/*.parquet (hive partitions); "
+                  "broker_samples/ likewise; stats.json; runs/<r>/run.json",
+    }
+
+
+def build_dataset_zip(core: ControllerCore, campaign_id: str) -> Path:
+    """Write the campaign's dataset, stats and manifest.json into a temporary zip file."""
+    layout = core.layout
+    handle, name = tempfile.mkstemp(prefix=f"{campaign_id}-", suffix=".zip")
+    os.close(handle)
+    path = Path(name)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
+        archive.writestr("manifest.json", json.dumps(manifest(core, campaign_id), indent=2,
+                                                     default=str))
+        for root in (layout.events, layout.broker_samples):
+            campaign_root = root / f"campaign_id={campaign_id}"
+            for file in sorted(campaign_root.rglob("*.parquet")) if campaign_root.exists() else []:
+                archive.write(file, str(file.relative_to(layout.root)))
+        campaign_dir = layout.campaign_dir(campaign_id)
+        for file in sorted(campaign_dir.rglob("*")) if campaign_dir.exists() else []:
+            if file.is_file() and file.suffix in (".json", ".parquet"):
+                archive.write(file, str(file.relative_to(campaign_dir)))
+    return path
+
+
+def stream_deliveries_csv(core: ControllerCore, campaign_id: str) -> Iterator[bytes]:
+    """Yield the campaign's deliveries as CSV, one run's file at a time, header first."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pa_csv
+    import pyarrow.parquet as pq
+
+    header = True
+    root = core.layout.events / f"campaign_id={campaign_id}"
+    for run_dir in sorted(root.iterdir()) if root.exists() else []:
+        run_id = run_dir.name.removeprefix("run_id=")
+        for file in sorted(run_dir.glob("*.parquet")):
+            table = pq.read_table(file)
+            table = table.filter(pc.equal(table["kind"], EventKind.DELIVERY.value))
+            n = table.num_rows
+            table = table.append_column("campaign_id", pa.array([campaign_id] * n, pa.string()))
+            table = table.append_column("run_id", pa.array([run_id] * n, pa.string()))
+            if n == 0 and not header:
+                continue
+            buffer = io.BytesIO()
+            pa_csv.write_csv(table.select(list(CSV_COLUMNS)), buffer,
+                             write_options=pa_csv.WriteOptions(include_header=header))
+            header = False
+            yield buffer.getvalue()
+    if header:  # no events at all: still a valid CSV with its header
+        yield (",".join(f'"{c}"' for c in CSV_COLUMNS) + "\n").encode()

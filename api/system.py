@@ -1,0 +1,39 @@
+"""``/api/v1`` resources about the installation: health, agents, backends."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+import mqttbed
+from mqttbed.api.deps import CoreDep, UserDep
+from mqttbed.api.schemas import AgentPublic, BackendPublic, Health
+from mqttbed.brokers.registry import backend_names, options_model
+from mqttbed.controller.db import AgentRow
+
+public = APIRouter(prefix="/api/v1", tags=["system"])
+router = APIRouter(prefix="/api/v1", tags=["system"], dependencies=[UserDep])
+
+
+@public.get("/health")
+def health() -> Health:
+    """Liveness; needs no token."""
+    return Health(status="ok", version=mqttbed.__version__)
+
+
+@router.get("/agents")
+def list_agents(core: CoreDep) -> list[AgentPublic]:
+    """Registered agents: host, state (idle, busy, lost, gone) and last heartbeat."""
+    with core.sessions() as s:
+        rows = s.query(AgentRow).order_by(AgentRow.registered_at.desc()).all()
+    live = {record.agent_id: record for record in core.registry.agents()}
+    return [AgentPublic(id=r.id, name=r.name, hostname=r.hostname, pid=r.pid,
+                        state=live[r.id].state if r.id in live else r.state,
+                        registered_at=r.registered_at, last_heartbeat=r.last_heartbeat)
+            for r in rows]
+
+
+@router.get("/backends")
+def list_backends() -> list[BackendPublic]:
+    """The broker backends available here, with the JSON schema of their options."""
+    return [BackendPublic(name=name, options_schema=options_model(name).model_json_schema())
+            for name in backend_names()]

@@ -1,0 +1,73 @@
+"""Server-rendered pages: log in, the campaign list, a campaign's report."""
+
+from __future__ import annotations
+
+from typing import Annotated
+from urllib.parse import quote
+
+from fastapi import APIRouter, Form, HTTPException, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+
+from mqttbed.api.deps import TOKEN_COOKIE, CoreDep, presented_token
+from mqttbed.api.report import plotly_js_path, render_report, templates
+from mqttbed.controller.tokens import TokenRole
+
+router = APIRouter(include_in_schema=False)
+
+
+def _user_or_login(request: Request, core: CoreDep) -> Response | None:
+    """None for a user; else a redirect to the login page (or 403 for an agent token)."""
+    role = core.token_role(presented_token(request))
+    if role == TokenRole.USER:
+        return None
+    if role is not None:
+        raise HTTPException(403, f"{role} tokens cannot see the web pages")
+    return RedirectResponse(f"/login?next={quote(request.url.path)}", status_code=303)
+
+
+@router.get("/login")
+def login_form(next: str = "/") -> HTMLResponse:
+    return HTMLResponse(templates().get_template("login.html").render(
+        next=next, error=None, standalone=False))
+
+
+@router.post("/login")
+def login(core: CoreDep, token: Annotated[str, Form()], next: Annotated[str, Form()] = "/"
+          ) -> Response:
+    if core.token_role(token) != TokenRole.USER:
+        page = templates().get_template("login.html").render(
+            next=next, error="That is not a valid user token.", standalone=False)
+        return HTMLResponse(page, status_code=401)
+    target = next if next.startswith("/") and not next.startswith("//") else "/"
+    response = RedirectResponse(target, status_code=303)
+    response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+    return response
+
+
+@router.get("/logout")
+def logout() -> Response:
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(TOKEN_COOKIE)
+    return response
+
+
+@router.get("/")
+def index(request: Request, core: CoreDep) -> Response:
+    if (redirect := _user_or_login(request, core)) is not None:
+        return redirect
+    return HTMLResponse(templates().get_template("index.html").render(standalone=False))
+
+
+@router.get("/campaigns/{campaign_id}")
+def report_page(campaign_id: str, request: Request, core: CoreDep) -> Response:
+    if (redirect := _user_or_login(request, core)) is not None:
+        return redirect
+    try:
+        return HTMLResponse(render_report(core, campaign_id, standalone=False))
+    except KeyError:
+        raise HTTPException(404, f"no campaign {campaign_id!r}") from None
+
+
+@router.get("/static/plotly.min.js")
+def plotly_js() -> FileResponse:
+    return FileResponse(plotly_js_path(), media_type="text/javascript")

@@ -1,0 +1,97 @@
+"""``mqttbed campaigns ...``: the CLI against a remote controller's REST API."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import httpx
+
+STATUS_ENDED = ("done", "failed", "cancelled")
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    """Add the ``campaigns`` command group to the ``mqttbed`` parser."""
+    group = commands.add_parser("campaigns", help="campaigns on a remote controller "
+                                                  "(--url/--token or MQTTBED_URL/MQTTBED_TOKEN)")
+    group.add_argument("--url", default=os.environ.get("MQTTBED_URL", "http://127.0.0.1:8000"))
+    group.add_argument("--token", default=os.environ.get("MQTTBED_TOKEN"))
+    actions = group.add_subparsers(dest="action", required=True)
+    submit = actions.add_parser("submit", help="create a campaign from a spec and start it")
+    submit.add_argument("spec", type=Path)
+    submit.add_argument("--no-start", action="store_true", help="create it, do not start it")
+    actions.add_parser("list", help="every campaign with its status")
+    for name, text in (("status", "a campaign's status, progress and runs"),
+                       ("stats", "a campaign's stats.json"),
+                       ("cancel", "cancel a campaign")):
+        actions.add_parser(name, help=text).add_argument("id")
+    export = actions.add_parser("export", help="download a campaign's dataset")
+    export.add_argument("id")
+    export.add_argument("--format", choices=("csv", "parquet"), default="parquet")
+    export.add_argument("--out", type=Path, help="file to write (default: ID.csv / ID.zip)")
+    group.set_defaults(func=run)
+
+
+def _client(args: argparse.Namespace) -> httpx.Client:
+    if not args.token:
+        raise SystemExit("mqttbed campaigns: a user token is needed: --token or MQTTBED_TOKEN")
+    return httpx.Client(base_url=args.url.rstrip("/"), timeout=60.0,
+                        headers={"authorization": f"Bearer {args.token}"})
+
+
+def _check(response: httpx.Response) -> httpx.Response:
+    if response.is_error:
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        raise SystemExit(f"mqttbed campaigns: {response.status_code} from "
+                         f"{response.request.url}: {detail}")
+    return response
+
+
+def run(args: argparse.Namespace) -> int:
+    with _client(args) as http:
+        if args.action == "submit":
+            content_type = "application/json" if args.spec.suffix == ".json" else "application/yaml"
+            campaign = _check(http.post("/api/v1/campaigns", content=args.spec.read_bytes(),
+                                        headers={"content-type": content_type})).json()
+            if not args.no_start:
+                campaign = _check(http.post(f"/api/v1/campaigns/{campaign['id']}/start")).json()
+            print(campaign["id"])
+            print(f"{campaign['name']}: {campaign['status']}, "
+                  f"{campaign['progress']['runs_total']} runs", file=sys.stderr)
+        elif args.action == "list":
+            for c in _check(http.get("/api/v1/campaigns")).json():
+                p = c["progress"]
+                print(f"{c['id']}  {c['status']:9}  {p['runs_finished']:>4}/{p['runs_total']:<4} "
+                      f"{c['name']}")
+        elif args.action == "status":
+            c = _check(http.get(f"/api/v1/campaigns/{args.id}")).json()
+            p = c["progress"]
+            print(f"{c['id']} {c['name']}: {c['status']}, {p['runs_finished']}/{p['runs_total']} "
+                  f"runs ended ({p['runs_done']} done, {p['runs_failed']} failed)"
+                  + (f"; {c['reason']}" if c["reason"] else ""))
+            for r in c["runs"]:
+                print(f"  {r['id']}  {r['state']:11} {json.dumps(r['params'])} "
+                      f"rep {r['repetition']}" + (f"  {r['reason']}" if r["reason"] else ""))
+        elif args.action == "stats":
+            print(json.dumps(_check(http.get(f"/api/v1/campaigns/{args.id}/stats")).json(),
+                             indent=2))
+        elif args.action == "cancel":
+            print(_check(http.post(f"/api/v1/campaigns/{args.id}/cancel")).json()["status"])
+        elif args.action == "export":
+            out = args.out or Path(f"{args.id}.{'csv' if args.format == 'csv' else 'zip'}")
+            with http.stream("GET", f"/api/v1/campaigns/{args.id}/dataset",
+                             params={"format": args.format}) as response:
+                if response.is_error:
+                    response.read()
+                    _check(response)
+                with out.open("wb") as file:
+                    for block in response.iter_bytes():
+                        file.write(block)
+            print(out)
+    return 0

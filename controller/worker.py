@@ -1,0 +1,75 @@
+"""Works the campaign queue in the background: run each queued campaign, then its stats."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from mqttbed.controller.analysis import analyze_campaign
+from mqttbed.controller.core import ControllerCore
+from mqttbed.controller.db import CampaignRow
+from mqttbed.controller.states import CampaignStatus
+
+log = logging.getLogger("mqttbed.worker")
+
+
+class CampaignWorker:
+    """One thread that runs queued campaigns in the order they were queued."""
+
+    def __init__(self, core: ControllerCore, spark_master: str | None = None,
+                 poll_s: float = 0.5):
+        self._core = core
+        self._spark_master = spark_master
+        self._poll_s = poll_s
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="campaign-worker", daemon=True)
+        self.current: str | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop after cancelling the running campaign (its current run winds down cleanly)."""
+        self._stop.set()
+        if self.current is not None:
+            self._core.engine.cancel(self.current)
+        self._wake.set()
+        self._thread.join(timeout_s)
+
+    def enqueue(self, campaign_id: str) -> None:
+        """Queue a campaign; it starts when the campaigns queued before it have ended."""
+        with self._core.sessions() as s:
+            row = s.get(CampaignRow, campaign_id)
+            row.status = CampaignStatus.QUEUED
+            row.reason = None
+            s.commit()
+        self._wake.set()
+
+    def _next_queued(self) -> str | None:
+        with self._core.sessions() as s:
+            row = (s.query(CampaignRow).filter_by(status=CampaignStatus.QUEUED)
+                   .order_by(CampaignRow.updated_at, CampaignRow.id).first())
+            return row.id if row else None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            campaign_id = self._next_queued()
+            if campaign_id is None:
+                self._wake.wait(self._poll_s)
+                self._wake.clear()
+                continue
+            self.current = campaign_id
+            try:
+                self._core.engine.run_campaign(campaign_id)
+                analyze_campaign(self._core.sessions, self._core.layout, campaign_id,
+                                 self._spark_master)
+            except Exception as exc:  # noqa: BLE001 - the campaign fails, the worker goes on
+                log.exception("campaign %s failed", campaign_id)
+                with self._core.sessions() as s:
+                    row = s.get(CampaignRow, campaign_id)
+                    row.status = CampaignStatus.FAILED
+                    row.reason = f"{type(exc).__name__}: {exc}"
+                    s.commit()
+            finally:
+                self.current = None
