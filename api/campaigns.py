@@ -77,7 +77,7 @@ async def create_campaign(request: Request, core: CoreDep) -> CampaignPublic:
     try:
         spec = spec_from_text(body)
     except SpecError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from None
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
     campaign_id = core.engine.create_campaign(spec)
     return campaign_public(core, campaign_id)
 

@@ -114,7 +114,7 @@ def agent_router(registry: AgentRegistry, chunks: ChunkStore, role_of: RoleOf) -
     @router.post("/runs/{run_id}/chunks")
     def chunk(run_id: str, message: ResultChunk) -> dict[str, bool]:
         if message.run_id != run_id:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, "run id mismatch")
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "run id mismatch")
         return {"stored": chunks.store(message)}
 
     return router

@@ -55,3 +55,69 @@ def child_processes(name_part: str) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             continue
     return found
+
+
+class Served:
+    """A running ``mqttbed serve`` equivalent: the full app on a real socket."""
+
+    def __init__(self, data_dir, run_campaigns: bool = True):
+        from mqttbed.api.app import create_app
+        from mqttbed.controller.embedded import BackgroundServer, bind_socket
+        from mqttbed.controller.tokens import TokenRole, create_token
+
+        sock = bind_socket("127.0.0.1", 0)
+        host, port = sock.getsockname()
+        self.url = f"http://{host}:{port}"
+        self.app = create_app(Settings(data_dir=data_dir), self.url,
+                              run_campaigns=run_campaigns)
+        core = self.app.state.core
+        self.user_token = create_token(core.sessions, "tester", TokenRole.USER)
+        self.agent_token = create_token(core.sessions, "pi-1", TokenRole.AGENT)
+        self.server = BackgroundServer(self.app, sock)
+
+    def client(self, token: str | None = "user"):
+        import httpx
+
+        headers = {}
+        if token is not None:
+            value = {"user": self.user_token, "agent": self.agent_token}.get(token, token)
+            headers["authorization"] = f"Bearer {value}"
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
+    def wait_for_status(self, campaign_id: str, statuses: tuple[str, ...], timeout_s: float):
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        with self.client() as http:
+            while True:
+                campaign = http.get(f"/api/v1/campaigns/{campaign_id}").json()
+                if campaign["status"] in statuses and (
+                        campaign["stats_ready"] or campaign["status"] not in
+                        ("done", "failed", "cancelled")):
+                    return campaign
+                assert time.monotonic() < deadline, f"campaign stuck: {campaign}"
+                time.sleep(0.25)
+
+
+FINISHED_SPEC = """
+name: api-e2e
+workload: {publishers: 1, subscribers: 3, rate_hz: 200, messages: 100, warmup_messages: 10}
+sweep: {workload.subscribers: [2, 4]}
+repetitions: 1
+agents: {count: 2}
+"""
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory):
+    """The full app, serving, with one campaign submitted over REST and run to the end."""
+    served = Served(tmp_path_factory.mktemp("served"))
+    with served.server:
+        with served.client() as http:
+            created = http.post("/api/v1/campaigns", content=FINISHED_SPEC,
+                                headers={"content-type": "application/yaml"})
+            assert created.status_code == 201, created.text
+            campaign_id = created.json()["id"]
+            assert http.post(f"/api/v1/campaigns/{campaign_id}/start").status_code == 200
+        served.finished = served.wait_for_status(campaign_id, ("done",), 240)
+        yield served

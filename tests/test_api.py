@@ -1,0 +1,137 @@
+"""The REST API over real HTTP, with real Mosquitto, agents and Spark behind it."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+import zipfile
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_health_needs_no_token(served):
+    with served.client(token=None) as http:
+        response = http.get("/api/v1/health")
+    assert response.status_code == 200 and response.json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("token, expected", [(None, 401), ("mqb_wrong", 401), ("agent", 403)])
+def test_user_routes_refuse_missing_wrong_and_agent_tokens(served, token, expected):
+    with served.client(token=token) as http:
+        for path in ("/api/v1/campaigns", "/api/v1/agents", "/api/v1/backends",
+                     f"/api/v1/campaigns/{served.finished['id']}/stats"):
+            assert http.get(path).status_code == expected, path
+
+
+def test_agent_routes_refuse_user_tokens(served):
+    with served.client(token="user") as http:
+        response = http.get("/agent/v1/agents/nobody/commands", params={"wait_s": 0})
+    assert response.status_code == 403
+
+
+def test_agent_token_registers_on_the_agent_routes(served):
+    hello = {"name": "pi-lab-3", "hostname": "pi3", "pid": 1, "cores": 4,
+             "gpio_backend": "virtual", "clock": "CLOCK_MONOTONIC", "clock_resolution_ns": 1}
+    with served.client(token="agent") as http:
+        registered = http.post("/agent/v1/register", json=hello)
+    assert registered.status_code == 200 and registered.json()["agent_id"]
+    with served.client() as http:
+        agents = http.get("/api/v1/agents").json()
+    assert any(a["name"] == "pi-lab-3" and a["hostname"] == "pi3" for a in agents)
+
+
+def test_bad_spec_is_422_naming_the_field_and_the_value(served):
+    with served.client() as http:
+        response = http.post("/api/v1/campaigns",
+                             json={"name": "bad", "workload": {"rate_hz": -5}})
+        yaml_response = http.post("/api/v1/campaigns", content="name: bad\nworkload: {qoz: 1}\n",
+                                  headers={"content-type": "application/yaml"})
+    assert response.status_code == 422
+    assert "workload.rate_hz: bad value -5" in response.json()["detail"]
+    assert yaml_response.status_code == 422
+    assert "workload.qoz: unknown key" in yaml_response.json()["detail"]
+
+
+def test_finished_campaign_reports_its_runs_and_stats(served):
+    campaign = served.finished
+    assert campaign["status"] == "done" and campaign["progress"]["runs_done"] == 2
+    assert [r["state"] for r in campaign["runs"]] == ["done", "done"]
+    with served.client() as http:
+        stats = http.get(f"/api/v1/campaigns/{campaign['id']}/stats").json()
+        listed = http.get("/api/v1/campaigns").json()
+        backends = http.get("/api/v1/backends").json()
+    assert {p["params"]["workload.subscribers"] for p in stats["points"]} == {2, 4}
+    for point in stats["points"]:
+        assert point["deliveries_expected"] == 90 * point["params"]["workload.subscribers"]
+        assert point["deliveries_received"] + point["lost"] == point["deliveries_expected"]
+    assert campaign["id"] in [c["id"] for c in listed]
+    mosquitto = next(b for b in backends if b["name"] == "mosquitto")
+    assert "max_queued_messages" in mosquitto["options_schema"]["properties"]
+
+
+def test_csv_export_has_one_row_per_delivery(served):
+    campaign_id = served.finished["id"]
+    with served.client() as http:
+        stats = http.get(f"/api/v1/campaigns/{campaign_id}/stats").json()
+        response = http.get(f"/api/v1/campaigns/{campaign_id}/dataset", params={"format": "csv"})
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(response.text)))
+    # every delivery, warm-up included (90 measured + 10 warm-up per subscriber and point)
+    assert len(rows) == sum(100 * p["params"]["workload.subscribers"] for p in stats["points"])
+    assert {"t_pub_ns", "t_recv_ns", "run_id", "receiver"} <= set(rows[0])
+    assert all(int(r["t_recv_ns"]) > int(r["t_pub_ns"]) for r in rows)
+    measured = sum(r["warmup"] == "false" for r in rows)
+    assert measured == sum(p["deliveries_received"] for p in stats["points"])
+
+
+def test_parquet_export_is_a_zip_of_the_dataset_with_a_manifest(served):
+    campaign_id = served.finished["id"]
+    with served.client() as http:
+        response = http.get(f"/api/v1/campaigns/{campaign_id}/dataset",
+                            params={"format": "parquet"})
+    assert response.status_code == 200
+    archive = zipfile.ZipFile(io.BytesIO(response.content))
+    names = archive.namelist()
+    assert any(n.startswith(f"events/campaign_id={campaign_id}/run_id=") for n in names)
+    assert any(n.startswith("broker_samples/") for n in names)
+    assert "stats.json" in names
+    manifest = json.loads(archive.read("manifest.json"))
+    assert manifest["campaign"]["spec"]["name"] == "api-e2e"
+    assert manifest["clock"]["sources_in_data"] == ["user"]
+    assert all(b["version"].startswith("2.") and len(b["config_sha256"]) == 64
+               for b in manifest["backends"])
+    assert manifest["controller_host"]["cpus"] >= 1
+
+
+def test_cancel_stops_the_running_run_and_keeps_its_events(served):
+    spec = {"name": "to-cancel", "agents": {"count": 1},
+            "workload": {"subscribers": 2, "rate_hz": 200, "messages": 4000,
+                         "warmup_messages": 0}}
+    with served.client() as http:
+        campaign_id = http.post("/api/v1/campaigns", json=spec).json()["id"]
+        http.post(f"/api/v1/campaigns/{campaign_id}/start")
+        deadline = time.monotonic() + 60
+        while http.get(f"/api/v1/campaigns/{campaign_id}").json()["runs"][0]["state"] != \
+                "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(2.5)  # let a few chunks arrive
+        assert http.post(f"/api/v1/campaigns/{campaign_id}/cancel").status_code == 200
+        campaign = served.wait_for_status(campaign_id, ("cancelled",), 120)
+        (run,) = campaign["runs"]
+        assert run["state"] == "interrupted" and run["reason"] == "campaign cancelled"
+        exported = http.get(f"/api/v1/campaigns/{campaign_id}/dataset", params={"format": "csv"})
+        second_cancel = http.post(f"/api/v1/campaigns/{campaign_id}/cancel")
+    rows = exported.text.strip().splitlines()
+    assert len(rows) - 1 > 200  # deliveries uploaded before the cancel are kept
+    assert second_cancel.status_code == 409
+
+
+def test_unknown_campaign_is_404(served):
+    with served.client() as http:
+        assert http.get("/api/v1/campaigns/nope").status_code == 404
+        assert http.post("/api/v1/campaigns/nope/start").status_code == 404
