@@ -1,0 +1,74 @@
+"""The web pages in a real browser: Debian's Chromium driven by Playwright."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), "Chromium is missing: run `make install`"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield browser
+        browser.close()
+
+
+def test_login_then_report_renders_every_plot_with_data(served, browser):
+    campaign_id = served.finished["id"]
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{served.url}/campaigns/{campaign_id}")
+    assert "/login" in page.url  # not logged in yet
+
+    page.fill("input[name=token]", served.user_token)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{served.url}/campaigns/{campaign_id}")
+    page.wait_for_function("document.querySelectorAll('.plot .main-svg').length > 0")
+
+    plots = page.eval_on_selector_all(
+        ".plot", """divs => divs.map(d => ({id: d.id,
+            traces: (d.data || []).length,
+            points: (d.data || []).reduce((n, t) => n + ((t.y || []).filter(
+                v => v !== null && v !== undefined).length), 0)}))""")
+    ids = {p["id"] for p in plots}
+    assert {"plot-latency-cdf", "plot-sync-spread", "plot-latency-time",
+            "plot-delivery"} <= ids
+    for plot in plots:
+        assert plot["traces"] > 0 and plot["points"] > 0, plot
+    summary_rows = page.locator("#summary tbody tr").count()
+    assert summary_rows == 2
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+    page.close()
+
+
+def test_index_lists_campaigns_with_live_status(served, browser):
+    context = browser.new_context()
+    context.add_cookies([{"name": "mqttbed_token", "value": served.user_token,
+                          "url": served.url}])
+    page = context.new_page()
+    page.goto(f"{served.url}/")
+    page.wait_for_selector("#campaigns tbody tr")
+    text = page.inner_text("#campaigns")
+    assert served.finished["id"] in text and "done" in text
+    context.close()
+
+
+def test_a_wrong_token_does_not_log_in(served, browser):
+    page = browser.new_page()
+    page.goto(f"{served.url}/login")
+    page.fill("input[name=token]", "mqb_not-a-token")
+    page.click("button[type=submit]")
+    assert "not a valid user token" in page.inner_text("body")
+    page.close()
