@@ -27,6 +27,7 @@ test: install lint
 
 demo: install
 	$(VENV)/bin/mqttbed run campaigns/quickstart.yaml --data-dir data/demo
+	$(VENV)/bin/mqttbed report latest --data-dir data/demo --out data/demo/quickstart-report.html
 
 bench: install
 	$(PY) bench/latency_floor.py

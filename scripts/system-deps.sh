@@ -5,6 +5,8 @@ set -euo pipefail
 need=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
 command -v mosquitto_pub >/dev/null 2>&1 || need+=(mosquitto-clients)
+# The browser test drives Debian's Chromium (Playwright never downloads a browser here).
+[ -x /usr/bin/chromium ] || need+=(chromium)
 # Spark 4 needs Java 17 or newer.
 if ! java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])'; then
     need+=(default-jre-headless)
