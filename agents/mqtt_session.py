@@ -4,6 +4,12 @@ paho-mqtt runs without its own threads here: every client's socket sits in one s
 so receive timestamps are taken by the same thread that reads the socket, and publishes
 go out from that thread at their open-loop schedule. Every socket gets TCP_NODELAY before
 CONNECT is sent (paho does not set it; without it loopback latency reads ~9 ms).
+
+The endpoint's transport picks the client: paho over TCP for ``mqtt-tcp``, or
+:class:`~mqttbed.agents.mqtt_udp.UdpMqttClient` (one socket per client, one packet per
+datagram) for ``mqtt-udp``, the FPGA broker's transport. Both offer the same driving
+surface (:class:`ClientConnection`), so the loop, the schedule and the recorded events
+are the same code for both.
 """
 
 from __future__ import annotations
@@ -14,10 +20,12 @@ import selectors
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import paho.mqtt.client as mqtt
 
 from mqttbed.agents.gpio import GpioLines
+from mqttbed.agents.mqtt_udp import UdpMqttClient
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import (
     EventKind,
@@ -25,7 +33,8 @@ from mqttbed.core.events import (
     encode_payload,
     publisher_client_id,
 )
-from mqttbed.core.protocol import ClientAssignment, Endpoint, Role
+from mqttbed.core.mqtt_codec import Publish
+from mqttbed.core.protocol import ClientAssignment, Endpoint, Role, Transport
 
 # (kind, publisher, seq, receiver, topic, payload_bytes, qos, warmup,
 #  t_intended_ns, t_pub_ns, t_recv_ns): the tuple is cheap to build on the hot path;
@@ -40,10 +49,24 @@ def _set_nodelay(_client: mqtt.Client, _userdata: object, sock: socket.socket) -
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+class ClientConnection(Protocol):
+    """What the session drives of one MQTT client: paho's Client, or UdpMqttClient."""
+
+    def connect(self, host: str, port: int, keepalive: int) -> Any: ...
+    def socket(self) -> Any: ...
+    def loop_read(self) -> Any: ...
+    def want_write(self) -> bool: ...
+    def loop_write(self) -> Any: ...
+    def loop_misc(self) -> Any: ...
+    def subscribe(self, topic: str, qos: int = 0) -> Any: ...
+    def publish(self, topic: str, payload: bytes, qos: int = 0) -> Any: ...
+    def disconnect(self) -> Any: ...
+
+
 @dataclass
 class _Client:
     spec: ClientAssignment
-    paho: mqtt.Client
+    conn: ClientConnection
     connected: bool = False
     subscribed: bool = False
     sent: int = 0
@@ -51,14 +74,25 @@ class _Client:
     received: set[tuple[int, int]] = field(default_factory=set)
     failure: str | None = None
 
+    @property
+    def paho(self) -> ClientConnection:
+        """The client's connection (paho's Client on mqtt-tcp), by its historical name."""
+        return self.conn
+
 
 class MqttSession:
     """Connects, subscribes, publishes and receives for one agent during one run."""
 
     def __init__(self, endpoint: Endpoint, clients: list[ClientAssignment], gpio: GpioLines,
                  record: Callable[[RawEvent], None]):
-        if endpoint.transport != "mqtt-tcp":
+        if endpoint.transport not in (Transport.MQTT_TCP, Transport.MQTT_UDP):
             raise ValueError(f"transport {endpoint.transport} is not supported by this agent yet")
+        if endpoint.transport == Transport.MQTT_UDP:
+            for spec in clients:
+                if spec.qos != 0:
+                    raise ValueError(f"transport mqtt-udp carries QoS 0 only (the FPGA broker "
+                                     f"has no QoS 1/2); {spec.client_id} asks for QoS "
+                                     f"{spec.qos}: set workload.qos to 0")
         self._endpoint = endpoint
         self._gpio = gpio
         self._record = record
@@ -70,17 +104,39 @@ class MqttSession:
     # -- set-up -----------------------------------------------------------------------
 
     def _make_client(self, spec: ClientAssignment) -> _Client:
+        if self._endpoint.transport == Transport.MQTT_UDP:
+            return self._make_udp_client(spec)
         paho = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=spec.client_id,
                            protocol=mqtt.MQTTv311, clean_session=True)
-        client = _Client(spec=spec, paho=paho)
+        client = _Client(spec=spec, conn=paho)
         paho.on_socket_open = _set_nodelay
-        paho.on_connect = lambda _c, _u, _f, rc, _p: self._on_connect(client, rc)
-        paho.on_disconnect = lambda _c, _u, _f, rc, _p: self._on_disconnect(client, rc)
+        paho.on_connect = lambda _c, _u, _f, rc, _p: self._on_connect(
+            client, f"CONNACK refused: {rc}" if rc.is_failure else None)
+        paho.on_disconnect = lambda _c, _u, _f, rc, _p: self._on_disconnect(
+            client, f"connection lost: {rc}" if rc.is_failure else None)
         if spec.role == Role.SUBSCRIBER:
-            paho.on_subscribe = lambda _c, _u, _mid, codes, _p: self._on_suback(client, codes)
+            paho.on_subscribe = lambda _c, _u, _mid, codes, _p: self._on_suback(
+                client, [str(code) for code in codes if code.is_failure])
             paho.on_message = lambda _c, _u, msg: self._on_message(client, msg)
         else:
             paho.on_publish = lambda _c, _u, _mid, _rc, _p: self._on_puback(client)
+        return client
+
+    def _make_udp_client(self, spec: ClientAssignment) -> _Client:
+        client: _Client
+
+        def on_failure(reason: str) -> None:
+            client.failure = reason
+
+        udp = UdpMqttClient(
+            spec.client_id,
+            on_connack=lambda code: self._on_connect(
+                client, f"CONNACK refused: return code {code}" if code else None),
+            on_suback=lambda codes: self._on_suback(
+                client, [f"return code {code:#04x}" for code in codes if code == 0x80]),
+            on_message=lambda msg: self._on_message(client, msg),
+            on_failure=on_failure)
+        client = _Client(spec=spec, conn=udp)
         return client
 
     def connect(self, timeout_s: float) -> None:
@@ -89,8 +145,8 @@ class MqttSession:
         Returns once every subscriber holds its SUBACK; raises RuntimeError otherwise.
         """
         for client in self._clients:
-            client.paho.connect(self._endpoint.host, self._endpoint.port, KEEPALIVE_S)
-            self._selector.register(client.paho.socket(), selectors.EVENT_READ, client)
+            client.conn.connect(self._endpoint.host, self._endpoint.port, KEEPALIVE_S)
+            self._selector.register(client.conn.socket(), selectors.EVENT_READ, client)
         deadline = monotonic_ns() + int(timeout_s * 1e9)
         while not all(c.connected for c in self._clients):
             self._check_deadline(deadline, "CONNACK")
@@ -99,7 +155,7 @@ class MqttSession:
         for client in self._clients:
             if client.spec.role != Role.SUBSCRIBER:
                 continue
-            client.paho.subscribe(client.spec.topic, qos=client.spec.qos)
+            client.conn.subscribe(client.spec.topic, qos=client.spec.qos)
             while not client.subscribed:
                 self._check_deadline(deadline, "SUBACK")
                 self.pump(0.05)
@@ -116,28 +172,28 @@ class MqttSession:
 
     # -- callbacks (run on the loop thread) ---------------------------------------------
 
-    def _on_connect(self, client: _Client, rc: mqtt.ReasonCode) -> None:
-        if rc.is_failure:
-            client.failure = f"CONNACK refused: {rc}"
+    def _on_connect(self, client: _Client, refusal: str | None) -> None:
+        if refusal is not None:
+            client.failure = refusal
         else:
             client.connected = True
 
-    def _on_disconnect(self, client: _Client, rc: mqtt.ReasonCode) -> None:
-        if client.connected and rc.is_failure:
-            client.failure = f"connection lost: {rc}"
+    def _on_disconnect(self, client: _Client, failure: str | None) -> None:
+        if client.connected and failure is not None:
+            client.failure = failure
         client.connected = False
 
-    def _on_suback(self, client: _Client, codes: list[mqtt.ReasonCode]) -> None:
+    def _on_suback(self, client: _Client, refused: list[str]) -> None:
         t_suback = monotonic_ns()
-        if any(code.is_failure for code in codes):
-            client.failure = f"SUBACK refused {client.spec.topic!r}: {codes}"
+        if refused:
+            client.failure = f"SUBACK refused {client.spec.topic!r}: {', '.join(refused)}"
             return
         client.subscribed = True
         spec = client.spec
         self._record((EventKind.SUBSCRIBE, None, None, spec.client_id, spec.topic, 0, spec.qos,
                       False, None, None, t_suback))
 
-    def _on_message(self, client: _Client, msg: mqtt.MQTTMessage) -> None:
+    def _on_message(self, client: _Client, msg: mqtt.MQTTMessage | Publish) -> None:
         t_recv = monotonic_ns()
         self._gpio.toggle(client.spec.gpio_pin)
         try:
@@ -156,12 +212,12 @@ class MqttSession:
     # -- the loop -----------------------------------------------------------------------
 
     def pump(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` for socket activity and let paho handle it."""
+        """Wait up to ``timeout_s`` for socket activity and let each client handle it."""
         for key, _ in self._selector.select(max(timeout_s, 0.0)):
-            key.data.paho.loop_read()
+            key.data.conn.loop_read()
         for client in self._clients:
-            if client.paho.want_write():
-                client.paho.loop_write()
+            if client.conn.want_write():
+                client.conn.loop_write()
 
     def run(self, t_start_ns: int, t_deadline_ns: int, abort: Callable[[], bool]) -> None:
         """Publish on schedule from ``t_start_ns`` and receive until done or the deadline.
@@ -193,7 +249,7 @@ class MqttSession:
             self.pump(min(wait_ns, 50_000_000) / 1e9)
             if now - last_misc > 1_000_000_000:
                 for client in self._clients:
-                    client.paho.loop_misc()
+                    client.conn.loop_misc()
                 last_misc = now
             failed = [f"{c.spec.client_id}: {c.failure}" for c in self._clients if c.failure]
             if failed:
@@ -204,7 +260,7 @@ class MqttSession:
         t_pub = monotonic_ns()
         payload = encode_payload(seq, spec.publisher_index, t_pub, t_intended_ns,
                                  spec.payload_bytes)
-        client.paho.publish(spec.topic, payload, qos=spec.qos)
+        client.conn.publish(spec.topic, payload, qos=spec.qos)
         # Like the seed's publisher: toggle the line after the PUBLISH is written.
         self._gpio.toggle(spec.gpio_pin)
         client.sent += 1
@@ -232,11 +288,11 @@ class MqttSession:
         for client in self._clients:
             try:
                 if client.connected:
-                    client.paho.disconnect()
-                    client.paho.loop_write()
+                    client.conn.disconnect()
+                    client.conn.loop_write()
             except (OSError, ValueError):
                 pass
-            sock = client.paho.socket()
+            sock = client.conn.socket()
             if sock is not None:
                 with contextlib.suppress(KeyError, ValueError):
                     self._selector.unregister(sock)

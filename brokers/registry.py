@@ -17,6 +17,7 @@ from mqttbed.brokers.base import BrokerBackend
 # campaign's broker section for that backend.
 BACKENDS: dict[str, str] = {
     "mosquitto": "mqttbed.brokers.mosquitto:MosquittoBackend",
+    "fpga": "mqttbed.brokers.fpga.backend:FpgaBackend",
 }
 
 

@@ -152,6 +152,14 @@ def _agent(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _broker_run(args: argparse.Namespace) -> int:
+    """Run a broker model in the foreground; its own options follow its name."""
+    from mqttbed.brokers.fpga.server import main as fpga_model
+
+    models = {"fpga-model": fpga_model}
+    return models[args.model](args.model_options)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mqttbed", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -196,6 +204,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     agent_options(agent)
     agent.set_defaults(func=_agent)
+
+    broker = commands.add_parser("broker", help="broker models run by hand")
+    broker_commands = broker.add_subparsers(dest="broker_command", required=True)
+    broker_run = broker_commands.add_parser(
+        "run", help="run a broker model in the foreground until Ctrl-C or SIGTERM",
+        description="e.g. `mqttbed broker run fpga-model --port 1883`; "
+                    "`mqttbed broker run fpga-model --help` lists the model's options")
+    broker_run.add_argument("model", choices=["fpga-model"], help="which model")
+    broker_run.add_argument("model_options", nargs=argparse.REMAINDER,
+                            help="the model's own options (--port N, ...)")
+    broker_run.set_defaults(func=_broker_run)
     return parser
 
 

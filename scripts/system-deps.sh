@@ -5,6 +5,8 @@ set -euo pipefail
 need=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
 command -v mosquitto_pub >/dev/null 2>&1 || need+=(mosquitto-clients)
+# The fpga backend's board path is tested against a real local sshd.
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
 # The browser test drives Debian's Chromium (Playwright never downloads a browser here).
 [ -x /usr/bin/chromium ] || need+=(chromium)
 # Spark 4 needs Java 17 or newer.

@@ -1,0 +1,7 @@
+"""``python -m mqttbed.brokers.fpga``: run the FPGA broker model."""
+
+import sys
+
+from mqttbed.brokers.fpga.server import main
+
+sys.exit(main())

@@ -1,0 +1,270 @@
+"""The ``fpga`` broker backend: the behavioural model on this machine, or a real board.
+
+Without ``board`` the backend starts the model (:mod:`.server`) as a private subprocess
+on a free UDP port, samples its process tree like Mosquitto's, and at teardown reads the
+model's own stats file (packets in and out, malformed datagrams dropped, table occupancy,
+modelled hardware latency beside the emulator's measured latency) into the run's
+metadata. With ``board`` it programs the board over SSH (:mod:`.board`) and hands out the
+board's UDP endpoint; nothing runs locally, so there are no resource samples.
+
+Either way the endpoint's transport is ``mqtt-udp``, which makes the agents use their
+UDP clients: a campaign selects the transport through the backend, never by hand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from mqttbed.brokers.fpga.board import BoardDeployment, BoardOptions
+from mqttbed.brokers.fpga.tables import DEFAULT_PROBE_WINDOW, PAPER_DEPTH_WORDS
+from mqttbed.brokers.fpga.timing import PipelineTiming
+from mqttbed.core.errors import BackendError
+from mqttbed.core.host import Host, ProcessHandle
+from mqttbed.core.mqtt_codec import MalformedPacket, PingReq, PingResp, decode, encode
+from mqttbed.core.protocol import Endpoint, Transport
+from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.instruments.resources import ProcessTreeSampler
+
+LOG_TAIL_LINES = 50
+MODEL_SOURCES = ("tables.py", "timing.py", "model.py", "server.py")
+
+
+class Options(BaseModel):
+    """The broker section of a campaign spec for the ``fpga`` backend."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    backend: Literal["fpga"] = "fpga"
+    board: BoardOptions | None = Field(
+        default=None, description="a real board to program; without it the model runs here")
+    topic_table_depth: int = Field(default=PAPER_DEPTH_WORDS, ge=1, le=1 << 24)
+    subscriber_table_depth: int = Field(default=PAPER_DEPTH_WORDS, ge=1, le=1 << 24)
+    probe_window: int = Field(default=DEFAULT_PROBE_WINDOW, ge=1,
+                              description="words a key may sit from its home word")
+    stats_interval_s: float = Field(default=0.2, gt=0,
+                                    description="seconds between resource samples of the model")
+    startup_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    probe_timeout_s: float = Field(default=2.0, gt=0, le=60,
+                                   description="wait for PINGRESP when checking the endpoint")
+
+    @model_validator(mode="after")
+    def _window_fits(self) -> Options:
+        depth = min(self.topic_table_depth, self.subscriber_table_depth)
+        if self.probe_window > depth:
+            raise ValueError(f"probe_window {self.probe_window} exceeds the table depth "
+                             f"{depth}; use at most {depth}")
+        return self
+
+
+class FpgaBackend:
+    """Deploys the FPGA broker: the behavioural model as a subprocess, or a board over SSH."""
+
+    name = "fpga"
+
+    def __init__(self) -> None:
+        self._options: Options | None = None
+        self._dir: Path | None = None
+        self._handle: ProcessHandle | None = None
+        self._sampler: ProcessTreeSampler | None = None
+        self._samples: list[BrokerStatsSample] = []
+        self._endpoint: Endpoint | None = None
+        self._board: BoardDeployment | None = None
+        self._model_stats: dict[str, Any] | None = None
+        self._exit_code: int | None = None
+        self._log_tail: str | None = None
+        self._torn_down = False
+
+    # -- deploy -------------------------------------------------------------------------
+
+    def deploy(self, spec: Options | Mapping[str, Any], host: Host) -> Endpoint:
+        """Start the model on ``host`` (or program the board); return the UDP endpoint."""
+        if self._endpoint is not None or self._torn_down:
+            raise BackendError("this FpgaBackend was already deployed; create a new one per "
+                               "run (mqttbed.brokers.registry.create_backend)")
+        options = spec if isinstance(spec, Options) else Options.model_validate(spec)
+        self._options = options
+        try:
+            if options.board is not None:
+                self._endpoint = self._deploy_board(options.board)
+            else:
+                self._endpoint = self._deploy_model(options, host)
+            probe_endpoint(self._endpoint, options.probe_timeout_s)
+        except BaseException:
+            self.teardown()
+            raise
+        return self._endpoint
+
+    def _deploy_board(self, board: BoardOptions) -> Endpoint:
+        from mqttbed.brokers.fpga.board import program_board
+
+        self._board = program_board(board)
+        address, port = board.endpoint()
+        return Endpoint(host=address, port=port, transport=Transport.MQTT_UDP)
+
+    def _deploy_model(self, options: Options, host: Host) -> Endpoint:
+        self._dir = host.make_dir("mqttbed-fpga-model-")
+        ready = self._dir / "ready.json"
+        argv = [sys.executable, "-m", "mqttbed.brokers.fpga", "--host", host.address,
+                "--port", "0", "--ready-file", str(ready),
+                "--stats-file", str(self._dir / "stats.json"),
+                "--topic-table-depth", str(options.topic_table_depth),
+                "--subscriber-table-depth", str(options.subscriber_table_depth),
+                "--probe-window", str(options.probe_window)]
+        self._handle = host.spawn(argv, log_path=self._dir / "model.log")
+        deadline = time.monotonic() + options.startup_timeout_s
+        while not ready.exists():
+            if (code := self._handle.poll()) is not None:
+                raise BackendError(f"fpga-model exited with code {code} before binding; "
+                                   f"last log lines:\n{self._read_log_tail()}")
+            if time.monotonic() > deadline:
+                raise BackendError(f"fpga-model did not bind within "
+                                   f"{options.startup_timeout_s:.1f} s; last log lines:\n"
+                                   f"{self._read_log_tail()}")
+            time.sleep(0.01)
+        bound = json.loads(ready.read_text())
+        self._sampler = ProcessTreeSampler(self._handle.pid, options.stats_interval_s)
+        self._sampler.start()
+        return Endpoint(host=bound["host"], port=bound["port"], transport=Transport.MQTT_UDP)
+
+    # -- while running ------------------------------------------------------------------
+
+    def health(self) -> str | None:
+        """Return None while the broker is usable, else why not."""
+        if self._endpoint is None:
+            return "broker fpga is not deployed"
+        if self._torn_down:
+            return "broker fpga was torn down"
+        if self._handle is not None and (code := self._handle.poll()) is not None:
+            return (f"fpga-model (pid {self._handle.pid}) exited with code {code}; "
+                    f"last log lines:\n{self._read_log_tail()}")
+        return None  # a board is checked with PINGREQ at deploy; UDP has no liveness signal
+
+    def stats(self) -> list[BrokerStatsSample]:
+        """Return the model's resource samples (none for a board: nothing runs here)."""
+        if self._sampler is not None and not self._torn_down:
+            return self._sampler.samples
+        return list(self._samples)
+
+    def metadata(self) -> dict[str, Any]:
+        """Return what was deployed, and after teardown the model's counters and latencies."""
+        options = self._options or Options()
+        config = options.model_dump(mode="json")
+        config_text = json.dumps(config, sort_keys=True)
+        meta: dict[str, Any] = {
+            "backend": self.name,
+            "target": "board" if options.board is not None else "model",
+            "transport": Transport.MQTT_UDP.value,
+            "config": config,
+            "config_sha256": hashlib.sha256(config_text.encode()).hexdigest(),
+            "endpoint": None if self._endpoint is None else
+            f"{self._endpoint.host}:{self._endpoint.port}",
+            "port": None if self._endpoint is None else self._endpoint.port,
+            "semantics": {"qos": [0], "retain": "ignored", "will": "ignored",
+                          "wildcards": ["prefix/#"],
+                          "unsubscribe": "tombstone (see brokers/fpga/tables.py)"},
+            "timing_model": PipelineTiming().describe(),
+        }
+        if options.board is not None:
+            meta["board"] = self._board.as_metadata() if self._board else None
+            meta["bitstream_sha256"] = self._board.bitstream_sha256 if self._board else None
+            meta["validated_on_hardware"] = False
+            return meta
+        meta.update({
+            "version": _model_version(),
+            "pid": self._handle.pid if self._handle is not None else None,
+            "exit_code": self._exit_code,
+            "stats_interval_s": options.stats_interval_s,
+            "log_tail": self._log_tail if self._torn_down else self._read_log_tail(),
+            "model_stats": self._model_stats,
+            "hardware_latency_ns": hardware_latency_summary(self._model_stats),
+        })
+        return meta
+
+    # -- teardown -----------------------------------------------------------------------
+
+    def teardown(self) -> None:
+        """Stop sampling and the model (which writes its stats), keep them; idempotent."""
+        if self._torn_down:
+            return
+        self._torn_down = True
+        if self._sampler is not None:
+            self._samples = self._sampler.stop()
+        if self._handle is not None:
+            self._exit_code = self._handle.poll()
+            stopped = self._handle.stop()
+            if self._exit_code is None:
+                self._exit_code = stopped
+        if self._dir is not None:
+            try:
+                self._model_stats = json.loads((self._dir / "stats.json").read_text())
+            except (OSError, ValueError):
+                self._model_stats = None
+            self._log_tail = self._read_log_tail()
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _read_log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        if self._dir is None:
+            return ""
+        try:
+            text = (self._dir / "model.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def probe_endpoint(endpoint: Endpoint, timeout_s: float) -> None:
+    """Send PINGREQ to ``endpoint`` over UDP; raise BackendError unless PINGRESP comes back."""
+    family = socket.AF_INET6 if ":" in endpoint.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect((endpoint.host, endpoint.port))
+            sock.send(encode(PingReq()))
+            reply = decode(sock.recv(64))
+        except (OSError, MalformedPacket) as exc:
+            raise BackendError(f"no MQTT broker answers PINGREQ on udp://{endpoint.host}:"
+                               f"{endpoint.port} within {timeout_s:.1f} s: "
+                               f"{type(exc).__name__}: {exc}") from exc
+    if not isinstance(reply, PingResp):
+        raise BackendError(f"udp://{endpoint.host}:{endpoint.port} answered PINGREQ with "
+                           f"{type(reply).__name__}, not PINGRESP")
+
+
+def hardware_latency_summary(model_stats: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Return the PUBLISH latencies a report shows: modelled hardware beside measured emulator."""
+    if not model_stats:
+        return None
+    publish = model_stats.get("latency_ns", {}).get("publish")
+    if not publish:
+        return {"publish_packets": 0}
+    return {
+        "publish_packets": publish["packets"],
+        "copies_per_publish_mean": publish["copies"]["mean"],
+        "modelled": {"first_copy": publish["modelled_first_copy"],
+                     "last_copy": publish["modelled_last_copy"],
+                     "spread": publish["modelled_spread"]},
+        "emulator_measured": {"first_copy": publish["measured_first_copy"],
+                              "last_copy": publish["measured_last_copy"],
+                              "spread": publish["measured_spread"]},
+    }
+
+
+def _model_version() -> dict[str, str]:
+    """The model's version: mqttbed's, and a hash of the model's source files."""
+    from mqttbed import __version__
+    from mqttbed.core import mqtt_codec
+
+    digest = hashlib.sha256()
+    here = Path(__file__).parent
+    for path in [*(here / name for name in MODEL_SOURCES), Path(mqtt_codec.__file__)]:
+        digest.update(path.read_bytes())
+    return {"mqttbed": __version__, "model_source_sha256": digest.hexdigest()}

@@ -1,0 +1,103 @@
+"""The ``fpga`` backend deploying the model: registry, options, UDP endpoint, metadata, teardown."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from pydantic import ValidationError
+
+from mqttbed.brokers.base import BrokerBackend
+from mqttbed.brokers.fpga.backend import FpgaBackend, Options
+from mqttbed.brokers.registry import backend_names, create_backend, options_model
+from mqttbed.core.errors import BackendError
+from mqttbed.core.host import LocalHost
+from mqttbed.core.mqtt_codec import SubAck, Subscribe, decode, encode, encode_publish
+from mqttbed.core.protocol import Transport
+from tests.conftest import child_processes
+from tests.test_fpga_model_udp import udp_client
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_the_registry_knows_fpga_and_validates_its_options():
+    assert "fpga" in backend_names()
+    assert isinstance(create_backend("fpga"), BrokerBackend)
+    model = options_model("fpga")
+    assert model.model_validate({"backend": "fpga"}).board is None
+    with pytest.raises(ValidationError, match="udp_endpoint 'board' is not 'address:port'"):
+        model.model_validate({"backend": "fpga", "board": {
+            "host": "root@board", "bitstream": "b.bit", "udp_endpoint": "board"}})
+    with pytest.raises(ValidationError, match="probe_window 9 exceeds the table depth 8"):
+        model.model_validate({"backend": "fpga", "subscriber_table_depth": 8, "probe_window": 9})
+    with pytest.raises(ValidationError, match="extra"):
+        model.model_validate({"backend": "fpga", "qos": 1})
+
+
+def test_deployed_model_relays_over_udp_and_teardown_records_what_it_did():
+    backend = FpgaBackend()
+    endpoint = backend.deploy(Options(stats_interval_s=0.05), LocalHost())
+    assert endpoint.transport is Transport.MQTT_UDP and endpoint.host == "127.0.0.1"
+    assert backend.health() is None
+    subscriber, publisher = udp_client(endpoint.port), udp_client(endpoint.port)
+    try:
+        subscriber.send(encode(Subscribe(1, (("line/#", 0),))))
+        assert decode(subscriber.recv(64)) == SubAck(1, (0,))
+        for n in range(10):
+            publisher.send(encode_publish(f"line/{n}", bytes(40)))
+            assert subscriber.recv(256) == encode_publish(f"line/{n}", bytes(40))
+        time.sleep(0.15)
+    finally:
+        subscriber.close()
+        publisher.close()
+    pid = backend.metadata()["pid"]
+    backend.teardown()
+    backend.teardown()                                  # idempotent
+    meta = backend.metadata()
+    assert meta["backend"] == "fpga" and meta["target"] == "model"
+    assert meta["exit_code"] == 0 and not os.path.exists(f"/proc/{pid}")
+    assert meta["model_stats"]["counters"]["publish_copies"] == 10
+    assert meta["model_stats"]["counters"]["pingreq"] == 1          # the deploy's probe
+    latency = meta["hardware_latency_ns"]
+    assert latency["publish_packets"] == 10
+    # found under the rewritten name line/# (lookup index 1): one rewriter cycle later
+    assert latency["modelled"]["first_copy"]["mean"] == pytest.approx(799.2 + 10)
+    assert latency["emulator_measured"]["first_copy"]["mean"] > 0
+    assert len(meta["version"]["model_source_sha256"]) == 64
+    assert len(backend.stats()) >= 2 and all(s.rss_bytes > 0 for s in backend.stats())
+    assert child_processes("mqttbed.brokers.fpga") == []
+
+
+def test_a_model_that_dies_is_reported_by_health_with_its_exit():
+    backend = FpgaBackend()
+    backend.deploy(Options(), LocalHost())
+    try:
+        os.kill(backend.metadata()["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while backend.health() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "exited with code -9" in (backend.health() or "")
+    finally:
+        backend.teardown()
+    assert backend.metadata()["model_stats"] is None      # killed: no stats written
+
+
+def test_a_backend_is_deployed_once():
+    backend = FpgaBackend()
+    backend.deploy(Options(), LocalHost())
+    try:
+        with pytest.raises(BackendError, match="already deployed"):
+            backend.deploy(Options(), LocalHost())
+    finally:
+        backend.teardown()
+
+
+def test_a_board_whose_bitstream_is_missing_fails_before_any_ssh(tmp_path):
+    backend = FpgaBackend()
+    missing = tmp_path / "nope.bit"
+    with pytest.raises(BackendError, match=f"bitstream '{missing}' is not a file"):
+        backend.deploy({"backend": "fpga", "board": {
+            "host": "root@192.0.2.1", "bitstream": str(missing),
+            "udp_endpoint": "192.0.2.1:1883"}}, LocalHost())

@@ -1,0 +1,208 @@
+"""Programming a board over SSH: a real local sshd, a stand-in ``fpgautil`` that records its argv.
+
+No FPGA board is here. The sshd is real (openssh-server, started on a free loopback port
+with its own host key and an authorized key for root), so fabric, SFTP, the remote
+``sha256sum`` and the quoting of commands are exercised for real; only ``fpgautil`` is a
+stand-in script on the session's PATH, and the board's UDP side is the behavioural model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mqttbed.brokers.fpga.backend import FpgaBackend
+from mqttbed.brokers.fpga.model import BrokerModel
+from mqttbed.brokers.fpga.server import FpgaModelServer
+from mqttbed.core.errors import BackendError
+from mqttbed.core.host import LocalHost
+
+pytestmark = pytest.mark.timeout(60)
+
+SSHD = "/usr/sbin/sshd"
+PRIVSEP_DIR = Path("/run/sshd")
+STAND_IN_FPGAUTIL = """#!/bin/sh
+# Stand-in for Xilinx fpgautil: records its arguments, one per line.
+if [ -e "{dir}/fpgautil-fails" ]; then
+    echo "fpgautil: FPGA manager busy" >&2
+    exit 1
+fi
+printf '%s\\n' "$@" > "{dir}/fpgautil-argv"
+echo "BIN FILE loaded through FPGA manager successfully"
+"""
+
+
+class LocalSshd:
+    """A real sshd on 127.0.0.1:<free port>, configured entirely inside ``root``."""
+
+    def __init__(self, root: Path):
+        if not os.path.exists(SSHD):
+            pytest.fail(f"{SSHD} not found: install openssh-server "
+                        f"(scripts/system-deps.sh does it as part of `make install`)")
+        try:
+            PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)   # sshd refuses to start without it
+        except OSError as exc:
+            pytest.fail(f"sshd needs {PRIVSEP_DIR} and it cannot be created: {exc}")
+        self.root = root
+        self.bin = root / "bin"
+        self.bin.mkdir()
+        for name in ("host_key", "client_key", "other_key"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+                            str(root / name)], check=True)
+        shutil.copy(root / "client_key.pub", root / "authorized_keys")
+        fpgautil = self.bin / "fpgautil"
+        fpgautil.write_text(STAND_IN_FPGAUTIL.format(dir=root))
+        fpgautil.chmod(0o755)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        config = root / "sshd_config"
+        config.write_text("\n".join([
+            f"Port {self.port}", "ListenAddress 127.0.0.1",
+            f"HostKey {root / 'host_key'}", f"AuthorizedKeysFile {root / 'authorized_keys'}",
+            f"PidFile {root / 'sshd.pid'}", "UsePAM no", "StrictModes no",
+            "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+            "PermitRootLogin prohibit-password", "Subsystem sftp internal-sftp",
+            f"SetEnv PATH={self.bin}:/usr/local/bin:/usr/bin:/bin", ""]))
+        self.log = root / "sshd.log"
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_for_banner()
+        host_key = (root / "host_key.pub").read_text().split()
+        self.known_hosts = root / "known_hosts"
+        self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {host_key[0]} {host_key[1]}\n")
+
+    def _wait_for_banner(self) -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"sshd exited with {self.proc.returncode}: {self.log.read_text()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                    if s.recv(64).startswith(b"SSH-2.0"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        pytest.fail(f"sshd did not answer on port {self.port}: {self.log.read_text()}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    server = LocalSshd(tmp_path_factory.mktemp("sshd"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def board_udp():
+    """The board's UDP side: the behavioural model, in this process."""
+    server = FpgaModelServer(BrokerModel())
+    stop = threading.Event()
+    thread = threading.Thread(target=server.serve, args=(stop.is_set, 0.02), daemon=True)
+    thread.start()
+    yield f"{server.address[0]}:{server.address[1]}"
+    stop.set()
+    thread.join(5)
+    server.close()
+
+
+@pytest.fixture
+def bitstream(tmp_path) -> Path:
+    path = tmp_path / "mqtt broker.bit"            # a space, to prove argv is quoted
+    path.write_bytes(os.urandom(4096))
+    return path
+
+
+def board_spec(sshd: LocalSshd, bitstream: Path, udp_endpoint: str, **extra) -> dict:
+    return {"backend": "fpga", "board": {
+        "host": "root@127.0.0.1", "ssh_port": sshd.port,
+        "key_filename": str(sshd.root / "client_key"), "known_hosts": str(sshd.known_hosts),
+        "bitstream": str(bitstream), "udp_endpoint": udp_endpoint,
+        "remote_dir": str(sshd.root / "remote"), **extra}}
+
+
+def test_board_deploy_copies_checks_sha256_and_programs_with_fpgautil_b(sshd, bitstream,
+                                                                        board_udp):
+    backend = FpgaBackend()
+    endpoint = backend.deploy(board_spec(sshd, bitstream, board_udp), LocalHost())
+    try:
+        assert f"{endpoint.host}:{endpoint.port}" == board_udp
+        assert endpoint.transport == "mqtt-udp"
+        remote = sshd.root / "remote" / bitstream.name
+        assert (sshd.root / "fpgautil-argv").read_text().splitlines() == ["-b", str(remote)]
+        assert remote.read_bytes() == bitstream.read_bytes()
+        meta = backend.metadata()
+        local_sha = hashlib.sha256(bitstream.read_bytes()).hexdigest()
+        assert meta["target"] == "board" and meta["bitstream_sha256"] == local_sha
+        assert meta["board"]["remote_sha256"] == local_sha
+        assert meta["board"]["fpgautil_argv"] == ["fpgautil", "-b", str(remote)]
+        assert "successfully" in meta["board"]["fpgautil_output"]
+        assert meta["validated_on_hardware"] is False
+        assert backend.health() is None and backend.stats() == []
+    finally:
+        backend.teardown()
+        (sshd.root / "fpgautil-argv").unlink(missing_ok=True)
+
+
+def test_a_copy_whose_hash_differs_on_the_board_is_never_programmed(sshd, bitstream,
+                                                                    board_udp):
+    fake = sshd.bin / "sha256sum"
+    fake.write_text("#!/bin/sh\necho 0000000000000000000000000000000000000000000000000000000000"
+                    "000000  \"$1\"\n")
+    fake.chmod(0o755)
+    try:
+        with pytest.raises(BackendError, match="has SHA-256 0{64}.*not programming the board"):
+            FpgaBackend().deploy(board_spec(sshd, bitstream, board_udp), LocalHost())
+    finally:
+        fake.unlink()
+    assert not (sshd.root / "fpgautil-argv").exists()
+
+
+def test_a_failing_fpgautil_fails_the_deploy_with_its_message(sshd, bitstream, board_udp):
+    flag = sshd.root / "fpgautil-fails"
+    flag.touch()
+    try:
+        with pytest.raises(BackendError, match="exited with 1: fpgautil: FPGA manager busy"):
+            FpgaBackend().deploy(board_spec(sshd, bitstream, board_udp), LocalHost())
+    finally:
+        flag.unlink()
+
+
+def test_an_unknown_board_host_key_is_refused_when_known_hosts_is_given(sshd, bitstream,
+                                                                        board_udp, tmp_path):
+    other = (sshd.root / "other_key.pub").read_text().split()
+    wrong = tmp_path / "known_hosts"
+    wrong.write_text(f"[127.0.0.1]:{sshd.port} {other[0]} {other[1]}\n")
+    spec = board_spec(sshd, bitstream, board_udp)
+    spec["board"]["known_hosts"] = str(wrong)
+    with pytest.raises(BackendError, match="SSH to board root@127.0.0.1 failed"):
+        FpgaBackend().deploy(spec, LocalHost())
+    assert not (sshd.root / "fpgautil-argv").exists()
+
+
+def test_a_programmed_board_that_does_not_answer_pingreq_fails_the_deploy(sshd, bitstream):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        silent = f"127.0.0.1:{s.getsockname()[1]}"
+        with pytest.raises(BackendError, match=f"no MQTT broker answers PINGREQ on udp://"
+                                               f"{silent}"):
+            FpgaBackend().deploy(board_spec(sshd, bitstream, silent, connect_timeout_s=5)
+                                 | {"probe_timeout_s": 0.3}, LocalHost())
+    (sshd.root / "fpgautil-argv").unlink(missing_ok=True)

@@ -1,0 +1,57 @@
+"""The FPGA-vs-software campaign: its spec, and a real fpga run through the engine."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.dataset as ds
+import pytest
+
+from mqttbed.campaigns.spec import builtin_spec_path, load_spec, parse_spec, plan_runs
+from mqttbed.controller.db import RunRow
+from mqttbed.controller.states import RunState
+from tests.conftest import child_processes
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+
+def test_the_comparison_campaign_sweeps_both_brokers_over_the_papers_subscriber_counts():
+    spec = load_spec(builtin_spec_path("fpga-vs-software"))
+    runs = plan_runs(spec)
+    assert spec.repetitions == 20 and len(runs) == 2 * 5 * 20
+    points = {(r.point.spec.broker.backend, r.point.spec.workload.subscribers) for r in runs}
+    assert points == {(b, n) for b in ("mosquitto", "fpga") for n in (2, 10, 20, 50, 100)}
+    assert {r.point.spec.workload.qos for r in runs} == {0}
+    # one run sends for a few seconds
+    w = spec.workload
+    assert 1 <= w.messages / w.rate_hz <= 5
+
+
+def test_an_fpga_run_measures_over_udp_and_records_the_modelled_latency(controller):
+    spec = parse_spec({
+        "name": "fpga-smoke", "broker": {"backend": "fpga"}, "agents": {"count": 2},
+        "workload": {"publishers": 1, "subscribers": 4, "topic": "sync/pmu",
+                     "payload_bytes": 64, "rate_hz": 100, "messages": 60,
+                     "warmup_messages": 5},
+        "timing": {"start_lead_s": 0.3, "drain_s": 0.5}})
+    campaign_id = controller.engine.create_campaign(spec)
+    assert controller.engine.run_campaign(campaign_id) == "done"
+    with controller.sessions() as s:
+        (run,) = s.query(RunRow).filter_by(campaign_id=campaign_id).all()
+    assert run.state == RunState.DONE, run.reason
+    assert run.run_metadata["endpoint"]["transport"] == "mqtt-udp"
+    broker = json.loads((controller.layout.run_dir(campaign_id, run.id) / "run.json")
+                        .read_text())["metadata"]["broker"]
+    assert broker["backend"] == "fpga" and broker["exit_code"] == 0
+    latency = broker["hardware_latency_ns"]
+    assert latency["publish_packets"] == 60 and latency["copies_per_publish_mean"] == 4
+    # 4 copies of a 76-byte PUBLISH: 799.2 ns, then 113.6 ns per further frame
+    assert latency["modelled"]["last_copy"]["mean"] == pytest.approx(799.2 + 3 * 113.6)
+    events = ds.dataset(controller.layout.run_events(campaign_id, run.id),
+                        format="parquet").to_table()
+    kinds = events.column("kind").to_pylist()
+    assert kinds.count("publish") == 60
+    assert kinds.count("delivery") == 4 * 60
+    assert kinds.count("subscribe") == 4
+    assert child_processes("mqttbed.brokers.fpga") == []
+    assert child_processes("mqttbed.agents") == []
