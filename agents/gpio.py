@@ -1,15 +1,36 @@
 """GPIO lines an agent toggles on every publish and every receive.
 
-The oscilloscope measures the time between these edges (seed 000, section 6.1). Real Pi
-backends (RPi.GPIO / rpi-lgpio, libgpiod) plug in behind :class:`GpioLines`; off a Pi the
-``virtual`` backend records every edge with its CLOCK_MONOTONIC time instead.
+The oscilloscope measures the time between these edges (seed 000, section 6.1): the
+publisher toggles its line right after writing a PUBLISH, each subscriber toggles its
+line on receipt. Backends:
+
+- ``virtual`` (default off a Pi): lines in memory.
+- ``rpi``: the RPi.GPIO API. On a Raspberry Pi 1-4 install RPi.GPIO
+  (``pip install 'mqttbed[pi]'``); on a Raspberry Pi 5, whose GPIO sits behind the RP1
+  chip that RPi.GPIO cannot drive, install its drop-in rpi-lgpio instead
+  (``pip install 'mqttbed[pi5]'``). Never both: they provide the same module.
+- ``gpiod``: the kernel's GPIO character device through libgpiod v2 (``gpiod`` package,
+  in the agent extra); works on any Linux board. ``chip`` names the device
+  (``/dev/gpiochip0`` on a Pi 1-4; on a Pi 5 the header is ``/dev/gpiochip4`` on kernels
+  before 6.6.45 and ``/dev/gpiochip0`` after).
+
+Every backend also records each edge with its CLOCK_MONOTONIC time, so the software side of
+every edge is kept with the run. Pins are BCM numbers (rpi) or line offsets (gpiod).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import os
+import statistics
+import threading
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from mqttbed.core.clock import monotonic_ns
+
+
+class GpioUnavailable(RuntimeError):
+    """The requested GPIO backend cannot work on this machine; the message says why and how."""
 
 
 @runtime_checkable
@@ -23,7 +44,7 @@ class GpioLines(Protocol):
         ...
 
     def toggle(self, pin: int) -> None:
-        """Invert the level of ``pin``."""
+        """Invert the level of ``pin`` (and record the edge)."""
         ...
 
     def edges(self) -> list[tuple[int, int, int]]:
@@ -35,34 +56,153 @@ class GpioLines(Protocol):
         ...
 
 
-class VirtualGpio:
-    """Lines that exist only in memory; each toggle records its edge time."""
-
-    backend = "virtual"
+class _EdgeLog:
+    """Levels and recorded edges shared by every backend."""
 
     def __init__(self) -> None:
         self._levels: dict[int, int] = {}
         self._edges: list[tuple[int, int, int]] = []
+        # The MQTT loop records, the uploader takes: an edge must land in one batch only.
+        self._lock = threading.Lock()
+
+    def _flip(self, pin: int) -> int:
+        level = self._levels.get(pin, 0) ^ 1
+        self._levels[pin] = level
+        return level
+
+    def _record(self, pin: int, level: int) -> None:
+        edge = (pin, monotonic_ns(), level)
+        with self._lock:
+            self._edges.append(edge)
+
+    def edges(self) -> list[tuple[int, int, int]]:
+        with self._lock:
+            taken, self._edges = self._edges, []
+        return taken
+
+
+class VirtualGpio(_EdgeLog):
+    """Lines that exist only in memory; each toggle records its edge time."""
+
+    backend = "virtual"
 
     def setup(self, pins: list[int]) -> None:
         for pin in pins:
             self._levels[pin] = 0
 
     def toggle(self, pin: int) -> None:
-        level = self._levels.get(pin, 0) ^ 1
-        self._levels[pin] = level
-        self._edges.append((pin, monotonic_ns(), level))
-
-    def edges(self) -> list[tuple[int, int, int]]:
-        taken, self._edges = self._edges, []
-        return taken
+        self._record(pin, self._flip(pin))
 
     def close(self) -> None:
         self._levels.clear()
 
 
-def open_gpio(backend: str) -> GpioLines:
-    """Return the GPIO backend named ``backend``."""
+class RpiGpio(_EdgeLog):
+    """RPi.GPIO (or rpi-lgpio on a Pi 5), BCM numbering."""
+
+    backend = "rpi"
+
+    def __init__(self) -> None:
+        super().__init__()
+        devices = [p for p in ("/dev/gpiomem", *map(str, sorted(Path("/dev").glob("gpiochip*"))))
+                   if os.path.exists(p)]
+        if not devices:
+            raise GpioUnavailable(
+                "GPIO backend 'rpi' needs a Raspberry Pi: no /dev/gpiomem or /dev/gpiochip* "
+                "on this machine. Run this agent on a Pi, or use agents.gpio: virtual.")
+        try:
+            import RPi.GPIO as GPIO  # noqa: N814 - the library's own spelling
+        except ImportError:
+            raise GpioUnavailable(
+                "GPIO backend 'rpi' needs the RPi.GPIO module: pip install 'mqttbed[pi]' on a "
+                "Raspberry Pi 1-4, or 'mqttbed[pi5]' (rpi-lgpio) on a Pi 5.") from None
+        self._gpio: Any = GPIO
+
+    def setup(self, pins: list[int]) -> None:
+        self._gpio.setwarnings(False)
+        self._gpio.setmode(self._gpio.BCM)
+        for pin in pins:
+            self._gpio.setup(pin, self._gpio.OUT, initial=self._gpio.LOW)
+            self._levels[pin] = 0
+
+    def toggle(self, pin: int) -> None:
+        level = self._flip(pin)
+        self._gpio.output(pin, level)
+        self._record(pin, level)
+
+    def close(self) -> None:
+        self._gpio.cleanup(list(self._levels))
+        self._levels.clear()
+
+
+class GpiodLines(_EdgeLog):
+    """libgpiod v2 on a GPIO character device."""
+
+    backend = "gpiod"
+
+    def __init__(self, chip: str = "/dev/gpiochip0") -> None:
+        super().__init__()
+        if not os.path.exists(chip):
+            present = ", ".join(map(str, sorted(Path("/dev").glob("gpiochip*")))) or "none"
+            raise GpioUnavailable(
+                f"GPIO backend 'gpiod' needs the GPIO device {chip}, which this machine does "
+                f"not have (GPIO chips here: {present}). Run this agent on the board, set "
+                "agents.gpio_chip, or use agents.gpio: virtual.")
+        try:
+            import gpiod
+        except ImportError:
+            raise GpioUnavailable("GPIO backend 'gpiod' needs the gpiod package (libgpiod v2 "
+                                  "bindings): pip install 'mqttbed[agent]'") from None
+        self._gpiod: Any = gpiod
+        self._chip = chip
+        self._request: Any = None
+
+    def setup(self, pins: list[int]) -> None:
+        from gpiod.line import Direction, Value
+
+        self._value = (Value.INACTIVE, Value.ACTIVE)
+        settings = self._gpiod.LineSettings(direction=Direction.OUTPUT,
+                                            output_value=Value.INACTIVE)
+        self._request = self._gpiod.request_lines(self._chip, consumer="mqttbed",
+                                                  config={tuple(pins): settings})
+        for pin in pins:
+            self._levels[pin] = 0
+
+    def toggle(self, pin: int) -> None:
+        level = self._flip(pin)
+        self._request.set_value(pin, self._value[level])
+        self._record(pin, level)
+
+    def close(self) -> None:
+        if self._request is not None:
+            self._request.release()
+            self._request = None
+        self._levels.clear()
+
+
+BACKENDS = ("virtual", "rpi", "gpiod")
+
+
+def open_gpio(backend: str, chip: str = "/dev/gpiochip0") -> GpioLines:
+    """Return the GPIO backend named ``backend``; GpioUnavailable says why it cannot work."""
     if backend == "virtual":
         return VirtualGpio()
-    raise ValueError(f"unknown GPIO backend {backend!r}; available here: virtual")
+    if backend == "rpi":
+        return RpiGpio()
+    if backend == "gpiod":
+        return GpiodLines(chip)
+    raise ValueError(f"unknown GPIO backend {backend!r}; available: {', '.join(BACKENDS)}")
+
+
+def toggle_cost_ns(gpio: GpioLines, pin: int, toggles: int = 2000) -> int:
+    """Median cost of one toggle on ``pin`` in ns (an even count leaves the line as it was).
+
+    The edges this records are dropped: they are a calibration, not part of a run.
+    """
+    costs = []
+    for _ in range(toggles + toggles % 2):
+        t0 = monotonic_ns()
+        gpio.toggle(pin)
+        costs.append(monotonic_ns() - t0)
+    gpio.edges()
+    return int(statistics.median(costs))

@@ -17,9 +17,9 @@ import threading
 
 import httpx
 
-from mqttbed.agents.gpio import open_gpio
+from mqttbed.agents.gpio import BACKENDS, GpioUnavailable, open_gpio
 from mqttbed.agents.runner import AssignmentRunner
-from mqttbed.core.clock import CLOCK_NAME, monotonic_ns, resolution_ns
+from mqttbed.core.clock import CLOCK_NAME, boot_id, monotonic_ns, resolution_ns
 from mqttbed.core.protocol import (
     Abort,
     Assignment,
@@ -37,7 +37,8 @@ log = logging.getLogger("mqttbed.agent")
 class Agent:
     """One agent's life: register, heartbeat, obey commands."""
 
-    def __init__(self, controller_url: str, token: str, name: str, gpio_backend: str = "virtual"):
+    def __init__(self, controller_url: str, token: str, name: str, gpio_backend: str = "virtual",
+                 gpio_chip: str = "/dev/gpiochip0"):
         # httpx writes headers and body separately: without TCP_NODELAY every request
         # waits out a delayed ACK (~40 ms on Linux).
         transport = httpx.HTTPTransport(
@@ -46,7 +47,8 @@ class Agent:
                                   transport=transport,
                                   headers={"authorization": f"Bearer {token}"})
         self._name = name
-        self._gpio = open_gpio(gpio_backend)
+        self._gpio = open_gpio(gpio_backend, gpio_chip)  # fails here, before registering
+        self._controller_boot_id: str | None = None
         self._stop = threading.Event()
         self._runners: dict[str, AssignmentRunner] = {}
         self.agent_id = ""
@@ -55,13 +57,15 @@ class Agent:
     def register(self) -> None:
         hello = Register(name=self._name, hostname=socket.gethostname(), pid=os.getpid(),
                          cores=os.cpu_count() or 1, gpio_backend=self._gpio.backend,
-                         clock=CLOCK_NAME, clock_resolution_ns=resolution_ns())
+                         clock=CLOCK_NAME, clock_resolution_ns=resolution_ns(),
+                         boot_id=boot_id())
         response = self._http.post("/agent/v1/register", content=hello.model_dump_json(),
                                    headers={"content-type": "application/json"})
         response.raise_for_status()
         registered = Registered.model_validate_json(response.content)
         self.agent_id = registered.agent_id
         self._heartbeat_s = registered.heartbeat_interval_s
+        self._controller_boot_id = registered.controller_boot_id
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self._heartbeat_s):
@@ -98,7 +102,8 @@ class Agent:
             if command.run_id in self._runners:
                 return  # a repeated assignment: the run is already under way
             runner = AssignmentRunner(self._http, self.agent_id, command, self._gpio,
-                                      on_finished=lambda: self._runners.pop(command.run_id, None))
+                                      on_finished=lambda: self._runners.pop(command.run_id, None),
+                                      controller_boot_id=self._controller_boot_id)
             self._runners[command.run_id] = runner
             runner.launch()
         elif isinstance(command, StartAt):
@@ -121,7 +126,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--token", default=os.environ.get("MQTTBED_AGENT_TOKEN"),
                         help="agent token (or MQTTBED_AGENT_TOKEN)")
     parser.add_argument("--name", default=socket.gethostname(), help="name shown by the controller")
-    parser.add_argument("--gpio", default="virtual", help="GPIO backend (virtual)")
+    parser.add_argument("--gpio", default="virtual", choices=BACKENDS,
+                        help="GPIO backend: virtual (default), rpi (RPi.GPIO / rpi-lgpio), gpiod")
+    parser.add_argument("--gpio-chip", default="/dev/gpiochip0",
+                        help="GPIO character device for the gpiod backend")
     return parser
 
 
@@ -135,7 +143,11 @@ def run(args: argparse.Namespace) -> int:
     # holds the GIL, the loop waits up to the switch interval (5 ms by default) before it
     # can take a timestamp. Half a millisecond bounds that wait at a small cost.
     sys.setswitchinterval(0.0005)
-    agent = Agent(args.controller, args.token, args.name, args.gpio)
+    try:
+        agent = Agent(args.controller, args.token, args.name, args.gpio, args.gpio_chip)
+    except GpioUnavailable as exc:
+        print(f"mqttbed agent: {exc}", file=sys.stderr)
+        return 3
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())
     agent.serve()
     return 0

@@ -8,21 +8,25 @@ from collections.abc import Callable
 
 import httpx
 
-from mqttbed.agents.gpio import GpioLines
+from mqttbed.agents.clock_sync import estimate_offset
+from mqttbed.agents.gpio import GpioLines, toggle_cost_ns
 from mqttbed.agents.mqtt_session import MqttSession
 from mqttbed.agents.uploader import ChunkUploader
 from mqttbed.core.events import ClockSource
-from mqttbed.core.protocol import AgentFailure, Assignment, Done, Ready
+from mqttbed.core.protocol import AgentFailure, Assignment, ClockEstimate, Done, Ready
 
 
 class AssignmentRunner:
     """Runs one assignment on its own thread; commands arrive through its methods."""
 
     def __init__(self, http: httpx.Client, agent_id: str, assignment: Assignment,
-                 gpio: GpioLines, on_finished: Callable[[], None]):
+                 gpio: GpioLines, on_finished: Callable[[], None],
+                 controller_boot_id: str | None = None):
         self.assignment = assignment
         self._http = http
         self._agent_id = agent_id
+        self._controller_boot_id = controller_boot_id
+        self._clock = ClockEstimate(offset_ns=0, uncertainty_ns=0, method="unknown")
         self._gpio = gpio
         self._on_finished = on_finished
         self._start_ns: int | None = None
@@ -37,7 +41,7 @@ class AssignmentRunner:
 
     def start_at(self, t_start_controller_ns: int) -> None:
         """Start at the controller's ``t_start`` (converted to this agent's clock)."""
-        self._start_ns = t_start_controller_ns + self.assignment.clock_offset_ns
+        self._start_ns = t_start_controller_ns + self._clock.offset_ns
         self._started.set()
 
     def abort(self, reason: str) -> None:
@@ -56,19 +60,26 @@ class AssignmentRunner:
     def _main(self) -> None:
         a = self.assignment
         base = f"/agent/v1/runs/{a.run_id}"
-        uploader = ChunkUploader(
-            self._http, run_id=a.run_id, agent_id=self._agent_id,
-            static_columns={"agent_id": self._agent_id, "clock_source": ClockSource.USER.value,
-                            "clock_offset_ns": a.clock_offset_ns,
-                            "clock_offset_uncertainty_ns": a.clock_offset_uncertainty_ns},
-            chunk_events=a.chunk_events, interval_s=a.chunk_interval_s)
         session = None
+        uploader = None
         try:
+            self._clock = estimate_offset(self._http, self._controller_boot_id,
+                                          a.force_clock_probe)
+            uploader = ChunkUploader(
+                self._http, run_id=a.run_id, agent_id=self._agent_id,
+                static_columns={"agent_id": self._agent_id,
+                                "clock_source": ClockSource.USER.value,
+                                "clock_offset_ns": self._clock.offset_ns,
+                                "clock_offset_uncertainty_ns": self._clock.uncertainty_ns},
+                chunk_events=a.chunk_events, interval_s=a.chunk_interval_s,
+                edges=self._gpio.edges)
             session = MqttSession(a.broker, a.clients, self._gpio, uploader.record)
+            toggle_ns = toggle_cost_ns(self._gpio, a.clients[0].gpio_pin) if a.clients else None
             uploader.start()
             session.connect(timeout_s=a.connect_timeout_s)
-            self._post(f"{base}/ready", Ready(run_id=a.run_id, agent_id=self._agent_id,
-                                             clients=[c.client_id for c in a.clients]))
+            self._post(f"{base}/ready", Ready(
+                run_id=a.run_id, agent_id=self._agent_id, clients=[c.client_id for c in a.clients],
+                clock=self._clock, gpio_backend=self._gpio.backend, gpio_toggle_ns=toggle_ns))
             self._started.wait()
             if self._aborted.is_set():
                 return
@@ -83,8 +94,9 @@ class AssignmentRunner:
                                             chunks=chunks, published=published, received=received))
         except Exception as exc:  # noqa: BLE001 - any failure is reported, with its reason
             # The original failure is the one to report; a failing flush must not hide it.
-            with contextlib.suppress(Exception):
-                uploader.close()
+            if uploader is not None:
+                with contextlib.suppress(Exception):
+                    uploader.close()
             reason = f"agent {self._agent_id}: {type(exc).__name__}: {exc}"
             with contextlib.suppress(httpx.HTTPError):
                 self._post(f"{base}/error", AgentFailure(run_id=a.run_id, agent_id=self._agent_id,

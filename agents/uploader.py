@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 from mqttbed.agents.mqtt_session import RawEvent
+from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.protocol import PROTOCOL_VERSION, ResultChunk
 
 _RAW_COLUMNS = ("kind", "publisher", "seq", "receiver", "topic", "payload_bytes", "qos",
@@ -27,7 +29,8 @@ class ChunkUploader:
 
     def __init__(self, http: httpx.Client, *, run_id: str, agent_id: str,
                  static_columns: dict[str, Any], chunk_events: int, interval_s: float,
-                 attempts: int = 8):
+                 attempts: int = 8,
+                 edges: Callable[[], list[tuple[int, int, int]]] | None = None):
         self._http = http
         self._run_id = run_id
         self._agent_id = agent_id
@@ -35,6 +38,7 @@ class ChunkUploader:
         self._chunk_events = chunk_events
         self._interval_s = interval_s
         self._attempts = attempts
+        self._edges = edges or (lambda: [])
         self._buffer: list[RawEvent] = []
         self._buffer_lock = threading.Lock()  # held for an append or a swap, never for I/O
         self._flush_lock = threading.Lock()   # one flush at a time keeps chunk seqs in order
@@ -81,13 +85,23 @@ class ChunkUploader:
         with self._flush_lock:
             with self._buffer_lock:
                 pending, self._buffer = self._buffer, []
-            for start in range(0, len(pending), self._chunk_events):
-                columns = zip(*pending[start:start + self._chunk_events], strict=True)
+            # GPIO edges ride with the first chunk of a flush; a flush without events still
+            # sends them, since the virtual scope waits for every line's edges.
+            edges_until = monotonic_ns()
+            edges = self._edges()
+            for start in range(0, max(len(pending), 1 if edges else 0), self._chunk_events):
+                rows = pending[start:start + self._chunk_events]
+                columns = [list(c) for c in zip(*rows, strict=True)] or [[] for _ in _RAW_COLUMNS]
+                edge_columns = None
+                if start == 0 and edges:
+                    pins, times, levels = (list(c) for c in zip(*edges, strict=True))
+                    edge_columns = {"pin": pins, "t_ns": times, "level": levels}
                 # Built unvalidated: the controller validates it, and this machine measures.
                 chunk = ResultChunk.model_construct(
                     run_id=self._run_id, agent_id=self._agent_id, seq=self.chunks_sent,
-                    columns=dict(zip(_RAW_COLUMNS, map(list, columns), strict=True)),
-                    constants=self._static)
+                    columns=dict(zip(_RAW_COLUMNS, columns, strict=True)),
+                    constants=self._static, edges=edge_columns,
+                    edges_until_ns=edges_until if edge_columns else None)
                 try:
                     self._post(chunk)
                 except RuntimeError:

@@ -84,7 +84,10 @@ class Agents(_Strict):
     """How the clients are spread over agent processes."""
 
     count: int | None = Field(None, ge=1, le=256, description="default: one per core")
-    gpio: Literal["virtual"] = "virtual"
+    gpio: Literal["virtual", "rpi", "gpiod"] = "virtual"
+    gpio_chip: str = "/dev/gpiochip0"
+    force_clock_probe: bool = Field(
+        False, description="estimate clock offsets NTP-style even on the controller's machine")
 
     def resolved_count(self) -> int:
         return self.count or os.cpu_count() or 1
@@ -97,6 +100,55 @@ class Timing(_Strict):
     drain_s: float = Field(1.0, ge=0, le=600, description="wait for late deliveries")
     setup_timeout_s: float = Field(30.0, gt=0, le=3600)
     heartbeat_timeout_s: float = Field(3.0, gt=0, le=600)
+
+
+class ScopeChannels(_Strict):
+    """Which GPIO line each scope channel watches."""
+
+    publisher: int = Field(1, ge=1, le=8)
+    # A list watches subscribers 0, 1, 2 ... in subscription order; a mapping may name
+    # them by rank or as "first" / "last" (subscribed first / last).
+    subscribers: list[int] | dict[str, int] = Field(default_factory=lambda: [2])
+
+    @model_validator(mode="after")
+    def _distinct_channels(self) -> ScopeChannels:
+        channels = [self.publisher, *self.subscriber_channels().values()]
+        if len(set(channels)) != len(channels):
+            raise ValueError(f"a scope channel watches one line only; got {channels}")
+        if any(not 1 <= c <= 8 for c in channels):
+            raise ValueError(f"scope channels are 1..8; got {channels}")
+        for key in self.subscriber_channels():
+            if key not in ("first", "last") and not key.isdigit():
+                raise ValueError(f"subscriber {key!r}: use a rank (0, 1, ...), first or last")
+        return self
+
+    def subscriber_channels(self) -> dict[str, int]:
+        """Subscriber selector ("0", "first", "last", ...) -> channel."""
+        if isinstance(self.subscribers, list):
+            return {str(rank): channel for rank, channel in enumerate(self.subscribers)}
+        return dict(self.subscribers)
+
+
+class Scope(_Strict):
+    """An oscilloscope on the GPIO lines: the timing ground truth (seed 000, section 6.1)."""
+
+    resource: str = Field(description="'virtual', or a VISA address such as "
+                                      "TCPIP0::192.168.1.50::INSTR")
+    dialect: Literal["rigol-ds1000z", "keysight-x"] = "rigol-ds1000z"
+    channels: ScopeChannels = Field(default_factory=ScopeChannels)
+    acquisitions: int = Field(20, ge=1, le=100_000, description="single acquisitions per run")
+    timebase_s_per_div: float = Field(5e-4, gt=0, le=50)
+    trigger_level_v: float = Field(1.65, description="3.3 V logic: half way")
+    acquisition_timeout_s: float = Field(2.0, gt=0, le=600)
+
+
+class Measurement(_Strict):
+    """What measures the timing besides the software timestamps, and how much to trust it."""
+
+    scope: Scope | None = None
+    # A run whose clock-offset uncertainty exceeds this fraction of the sync spread it
+    # measures (p50) is flagged: its spread could be an artefact of the clocks.
+    max_clock_uncertainty_fraction: float = Field(0.1, gt=0, le=100)
 
 
 class ReferencePoint(_Strict):
@@ -125,6 +177,7 @@ class CampaignSpec(_Strict):
     workload: Workload = Field(default_factory=Workload)
     agents: Agents = Field(default_factory=Agents)
     timing: Timing = Field(default_factory=Timing)
+    measurement: Measurement = Field(default_factory=Measurement)
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
     repetitions: int = Field(1, ge=1, le=10_000)
     report: ReportOptions = Field(default_factory=ReportOptions)

@@ -52,5 +52,6 @@ def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint
         per_agent[agent].append(client.model_copy(update={"gpio_pin": pin}))
     return {agent: Assignment(run_id=run_id, campaign_id=campaign_id, broker=endpoint,
                               clients=mine, window_ns=window_ns, drain_s=spec.timing.drain_s,
-                              connect_timeout_s=spec.timing.setup_timeout_s)
+                              connect_timeout_s=spec.timing.setup_timeout_s,
+                              force_clock_probe=spec.agents.force_clock_probe)
             for agent, mine in per_agent.items() if mine}

@@ -223,7 +223,8 @@ class RunEngine:
                                 "host": self.ctx.host.name}
             pool = LocalAgentPool(self.ctx.host, self.ctx.controller_url, self.ctx.agent_token,
                                   run.id, agents_needed(spec),
-                                  self.ctx.layout.run_dir(run.campaign_id, run.id) / "agents")
+                                  self.ctx.layout.run_dir(run.campaign_id, run.id) / "agents",
+                                  gpio=spec.agents.gpio, gpio_chip=spec.agents.gpio_chip)
             agent_ids = self._await_agents(pool, spec)
             assignments = plan_assignments(spec, run.id, run.campaign_id, endpoint, agent_ids)
             for agent_id, assignment in assignments.items():
@@ -234,6 +235,11 @@ class RunEngine:
             self._wait(inbox, active, spec, backend, pool, until=lambda: len(inbox.ready) == len(
                 active), timeout_s=spec.timing.setup_timeout_s, waiting_for="agents ready")
 
+            run.run_metadata["agent_clocks"] = {
+                a: r.clock.model_dump() for a, r in inbox.ready.items()}
+            run.run_metadata["gpio"] = {a: {"backend": r.gpio_backend,
+                                            "toggle_ns": r.gpio_toggle_ns}
+                                        for a, r in inbox.ready.items()}
             t_start = monotonic_ns() + int(spec.timing.start_lead_s * 1e9)
             run.run_metadata["t_start_ns"] = t_start
             self._transition(run, total, RunState.RUNNING)

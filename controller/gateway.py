@@ -17,8 +17,10 @@ from mqttbed.controller.db import ChunkRow, RunRow
 from mqttbed.controller.registry import AgentRegistry
 from mqttbed.controller.storage import DataLayout, write_event_chunk
 from mqttbed.controller.tokens import TokenRole
+from mqttbed.core.clock import boot_id, monotonic_ns
 from mqttbed.core.protocol import (
     AgentFailure,
+    ClockProbe,
     Commands,
     Done,
     Heartbeat,
@@ -80,7 +82,14 @@ def agent_router(registry: AgentRegistry, chunks: ChunkStore, role_of: RoleOf) -
     @router.post("/register")
     def register(hello: Register) -> Registered:
         agent_id = registry.register(hello)
-        return Registered(agent_id=agent_id, heartbeat_interval_s=registry.heartbeat_interval_s)
+        return Registered(agent_id=agent_id, heartbeat_interval_s=registry.heartbeat_interval_s,
+                          controller_boot_id=boot_id())
+
+    @router.post("/clock")
+    def clock() -> ClockProbe:
+        """NTP-style probe: the controller's CLOCK_MONOTONIC on arrival and on departure."""
+        t_recv = monotonic_ns()
+        return ClockProbe(t_recv_ns=t_recv, t_send_ns=monotonic_ns())
 
     @router.post("/agents/{agent_id}/heartbeat")
     def heartbeat(agent_id: str, beat: Heartbeat) -> dict[str, bool]:

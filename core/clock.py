@@ -9,8 +9,17 @@ offset to the controller's clock is recorded with each event.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 CLOCK_NAME = "CLOCK_MONOTONIC"
+
+
+def boot_id() -> str | None:
+    """This kernel's boot id: two processes with the same one read the same CLOCK_MONOTONIC."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
 
 
 def monotonic_ns() -> int:
@@ -21,6 +30,18 @@ def monotonic_ns() -> int:
 def resolution_ns() -> int:
     """Return the resolution of CLOCK_MONOTONIC in nanoseconds."""
     return int(time.clock_getres(time.CLOCK_MONOTONIC) * 1e9) or 1
+
+
+def ntp_offset(t0: int, t1: int, t2: int, t3: int) -> tuple[int, int]:
+    """Offset of the server's clock relative to ours, and half the round trip.
+
+    ``t0``/``t3``: our clock when the request left and the answer came back; ``t1``/``t2``:
+    the server's clock when the request arrived and the answer left (RFC 5905, on-wire).
+    The true offset lies within +/- the returned half round trip of the estimate.
+    """
+    offset = ((t1 - t0) + (t2 - t3)) // 2
+    half_round_trip = ((t3 - t0) - (t2 - t1)) // 2
+    return offset, max(half_round_trip, 0)
 
 
 def sleep_until_ns(deadline_ns: int, spin_ns: int = 200_000) -> None:

@@ -46,11 +46,29 @@ class Register(Message):
     gpio_backend: str
     clock: str
     clock_resolution_ns: int
+    boot_id: str | None = None
 
 
 class Registered(Message):
     agent_id: str
     heartbeat_interval_s: float
+    controller_boot_id: str | None = None  # same as the agent's: one clock, no offset
+
+
+class ClockProbe(Message):
+    """The controller's answer to an NTP-style probe: its clock on arrival and departure."""
+
+    t_recv_ns: int
+    t_send_ns: int
+
+
+class ClockEstimate(BaseModel):
+    """An agent's clock relative to the controller's: agent = controller + offset."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    offset_ns: int
+    uncertainty_ns: int
+    method: str  # "same-clock" (same kernel boot) or "ntp" (min round-trip of probes)
 
 
 class Heartbeat(Message):
@@ -92,10 +110,9 @@ class Assignment(Message):
     campaign_id: str
     broker: Endpoint
     clients: list[ClientAssignment]
-    clock_offset_ns: int = 0
-    clock_offset_uncertainty_ns: int = 0
     chunk_events: int = 5000
     chunk_interval_s: float = 1.0
+    force_clock_probe: bool = False  # estimate the offset even on the controller's machine
     window_ns: int = 0  # publishing window of the whole run, from the start time
     connect_timeout_s: float = 30.0
     drain_s: float = 1.0
@@ -132,6 +149,9 @@ class Ready(Message):
     run_id: str
     agent_id: str
     clients: list[str]
+    clock: ClockEstimate
+    gpio_backend: str
+    gpio_toggle_ns: int | None = None
 
 
 class ResultChunk(Message):
@@ -146,6 +166,9 @@ class ResultChunk(Message):
     seq: int
     columns: dict[str, list[Any]]
     constants: dict[str, Any] = {}
+    # GPIO edges recorded up to ``edges_until_ns`` (agent clock): columns pin, t_ns, level.
+    edges: dict[str, list[int]] | None = None
+    edges_until_ns: int | None = None
 
     @model_validator(mode="after")
     def _columns_cover_the_event_row(self) -> ResultChunk:

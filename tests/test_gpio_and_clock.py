@@ -1,0 +1,91 @@
+"""GPIO backends off a Pi, toggle cost, and the agents' clock offsets."""
+
+from __future__ import annotations
+
+import pytest
+
+from mqttbed.agents.gpio import GpioUnavailable, VirtualGpio, open_gpio, toggle_cost_ns
+from mqttbed.campaigns.spec import parse_spec
+from mqttbed.controller.db import RunRow
+from mqttbed.core.clock import ntp_offset
+
+
+def test_rpi_backend_off_a_pi_names_the_missing_device_and_the_fix():
+    with pytest.raises(GpioUnavailable, match=r"/dev/gpiomem.*gpio: virtual"):
+        open_gpio("rpi")
+
+
+def test_gpiod_backend_names_the_missing_chip_and_the_fix():
+    with pytest.raises(GpioUnavailable, match=r"/dev/gpiochip7.*agents.gpio: virtual"):
+        open_gpio("gpiod", chip="/dev/gpiochip7")
+
+
+def test_virtual_lines_record_each_edge_once_with_alternating_levels():
+    gpio = VirtualGpio()
+    gpio.setup([2, 3])
+    for pin in (2, 3, 2):
+        gpio.toggle(pin)
+    edges = gpio.edges()
+    assert [(pin, level) for pin, _, level in edges] == [(2, 1), (3, 1), (2, 0)]
+    assert [t for _, t, _ in edges] == sorted(t for _, t, _ in edges)
+    assert gpio.edges() == []
+
+
+def test_toggle_cost_is_measured_and_leaves_the_line_as_it_was():
+    gpio = VirtualGpio()
+    gpio.setup([2])
+    cost = toggle_cost_ns(gpio, 2, toggles=500)
+    assert 0 < cost < 1_000_000
+    gpio.toggle(2)
+    assert gpio.edges()[0][2] == 1  # still low before this toggle
+
+
+def test_ntp_offset_recovers_a_known_offset_within_half_the_round_trip():
+    # server clock = ours + 5_000; 300 ns each way, 100 ns inside the server
+    t0 = 1_000_000
+    t1 = t0 + 300 + 5_000
+    t2 = t1 + 100
+    t3 = t0 + 300 + 100 + 300
+    offset, half_rtt = ntp_offset(t0, t1, t2, t3)
+    assert offset == 5_000 and half_rtt == 300
+
+
+@pytest.mark.integration
+def test_agents_on_the_controllers_machine_share_its_clock(controller):
+    campaign_id = controller.engine.create_campaign(parse_spec(
+        {"name": "clk", "agents": {"count": 1},
+         "workload": {"subscribers": 1, "rate_hz": 200, "messages": 20, "warmup_messages": 0}}))
+    assert controller.engine.run_campaign(campaign_id) == "done"
+    with controller.sessions() as s:
+        run = s.get(RunRow, f"{campaign_id}-r0000")
+    (clock,) = run.run_metadata["agent_clocks"].values()
+    assert clock == {"offset_ns": 0, "uncertainty_ns": 0, "method": "same-clock"}
+    (gpio,) = run.run_metadata["gpio"].values()
+    assert gpio["backend"] == "virtual" and gpio["toggle_ns"] > 0
+
+
+@pytest.mark.integration
+def test_probed_offset_on_loopback_is_zero_within_its_uncertainty(controller):
+    campaign_id = controller.engine.create_campaign(parse_spec(
+        {"name": "ntp", "agents": {"count": 1, "force_clock_probe": True},
+         "workload": {"subscribers": 1, "rate_hz": 200, "messages": 20, "warmup_messages": 0}}))
+    assert controller.engine.run_campaign(campaign_id) == "done"
+    with controller.sessions() as s:
+        run = s.get(RunRow, f"{campaign_id}-r0000")
+    (clock,) = run.run_metadata["agent_clocks"].values()
+    assert clock["method"] == "ntp"
+    assert 0 < clock["uncertainty_ns"] < 5_000_000
+    # the true offset is 0 (one machine): the estimate must be within its own bound
+    assert abs(clock["offset_ns"]) <= clock["uncertainty_ns"]
+
+
+@pytest.mark.integration
+def test_asking_for_pi_gpio_off_a_pi_fails_the_run_before_it_starts(controller, updates):
+    campaign_id = controller.engine.create_campaign(parse_spec(
+        {"name": "gpio", "agents": {"count": 1, "gpio": "gpiod", "gpio_chip": "/dev/gpiochip9"},
+         "workload": {"subscribers": 1, "messages": 20, "warmup_messages": 0}}))
+    assert controller.engine.run_campaign(campaign_id) == "failed"
+    with controller.sessions() as s:
+        run = s.get(RunRow, f"{campaign_id}-r0000")
+    assert "running" not in updates.states(run.id)
+    assert "exited with code 3" in run.reason and "/dev/gpiochip9" in run.reason
