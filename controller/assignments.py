@@ -53,5 +53,7 @@ def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint
     return {agent: Assignment(run_id=run_id, campaign_id=campaign_id, broker=endpoint,
                               clients=mine, window_ns=window_ns, drain_s=spec.timing.drain_s,
                               connect_timeout_s=spec.timing.setup_timeout_s,
-                              force_clock_probe=spec.agents.force_clock_probe)
+                              force_clock_probe=spec.agents.force_clock_probe,
+                              # a virtual scope sees edges only once they are uploaded
+                              chunk_interval_s=0.2 if spec.measurement.scope else 1.0)
             for agent, mine in per_agent.items() if mine}

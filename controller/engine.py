@@ -25,6 +25,7 @@ from mqttbed.controller.assignments import agents_needed, plan_assignments, run_
 from mqttbed.controller.db import CampaignRow, RunRow, TransitionRow, utcnow
 from mqttbed.controller.local_agents import LocalAgentPool
 from mqttbed.controller.registry import AgentRegistry, RunInbox
+from mqttbed.controller.scope_recorder import ScopeRecorder
 from mqttbed.controller.states import (
     ACTIVE_STATES,
     CampaignStatus,
@@ -214,6 +215,7 @@ class RunEngine:
         registry = self.ctx.registry
         backend: BrokerBackend | None = None
         pool: LocalAgentPool | None = None
+        recorder: ScopeRecorder | None = None
         inbox = registry.open_inbox(run.id, run.campaign_id)
         try:
             self._transition(run, total, RunState.DEPLOYING)
@@ -227,6 +229,11 @@ class RunEngine:
                                   gpio=spec.agents.gpio, gpio_chip=spec.agents.gpio_chip)
             agent_ids = self._await_agents(pool, spec)
             assignments = plan_assignments(spec, run.id, run.campaign_id, endpoint, agent_ids)
+            if spec.measurement.scope is not None:
+                recorder = ScopeRecorder(spec.measurement.scope, assignments)
+                recorder.open()
+                run.run_metadata["scope"] = recorder.metadata()
+                inbox.edge_sink = recorder.feed
             for agent_id, assignment in assignments.items():
                 registry.send(agent_id, assignment)
             active = list(assignments)
@@ -237,6 +244,8 @@ class RunEngine:
 
             run.run_metadata["agent_clocks"] = {
                 a: r.clock.model_dump() for a, r in inbox.ready.items()}
+            if recorder is not None:
+                recorder.set_clocks({a: r.clock for a, r in inbox.ready.items()})
             run.run_metadata["gpio"] = {a: {"backend": r.gpio_backend,
                                             "toggle_ns": r.gpio_toggle_ns}
                                         for a, r in inbox.ready.items()}
@@ -245,6 +254,8 @@ class RunEngine:
             self._transition(run, total, RunState.RUNNING)
             for agent_id in active:
                 registry.send(agent_id, StartAt(run_id=run.id, t_start_ns=t_start))
+            if recorder is not None:
+                recorder.start()
             window_ns = run_window_ns(spec)
             # The window is waited out even without agents: an idle broker is measured too.
             self._wait(inbox, active, spec, backend, pool,
@@ -255,6 +266,8 @@ class RunEngine:
                        waiting_for="agents done")
 
             self._transition(run, total, RunState.COLLECTING)
+            if recorder is not None:
+                recorder.stop()
             self._wait(inbox, active, spec, backend, pool,
                        until=lambda: all(len(inbox.chunks[a]) >= inbox.done[a].chunks
                                          for a in active),
@@ -262,6 +275,10 @@ class RunEngine:
             run.run_metadata["delivery_counts"] = {
                 a: {"published": d.published, "received": d.received}
                 for a, d in inbox.done.items()}
+            if recorder is not None:
+                recorder.write(self.ctx.layout, run.campaign_id, run.id)
+                run.run_metadata["scope"] |= {"acquisitions": recorder.acquisitions,
+                                              "error": recorder.error}
             self._finish_run(run, backend)
             backend = None
             self._transition(run, total, RunState.DONE)
@@ -274,6 +291,8 @@ class RunEngine:
         except Exception as exc:  # noqa: BLE001 - a run fails with its reason, never silently
             self._end_badly(run, total, backend, RunState.FAILED, f"{type(exc).__name__}: {exc}")
         finally:
+            if recorder is not None:
+                recorder.stop()
             self._teardown(pool, backend)
             registry.close_inbox(run.id)
 

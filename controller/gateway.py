@@ -15,7 +15,7 @@ from sqlalchemy.orm import sessionmaker
 
 from mqttbed.controller.db import ChunkRow, RunRow
 from mqttbed.controller.registry import AgentRegistry
-from mqttbed.controller.storage import DataLayout, write_event_chunk
+from mqttbed.controller.storage import DataLayout, write_edges, write_event_chunk
 from mqttbed.controller.tokens import TokenRole
 from mqttbed.core.clock import boot_id, monotonic_ns
 from mqttbed.core.protocol import (
@@ -50,10 +50,12 @@ class ChunkStore:
             known = session.query(ChunkRow).filter_by(
                 run_id=chunk.run_id, agent_id=chunk.agent_id, seq=chunk.seq).first()
             if known is not None:
-                self._registry.chunk_stored(chunk.run_id, chunk.agent_id, chunk.seq)
                 return False
             path = write_event_chunk(self._layout, run.campaign_id, chunk.run_id,
                                      chunk.agent_id, chunk.seq, chunk.columns, chunk.constants)
+            if chunk.edges:
+                write_edges(self._layout, run.campaign_id, chunk.run_id, chunk.agent_id,
+                            chunk.seq, chunk.edges)
             session.add(ChunkRow(run_id=chunk.run_id, agent_id=chunk.agent_id, seq=chunk.seq,
                                  rows=chunk.rows, path=str(path)))
             try:
@@ -61,7 +63,7 @@ class ChunkStore:
             except IntegrityError:  # the same chunk raced in on another thread
                 session.rollback()
                 return False
-        self._registry.chunk_stored(chunk.run_id, chunk.agent_id, chunk.seq)
+        self._registry.chunk_stored(chunk)
         return True
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mqttbed.core.clock import monotonic_ns
-from mqttbed.core.protocol import AgentFailure, Command, Done, Ready, Register
+from mqttbed.core.protocol import AgentFailure, Command, Done, Ready, Register, ResultChunk
 
 
 @dataclass
@@ -36,6 +36,8 @@ class RunInbox:
     done: dict[str, Done] = field(default_factory=dict)
     errors: dict[str, AgentFailure] = field(default_factory=dict)
     chunks: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
+    # Told of every uploaded chunk that carries GPIO edges (the virtual scope's feed).
+    edge_sink: Callable[[ResultChunk], None] | None = None
 
 
 class AgentRegistry:
@@ -158,11 +160,15 @@ class AgentRegistry:
             self._changed.notify_all()
             return True
 
-    def chunk_stored(self, run_id: str, agent_id: str, seq: int) -> None:
+    def chunk_stored(self, chunk: ResultChunk) -> None:
+        """Count a stored chunk for its run, and pass its GPIO edges to the run's edge sink."""
         with self._changed:
-            if (inbox := self._inboxes.get(run_id)) is not None:
-                inbox.chunks[agent_id].add(seq)
+            inbox = self._inboxes.get(chunk.run_id)
+            if inbox is not None:
+                inbox.chunks[chunk.agent_id].add(chunk.seq)
                 self._changed.notify_all()
+        if inbox is not None and inbox.edge_sink is not None and chunk.edges:
+            inbox.edge_sink(chunk)
 
     def wait(self, timeout_s: float) -> None:
         """Sleep until anything changes in the registry, or ``timeout_s``."""

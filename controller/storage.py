@@ -4,6 +4,7 @@
 <data_dir>/mqttbed.sqlite
 <data_dir>/events/campaign_id=<c>/run_id=<r>/<agent>-<seq>.parquet     one file per chunk
 <data_dir>/broker_samples/campaign_id=<c>/run_id=<r>/samples.parquet
+<data_dir>/gpio_edges/campaign_id=<c>/run_id=<r>/<agent>-<seq>.parquet  agents' GPIO edges
 <data_dir>/campaigns/<c>/stats.json, stats.parquet, runs/<r>/run.json
 ```
 A chunk's file name is its identity (agent, seq), so a chunk written twice is the same
@@ -48,6 +49,10 @@ class DataLayout:
     def run_samples(self, campaign_id: str, run_id: str) -> Path:
         return self.broker_samples / f"campaign_id={campaign_id}" / f"run_id={run_id}"
 
+    @property
+    def gpio_edges(self) -> Path:
+        return self.root / "gpio_edges"
+
 
 def _atomic_write_table(table: Any, path: Path) -> None:
     import pyarrow.parquet as pq
@@ -71,6 +76,21 @@ def write_event_chunk(layout: DataLayout, campaign_id: str, run_id: str, agent_i
     table = pa.table({name: columns[name] if name in columns else [constants[name]] * rows
                       for name in EVENT_COLUMNS}, schema=arrow_schema())
     path = layout.run_events(campaign_id, run_id) / f"{agent_id}-{seq:06d}.parquet"
+    _atomic_write_table(table, path)
+    return path
+
+
+def write_edges(layout: DataLayout, campaign_id: str, run_id: str, agent_id: str, seq: int,
+                edges: dict[str, list[int]]) -> Path:
+    """Write the GPIO edges that came with a chunk (pin, t_ns on the agent's clock, level)."""
+    import pyarrow as pa
+
+    table = pa.table({"agent_id": [agent_id] * len(edges["pin"]),
+                      "pin": pa.array(edges["pin"], pa.int32()),
+                      "t_ns": pa.array(edges["t_ns"], pa.int64()),
+                      "level": pa.array(edges["level"], pa.int8())})
+    path = (layout.gpio_edges / f"campaign_id={campaign_id}" / f"run_id={run_id}"
+            / f"{agent_id}-{seq:06d}.parquet")
     _atomic_write_table(table, path)
     return path
 

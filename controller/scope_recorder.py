@@ -1,0 +1,188 @@
+"""The oscilloscope during a run: wire its channels to GPIO lines, acquire, keep the delays.
+
+Each acquisition is a single shot triggered by the publisher's line; the scope's delay
+measurement from that edge to each watched subscriber's edge is stored as a delivery row
+with clock source ``scope`` (``t_pub_ns`` 0, ``t_recv_ns`` the delay, ``seq`` the
+acquisition number): the same schema as the software timestamps, which are always taken
+too. With ``resource: virtual`` the controller starts a virtual scope (a SCPI server on
+loopback, Rigol dialect) and feeds it the agents' GPIO edges as they are uploaded; it is
+reached through pyvisa-py exactly like a real instrument.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from mqttbed.campaigns.spec import Scope
+from mqttbed.controller.storage import DataLayout, write_event_chunk
+from mqttbed.core.events import ClockSource, EventKind
+from mqttbed.core.protocol import Assignment, ClockEstimate, ResultChunk, Role
+
+log = logging.getLogger("mqttbed.scope")
+SCOPE_AGENT = "scope"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A scope channel clipped onto one client's GPIO line."""
+
+    channel: int
+    agent_id: str
+    pin: int
+    client_id: str
+
+
+def wire_probes(scope: Scope, assignments: dict[str, Assignment]) -> tuple[Probe, list[Probe]]:
+    """Return (publisher probe, subscriber probes) for the run's clients."""
+    clients = {c.client_id: (agent, c) for agent, a in assignments.items() for c in a.clients}
+    publishers = sorted((c for _, c in clients.values() if c.role == Role.PUBLISHER),
+                        key=lambda c: c.publisher_index)
+    subscribers = sorted((c for _, c in clients.values() if c.role == Role.SUBSCRIBER),
+                         key=lambda c: c.subscribe_rank)
+    if not publishers or not subscribers:
+        raise ValueError("a scope needs a publisher and at least one subscriber to watch")
+
+    def probe(channel: int, client_id: str) -> Probe:
+        agent, client = clients[client_id]
+        return Probe(channel, agent, client.gpio_pin, client_id)
+
+    watched = []
+    for selector, channel in scope.channels.subscriber_channels().items():
+        index = {"first": 0, "last": len(subscribers) - 1}.get(selector)
+        index = int(selector) if index is None else index
+        if index >= len(subscribers):
+            raise ValueError(f"scope channel {channel} watches subscriber {selector}, but the "
+                             f"run has {len(subscribers)} subscribers")
+        watched.append(probe(channel, subscribers[index].client_id))
+    return probe(scope.channels.publisher, publishers[0].client_id), watched
+
+
+class ScopeRecorder:
+    """Acquires on its own thread while the run goes on; its rows are written at the end."""
+
+    def __init__(self, spec: Scope, assignments: dict[str, Assignment]):
+        self.spec = spec
+        self.publisher, self.subscribers = wire_probes(spec, assignments)
+        publisher = next(c for a in assignments.values() for c in a.clients
+                         if c.client_id == self.publisher.client_id)
+        self._message = {"topic": publisher.topic, "payload_bytes": publisher.payload_bytes,
+                         "qos": publisher.qos}
+        self._virtual: Any = None
+        self._scope: Any = None
+        self._clocks: dict[str, ClockEstimate] = {}
+        self._horizon: dict[str, int] = {}
+        self._rows: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None
+        self.identity = ""
+
+    # -- set-up -------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Start the virtual scope if asked for, open the instrument, configure it."""
+        from mqttbed.instruments.scope import open_scope
+        from mqttbed.instruments.scope.virtual import VirtualScope
+
+        resource = self.spec.resource
+        if resource == "virtual":
+            self._virtual = VirtualScope().start()
+            resource = self._virtual.resource
+        self._scope = open_scope(resource, self.spec.dialect)
+        self.identity = self._scope.identify()
+        self._scope.configure(self.publisher.channel, [p.channel for p in self.subscribers],
+                              timebase_s_per_div=self.spec.timebase_s_per_div,
+                              level_v=self.spec.trigger_level_v)
+
+    def metadata(self) -> dict[str, Any]:
+        return {"resource": self.spec.resource, "dialect": self.spec.dialect,
+                "identity": self.identity,
+                "channels": {str(p.channel): p.client_id
+                             for p in (self.publisher, *self.subscribers)}}
+
+    # -- the virtual scope's feed -------------------------------------------------------
+
+    def set_clocks(self, clocks: dict[str, ClockEstimate]) -> None:
+        """The agents' clock offsets, to put their edges on the controller's clock."""
+        self._clocks = dict(clocks)
+
+    def feed(self, chunk: ResultChunk) -> None:
+        """Pass a chunk's GPIO edges on the probed lines to the virtual scope."""
+        if self._virtual is None or not chunk.edges:
+            return
+        offset = self._clocks.get(chunk.agent_id, ClockEstimate(
+            offset_ns=0, uncertainty_ns=0, method="unknown")).offset_ns
+        for probe in (self.publisher, *self.subscribers):
+            if probe.agent_id != chunk.agent_id:
+                continue
+            edges = [(t - offset, level) for pin, t, level in
+                     zip(chunk.edges["pin"], chunk.edges["t_ns"], chunk.edges["level"],
+                         strict=True) if pin == probe.pin]
+            if edges:
+                self._virtual.feed(probe.channel, edges)
+        if chunk.edges_until_ns is not None:
+            self._horizon[chunk.agent_id] = chunk.edges_until_ns - offset
+        probed_agents = {p.agent_id for p in (self.publisher, *self.subscribers)}
+        if probed_agents <= set(self._horizon):
+            self._virtual.advance(min(self._horizon[a] for a in probed_agents))
+
+    # -- acquisitions -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._acquire_all, name="scope", daemon=True)
+        self._thread.start()
+
+    def _acquire_all(self) -> None:
+        try:
+            for number in range(self.spec.acquisitions):
+                if self._stop.is_set():
+                    return
+                self._scope.arm_single()
+                if not self._scope.wait_triggered(self.spec.acquisition_timeout_s):
+                    continue  # no trigger in time: nothing acquired, try again
+                delays = self._scope.edge_delays_s()
+                self._keep(number, delays)
+        except Exception as exc:  # noqa: BLE001 - recorded with the run, never fatal to it
+            log.exception("scope acquisition failed")
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def _keep(self, number: int, delays: dict[int, float | None]) -> None:
+        for probe in self.subscribers:
+            delay = delays.get(probe.channel)
+            if delay is None:
+                continue
+            self._rows.append({"kind": EventKind.DELIVERY.value, "publisher":
+                               self.publisher.client_id, "seq": number,
+                               "receiver": probe.client_id, "t_pub_ns": 0,
+                               "t_recv_ns": round(delay * 1e9), "t_intended_ns": None})
+
+    @property
+    def acquisitions(self) -> int:
+        return len({row["seq"] for row in self._rows})
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop acquiring, close the instrument and the virtual scope; safe to call twice."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if self._scope is not None:
+            self._scope.close()
+            self._scope = None
+        if self._virtual is not None:
+            self._virtual.stop()
+            self._virtual = None
+
+    def write(self, layout: DataLayout, campaign_id: str, run_id: str) -> None:
+        """Store the scope's delays as event rows of clock source ``scope``."""
+        if not self._rows:
+            return
+        columns = {name: [row[name] for row in self._rows] for name in self._rows[0]}
+        n = len(self._rows)
+        constants = {"agent_id": SCOPE_AGENT, **self._message, "warmup": False,
+                     "clock_source": ClockSource.SCOPE.value,
+                     "clock_offset_ns": 0, "clock_offset_uncertainty_ns": 0}
+        write_event_chunk(layout, campaign_id, run_id, SCOPE_AGENT, 0,
+                          columns | {k: [v] * n for k, v in constants.items()}, {})
