@@ -24,6 +24,7 @@ from mqttbed.analytics.figures import (
     LevelKey,
     compute_level_figures,
 )
+from mqttbed.analytics.scope import clock_uncertainty_us, scope_figures, split_by_clock
 from mqttbed.analytics.series import compute_series
 
 if TYPE_CHECKING:
@@ -48,6 +49,8 @@ class RunInfo:
     backend: str
     reason: str | None = None
     warmup_messages: int = 0
+    # Flag the run when its clocks' uncertainty exceeds this fraction of its spread (p50).
+    max_clock_uncertainty_fraction: float = 0.1
 
 
 def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_path: Path,
@@ -68,11 +71,14 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
         [(run.run_id, RUN_LEVEL, run.run_id) for run in runs]
         + [(run.run_id, POINT_LEVEL, str(run.point_index)) for run in runs if run.state == DONE],
         "run_id string, level string, key string")
-    events = read_runs(spark, events_path, campaign_id, run_ids, EVENTS_DDL)
+    events, scope_events = split_by_clock(
+        read_runs(spark, events_path, campaign_id, run_ids, EVENTS_DDL))
     figures = compute_level_figures(
         events, read_runs(spark, samples_path, campaign_id, run_ids, SAMPLES_DDL), levels)
     series = compute_series(events, {run.run_id: run.point_index for run in runs
                                      if run.state == DONE})
+    scope = scope_figures(scope_events, levels)
+    uncertainty = clock_uncertainty_us(events)
     ordered = sorted(runs, key=lambda run: (run.point_index, run.repetition, run.run_id))
     by_point: dict[int, list[RunInfo]] = {}
     for run in ordered:
@@ -81,16 +87,34 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
         "campaign": {"id": campaign["id"], "name": campaign.get("name"),
                      "spec": campaign.get("spec")},
         "generated_at": datetime.now(UTC).isoformat(),
-        "points": [_point_entry(index, point_runs, figures)
+        "points": [_point_entry(index, point_runs, figures, scope, uncertainty)
                    for index, point_runs in by_point.items()],
-        "runs": [_run_entry(run, figures) for run in ordered],
+        "runs": [_run_entry(run, figures, scope, uncertainty) for run in ordered],
         # Plot series, kept out of stats.parquet: CDF per point index, timeline per run.
         "series": series,
     }
 
 
-def _point_entry(point_index: int, runs: list[RunInfo], figures: LevelFigures) -> dict[str, Any]:
+def _clock_entry(run: RunInfo, uncertainty_us: float | None,
+                 spread_p50_us: float | None) -> dict[str, Any]:
+    """How far the run's clocks can be trusted against the spread it measured."""
+    limit = (None if spread_p50_us is None
+             else run.max_clock_uncertainty_fraction * spread_p50_us)
+    return {"offset_uncertainty_us_max": uncertainty_us,
+            "max_fraction_of_spread": run.max_clock_uncertainty_fraction,
+            "flagged": bool(uncertainty_us is not None and limit is not None
+                            and uncertainty_us > limit)}
+
+
+def _point_entry(point_index: int, runs: list[RunInfo], figures: LevelFigures,
+                 scope: dict[LevelKey, dict[str, Any]], uncertainty: dict[str, float]
+                 ) -> dict[str, Any]:
     done = [run for run in runs if run.state == DONE]
+    flagged = [run.run_id for run in done if _clock_entry(
+        run, uncertainty.get(run.run_id),
+        figures.distributions.get((RUN_LEVEL, run.run_id, "sync_spread_us"), {}).get("p50"),
+    )["flagged"]]
+    level = (POINT_LEVEL, str(point_index))
     return {
         "point_index": point_index,
         "params": runs[0].params,
@@ -98,11 +122,16 @@ def _point_entry(point_index: int, runs: list[RunInfo], figures: LevelFigures) -
         "runs": len(done),
         "runs_failed": len(runs) - len(done),
         "run_ids": [run.run_id for run in done],
-        **_level_figures(figures, (POINT_LEVEL, str(point_index))),
+        **_level_figures(figures, level),
+        **({"scope": scope[level]} if level in scope else {}),
+        "clock_flagged_runs": flagged,
     }
 
 
-def _run_entry(run: RunInfo, figures: LevelFigures) -> dict[str, Any]:
+def _run_entry(run: RunInfo, figures: LevelFigures, scope: dict[LevelKey, dict[str, Any]],
+               uncertainty: dict[str, float]) -> dict[str, Any]:
+    level = (RUN_LEVEL, run.run_id)
+    spread_p50 = figures.distributions.get((*level, "sync_spread_us"), {}).get("p50")
     return {
         "run_id": run.run_id,
         "point_index": run.point_index,
@@ -112,7 +141,9 @@ def _run_entry(run: RunInfo, figures: LevelFigures) -> dict[str, Any]:
         "state": run.state,
         "reason": run.reason,
         "warmup_messages": run.warmup_messages,
-        **_level_figures(figures, (RUN_LEVEL, run.run_id)),
+        **_level_figures(figures, level),
+        **({"scope": scope[level]} if level in scope else {}),
+        "clock": _clock_entry(run, uncertainty.get(run.run_id), spread_p50),
     }
 
 
@@ -165,11 +196,12 @@ def _level_figures(figures: LevelFigures, level: LevelKey) -> dict[str, Any]:
 
 # Flattened column types of stats.parquet; every other column is a double.
 _STRING_COLUMNS = ("level", "campaign_id", "run_id", "state", "reason", "backend", "params",
-                   "run_ids")
+                   "run_ids", "clock_flagged_runs")
+_BOOL_COLUMNS = ("clock_flagged",)
 _INT_COLUMNS = ("point_index", "repetition", "warmup_messages", "runs", "runs_failed",
                 "messages_sent", "deliveries_expected", "deliveries_received",
                 "deliveries_unexpected", "lost", "duplicates", "reordered", "broker_samples",
-                "broker_rss_bytes_max")
+                "broker_rss_bytes_max", "scope_acquisitions")
 _LEADING_COLUMNS = ("level", "campaign_id", "point_index", "run_id", "repetition", "state",
                     "reason", "backend", "params", "run_ids", "warmup_messages", "runs",
                     "runs_failed")
@@ -193,6 +225,7 @@ def write_stats(stats: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     for row in rows:
         names += [name for name in row if name not in names]
     schema = pa.schema([(name, pa.string() if name in _STRING_COLUMNS
+                         else pa.bool_() if name in _BOOL_COLUMNS
                          else pa.int64() if name in _INT_COLUMNS else pa.float64())
                         for name in names])
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), parquet_path)

@@ -1,0 +1,68 @@
+"""Figures from the oscilloscope's rows, and how far the clocks can be trusted.
+
+Scope rows (clock source ``scope``) hold one delay per (acquisition, watched subscriber):
+``t_recv_ns`` is the delay from the publisher's GPIO edge to the subscriber's, ``seq`` the
+acquisition. Per level they give the latency distribution of the delays, the spread per
+acquisition (max - min over the watched subscribers, when two or more were caught) and the
+number of acquisitions. They never enter the software figures.
+
+Clock trust: per run, the largest offset uncertainty any software event carries.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from mqttbed.analytics.figures import PERCENTILES, _distribution, _number, _per_level
+from mqttbed.core.events import ClockSource, EventKind
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+LevelKey = tuple[str, str]
+
+
+def split_by_clock(events: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """(software rows, scope rows)."""
+    from pyspark.sql import functions as F
+
+    is_scope = F.col("clock_source") == ClockSource.SCOPE.value
+    return events.where(~is_scope), events.where(is_scope)
+
+
+def scope_figures(scope: DataFrame, levels: DataFrame) -> dict[LevelKey, dict[str, Any]]:
+    """Per level: {"latency_us": {...}, "sync_spread_us": {...}, "acquisitions": n}."""
+    from pyspark.sql import functions as F
+
+    delays = scope.where(F.col("kind") == EventKind.DELIVERY.value).select(
+        "run_id", "seq", "receiver", ((F.col("t_recv_ns") - F.col("t_pub_ns")) / 1000.0)
+        .alias("value"))
+    spreads = (delays.groupBy("run_id", "seq")
+               .agg((F.max("value") - F.min("value")).alias("value"),
+                    F.count("*").alias("caught"))
+               .where(F.col("caught") >= 2).select("run_id", "seq", "value"))
+    rows = (_per_level(delays.withColumn("figure", F.lit("latency_us"))
+                       .unionByName(spreads.withColumn("receiver", F.lit(None).cast("string"))
+                                    .withColumn("figure", F.lit("sync_spread_us"))), levels)
+            .groupBy("level", "key", "figure")
+            .agg(F.avg("value").alias("mean"), F.stddev_samp("value").alias("std"),
+                 F.percentile("value", list(PERCENTILES.values())).alias("percentiles"),
+                 F.max("value").alias("max"),
+                 F.countDistinct("run_id", "seq").alias("acquisitions"))
+            .collect())
+    result: dict[LevelKey, dict[str, Any]] = {}
+    for row in rows:
+        entry = result.setdefault((row["level"], row["key"]), {})
+        entry[row["figure"]] = _distribution(row)
+        if row["figure"] == "latency_us":
+            entry["acquisitions"] = int(row["acquisitions"])
+    return result
+
+
+def clock_uncertainty_us(software: DataFrame) -> dict[str, float]:
+    """Per run, the largest clock-offset uncertainty of its events, in microseconds."""
+    from pyspark.sql import functions as F
+
+    rows = (software.groupBy("run_id")
+            .agg(F.max("clock_offset_uncertainty_ns").alias("u")).collect())
+    return {row["run_id"]: _number(row["u"] / 1000.0) for row in rows if row["u"] is not None}
