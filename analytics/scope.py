@@ -7,6 +7,10 @@ acquisition (max - min over the watched subscribers, when two or more were caugh
 number of acquisitions. They never enter the software figures.
 
 Clock trust: per run, the largest offset uncertainty any software event carries.
+
+Time sync (MQTT-TS, seed 000 section 4.2): a subscriber that sets its clock to the time
+server's timestamp on receipt is off by ``announced - true`` = ``t_pub - t_recv`` on the
+reference clock, i.e. minus the delivery latency; the figures are per subscriber.
 """
 
 from __future__ import annotations
@@ -66,3 +70,36 @@ def clock_uncertainty_us(software: DataFrame) -> dict[str, float]:
     rows = (software.groupBy("run_id")
             .agg(F.max("clock_offset_uncertainty_ns").alias("u")).collect())
     return {row["run_id"]: _number(row["u"] / 1000.0) for row in rows if row["u"] is not None}
+
+
+def time_sync_errors(software: DataFrame, levels: DataFrame) -> dict[LevelKey, dict[str, Any]]:
+    """Per level: each subscriber's clock error after adopting the time server's timestamp."""
+    from pyspark.sql import functions as F
+
+    error = ((F.col("t_pub_ns") - F.col("pub_offset_ns"))
+             - (F.col("t_recv_ns") - F.col("clock_offset_ns"))) / 1000.0
+    sent = (software.where((F.col("kind") == EventKind.PUBLISH.value) & ~F.col("warmup"))
+            .groupBy("run_id", "publisher", "seq")
+            .agg(F.min("clock_offset_ns").alias("pub_offset_ns")))
+    first = (software.where((F.col("kind") == EventKind.DELIVERY.value) & ~F.col("warmup"))
+             .groupBy("run_id", "publisher", "seq", "receiver")
+             .agg(F.min(F.struct("t_recv_ns", "t_pub_ns", "clock_offset_ns")).alias("d"))
+             .select("run_id", "publisher", "seq", "receiver", "d.*"))
+    errors = (first.join(sent, ["run_id", "publisher", "seq"], "left")
+              .fillna({"pub_offset_ns": 0}).select("run_id", "receiver", error.alias("e")))
+    rows = (_per_level(errors, levels).groupBy("level", "key", "receiver")
+            .agg(F.avg("e").alias("mean"), F.stddev_samp("e").alias("std"),
+                 F.max(F.abs("e")).alias("max_abs"), F.count("*").alias("n"))
+            .collect())
+    result: dict[LevelKey, dict[str, Any]] = {}
+    for row in rows:
+        entry = result.setdefault((row["level"], row["key"]), {"per_subscriber": {}})
+        entry["per_subscriber"][row["receiver"]] = {
+            "mean_error_us": _number(row["mean"]), "std_us": _number(row["std"]),
+            "max_abs_error_us": _number(row["max_abs"]), "samples": int(row["n"])}
+    for entry in result.values():
+        subscribers = entry["per_subscriber"].values()
+        entry["worst_max_abs_error_us"] = max(
+            (s["max_abs_error_us"] for s in subscribers if s["max_abs_error_us"] is not None),
+            default=None)
+    return result

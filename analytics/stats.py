@@ -24,7 +24,12 @@ from mqttbed.analytics.figures import (
     LevelKey,
     compute_level_figures,
 )
-from mqttbed.analytics.scope import clock_uncertainty_us, scope_figures, split_by_clock
+from mqttbed.analytics.scope import (
+    clock_uncertainty_us,
+    scope_figures,
+    split_by_clock,
+    time_sync_errors,
+)
 from mqttbed.analytics.series import compute_series
 
 if TYPE_CHECKING:
@@ -51,6 +56,7 @@ class RunInfo:
     warmup_messages: int = 0
     # Flag the run when its clocks' uncertainty exceeds this fraction of its spread (p50).
     max_clock_uncertainty_fraction: float = 0.1
+    mode: str = "pubsub"
 
 
 def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_path: Path,
@@ -78,6 +84,8 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
     series = compute_series(events, {run.run_id: run.point_index for run in runs
                                      if run.state == DONE})
     scope = scope_figures(scope_events, levels)
+    sync_errors = time_sync_errors(events, levels) if any(
+        run.mode == "time-sync" for run in runs) else {}
     uncertainty = clock_uncertainty_us(events)
     ordered = sorted(runs, key=lambda run: (run.point_index, run.repetition, run.run_id))
     by_point: dict[int, list[RunInfo]] = {}
@@ -87,7 +95,7 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
         "campaign": {"id": campaign["id"], "name": campaign.get("name"),
                      "spec": campaign.get("spec")},
         "generated_at": datetime.now(UTC).isoformat(),
-        "points": [_point_entry(index, point_runs, figures, scope, uncertainty)
+        "points": [_point_entry(index, point_runs, figures, scope, uncertainty, sync_errors)
                    for index, point_runs in by_point.items()],
         "runs": [_run_entry(run, figures, scope, uncertainty) for run in ordered],
         # Plot series, kept out of stats.parquet: CDF per point index, timeline per run.
@@ -107,8 +115,8 @@ def _clock_entry(run: RunInfo, uncertainty_us: float | None,
 
 
 def _point_entry(point_index: int, runs: list[RunInfo], figures: LevelFigures,
-                 scope: dict[LevelKey, dict[str, Any]], uncertainty: dict[str, float]
-                 ) -> dict[str, Any]:
+                 scope: dict[LevelKey, dict[str, Any]], uncertainty: dict[str, float],
+                 sync_errors: dict[LevelKey, dict[str, Any]]) -> dict[str, Any]:
     done = [run for run in runs if run.state == DONE]
     flagged = [run.run_id for run in done if _clock_entry(
         run, uncertainty.get(run.run_id),
@@ -124,6 +132,9 @@ def _point_entry(point_index: int, runs: list[RunInfo], figures: LevelFigures,
         "run_ids": [run.run_id for run in done],
         **_level_figures(figures, level),
         **({"scope": scope[level]} if level in scope else {}),
+        **({"time_sync": {**sync_errors[level], "between_subscribers_p99_us":
+                          figures.distributions.get((*level, "sync_spread_us"), {}).get("p99")}}
+           if level in sync_errors and runs[0].mode == "time-sync" else {}),
         "clock_flagged_runs": flagged,
     }
 

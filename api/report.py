@@ -154,6 +154,16 @@ def build_figures(stats: dict[str, Any], spec: dict[str, Any]) -> dict[str, dict
             "layout": {"title": {"text": title}, "barmode": "group",
                        "yaxis": {"title": {"text": unit}}}}
 
+    scoped = [p for p in points if p.get("scope")]
+    if scoped:
+        scoped_names = [labels[p["point_index"]] for p in scoped]
+        figures["plot-scope"] = {"data": [
+            {"type": "bar", "name": f"{source} {figure} p50", "x": scoped_names,
+             "y": [(p["scope"] if source == "scope" else p)[figure]["p50"] for p in scoped]}
+            for figure in ("latency_us", "sync_spread_us") for source in ("software", "scope")],
+            "layout": {"title": {"text": "Software timestamps against the oscilloscope (p50)"},
+                       "barmode": "group", "yaxis": _AXIS_US}}
+
     figures["plot-broker-cpu"] = broker_bars(
         (("cpu_percent_mean", "CPU %"),),
         "Broker CPU, whole process tree (mean ± std over runs)", "% of one core")
@@ -177,7 +187,21 @@ def report_context(core: ControllerCore, campaign_id: str) -> dict[str, Any]:
     show_backend = bool(stats) and len({p["backend"] for p in stats["points"]}) > 1
     import yaml
 
+    scope_rows = []
+    for point in stats["points"] if stats else []:
+        if not point.get("scope"):
+            continue
+        software, scope = point["latency_us"]["p50"], point["scope"]["latency_us"]["p50"]
+        scope_rows.append({
+            "label": point_label(point, show_backend), "acquisitions":
+            point["scope"]["acquisitions"], "software_p50": software, "scope_p50": scope,
+            "difference": None if software is None or scope is None else software - scope,
+            "software_spread": point["sync_spread_us"]["p50"],
+            "scope_spread": point["scope"]["sync_spread_us"]["p50"]})
+    flagged = [run for p in (stats["points"] if stats else [])
+               for run in p.get("clock_flagged_runs", [])]
     return {
+        "scope_rows": scope_rows, "clock_flagged": flagged,
         "campaign": campaign, "runs": runs, "stats": stats,
         "spec_yaml": yaml.safe_dump(campaign.spec, sort_keys=False),
         "points": [{"label": point_label(p, show_backend), **p} for p in stats["points"]]

@@ -52,6 +52,10 @@ class BrokerSection(BaseModel):
 class Workload(_Strict):
     """Who publishes what, how fast, to how many subscribers."""
 
+    # time-sync: the publisher is a time server (seed 000, section 4.2, MQTT-TS): each
+    # PUBLISH carries its clock, each subscriber sets its clock from it on receipt, and the
+    # stats report every subscriber's error against the reference clock.
+    mode: Literal["pubsub", "time-sync"] = "pubsub"
     publishers: int = Field(1, ge=0, le=10_000)
     subscribers: int = Field(1, ge=0, le=10_000)
     topic: str = "bench/sync"

@@ -27,7 +27,8 @@ def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: st
                     backend=r.spec["broker"]["backend"],
                     warmup_messages=r.spec["workload"]["warmup_messages"],
                     max_clock_uncertainty_fraction=r.spec.get("measurement", {}).get(
-                        "max_clock_uncertainty_fraction", 0.1)) for r in rows]
+                        "max_clock_uncertainty_fraction", 0.1),
+                    mode=r.spec["workload"].get("mode", "pubsub")) for r in rows]
     stats = compute_campaign_stats(
         get_spark(spark_master), events_path=layout.events, samples_path=layout.broker_samples,
         campaign={"id": campaign.id, "name": campaign.name, "spec": campaign.spec}, runs=runs)

@@ -57,10 +57,13 @@ def stats(tmp_path_factory):
     root = tmp_path_factory.mktemp("scope")
     write(root, "r-trusted", software_rows(2 * US) + scope_rows())
     write(root, "r-doubtful", software_rows(9 * US))
+    write(root, "r-timesync", software_rows(0))
     runs = [RunInfo(run_id="r-trusted", point_index=0, params={}, repetition=0,
                     state="done", backend="mosquitto", max_clock_uncertainty_fraction=0.1),
             RunInfo(run_id="r-doubtful", point_index=1, params={}, repetition=0,
-                    state="done", backend="mosquitto", max_clock_uncertainty_fraction=0.1)]
+                    state="done", backend="mosquitto", max_clock_uncertainty_fraction=0.1),
+            RunInfo(run_id="r-timesync", point_index=2, params={}, repetition=0,
+                    state="done", backend="mosquitto", mode="time-sync")]
     return compute_campaign_stats(get_spark(), events_path=root / "events",
                                   samples_path=root / "none",
                                   campaign={"id": "c", "name": "scope"}, runs=runs)
@@ -94,3 +97,14 @@ def test_a_run_whose_clock_uncertainty_exceeds_the_fraction_of_its_spread_is_fla
     assert runs["r-doubtful"]["clock"]["flagged"] is True
     assert stats["points"][1]["clock_flagged_runs"] == ["r-doubtful"]
     assert stats["points"][0]["clock_flagged_runs"] == []
+
+
+def test_time_sync_reports_each_subscribers_clock_error(stats):
+    sync = stats["points"][2]["time_sync"]
+    # adopting the server's timestamp on receipt leaves each clock behind by its latency
+    assert sync["per_subscriber"]["sub-0"]["mean_error_us"] == pytest.approx(-300.0)
+    assert sync["per_subscriber"]["sub-1"]["mean_error_us"] == pytest.approx(-340.0)
+    assert sync["per_subscriber"]["sub-1"]["samples"] == 4
+    assert sync["worst_max_abs_error_us"] == pytest.approx(340.0)
+    assert sync["between_subscribers_p99_us"] == pytest.approx(40.0)
+    assert "time_sync" not in stats["points"][0]
