@@ -145,8 +145,9 @@ def test_repetitions_are_interleaved_across_points():
         (0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
 
 
-@pytest.mark.parametrize("name, points, repetitions", [("quickstart", 3, 3),
-                                                       ("sync-spread", 5, 20)])
+@pytest.mark.parametrize("name, points, repetitions", [
+    ("quickstart", 3, 3), ("sync-spread", 5, 20), ("scope-sync-spread", 5, 1),
+    ("time-sync", 3, 3)])
 def test_builtin_campaigns_load(name, points, repetitions):
     spec = load_spec(builtin_spec_path(name))
     assert len(expand_points(spec)) == points
@@ -192,3 +193,20 @@ def test_scenario_with_an_unknown_field_is_rejected_naming_it():
 def test_scenario_needs_a_name():
     with pytest.raises(SpecError, match=r"scenario 0 needs a 'name'"):
         parse_spec({"name": "t", "scenarios": [{"workload.publishers": 1}]})
+
+
+def test_scope_channels_must_differ():
+    with pytest.raises(SpecError, match=r"a scope channel watches one line only"):
+        parse_spec(spec_with(measurement={"scope": {"resource": "virtual", "channels": {
+            "publisher": 1, "subscribers": [1, 2]}}}))
+
+
+def test_scope_subscriber_selector_must_be_a_rank_or_first_last():
+    with pytest.raises(SpecError, match=r"subscriber 'middle': use a rank"):
+        parse_spec(spec_with(measurement={"scope": {"resource": "virtual", "channels": {
+            "publisher": 1, "subscribers": {"middle": 2}}}}))
+
+
+def test_unknown_scope_dialect_is_named():
+    with pytest.raises(SpecError, match=r"measurement\.scope\.dialect: bad value 'tek'"):
+        parse_spec(spec_with(measurement={"scope": {"resource": "virtual", "dialect": "tek"}}))
