@@ -16,6 +16,12 @@ line on receipt. Backends:
 
 Every backend also records each edge with its CLOCK_MONOTONIC time, so the software side of
 every edge is kept with the run. Pins are BCM numbers (rpi) or line offsets (gpiod).
+
+Two ways to mark an event: ``toggle`` (the default, as in the paper) inverts the line, so
+every event is an edge; ``pulse`` raises the line and ``settle`` lowers every raised line
+once the agent has handled what arrived together. A scope measuring rising-edge delays
+needs pulses: with toggles, one lost message puts a subscriber's line out of phase with
+the publisher's and its rising edges stop matching.
 """
 
 from __future__ import annotations
@@ -44,7 +50,11 @@ class GpioLines(Protocol):
         ...
 
     def toggle(self, pin: int) -> None:
-        """Invert the level of ``pin`` (and record the edge)."""
+        """Mark an event on ``pin``: invert it, or raise it in pulse mode (record the edge)."""
+        ...
+
+    def settle(self) -> None:
+        """In pulse mode, lower every raised line (record the edges); else do nothing."""
         ...
 
     def edges(self) -> list[tuple[int, int, int]]:
@@ -64,11 +74,38 @@ class _EdgeLog:
         self._edges: list[tuple[int, int, int]] = []
         # The MQTT loop records, the uploader takes: an edge must land in one batch only.
         self._lock = threading.Lock()
+        self.pulse_mode = False
+        self._raised: list[int] = []
 
-    def _flip(self, pin: int) -> int:
-        level = self._levels.get(pin, 0) ^ 1
+    def _write(self, pin: int, level: int) -> None:
+        """Drive ``pin`` to ``level`` on the hardware (nothing for virtual lines)."""
+
+    def _flip(self, pin: int) -> int | None:
+        """The level an event drives ``pin`` to; None when a pulse is already up."""
+        if self.pulse_mode:
+            if self._levels.get(pin, 0):
+                return None
+            self._raised.append(pin)
+            level = 1
+        else:
+            level = self._levels.get(pin, 0) ^ 1
         self._levels[pin] = level
         return level
+
+    def toggle(self, pin: int) -> None:
+        level = self._flip(pin)
+        if level is not None:
+            self._write(pin, level)
+            self._record(pin, level)
+
+    def settle(self) -> None:
+        if not self._raised:
+            return
+        raised, self._raised = self._raised, []
+        for pin in raised:
+            self._levels[pin] = 0
+            self._write(pin, 0)
+            self._record(pin, 0)
 
     def _record(self, pin: int, level: int) -> None:
         edge = (pin, monotonic_ns(), level)
@@ -89,9 +126,6 @@ class VirtualGpio(_EdgeLog):
     def setup(self, pins: list[int]) -> None:
         for pin in pins:
             self._levels[pin] = 0
-
-    def toggle(self, pin: int) -> None:
-        self._record(pin, self._flip(pin))
 
     def close(self) -> None:
         self._levels.clear()
@@ -125,10 +159,8 @@ class RpiGpio(_EdgeLog):
             self._gpio.setup(pin, self._gpio.OUT, initial=self._gpio.LOW)
             self._levels[pin] = 0
 
-    def toggle(self, pin: int) -> None:
-        level = self._flip(pin)
+    def _write(self, pin: int, level: int) -> None:
         self._gpio.output(pin, level)
-        self._record(pin, level)
 
     def close(self) -> None:
         self._gpio.cleanup(list(self._levels))
@@ -168,10 +200,8 @@ class GpiodLines(_EdgeLog):
         for pin in pins:
             self._levels[pin] = 0
 
-    def toggle(self, pin: int) -> None:
-        level = self._flip(pin)
+    def _write(self, pin: int, level: int) -> None:
         self._request.set_value(pin, self._value[level])
-        self._record(pin, level)
 
     def close(self) -> None:
         if self._request is not None:
@@ -204,5 +234,6 @@ def toggle_cost_ns(gpio: GpioLines, pin: int, toggles: int = 2000) -> int:
         t0 = monotonic_ns()
         gpio.toggle(pin)
         costs.append(monotonic_ns() - t0)
+        gpio.settle()
     gpio.edges()
     return int(statistics.median(costs))

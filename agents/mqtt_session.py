@@ -84,7 +84,7 @@ class MqttSession:
     """Connects, subscribes, publishes and receives for one agent during one run."""
 
     def __init__(self, endpoint: Endpoint, clients: list[ClientAssignment], gpio: GpioLines,
-                 record: Callable[[RawEvent], None]):
+                 record: Callable[[RawEvent], None], gpio_pulses: bool = False):
         if endpoint.transport not in (Transport.MQTT_TCP, Transport.MQTT_UDP):
             raise ValueError(f"transport {endpoint.transport} is not supported by this agent yet")
         if endpoint.transport == Transport.MQTT_UDP:
@@ -100,6 +100,7 @@ class MqttSession:
         ordered = sorted(clients, key=lambda c: (c.role != Role.SUBSCRIBER, c.subscribe_rank))
         self._clients = [self._make_client(c) for c in ordered]
         gpio.setup([c.spec.gpio_pin for c in self._clients])
+        gpio.pulse_mode = gpio_pulses
 
     # -- set-up -----------------------------------------------------------------------
 
@@ -215,6 +216,7 @@ class MqttSession:
         """Wait up to ``timeout_s`` for socket activity and let each client handle it."""
         for key, _ in self._selector.select(max(timeout_s, 0.0)):
             key.data.conn.loop_read()
+        self._gpio.settle()  # pulses end once what arrived together is handled
         for client in self._clients:
             if client.conn.want_write():
                 client.conn.loop_write()
@@ -240,6 +242,7 @@ class MqttSession:
                 t_intended, pos, k = heapq.heappop(due)
                 client = publishers[pos]
                 self._publish(client, k, t_intended)
+                self._gpio.settle()
                 if k + 1 < client.spec.messages:
                     heapq.heappush(due, (due_ns(client.spec, k + 1), pos, k + 1))
                 now = monotonic_ns()

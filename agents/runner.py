@@ -73,7 +73,8 @@ class AssignmentRunner:
                                 "clock_offset_uncertainty_ns": self._clock.uncertainty_ns},
                 chunk_events=a.chunk_events, interval_s=a.chunk_interval_s,
                 edges=self._gpio.edges)
-            session = MqttSession(a.broker, a.clients, self._gpio, uploader.record)
+            session = MqttSession(a.broker, a.clients, self._gpio, uploader.record,
+                                  gpio_pulses=a.gpio_pulses)
             toggle_ns = toggle_cost_ns(self._gpio, a.clients[0].gpio_pin) if a.clients else None
             uploader.start()
             session.connect(timeout_s=a.connect_timeout_s)

@@ -109,7 +109,7 @@ class Timing(_Strict):
 class ScopeChannels(_Strict):
     """Which GPIO line each scope channel watches."""
 
-    publisher: int = Field(1, ge=1, le=8)
+    publisher: int = Field(1, ge=1, le=4)
     # A list watches subscribers 0, 1, 2 ... in subscription order; a mapping may name
     # them by rank or as "first" / "last" (subscribed first / last).
     subscribers: list[int] | dict[str, int] = Field(default_factory=lambda: [2])
@@ -119,8 +119,9 @@ class ScopeChannels(_Strict):
         channels = [self.publisher, *self.subscriber_channels().values()]
         if len(set(channels)) != len(channels):
             raise ValueError(f"a scope channel watches one line only; got {channels}")
-        if any(not 1 <= c <= 8 for c in channels):
-            raise ValueError(f"scope channels are 1..8; got {channels}")
+        if any(not 1 <= c <= 4 for c in channels):
+            raise ValueError(f"both scope dialects have 4 analog channels (1..4); "
+                             f"got {channels}")
         for key in self.subscriber_channels():
             if key not in ("first", "last") and not key.isdigit():
                 raise ValueError(f"subscriber {key!r}: use a rank (0, 1, ...), first or last")

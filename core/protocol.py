@@ -113,6 +113,7 @@ class Assignment(Message):
     chunk_events: int = 5000
     chunk_interval_s: float = 1.0
     force_clock_probe: bool = False  # estimate the offset even on the controller's machine
+    gpio_pulses: bool = False  # pulse the lines instead of toggling them (a scope is watching)
     window_ns: int = 0  # publishing window of the whole run, from the start time
     connect_timeout_s: float = 30.0
     drain_s: float = 1.0

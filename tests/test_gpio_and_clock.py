@@ -89,3 +89,17 @@ def test_asking_for_pi_gpio_off_a_pi_fails_the_run_before_it_starts(controller, 
         run = s.get(RunRow, f"{campaign_id}-r0000")
     assert "running" not in updates.states(run.id)
     assert "exited with code 3" in run.reason and "/dev/gpiochip9" in run.reason
+
+
+def test_pulse_mode_raises_on_events_and_lowers_on_settle():
+    gpio = VirtualGpio()
+    gpio.setup([2, 3])
+    gpio.pulse_mode = True
+    gpio.toggle(2)
+    gpio.toggle(2)  # a second event before settling: the pulse is already up
+    gpio.toggle(3)
+    gpio.settle()
+    gpio.toggle(2)
+    gpio.settle()
+    assert [(pin, level) for pin, _, level in gpio.edges()] == [
+        (2, 1), (3, 1), (2, 0), (3, 0), (2, 1), (2, 0)]
