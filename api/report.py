@@ -198,10 +198,13 @@ def report_context(core: ControllerCore, campaign_id: str) -> dict[str, Any]:
             "difference": None if software is None or scope is None else software - scope,
             "software_spread": point["sync_spread_us"]["p50"],
             "scope_spread": point["scope"]["sync_spread_us"]["p50"]})
+    model_rows = [{"label": point_label(p, show_backend),
+                   **p["broker_reported"]["hardware_latency_ns"]}
+                  for p in (stats["points"] if stats else []) if p.get("broker_reported")]
     flagged = [run for p in (stats["points"] if stats else [])
                for run in p.get("clock_flagged_runs", [])]
     return {
-        "scope_rows": scope_rows, "clock_flagged": flagged,
+        "scope_rows": scope_rows, "clock_flagged": flagged, "model_rows": model_rows,
         "campaign": campaign, "runs": runs, "stats": stats,
         "spec_yaml": yaml.safe_dump(campaign.spec, sort_keys=False),
         "points": [{"label": point_label(p, show_backend), **p} for p in stats["points"]]

@@ -32,5 +32,18 @@ def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: st
     stats = compute_campaign_stats(
         get_spark(spark_master), events_path=layout.events, samples_path=layout.broker_samples,
         campaign={"id": campaign.id, "name": campaign.name, "spec": campaign.spec}, runs=runs)
+    _attach_broker_reports(stats, rows)
     json_path, parquet_path = write_stats(stats, layout.campaign_dir(campaign_id))
     return stats, json_path, parquet_path
+
+
+def _attach_broker_reports(stats: dict[str, Any], rows: list[RunRow]) -> None:
+    """Put what a backend reports of itself (e.g. the FPGA model's modelled hardware
+    latency) beside each point's measured figures, from the runs' metadata."""
+    by_run = {r.id: (r.run_metadata or {}).get("broker", {}) for r in rows}
+    for point in stats["points"]:
+        reports = [by_run[run_id]["hardware_latency_ns"] for run_id in point["run_ids"]
+                   if by_run.get(run_id, {}).get("hardware_latency_ns")]
+        if reports:
+            point["broker_reported"] = {"hardware_latency_ns": reports[0],
+                                        "runs_reporting": len(reports)}
