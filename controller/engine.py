@@ -293,6 +293,8 @@ class RunEngine:
         finally:
             if recorder is not None:
                 recorder.stop()
+                # A failed run keeps the acquisitions it made, like every other event.
+                recorder.write(self.ctx.layout, run.campaign_id, run.id)
             self._teardown(pool, backend)
             registry.close_inbox(run.id)
 
