@@ -293,10 +293,11 @@ class RunEngine:
         finally:
             if recorder is not None:
                 recorder.stop()
-                # A failed run keeps the acquisitions it made, like every other event.
-                recorder.write(self.ctx.layout, run.campaign_id, run.id)
             self._teardown(pool, backend)
             registry.close_inbox(run.id)
+            if recorder is not None:
+                # A failed run keeps the acquisitions it made, like every other event.
+                recorder.write(self.ctx.layout, run.campaign_id, run.id)
 
     def _await_agents(self, pool: LocalAgentPool, spec: CampaignSpec) -> list[str]:
         found = self.ctx.registry.wait_for_agents(set(pool.names), spec.timing.setup_timeout_s)
