@@ -18,6 +18,7 @@ from mqttbed.brokers.base import BrokerBackend
 BACKENDS: dict[str, str] = {
     "mosquitto": "mqttbed.brokers.mosquitto:MosquittoBackend",
     "fpga": "mqttbed.brokers.fpga.backend:FpgaBackend",
+    "forkpipe": "mqttbed.brokers.forkpipe.backend:ForkPipeBackend",
 }
 
 

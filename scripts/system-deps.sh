@@ -5,6 +5,9 @@ set -euo pipefail
 need=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
 command -v mosquitto_pub >/dev/null 2>&1 || need+=(mosquitto-clients)
+# The forkpipe backend is C, built from source with make on first use.
+command -v cc >/dev/null 2>&1 || need+=(gcc)
+command -v make >/dev/null 2>&1 || need+=(make)
 # The fpga backend's board path is tested against a real local sshd.
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 # The browser test drives Debian's Chromium (Playwright never downloads a browser here).

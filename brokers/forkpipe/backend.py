@@ -1,0 +1,403 @@
+"""The fork/pipe broker deployed as a private process tree per run (``backend: forkpipe``).
+
+mqttbed-forkpipe is the C broker of the fork/pipe seed study, rebuilt faithfully: the
+listener forks one process per client, each client forks one process per subscription,
+and they meet through named pipes ``<base>/<client pid>/<encoded topic filter>``. A
+PUBLISH is written by the publisher's process into every matching pipe; the subscription
+process reads its pipe with ``select()`` and a timeout, forwards to its client, and stops
+when its pipe is deleted (UNSUBSCRIBE deletes the pipe, DISCONNECT the client's directory).
+
+Choices where the seed was silent or could not do something:
+
+- Topics with ``/`` work: a filter is percent-encoded into one file name (``a/+/c`` is the
+  pipe ``a%2F%2B%2Fc``). A filter whose name would exceed 255 bytes gets SUBACK 0x80.
+- Wildcards ``+`` and ``#`` work, by MQTT 3.1.1 rules ($-topics are not matched by a
+  leading wildcard). A PUBLISH scans every client directory and matches each pipe's
+  decoded filter against its topic; a client whose filters overlap gets one copy per
+  matching subscription.
+- QoS: every subscription is granted QoS 0. A QoS 1 PUBLISH is acknowledged (PUBACK), a
+  QoS 2 one completes its flow (PUBREC, PUBREL, PUBCOMP); subscribers get it at QoS 0.
+- Retain and will: accepted and validated, never stored or published; subscribers get
+  every message with retain 0. Clean session 0 keeps nothing after the connection.
+- A full pipe makes the publisher wait (back-pressure) instead of dropping; a client that
+  reads nothing for ``send_timeout_ms`` is disconnected, which releases its publishers.
+- A malformed packet closes that client's connection only; it is logged.
+
+Measurement: the sampler reads the broker's whole process tree, so every forked client
+and subscription process counts in CPU %, RSS and I/O bytes (:mod:`.sampling` explains
+why it keeps nothing of ended processes: their parents hold their I/O once they reap
+them). The I/O bytes of this broker include its pipe traffic (each message is written
+into a pipe and read out of it again before it reaches a socket): that is part of what
+the design costs, and it is why its "network" kB/s read about twice Mosquitto's for the
+same messages.
+
+The binary is built from ``src/`` with make on first use (see :mod:`.build`); it is built
+on the controller machine, so this backend deploys to the local host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import psutil
+from pydantic import BaseModel, ConfigDict, Field
+
+from mqttbed.brokers.forkpipe.build import Variant, compiler_version, ensure_built
+from mqttbed.brokers.forkpipe.sampling import ReapedTreeSampler
+from mqttbed.brokers.mosquitto import _describe_exit, _listens_on, _sha256_file
+from mqttbed.core.errors import BackendError, MissingSystemDependency
+from mqttbed.core.host import Host, ProcessHandle, wait_for_tcp
+from mqttbed.core.protocol import Endpoint, Transport
+from mqttbed.core.samples import BrokerStatsSample
+
+DEPLOY_ATTEMPTS = 3
+STARTUP_TIMEOUT_S = 5.0
+# The listener gives its clients 5 s to stop before it kills them; wait a little longer.
+STOP_TIMEOUT_S = 8.0
+# Clients that disconnected as the run ended are gone within a select timeout or two;
+# teardown waits for them (see _wait_for_clients_to_leave), but not for clients that stay.
+SETTLE_TIMEOUT_S = 10.0
+SETTLE_STALL_S = 1.0
+LOG_TAIL_LINES = 50
+LOG_NAME = "broker.log"
+SANITIZER_PREFIX = "sanitizer"
+# Lines the broker writes when the machine refuses it a process: the run cannot be valid.
+PROCESS_FAILURES = ("cannot fork", "cannot start a subscription process")
+MQTT_MAX_PACKET = 5 + 268_435_455
+
+
+class Options(BaseModel):
+    """The broker section of a campaign spec for the ``forkpipe`` backend."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    backend: Literal["forkpipe"] = "forkpipe"
+    binary: str | None = Field(
+        default=None, description="a prebuilt mqttbed-forkpipe; default: built from src/")
+    sanitizers: bool = Field(
+        default=False, description="run the AddressSanitizer + UBSan build (for tests); "
+        "with `binary`, say that it is such a build, so its reports are collected")
+    select_timeout_ms: int = Field(
+        default=100, ge=1, le=60_000,
+        description="how often a subscription process checks that its pipe still exists")
+    send_timeout_ms: int = Field(
+        default=10_000, ge=1, le=3_600_000,
+        description="a client that reads nothing this long is disconnected")
+    connect_timeout_ms: int = Field(
+        default=10_000, ge=1, le=3_600_000, description="time allowed to send CONNECT")
+    max_packet_bytes: int = Field(
+        default=MQTT_MAX_PACKET, ge=64, le=MQTT_MAX_PACKET,
+        description="larger packets close the connection")
+    verbose: bool = Field(default=False, description="log every connect and disconnect")
+    stats_interval_s: float = Field(
+        default=0.2, gt=0, description="seconds between resource samples of the broker")
+
+
+class ForkPipeBackend:
+    """Deploys one mqttbed-forkpipe process tree on a host and samples its resource use."""
+
+    name = "forkpipe"
+
+    def __init__(self) -> None:
+        self._options: Options | None = None
+        self._host: Host | None = None
+        self._handle: ProcessHandle | None = None
+        self._sampler: ReapedTreeSampler | None = None
+        self._dir: Path | None = None
+        self._binary: str | None = None
+        self._binary_sha256: str | None = None
+        self._version: str | None = None
+        self._compiler: str | None = None
+        self._argv: list[str] = []
+        self._port: int | None = None
+        self._samples: list[BrokerStatsSample] = []
+        self._exit_code: int | None = None
+        self._log_tail: str | None = None
+        self._log_offset = 0
+        self._process_failure: str | None = None
+        self._sanitizer_reports: list[str] = []
+        self._leftovers: dict[str, int] | None = None
+        self._settled_s: float | None = None
+        self._torn_down = False
+
+    @property
+    def state_dir(self) -> Path | None:
+        """The broker's ``--base-dir``: one directory per client, one pipe per subscription."""
+        return None if self._dir is None else self._dir / "state"
+
+    # -- deploy -------------------------------------------------------------------------
+
+    def deploy(self, spec: Options | Mapping[str, Any], host: Host) -> Endpoint:
+        """Build if needed, start the broker on ``host``; return where clients connect."""
+        if self._handle is not None or self._torn_down:
+            raise BackendError("this ForkPipeBackend was already deployed; create a new one "
+                               "per run (mqttbed.brokers.registry.create_backend)")
+        options = spec if isinstance(spec, Options) else Options.model_validate(spec)
+        self._options, self._host = options, host
+        self._binary = str(_resolve_binary(options))
+        self._compiler = compiler_version() if options.binary is None else None
+        self._binary_sha256 = _sha256_file(Path(self._binary))
+        self._dir = host.make_dir("mqttbed-forkpipe-")
+        try:
+            self._version = _probe_version(self._binary, host, self._dir)
+            port, handle = self._start(options, host)
+            self._port, self._handle = port, handle
+            self._sampler = ReapedTreeSampler(handle.pid, options.stats_interval_s)
+            self._sampler.start()
+        except BaseException:
+            # A failed deploy must leave nothing behind: no process, no pipe, no directory.
+            self.teardown()
+            raise
+        return Endpoint(host=host.address, port=port, transport=Transport.MQTT_TCP)
+
+    def _start(self, options: Options, host: Host) -> tuple[int, ProcessHandle]:
+        """Start the broker on a free port, retrying on a new port if it fails to start."""
+        assert self._dir is not None and self._binary is not None
+        failures: list[str] = []
+        for attempt in range(1, DEPLOY_ATTEMPTS + 1):
+            # free_port() only says the port was free a moment ago; another process can
+            # take it before the broker binds, which is why a failed start is retried.
+            port = host.free_port()
+            self._argv = _command(self._binary, options, host.address, port, self._dir)
+            handle = host.spawn(self._argv, env=self._sanitizer_env(),
+                                log_path=self._dir / LOG_NAME)
+            try:
+                wait_for_tcp(host.address, port, STARTUP_TIMEOUT_S, alive=handle)
+                if not _listens_on(handle.pid, port):
+                    raise RuntimeError(f"port {port} answered, but not from mqttbed-forkpipe "
+                                       f"(pid {handle.pid}): another process took it")
+                return port, handle
+            except (RuntimeError, TimeoutError) as exc:
+                handle.stop(timeout_s=STOP_TIMEOUT_S)
+                failures.append(f"attempt {attempt} on port {port}: {exc}")
+        raise BackendError(
+            f"mqttbed-forkpipe ({self._binary}) did not start after {DEPLOY_ATTEMPTS} "
+            "attempts:\n" + "\n".join(failures) + "\nlast log lines:\n" + self._read_log_tail())
+
+    def _sanitizer_env(self) -> dict[str, str] | None:
+        """Send sanitizer reports to files (one per process) instead of the shared log."""
+        if self._options is None or not self._options.sanitizers:
+            return None
+        assert self._dir is not None
+        log_path = self._dir / SANITIZER_PREFIX
+        return {"ASAN_OPTIONS": f"log_path={log_path}:detect_leaks=1:abort_on_error=0",
+                "UBSAN_OPTIONS": f"log_path={log_path}:print_stacktrace=1:halt_on_error=1"}
+
+    # -- while running ------------------------------------------------------------------
+
+    def health(self) -> str | None:
+        """Return None while the broker serves, else why not (its exit, a refused fork ...)."""
+        if self._handle is None:
+            return "broker forkpipe is not deployed"
+        if self._torn_down:
+            return f"broker forkpipe (pid {self._handle.pid}) was torn down"
+        code = self._handle.poll()
+        if code is not None:
+            return (f"broker forkpipe (pid {self._handle.pid}) exited with code "
+                    f"{_describe_exit(code)}; last log lines:\n{self._read_log_tail()}")
+        if (failure := self._scan_log_for_process_failures()) is not None:
+            return f"broker forkpipe could not create a process: {failure}"
+        if reports := self._read_sanitizer_reports():
+            return f"broker forkpipe: sanitizer report:\n{reports[0][:2000]}"
+        return None
+
+    def stats(self) -> list[BrokerStatsSample]:
+        """Return the resource samples of the broker's process tree taken since deploy."""
+        if self._sampler is not None and not self._torn_down:
+            return self._sampler.samples
+        return list(self._samples)
+
+    def metadata(self) -> dict[str, Any]:
+        """Return what was deployed: version, binary and its hash, command line, options."""
+        options = self._options or Options()
+        config = " ".join(self._argv)
+        return {
+            "backend": self.name,
+            "version": self._version,
+            "binary": self._binary,
+            "binary_sha256": self._binary_sha256,
+            # The compiler is known only for a binary built here (not a configured one).
+            "build": {"variant": _variant(options).value, "compiler": self._compiler},
+            # The command line is this broker's whole configuration.
+            "config": config,
+            "config_sha256": hashlib.sha256(config.encode()).hexdigest() if config else None,
+            "options": options.model_dump(exclude={"backend", "binary"}),
+            "stats_interval_s": options.stats_interval_s,
+            "port": self._port,
+            "pid": self._handle.pid if self._handle is not None else None,
+            "exit_code": self._exit_code,
+            "process_failure": self._process_failure,
+            "sanitizer_reports": list(self._sanitizer_reports) if self._torn_down
+            else self._read_sanitizer_reports(),
+            # After teardown: what the broker left behind (both must be 0).
+            "leftovers": self._leftovers,
+            # How long teardown waited for the last client processes to end before the
+            # final sample (None: they had not all ended after SETTLE_TIMEOUT_S).
+            "settled_s": self._settled_s,
+            "log_tail": self._log_tail if self._torn_down else self._read_log_tail(),
+        }
+
+    # -- teardown -----------------------------------------------------------------------
+
+    def teardown(self) -> None:
+        """Stop sampling and the broker, record what it left, remove its directory; idempotent."""
+        if self._torn_down:
+            return
+        self._torn_down = True
+        if self._sampler is not None:
+            self._settled_s = self._wait_for_clients_to_leave()
+            self._samples = self._sampler.stop()
+        if self._handle is not None:
+            # A code already set means the broker died on its own before teardown.
+            self._exit_code = self._handle.poll()
+            stopped = self._handle.stop(timeout_s=STOP_TIMEOUT_S)
+            if self._exit_code is None:
+                self._exit_code = stopped
+            self._leftovers = self._collect_leftovers(self._handle.pid)
+        self._scan_log_for_process_failures()
+        self._log_tail = self._read_log_tail()
+        self._sanitizer_reports = self._read_sanitizer_reports()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _wait_for_clients_to_leave(self) -> float | None:
+        """Wait until the listener is alone; return how long that took, None if it never was.
+
+        The final sample must read a tree at rest. Clients that disconnect as the run ends
+        take their processes down one by one; a sample taken meanwhile reads some of
+        them before and some after their parent reaped them (and so absorbed their I/O
+        counters), and misses or repeats bytes. Once only the listener is left, its own
+        counters hold every byte of every process that ever served a client. Clients
+        still connected (a failed run) stop the wait once their number stops falling.
+        """
+        assert self._handle is not None
+        started = last_change = time.monotonic()
+        last_count = -1
+        while True:
+            try:
+                count = len(psutil.Process(self._handle.pid).children())
+            except psutil.NoSuchProcess:
+                return None
+            now = time.monotonic()
+            if count == 0:
+                return now - started
+            if count != last_count:
+                last_count, last_change = count, now
+            if now - last_change > SETTLE_STALL_S or now - started > SETTLE_TIMEOUT_S:
+                return None
+            time.sleep(0.02)
+
+    def _collect_leftovers(self, group: int) -> dict[str, int]:
+        """Count (and kill) processes of the broker's group and pipes still present."""
+        stray = _processes_in_group(group)
+        for proc in stray:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                continue
+        pipes = 0
+        if self.state_dir is not None and self.state_dir.exists():
+            pipes = sum(1 for path in self.state_dir.rglob("*")
+                        if stat.S_ISFIFO(path.lstat().st_mode))
+        return {"processes": len(stray), "pipes": pipes}
+
+    # -- logs ---------------------------------------------------------------------------
+
+    def _scan_log_for_process_failures(self) -> str | None:
+        """Return the first line saying the broker could not fork, reading only new text."""
+        if self._process_failure is not None or self._dir is None:
+            return self._process_failure
+        try:
+            with (self._dir / LOG_NAME).open("rb") as log:
+                log.seek(self._log_offset)
+                new = log.read()
+        except OSError:
+            return None
+        complete = new[:new.rfind(b"\n") + 1]
+        self._log_offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            if any(marker in line for marker in PROCESS_FAILURES):
+                self._process_failure = line
+                break
+        return self._process_failure
+
+    def _read_sanitizer_reports(self) -> list[str]:
+        if self._dir is None or self._options is None or not self._options.sanitizers:
+            return []
+        reports = []
+        for path in sorted(self._dir.glob(f"{SANITIZER_PREFIX}.*")):
+            try:
+                reports.append(path.read_text(errors="replace"))
+            except OSError:
+                continue
+        return reports
+
+    def _read_log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """Return the last ``lines`` lines the broker wrote."""
+        if self._dir is None:
+            return ""
+        try:
+            text = (self._dir / LOG_NAME).read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def _variant(options: Options) -> Variant:
+    return Variant.SANITIZED if options.sanitizers else Variant.RELEASE
+
+
+def _resolve_binary(options: Options) -> Path:
+    """Return the broker executable: the configured one, or an up-to-date build."""
+    if options.binary is None:
+        return ensure_built(_variant(options))
+    path = Path(options.binary)
+    if path.is_file() and os.access(path, os.X_OK):
+        return path
+    raise MissingSystemDependency(
+        f"broker option binary={options.binary!r} is not an executable file; point it at "
+        "mqttbed-forkpipe, or leave it unset to build one with `make -C brokers/forkpipe`")
+
+
+def _command(binary: str, options: Options, address: str, port: int, workdir: Path) -> list[str]:
+    """Return the broker's command line for one deploy (recorded in the run's metadata)."""
+    argv = [binary, "--port", str(port), "--bind", address,
+            "--base-dir", str(workdir / "state"),
+            "--select-timeout-ms", str(options.select_timeout_ms),
+            "--send-timeout-ms", str(options.send_timeout_ms),
+            "--connect-timeout-ms", str(options.connect_timeout_ms),
+            "--max-packet-bytes", str(options.max_packet_bytes)]
+    if options.verbose:
+        argv.append("--verbose")
+    return argv
+
+
+def _probe_version(binary: str, host: Host, workdir: Path) -> str:
+    """Return the version ``mqttbed-forkpipe --version`` prints ("0.1.0"), or "unknown"."""
+    out_path = workdir / "version.txt"
+    handle = host.spawn([binary, "--version"], log_path=out_path)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while handle.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    handle.stop(timeout_s=1.0)
+    words = out_path.read_text(errors="replace").split()
+    return words[1] if len(words) > 1 and words[0] == "mqttbed-forkpipe" else "unknown"
+
+
+def _processes_in_group(group: int) -> list[psutil.Process]:
+    """Return the live processes whose process group is ``group`` (the broker's session)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == group and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return found
+
