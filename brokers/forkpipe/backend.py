@@ -28,8 +28,8 @@ and subscription process counts in CPU %, RSS and I/O bytes (:mod:`.sampling` ex
 why it keeps nothing of ended processes: their parents hold their I/O once they reap
 them). The I/O bytes of this broker include its pipe traffic (each message is written
 into a pipe and read out of it again before it reaches a socket): that is part of what
-the design costs, and it is why its "network" kB/s read about twice Mosquitto's for the
-same messages.
+the design costs. For the same messages its kB/s sent read about twice Mosquitto's, and
+its kB/s received add every delivery read back out of a pipe to the published bytes.
 
 The binary is built from ``src/`` with make on first use (see :mod:`.build`); it is built
 on the controller machine, so this backend deploys to the local host.
@@ -50,6 +50,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from mqttbed.brokers.forkpipe.build import Variant, compiler_version, ensure_built
+from mqttbed.brokers.forkpipe.reports import BrokerReports
 from mqttbed.brokers.forkpipe.sampling import ReapedTreeSampler
 from mqttbed.brokers.mosquitto import _describe_exit, _listens_on, _sha256_file
 from mqttbed.core.errors import BackendError, MissingSystemDependency
@@ -65,11 +66,6 @@ STOP_TIMEOUT_S = 8.0
 # teardown waits for them (see _wait_for_clients_to_leave), but not for clients that stay.
 SETTLE_TIMEOUT_S = 10.0
 SETTLE_STALL_S = 1.0
-LOG_TAIL_LINES = 50
-LOG_NAME = "broker.log"
-SANITIZER_PREFIX = "sanitizer"
-# Lines the broker writes when the machine refuses it a process: the run cannot be valid.
-PROCESS_FAILURES = ("cannot fork", "cannot start a subscription process")
 MQTT_MAX_PACKET = 5 + 268_435_455
 
 
@@ -110,6 +106,7 @@ class ForkPipeBackend:
         self._handle: ProcessHandle | None = None
         self._sampler: ReapedTreeSampler | None = None
         self._dir: Path | None = None
+        self._reports: BrokerReports | None = None
         self._binary: str | None = None
         self._binary_sha256: str | None = None
         self._version: str | None = None
@@ -118,8 +115,8 @@ class ForkPipeBackend:
         self._port: int | None = None
         self._samples: list[BrokerStatsSample] = []
         self._exit_code: int | None = None
+        # Read from the broker's directory at teardown, before it is removed.
         self._log_tail: str | None = None
-        self._log_offset = 0
         self._process_failure: str | None = None
         self._sanitizer_reports: list[str] = []
         self._leftovers: dict[str, int] | None = None
@@ -144,6 +141,7 @@ class ForkPipeBackend:
         self._compiler = compiler_version() if options.binary is None else None
         self._binary_sha256 = _sha256_file(Path(self._binary))
         self._dir = host.make_dir("mqttbed-forkpipe-")
+        self._reports = BrokerReports(self._dir, options.sanitizers)
         try:
             self._version = _probe_version(self._binary, host, self._dir)
             port, handle = self._start(options, host)
@@ -158,15 +156,15 @@ class ForkPipeBackend:
 
     def _start(self, options: Options, host: Host) -> tuple[int, ProcessHandle]:
         """Start the broker on a free port, retrying on a new port if it fails to start."""
-        assert self._dir is not None and self._binary is not None
+        assert self._dir is not None and self._binary is not None and self._reports is not None
         failures: list[str] = []
         for attempt in range(1, DEPLOY_ATTEMPTS + 1):
             # free_port() only says the port was free a moment ago; another process can
             # take it before the broker binds, which is why a failed start is retried.
             port = host.free_port()
             self._argv = _command(self._binary, options, host.address, port, self._dir)
-            handle = host.spawn(self._argv, env=self._sanitizer_env(),
-                                log_path=self._dir / LOG_NAME)
+            handle = host.spawn(self._argv, env=self._reports.sanitizer_env(),
+                                log_path=self._reports.log_path)
             try:
                 wait_for_tcp(host.address, port, STARTUP_TIMEOUT_S, alive=handle)
                 if not _listens_on(handle.pid, port):
@@ -178,16 +176,8 @@ class ForkPipeBackend:
                 failures.append(f"attempt {attempt} on port {port}: {exc}")
         raise BackendError(
             f"mqttbed-forkpipe ({self._binary}) did not start after {DEPLOY_ATTEMPTS} "
-            "attempts:\n" + "\n".join(failures) + "\nlast log lines:\n" + self._read_log_tail())
-
-    def _sanitizer_env(self) -> dict[str, str] | None:
-        """Send sanitizer reports to files (one per process) instead of the shared log."""
-        if self._options is None or not self._options.sanitizers:
-            return None
-        assert self._dir is not None
-        log_path = self._dir / SANITIZER_PREFIX
-        return {"ASAN_OPTIONS": f"log_path={log_path}:detect_leaks=1:abort_on_error=0",
-                "UBSAN_OPTIONS": f"log_path={log_path}:print_stacktrace=1:halt_on_error=1"}
+            "attempts:\n" + "\n".join(failures) + "\nlast log lines:\n"
+            + self._reports.log_tail())
 
     # -- while running ------------------------------------------------------------------
 
@@ -197,13 +187,14 @@ class ForkPipeBackend:
             return "broker forkpipe is not deployed"
         if self._torn_down:
             return f"broker forkpipe (pid {self._handle.pid}) was torn down"
+        assert self._reports is not None
         code = self._handle.poll()
         if code is not None:
             return (f"broker forkpipe (pid {self._handle.pid}) exited with code "
-                    f"{_describe_exit(code)}; last log lines:\n{self._read_log_tail()}")
-        if (failure := self._scan_log_for_process_failures()) is not None:
+                    f"{_describe_exit(code)}; last log lines:\n{self._reports.log_tail()}")
+        if (failure := self._reports.process_failure()) is not None:
             return f"broker forkpipe could not create a process: {failure}"
-        if reports := self._read_sanitizer_reports():
+        if reports := self._reports.sanitizer_reports():
             return f"broker forkpipe: sanitizer report:\n{reports[0][:2000]}"
         return None
 
@@ -217,6 +208,7 @@ class ForkPipeBackend:
         """Return what was deployed: version, binary and its hash, command line, options."""
         options = self._options or Options()
         config = " ".join(self._argv)
+        live = self._reports is not None and not self._torn_down
         return {
             "backend": self.name,
             "version": self._version,
@@ -232,15 +224,16 @@ class ForkPipeBackend:
             "port": self._port,
             "pid": self._handle.pid if self._handle is not None else None,
             "exit_code": self._exit_code,
-            "process_failure": self._process_failure,
-            "sanitizer_reports": list(self._sanitizer_reports) if self._torn_down
-            else self._read_sanitizer_reports(),
+            "process_failure": self._reports.process_failure() if live
+            else self._process_failure,
+            "sanitizer_reports": self._reports.sanitizer_reports() if live
+            else list(self._sanitizer_reports),
             # After teardown: what the broker left behind (both must be 0).
             "leftovers": self._leftovers,
             # How long teardown waited for the last client processes to end before the
             # final sample (None: they had not all ended after SETTLE_TIMEOUT_S).
             "settled_s": self._settled_s,
-            "log_tail": self._log_tail if self._torn_down else self._read_log_tail(),
+            "log_tail": self._reports.log_tail() if live else self._log_tail,
         }
 
     # -- teardown -----------------------------------------------------------------------
@@ -260,9 +253,10 @@ class ForkPipeBackend:
             if self._exit_code is None:
                 self._exit_code = stopped
             self._leftovers = self._collect_leftovers(self._handle.pid)
-        self._scan_log_for_process_failures()
-        self._log_tail = self._read_log_tail()
-        self._sanitizer_reports = self._read_sanitizer_reports()
+        if self._reports is not None:
+            self._process_failure = self._reports.process_failure()
+            self._log_tail = self._reports.log_tail()
+            self._sanitizer_reports = self._reports.sanitizer_reports()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -306,47 +300,6 @@ class ForkPipeBackend:
             pipes = sum(1 for path in self.state_dir.rglob("*")
                         if stat.S_ISFIFO(path.lstat().st_mode))
         return {"processes": len(stray), "pipes": pipes}
-
-    # -- logs ---------------------------------------------------------------------------
-
-    def _scan_log_for_process_failures(self) -> str | None:
-        """Return the first line saying the broker could not fork, reading only new text."""
-        if self._process_failure is not None or self._dir is None:
-            return self._process_failure
-        try:
-            with (self._dir / LOG_NAME).open("rb") as log:
-                log.seek(self._log_offset)
-                new = log.read()
-        except OSError:
-            return None
-        complete = new[:new.rfind(b"\n") + 1]
-        self._log_offset += len(complete)
-        for line in complete.decode(errors="replace").splitlines():
-            if any(marker in line for marker in PROCESS_FAILURES):
-                self._process_failure = line
-                break
-        return self._process_failure
-
-    def _read_sanitizer_reports(self) -> list[str]:
-        if self._dir is None or self._options is None or not self._options.sanitizers:
-            return []
-        reports = []
-        for path in sorted(self._dir.glob(f"{SANITIZER_PREFIX}.*")):
-            try:
-                reports.append(path.read_text(errors="replace"))
-            except OSError:
-                continue
-        return reports
-
-    def _read_log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        """Return the last ``lines`` lines the broker wrote."""
-        if self._dir is None:
-            return ""
-        try:
-            text = (self._dir / LOG_NAME).read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
 
 
 def _variant(options: Options) -> Variant:

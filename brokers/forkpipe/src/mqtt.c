@@ -3,6 +3,14 @@
 
 #include <string.h>
 
+const char *mqtt_packet_name(unsigned type) {
+    static const char *names[16] = {"reserved type 0", "CONNECT", "CONNACK", "PUBLISH",
+                                    "PUBACK", "PUBREC", "PUBREL", "PUBCOMP", "SUBSCRIBE",
+                                    "SUBACK", "UNSUBSCRIBE", "UNSUBACK", "PINGREQ",
+                                    "PINGRESP", "DISCONNECT", "reserved type 15"};
+    return names[type & 15u];
+}
+
 enum mqtt_frame_status mqtt_frame(const uint8_t *buf, size_t len, size_t *header_len,
                                   size_t *remaining) {
     size_t value = 0;

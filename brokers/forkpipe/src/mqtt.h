@@ -36,6 +36,9 @@ enum mqtt_packet_type {
 
 enum mqtt_frame_status { MQTT_FRAME_INCOMPLETE, MQTT_FRAME_OK, MQTT_FRAME_MALFORMED };
 
+/* The name of a packet type ("SUBSCRIBE"), for log lines. */
+const char *mqtt_packet_name(unsigned type);
+
 /* Reads the fixed header at buf[0..len): on MQTT_FRAME_OK sets the header's length and
  * the remaining length (the packet is header_len + remaining bytes, maybe not all here
  * yet). MALFORMED when the remaining length runs past four bytes. */
