@@ -12,7 +12,6 @@ import hashlib
 import os
 import re
 import shutil
-import signal
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,7 +21,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from mqttbed.core.errors import BackendError, MissingSystemDependency
-from mqttbed.core.host import Host, ProcessHandle, wait_for_tcp
+from mqttbed.core.host import Host, ProcessHandle, describe_exit, sha256_file, wait_for_tcp
 from mqttbed.core.protocol import Endpoint, Transport
 from mqttbed.core.samples import BrokerStatsSample
 from mqttbed.instruments.resources import ProcessTreeSampler
@@ -84,7 +83,7 @@ class MosquittoBackend:
         options = spec if isinstance(spec, Options) else Options.model_validate(spec)
         self._options, self._host = options, host
         self._binary = _find_binary(options.binary)
-        self._binary_sha256 = _sha256_file(Path(self._binary))
+        self._binary_sha256 = sha256_file(Path(self._binary))
         self._dir = host.make_dir("mqttbed-mosquitto-")
         try:
             self._version = _probe_version(self._binary, host, self._dir)
@@ -114,7 +113,7 @@ class MosquittoBackend:
             try:
                 wait_for_tcp(host.address, port, STARTUP_TIMEOUT_S, alive=handle)
                 # wait_for_tcp succeeds if *anyone* listens there; make sure it is ours.
-                if not _listens_on(handle.pid, port):
+                if not listens_on(handle.pid, port):
                     raise RuntimeError(f"port {port} answered, but not from mosquitto "
                                        f"(pid {handle.pid}): another process took it")
                 return port, handle
@@ -137,7 +136,7 @@ class MosquittoBackend:
         if code is None:
             return None
         return (f"broker mosquitto (pid {self._handle.pid}) exited with code "
-                f"{_describe_exit(code)}; last log lines:\n{self._read_log_tail()}")
+                f"{describe_exit(code)}; last log lines:\n{self._read_log_tail()}")
 
     def stats(self) -> list[BrokerStatsSample]:
         """Return the resource samples of the broker's process tree taken since deploy."""
@@ -255,7 +254,7 @@ def _render_config(options: Options, address: str, port: int, workdir: Path) -> 
     return "\n".join(lines) + "\n"
 
 
-def _listens_on(pid: int, port: int) -> bool:
+def listens_on(pid: int, port: int) -> bool:
     """Return True if process ``pid`` holds a listening TCP socket on ``port``."""
     try:
         connections = psutil.Process(pid).net_connections(kind="tcp")
@@ -265,20 +264,3 @@ def _listens_on(pid: int, port: int) -> bool:
                for c in connections)
 
 
-def _describe_exit(code: int) -> str:
-    """Return an exit code as text, naming the signal for a negative (killed) code."""
-    if code < 0:
-        try:
-            return f"{code} (killed by {signal.Signals(-code).name})"
-        except ValueError:
-            return str(code)
-    return str(code)
-
-
-def _sha256_file(path: Path) -> str:
-    """Return the hex SHA-256 of the file at ``path``."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from pathlib import Path
 
-from mqttbed.core.host import Host, ProcessHandle
-
-
-def describe_exit(code: int) -> str:
-    """Say how a process ended, naming the signal when it was killed by one."""
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
+from mqttbed.core.host import Host, ProcessHandle, describe_exit
 
 
 class LocalAgentPool:
@@ -45,7 +34,8 @@ class LocalAgentPool:
             lines = [line for line in self._logs[name].read_text(errors="replace").splitlines()
                      if line.strip()] if self._logs[name].exists() else []
             last = f": {lines[-1].strip()}" if lines else ""
-            reasons.append(f"agent {name} (pid {proc.pid}) {describe_exit(code)}{last}")
+            reasons.append(f"agent {name} (pid {proc.pid}) exited with code "
+                           f"{describe_exit(code)}{last}")
         return reasons
 
     def stop(self, grace_s: float = 2.0, timeout_s: float = 3.0) -> None:

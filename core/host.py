@@ -7,6 +7,7 @@ strings, so the same backend code deploys locally and on a lab machine.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import socket
@@ -100,6 +101,25 @@ class LocalHost:
 
     def make_dir(self, prefix: str) -> Path:
         return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def describe_exit(code: int) -> str:
+    """An exit code as text, naming the signal of a negative (killed) code: ``-9 (SIGKILL)``."""
+    if code < 0:
+        try:
+            return f"{code} (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return str(code)
+    return str(code)
+
+
+def sha256_file(path: Path) -> str:
+    """The hex SHA-256 of the file at ``path``."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def wait_for_tcp(host: str, port: int, timeout_s: float,

@@ -16,12 +16,15 @@ What each field of a :class:`BrokerStatsSample` means here:
 - ``rss_bytes``: sum of resident set sizes (shared pages of forked children are counted
   once per process, as ``ps`` would).
 - ``bytes_recv`` / ``bytes_sent``: sum of ``/proc/<pid>/io`` ``rchar`` / ``wchar``, the
-  bytes passed through read/recv/write/send system calls. Linux keeps no per-process
-  network counters, so these are a per-process *proxy* for network bytes: they include
-  the broker's own small file I/O (config, log lines, persistence if enabled) and pipe
-  traffic between a forked broker's processes. They are cumulative since each process
-  started; the counters of a process that exits are kept (as last sampled), so the tree
-  total never goes backwards when a child dies.
+  bytes passed through read()/write() system calls (recv()/send() on a socket do not
+  count there). Linux keeps no per-process network counters, so these are a per-process
+  *proxy* for network bytes: they include the broker's own small file I/O (config, log
+  lines, persistence if enabled) and pipe traffic between a forked broker's processes.
+  They are cumulative since each process started. Nothing is kept of a process that
+  ended: when its parent reaps it with ``wait()``, Linux adds its counters to the
+  parent's, so the tree total already holds them (keeping them too counted a fork/pipe
+  broker's bytes two to three times). Between a child's exit and its reaping its bytes
+  are briefly in neither place, so a sample that falls there reads slightly low.
 - ``processes``: how many processes of the tree were read in that sample.
 
 Timestamps are CLOCK_MONOTONIC nanoseconds (:func:`mqttbed.core.clock.monotonic_ns`).
@@ -89,8 +92,6 @@ class ProcessTreeSampler:
         self.interval_s = interval_s
         self._tracked: dict[int, _Tracked] = {}
         # I/O of processes that left the tree, so cumulative bytes stay monotonic.
-        self._retired_read = 0
-        self._retired_write = 0
         self._samples: list[BrokerStatsSample] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -178,8 +179,6 @@ class ProcessTreeSampler:
             # psutil.Process equality includes the creation time, so a reused pid is a
             # new process and must not inherit the old one's CPU baseline.
             if tracked is None or tracked.process != listed_process:
-                if tracked is not None:
-                    self._retire(tracked)
                 tracked = _Tracked(listed_process)
                 self._tracked[listed_process.pid] = tracked
             process = tracked.process
@@ -200,21 +199,18 @@ class ProcessTreeSampler:
             live_read += tracked.read_chars
             live_write += tracked.write_chars
 
+        # Ended processes are forgotten: their reaping parent now holds their I/O.
         for pid in [pid for pid in self._tracked if pid not in seen and pid != self.pid]:
-            self._retire(self._tracked.pop(pid))
+            del self._tracked[pid]
 
         return BrokerStatsSample(
             t_ns=monotonic_ns(),
             cpu_percent=cpu_percent,
             rss_bytes=rss_bytes,
-            bytes_recv=self._retired_read + live_read,
-            bytes_sent=self._retired_write + live_write,
+            bytes_recv=live_read,
+            bytes_sent=live_write,
             processes=len(seen),
         )
-
-    def _retire(self, tracked: _Tracked) -> None:
-        self._retired_read += tracked.read_chars
-        self._retired_write += tracked.write_chars
 
 
 def summarize(samples: Sequence[BrokerStatsSample]) -> dict[str, float | int | None]:

@@ -73,7 +73,7 @@ def test_killed_agent_fails_run_with_reason_and_keeps_uploaded_events(controller
 
     run = only_run(controller, campaign_id)
     assert run.state == RunState.FAILED
-    assert f"(pid {victim.pid}) was killed by SIGKILL" in run.reason
+    assert f"(pid {victim.pid}) exited with code -9 (killed by SIGKILL)" in run.reason
     with controller.sessions() as s:
         assert {a.pid: a.state for a in s.query(AgentRow)}[victim.pid] == "gone"
     assert result["status"] == "failed"

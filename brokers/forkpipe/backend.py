@@ -24,12 +24,13 @@ Choices where the seed was silent or could not do something:
 - A malformed packet closes that client's connection only; it is logged.
 
 Measurement: the sampler reads the broker's whole process tree, so every forked client
-and subscription process counts in CPU %, RSS and I/O bytes (:mod:`.sampling` explains
-why it keeps nothing of ended processes: their parents hold their I/O once they reap
-them). The I/O bytes of this broker include its pipe traffic (each message is written
-into a pipe and read out of it again before it reaches a socket): that is part of what
-the design costs. For the same messages its kB/s sent read about twice Mosquitto's, and
-its kB/s received add every delivery read back out of a pipe to the published bytes.
+and subscription process counts in CPU %, RSS and I/O bytes (the sampler's module,
+:mod:`mqttbed.instruments.resources`, explains why it keeps nothing of ended processes:
+their parents hold their I/O once they reap them). The I/O bytes of this broker include
+its pipe traffic (each message is written into a pipe and read out of it again before it
+reaches a socket): that is part of what the design costs. For the same messages its kB/s
+sent read about twice Mosquitto's, and its kB/s received add every delivery read back out
+of a pipe to the published bytes.
 
 The binary is built from ``src/`` with make on first use (see :mod:`.build`); it is built
 on the controller machine, so this backend deploys to the local host.
@@ -51,12 +52,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mqttbed.brokers.forkpipe.build import Variant, compiler_version, ensure_built
 from mqttbed.brokers.forkpipe.reports import BrokerReports
-from mqttbed.brokers.forkpipe.sampling import ReapedTreeSampler
-from mqttbed.brokers.mosquitto import _describe_exit, _listens_on, _sha256_file
+from mqttbed.brokers.mosquitto import listens_on
 from mqttbed.core.errors import BackendError, MissingSystemDependency
-from mqttbed.core.host import Host, ProcessHandle, wait_for_tcp
+from mqttbed.core.host import Host, ProcessHandle, describe_exit, sha256_file, wait_for_tcp
 from mqttbed.core.protocol import Endpoint, Transport
 from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.instruments.resources import ProcessTreeSampler
 
 DEPLOY_ATTEMPTS = 3
 STARTUP_TIMEOUT_S = 5.0
@@ -104,7 +105,7 @@ class ForkPipeBackend:
         self._options: Options | None = None
         self._host: Host | None = None
         self._handle: ProcessHandle | None = None
-        self._sampler: ReapedTreeSampler | None = None
+        self._sampler: ProcessTreeSampler | None = None
         self._dir: Path | None = None
         self._reports: BrokerReports | None = None
         self._binary: str | None = None
@@ -139,14 +140,14 @@ class ForkPipeBackend:
         self._options, self._host = options, host
         self._binary = str(_resolve_binary(options))
         self._compiler = compiler_version() if options.binary is None else None
-        self._binary_sha256 = _sha256_file(Path(self._binary))
+        self._binary_sha256 = sha256_file(Path(self._binary))
         self._dir = host.make_dir("mqttbed-forkpipe-")
         self._reports = BrokerReports(self._dir, options.sanitizers)
         try:
             self._version = _probe_version(self._binary, host, self._dir)
             port, handle = self._start(options, host)
             self._port, self._handle = port, handle
-            self._sampler = ReapedTreeSampler(handle.pid, options.stats_interval_s)
+            self._sampler = ProcessTreeSampler(handle.pid, options.stats_interval_s)
             self._sampler.start()
         except BaseException:
             # A failed deploy must leave nothing behind: no process, no pipe, no directory.
@@ -167,7 +168,7 @@ class ForkPipeBackend:
                                 log_path=self._reports.log_path)
             try:
                 wait_for_tcp(host.address, port, STARTUP_TIMEOUT_S, alive=handle)
-                if not _listens_on(handle.pid, port):
+                if not listens_on(handle.pid, port):
                     raise RuntimeError(f"port {port} answered, but not from mqttbed-forkpipe "
                                        f"(pid {handle.pid}): another process took it")
                 return port, handle
@@ -191,7 +192,7 @@ class ForkPipeBackend:
         code = self._handle.poll()
         if code is not None:
             return (f"broker forkpipe (pid {self._handle.pid}) exited with code "
-                    f"{_describe_exit(code)}; last log lines:\n{self._reports.log_tail()}")
+                    f"{describe_exit(code)}; last log lines:\n{self._reports.log_tail()}")
         if (failure := self._reports.process_failure()) is not None:
             return f"broker forkpipe could not create a process: {failure}"
         if reports := self._reports.sanitizer_reports():

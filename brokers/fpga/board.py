@@ -19,7 +19,6 @@ available where it was written.
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 import shlex
 from dataclasses import asdict, dataclass
@@ -29,6 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mqttbed.core.errors import BackendError
+from mqttbed.core.host import sha256_file
 
 
 class BoardOptions(BaseModel):
@@ -80,15 +80,6 @@ class BoardDeployment:
 
     def as_metadata(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def sha256_file(path: Path) -> str:
-    """Return the hex SHA-256 of the file at ``path``."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def program_board(options: BoardOptions) -> BoardDeployment:
