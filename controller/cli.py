@@ -72,7 +72,7 @@ def print_points(stats: dict[str, Any]) -> None:
 
     table = Table(title=f"{stats['campaign']['name']} ({stats['campaign']['id']})")
     for column in ("point", "backend", "runs", "latency p50 µs", "latency p99 µs",
-                   "spread p50 µs", "spread p99 µs", "received", "lost"):
+                   "spread p50 µs", "spread p99 µs", "received", "lost", "broker CPU %"):
         table.add_column(column, justify="left" if column in ("point", "backend") else "right")
     for point in stats["points"]:
         params = ", ".join(f"{k}={v}" for k, v in point["params"].items()) or "(no sweep)"
@@ -82,7 +82,7 @@ def print_points(stats: dict[str, Any]) -> None:
         table.add_row(params, point["backend"], runs, _us(latency["p50"]), _us(latency["p99"]),
                       _us(spread["p50"]), _us(spread["p99"]),
                       f"{point['deliveries_received']}/{point['deliveries_expected']}",
-                      str(point["lost"]))
+                      str(point["lost"]), _us(point["broker"]["cpu_percent_mean"]))
     Console(width=160).print(table)
 
 
