@@ -94,7 +94,7 @@ class AssignmentRunner:
             self._post(f"{base}/done", Done(run_id=a.run_id, agent_id=self._agent_id,
                                             chunks=chunks, published=published, received=received))
         except Exception as exc:  # noqa: BLE001 - any failure is reported, with its reason
-            # The original failure is the one to report; a failing flush must not hide it.
+            # Flush first: the controller tears the run down as soon as it hears of this.
             if uploader is not None:
                 with contextlib.suppress(Exception):
                     uploader.close()
@@ -103,6 +103,11 @@ class AssignmentRunner:
                 self._post(f"{base}/error", AgentFailure(run_id=a.run_id, agent_id=self._agent_id,
                                                          reason=reason))
         finally:
+            # An aborted run flushes here too; a failing flush must not hide the original
+            # failure. Closing twice sends nothing twice.
+            if uploader is not None:
+                with contextlib.suppress(Exception):
+                    uploader.close()
             if session is not None:
                 session.close()
             self._on_finished()
