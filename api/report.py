@@ -52,7 +52,10 @@ def _numeric_axis(points: list[dict[str, Any]]) -> str | None:
 
 
 def _series_key(point: dict[str, Any], x_key: str | None) -> str:
-    """Which curve a point belongs to: everything but the x parameter."""
+    """Which curve a point belongs to: everything but the x parameter (without a numeric
+    parameter the x axis names the points, and there is one curve per backend)."""
+    if x_key is None:
+        return point["backend"]
     rest = {k: v for k, v in point["params"].items() if k not in (x_key, "broker.backend")}
     name = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in rest.items())
     return f"{point['backend']}" + (f" ({name})" if name else "")
@@ -70,7 +73,7 @@ def _versus_parameter(points: list[dict[str, Any]], figure: str, title: str,
         members = [m for m in members if m[figure]["p50"] is not None]
         if x_key:
             members.sort(key=lambda m: m["params"][x_key])
-        xs = [m["params"][x_key] if x_key else point_label(m, show_backend) for m in members]
+        xs = [m["params"][x_key] if x_key else point_label(m, False) for m in members]
         p50 = [m[figure]["p50"] for m in members]
         data.append({"type": "scatter", "mode": "lines+markers", "name": f"{name}: p50",
                      "x": xs, "y": p50,
@@ -145,14 +148,20 @@ def build_figures(stats: dict[str, Any], spec: dict[str, Any]) -> dict[str, dict
 
     def broker_bars(keys: tuple[tuple[str, str], ...], title: str, unit: str
                     ) -> dict[str, Any]:
-        return {"data": [
-            {"type": "bar", "name": name, "x": names,
-             "y": [p["broker"][key] for p in points],
-             "error_y": {"type": "data", "array": [p["broker"].get(f"{key}_std") or 0
-                                                   for p in points]}}
-            for key, name in keys],
-            "layout": {"title": {"text": title}, "barmode": "group",
-                       "yaxis": {"title": {"text": unit}}}}
+        """Bars per point; with several backends, the backends side by side per point."""
+        groups = ({p["backend"] for p in points} if show_backend else {None})
+        data = []
+        for backend in sorted(groups, key=str):
+            members = [p for p in points if backend is None or p["backend"] == backend]
+            for key, name in keys:
+                data.append({
+                    "type": "bar", "name": f"{backend}: {name}" if backend else name,
+                    "x": [point_label(p, False) for p in members],
+                    "y": [p["broker"][key] for p in members],
+                    "error_y": {"type": "data", "array": [p["broker"].get(f"{key}_std") or 0
+                                                          for p in members]}})
+        return {"data": data, "layout": {"title": {"text": title}, "barmode": "group",
+                                         "yaxis": {"title": {"text": unit}}}}
 
     scoped = [p for p in points if p.get("scope")]
     if scoped:
