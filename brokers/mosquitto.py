@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
+from mqttbed.brokers.processes import start_listening
 from mqttbed.core.errors import BackendError, MissingSystemDependency
-from mqttbed.core.host import Host, ProcessHandle, describe_exit, sha256_file, wait_for_tcp
+from mqttbed.core.host import Host, ProcessHandle, describe_exit, sha256_file
 from mqttbed.core.protocol import Endpoint, Transport
 from mqttbed.core.samples import BrokerStatsSample
 from mqttbed.instruments.resources import ProcessTreeSampler
@@ -98,31 +98,19 @@ class MosquittoBackend:
         return Endpoint(host=host.address, port=port, transport=Transport.MQTT_TCP)
 
     def _start(self, options: Options, host: Host) -> tuple[int, ProcessHandle]:
-        """Start Mosquitto on a free port, retrying on a new port if it fails to start."""
+        """Start Mosquitto on a free port (a new config per attempt)."""
         assert self._dir is not None and self._binary is not None
         conf_path = self._dir / "mosquitto.conf"
-        failures: list[str] = []
-        for attempt in range(1, DEPLOY_ATTEMPTS + 1):
-            # free_port() only says the port was free a moment ago; another process can
-            # take it before Mosquitto binds, which is why a failed start is retried.
-            port = host.free_port()
+
+        def launch(port: int) -> ProcessHandle:
             self._config = _render_config(options, host.address, port, self._dir)
             conf_path.write_text(self._config)
-            handle = host.spawn([self._binary, "-c", str(conf_path)],
-                                log_path=self._dir / "stdout.log")
-            try:
-                wait_for_tcp(host.address, port, STARTUP_TIMEOUT_S, alive=handle)
-                # wait_for_tcp succeeds if *anyone* listens there; make sure it is ours.
-                if not listens_on(handle.pid, port):
-                    raise RuntimeError(f"port {port} answered, but not from mosquitto "
-                                       f"(pid {handle.pid}): another process took it")
-                return port, handle
-            except (RuntimeError, TimeoutError) as exc:
-                handle.stop(timeout_s=2.0)
-                failures.append(f"attempt {attempt} on port {port}: {exc}")
-        raise BackendError(
-            f"mosquitto ({self._binary}) did not start after {DEPLOY_ATTEMPTS} attempts:\n"
-            + "\n".join(failures) + "\nlast log lines:\n" + self._read_log_tail())
+            return host.spawn([self._binary, "-c", str(conf_path)],
+                              log_path=self._dir / "stdout.log")
+
+        return start_listening(host, f"mosquitto ({self._binary})", launch,
+                               attempts=DEPLOY_ATTEMPTS, startup_timeout_s=STARTUP_TIMEOUT_S,
+                               stop_timeout_s=2.0, log_tail=self._read_log_tail)
 
     # -- while running ------------------------------------------------------------------
 
@@ -252,15 +240,5 @@ def _render_config(options: Options, address: str, port: int, workdir: Path) -> 
         # log into our private (0700, root-owned) directory; staying root keeps the log.
         lines.insert(1, "user root")
     return "\n".join(lines) + "\n"
-
-
-def listens_on(pid: int, port: int) -> bool:
-    """Return True if process ``pid`` holds a listening TCP socket on ``port``."""
-    try:
-        connections = psutil.Process(pid).net_connections(kind="tcp")
-    except psutil.Error:
-        return False
-    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
-               for c in connections)
 
 

@@ -52,9 +52,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mqttbed.brokers.forkpipe.build import Variant, compiler_version, ensure_built
 from mqttbed.brokers.forkpipe.reports import BrokerReports
-from mqttbed.brokers.mosquitto import listens_on
+from mqttbed.brokers.processes import start_listening
 from mqttbed.core.errors import BackendError, MissingSystemDependency
-from mqttbed.core.host import Host, ProcessHandle, describe_exit, sha256_file, wait_for_tcp
+from mqttbed.core.host import Host, ProcessHandle, describe_exit, sha256_file
 from mqttbed.core.protocol import Endpoint, Transport
 from mqttbed.core.samples import BrokerStatsSample
 from mqttbed.instruments.resources import ProcessTreeSampler
@@ -156,29 +156,18 @@ class ForkPipeBackend:
         return Endpoint(host=host.address, port=port, transport=Transport.MQTT_TCP)
 
     def _start(self, options: Options, host: Host) -> tuple[int, ProcessHandle]:
-        """Start the broker on a free port, retrying on a new port if it fails to start."""
+        """Start the broker on a free port."""
         assert self._dir is not None and self._binary is not None and self._reports is not None
-        failures: list[str] = []
-        for attempt in range(1, DEPLOY_ATTEMPTS + 1):
-            # free_port() only says the port was free a moment ago; another process can
-            # take it before the broker binds, which is why a failed start is retried.
-            port = host.free_port()
+        reports = self._reports
+
+        def launch(port: int) -> ProcessHandle:
             self._argv = _command(self._binary, options, host.address, port, self._dir)
-            handle = host.spawn(self._argv, env=self._reports.sanitizer_env(),
-                                log_path=self._reports.log_path)
-            try:
-                wait_for_tcp(host.address, port, STARTUP_TIMEOUT_S, alive=handle)
-                if not listens_on(handle.pid, port):
-                    raise RuntimeError(f"port {port} answered, but not from mqttbed-forkpipe "
-                                       f"(pid {handle.pid}): another process took it")
-                return port, handle
-            except (RuntimeError, TimeoutError) as exc:
-                handle.stop(timeout_s=STOP_TIMEOUT_S)
-                failures.append(f"attempt {attempt} on port {port}: {exc}")
-        raise BackendError(
-            f"mqttbed-forkpipe ({self._binary}) did not start after {DEPLOY_ATTEMPTS} "
-            "attempts:\n" + "\n".join(failures) + "\nlast log lines:\n"
-            + self._reports.log_tail())
+            return host.spawn(self._argv, env=reports.sanitizer_env(),
+                              log_path=reports.log_path)
+
+        return start_listening(host, f"mqttbed-forkpipe ({self._binary})", launch,
+                               attempts=DEPLOY_ATTEMPTS, startup_timeout_s=STARTUP_TIMEOUT_S,
+                               stop_timeout_s=STOP_TIMEOUT_S, log_tail=reports.log_tail)
 
     # -- while running ------------------------------------------------------------------
 
