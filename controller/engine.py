@@ -61,6 +61,18 @@ class RunUpdate:
 
 
 @dataclass
+class _LiveRun:
+    """What one run has started so far: torn down, whatever happens, when it ends."""
+
+    spec: CampaignSpec
+    inbox: RunInbox
+    backend: BrokerBackend | None = None
+    pool: LocalAgentPool | None = None
+    recorder: ScopeRecorder | None = None
+    active: list[str] = field(default_factory=list)
+
+
+@dataclass
 class EngineContext:
     """Everything the engine works with: one object instead of globals."""
 
@@ -211,93 +223,99 @@ class RunEngine:
             listener(update)
 
     def _execute(self, run: RunRow, total: int) -> None:
-        spec = CampaignSpec.model_validate(run.spec)
-        registry = self.ctx.registry
-        backend: BrokerBackend | None = None
-        pool: LocalAgentPool | None = None
-        recorder: ScopeRecorder | None = None
-        inbox = registry.open_inbox(run.id, run.campaign_id)
+        """Drive one run through its states; whatever happens, stop all it started."""
+        live = _LiveRun(spec=CampaignSpec.model_validate(run.spec),
+                        inbox=self.ctx.registry.open_inbox(run.id, run.campaign_id))
         try:
             self._transition(run, total, RunState.DEPLOYING)
-            backend = create_backend(spec.broker.backend)
-            endpoint = backend.deploy(spec.broker.options(), self.ctx.host)
-            run.run_metadata = {"broker": backend.metadata(), "endpoint": endpoint.model_dump(),
-                                "host": self.ctx.host.name}
-            pool = LocalAgentPool(self.ctx.host, self.ctx.controller_url, self.ctx.agent_token,
-                                  run.id, agents_needed(spec),
-                                  self.ctx.layout.run_dir(run.campaign_id, run.id) / "agents",
-                                  gpio=spec.agents.gpio, gpio_chip=spec.agents.gpio_chip)
-            agent_ids = self._await_agents(pool, spec)
-            assignments = plan_assignments(spec, run.id, run.campaign_id, endpoint, agent_ids)
-            if spec.measurement.scope is not None:
-                recorder = ScopeRecorder(spec.measurement.scope, assignments)
-                recorder.open()
-                run.run_metadata["scope"] = recorder.metadata()
-                inbox.edge_sink = recorder.feed
-            for agent_id, assignment in assignments.items():
-                registry.send(agent_id, assignment)
-            active = list(assignments)
-            run.run_metadata["agents"] = {a: [c.client_id for c in assignments[a].clients]
-                                          for a in active}
-            self._wait(inbox, active, spec, backend, pool, until=lambda: len(inbox.ready) == len(
-                active), timeout_s=spec.timing.setup_timeout_s, waiting_for="agents ready")
-
-            run.run_metadata["agent_clocks"] = {
-                a: r.clock.model_dump() for a, r in inbox.ready.items()}
-            if recorder is not None:
-                recorder.set_clocks({a: r.clock for a, r in inbox.ready.items()})
-            run.run_metadata["gpio"] = {a: {"backend": r.gpio_backend,
-                                            "toggle_ns": r.gpio_toggle_ns}
-                                        for a, r in inbox.ready.items()}
-            t_start = monotonic_ns() + int(spec.timing.start_lead_s * 1e9)
-            run.run_metadata["t_start_ns"] = t_start
+            self._deploy(run, live)
             self._transition(run, total, RunState.RUNNING)
-            for agent_id in active:
-                registry.send(agent_id, StartAt(run_id=run.id, t_start_ns=t_start))
-            if recorder is not None:
-                recorder.start()
-            window_ns = run_window_ns(spec)
-            # The window is waited out even without agents: an idle broker is measured too.
-            self._wait(inbox, active, spec, backend, pool,
-                       until=lambda: len(inbox.done) == len(active)
-                       and monotonic_ns() >= t_start + window_ns,
-                       timeout_s=spec.timing.start_lead_s + window_ns / 1e9
-                       + spec.timing.drain_s + RUN_GRACE_S,
-                       waiting_for="agents done")
-
+            self._measure(run, live)
             self._transition(run, total, RunState.COLLECTING)
-            if recorder is not None:
-                recorder.stop()
-            self._wait(inbox, active, spec, backend, pool,
-                       until=lambda: all(len(inbox.chunks[a]) >= inbox.done[a].chunks
-                                         for a in active),
-                       timeout_s=COLLECT_TIMEOUT_S, waiting_for="event chunks")
-            run.run_metadata["delivery_counts"] = {
-                a: {"published": d.published, "received": d.received}
-                for a, d in inbox.done.items()}
-            if recorder is not None:
-                recorder.write(self.ctx.layout, run.campaign_id, run.id)
-                run.run_metadata["scope"] |= {"acquisitions": recorder.acquisitions,
-                                              "error": recorder.error}
-            self._finish_run(run, backend)
-            backend = None
+            self._collect(run, live)
+            self._finish_run(run, live.backend)
+            live.backend = None
             self._transition(run, total, RunState.DONE)
         except RunFailed as exc:
-            self._end_badly(run, total, backend, RunState.FAILED, exc.reason)
+            self._end_badly(run, total, live.backend, RunState.FAILED, exc.reason)
         except (RunInterrupted, KeyboardInterrupt) as exc:
-            self._end_badly(run, total, backend, RunState.INTERRUPTED, str(exc) or "interrupted")
+            self._end_badly(run, total, live.backend, RunState.INTERRUPTED,
+                            str(exc) or "interrupted")
             if isinstance(exc, KeyboardInterrupt):
                 raise
         except Exception as exc:  # noqa: BLE001 - a run fails with its reason, never silently
-            self._end_badly(run, total, backend, RunState.FAILED, f"{type(exc).__name__}: {exc}")
+            self._end_badly(run, total, live.backend, RunState.FAILED,
+                            f"{type(exc).__name__}: {exc}")
         finally:
-            if recorder is not None:
-                recorder.stop()
-            self._teardown(pool, backend)
-            registry.close_inbox(run.id)
-            if recorder is not None:
+            if live.recorder is not None:
+                live.recorder.stop()
+            self._teardown(live.pool, live.backend)
+            self.ctx.registry.close_inbox(run.id)
+            if live.recorder is not None:
                 # A failed run keeps the acquisitions it made, like every other event.
-                recorder.write(self.ctx.layout, run.campaign_id, run.id)
+                live.recorder.write(self.ctx.layout, run.campaign_id, run.id)
+
+    def _deploy(self, run: RunRow, live: _LiveRun) -> None:
+        """Broker up, agents registered and assigned, every subscriber holding its SUBACK."""
+        spec, registry = live.spec, self.ctx.registry
+        live.backend = create_backend(spec.broker.backend)
+        endpoint = live.backend.deploy(spec.broker.options(), self.ctx.host)
+        run.run_metadata = {"broker": live.backend.metadata(),
+                            "endpoint": endpoint.model_dump(), "host": self.ctx.host.name}
+        live.pool = LocalAgentPool(self.ctx.host, self.ctx.controller_url, self.ctx.agent_token,
+                                   run.id, agents_needed(spec),
+                                   self.ctx.layout.run_dir(run.campaign_id, run.id) / "agents",
+                                   gpio=spec.agents.gpio, gpio_chip=spec.agents.gpio_chip)
+        agent_ids = self._await_agents(live.pool, spec)
+        assignments = plan_assignments(spec, run.id, run.campaign_id, endpoint, agent_ids)
+        if spec.measurement.scope is not None:
+            live.recorder = ScopeRecorder(spec.measurement.scope, assignments)
+            live.recorder.open()
+            run.run_metadata["scope"] = live.recorder.metadata()
+            live.inbox.edge_sink = live.recorder.feed
+        for agent_id, assignment in assignments.items():
+            registry.send(agent_id, assignment)
+        live.active = list(assignments)
+        run.run_metadata["agents"] = {a: [c.client_id for c in assignments[a].clients]
+                                      for a in live.active}
+        self._wait(live, until=lambda: len(live.inbox.ready) == len(live.active),
+                   timeout_s=spec.timing.setup_timeout_s, waiting_for="agents ready")
+        ready = live.inbox.ready
+        run.run_metadata["agent_clocks"] = {a: r.clock.model_dump() for a, r in ready.items()}
+        run.run_metadata["gpio"] = {a: {"backend": r.gpio_backend, "toggle_ns": r.gpio_toggle_ns}
+                                    for a, r in ready.items()}
+        if live.recorder is not None:
+            live.recorder.set_clocks({a: r.clock for a, r in ready.items()})
+
+    def _measure(self, run: RunRow, live: _LiveRun) -> None:
+        """Hand out one start time and wait out the window (an idle broker too)."""
+        spec = live.spec
+        t_start = monotonic_ns() + int(spec.timing.start_lead_s * 1e9)
+        run.run_metadata["t_start_ns"] = t_start
+        for agent_id in live.active:
+            self.ctx.registry.send(agent_id, StartAt(run_id=run.id, t_start_ns=t_start))
+        if live.recorder is not None:
+            live.recorder.start()
+        window_ns = run_window_ns(spec)
+        self._wait(live, until=lambda: len(live.inbox.done) == len(live.active)
+                   and monotonic_ns() >= t_start + window_ns,
+                   timeout_s=spec.timing.start_lead_s + window_ns / 1e9 + spec.timing.drain_s
+                   + RUN_GRACE_S, waiting_for="agents done")
+
+    def _collect(self, run: RunRow, live: _LiveRun) -> None:
+        """Wait for every chunk the agents said they sent; keep the scope's rows."""
+        inbox = live.inbox
+        if live.recorder is not None:
+            live.recorder.stop()
+        self._wait(live, until=lambda: all(len(inbox.chunks[a]) >= inbox.done[a].chunks
+                                           for a in live.active),
+                   timeout_s=COLLECT_TIMEOUT_S, waiting_for="event chunks")
+        run.run_metadata["delivery_counts"] = {
+            a: {"published": d.published, "received": d.received} for a, d in inbox.done.items()}
+        if live.recorder is not None:
+            live.recorder.write(self.ctx.layout, run.campaign_id, run.id)
+            run.run_metadata["scope"] |= {"acquisitions": live.recorder.acquisitions,
+                                          "error": live.recorder.error}
 
     def _await_agents(self, pool: LocalAgentPool, spec: CampaignSpec) -> list[str]:
         found = self.ctx.registry.wait_for_agents(set(pool.names), spec.timing.setup_timeout_s)
@@ -308,23 +326,24 @@ class RunEngine:
             raise RunFailed("; ".join(reasons))
         return [found[name] for name in pool.names]
 
-    def _wait(self, inbox: RunInbox, agent_ids: list[str], spec: CampaignSpec,
-              backend: BrokerBackend, pool: LocalAgentPool, *, until: Callable[[], bool],
-              timeout_s: float, waiting_for: str) -> None:
+    def _wait(self, live: _LiveRun, *, until: Callable[[], bool], timeout_s: float,
+              waiting_for: str) -> None:
         """Wait for ``until()``, failing the run at once if anything it depends on breaks."""
         deadline = monotonic_ns() + int(timeout_s * 1e9)
+        inbox, spec = live.inbox, live.spec
         while not until():
             if self.is_cancelled(inbox.campaign_id):
                 raise RunInterrupted("campaign cancelled")
             if inbox.errors:
                 raise RunFailed("; ".join(e.reason for e in inbox.errors.values()))
-            if exited := pool.exited():
+            if live.pool is not None and (exited := live.pool.exited()):
                 raise RunFailed("; ".join(exited))
-            silent = self.ctx.registry.silent_agents(agent_ids, spec.timing.heartbeat_timeout_s)
+            silent = self.ctx.registry.silent_agents(live.active,
+                                                     spec.timing.heartbeat_timeout_s)
             if silent:
                 raise RunFailed(f"agent {', '.join(silent)} lost: no heartbeat for "
                                 f"{spec.timing.heartbeat_timeout_s:.1f} s")
-            if (broken := backend.health()) is not None:
+            if live.backend is not None and (broken := live.backend.health()) is not None:
                 raise RunFailed(broken)
             if monotonic_ns() > deadline:
                 raise RunFailed(f"timed out after {timeout_s:.1f} s waiting for {waiting_for}")
