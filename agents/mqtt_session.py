@@ -140,9 +140,13 @@ class MqttSession:
         client = _Client(spec=spec, conn=udp)
         return client
 
-    def connect(self, timeout_s: float) -> None:
+    def connect(self, timeout_s: float,
+                subscribe_at: Callable[[int], int | None] = lambda _rank: None) -> None:
         """Connect every client and subscribe every subscriber, in subscribe-rank order.
 
+        ``subscribe_at(rank)`` is the monotonic time (this agent's clock) at which that
+        subscriber may subscribe, or None for at once: the controller spaces the ranks out
+        so that subscribers on different agents subscribe in rank order too.
         Returns once every subscriber holds its SUBACK; raises RuntimeError otherwise.
         """
         for client in self._clients:
@@ -156,6 +160,10 @@ class MqttSession:
         for client in self._clients:
             if client.spec.role != Role.SUBSCRIBER:
                 continue
+            due = subscribe_at(client.spec.subscribe_rank)
+            while due is not None and (wait_ns := due - monotonic_ns()) > 0:
+                self._check_deadline(deadline, "its turn to subscribe")
+                self.pump(min(wait_ns / 1e9, 0.05))
             client.conn.subscribe(client.spec.topic, qos=client.spec.qos)
             while not client.subscribed:
                 self._check_deadline(deadline, "SUBACK")

@@ -77,7 +77,10 @@ class AssignmentRunner:
                                   gpio_pulses=a.gpio_pulses)
             toggle_ns = toggle_cost_ns(self._gpio, a.clients[0].gpio_pin) if a.clients else None
             uploader.start()
-            session.connect(timeout_s=a.connect_timeout_s)
+            offset = self._clock.offset_ns
+            session.connect(timeout_s=a.connect_timeout_s, subscribe_at=lambda rank: None
+                            if a.subscribe_base_ns is None
+                            else a.subscribe_base_ns + offset + rank * a.subscribe_spacing_ns)
             self._post(f"{base}/ready", Ready(
                 run_id=a.run_id, agent_id=self._agent_id, clients=[c.client_id for c in a.clients],
                 clock=self._clock, gpio_backend=self._gpio.backend, gpio_toggle_ns=toggle_ns))

@@ -114,6 +114,10 @@ class Assignment(Message):
     chunk_interval_s: float = 1.0
     force_clock_probe: bool = False  # estimate the offset even on the controller's machine
     gpio_pulses: bool = False  # pulse the lines instead of toggling them (a scope is watching)
+    # Subscriber of rank r subscribes at subscribe_base_ns + r * subscribe_spacing_ns
+    # (controller clock), so ranks order the subscriptions across agents as well.
+    subscribe_base_ns: int | None = None
+    subscribe_spacing_ns: int = 0
     window_ns: int = 0  # publishing window of the whole run, from the start time
     connect_timeout_s: float = 30.0
     drain_s: float = 1.0

@@ -94,3 +94,17 @@ def test_payload_round_trips_and_has_the_requested_size():
     assert len(encode_payload(0, 0, 0, 0, PAYLOAD_MIN_BYTES)) == PAYLOAD_MIN_BYTES
     with pytest.raises(ValueError):
         decode_payload(b"hello world, not ours at all....")
+
+
+def test_subscribers_wait_for_their_turn_when_given_one(broker):
+    events, gpio = [], VirtualGpio()
+    session = MqttSession(broker, clients(3), gpio, events.append)
+    base = monotonic_ns() + 100_000_000
+    try:
+        session.connect(timeout_s=10, subscribe_at=lambda rank: base + rank * 20_000_000)
+    finally:
+        session.close()
+    subacks = {e[3]: e[10] for e in events if e[0] == "subscribe"}
+    for rank in range(3):
+        assert subacks[f"sub-{rank}"] >= base + rank * 20_000_000
+    assert subacks["sub-0"] < subacks["sub-1"] < subacks["sub-2"]

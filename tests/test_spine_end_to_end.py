@@ -75,6 +75,14 @@ def test_mqttbed_run_measures_a_two_point_sweep(tmp_path):
     table = ds.dataset(campaign_dir, format="parquet", partitioning="hive").to_table()
     assert table.num_rows == 2 * 100 + 100 * (2 + 5) + (2 + 5)
 
+    # subscriptions happen in rank order across both agents: sub-0 first, the last one last
+    for run in runs:
+        rows = ds.dataset(campaign_dir / run, format="parquet").to_table().to_pylist()
+        subscribed = [r["receiver"] for r in sorted(
+            (r for r in rows if r["kind"] == "subscribe"), key=lambda r: r["t_recv_ns"])]
+        assert subscribed == [f"sub-{i}" for i in range(len(subscribed))]
+        assert len({r["agent_id"] for r in rows if r["kind"] == "subscribe"}) >= 2
+
     # nothing it started is left running
     after = processes_matching("mqttbed.agents") | processes_matching("mosquitto")
     assert after <= before
