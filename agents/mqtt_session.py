@@ -26,7 +26,7 @@ import paho.mqtt.client as mqtt
 
 from mqttbed.agents.gpio import GpioLines
 from mqttbed.agents.mqtt_udp import UdpMqttClient
-from mqttbed.core.clock import monotonic_ns
+from mqttbed.core.clock import monotonic_ns, sleep_until_ns
 from mqttbed.core.events import (
     EventKind,
     decode_payload,
@@ -141,14 +141,13 @@ class MqttSession:
         return client
 
     def connect(self, timeout_s: float,
-                subscribe_at: Callable[[int], int | None] = lambda _rank: None) -> None:
-        """Connect every client and subscribe every subscriber, in subscribe-rank order.
+                subscribe_at: Callable[[int], int | None] = lambda _rank: None) -> int:
+        """Connect every client, then subscribe every subscriber (see ``subscribe``)."""
+        self.open(timeout_s)
+        return self.subscribe(timeout_s, subscribe_at)
 
-        ``subscribe_at(rank)`` is the monotonic time (this agent's clock) at which that
-        subscriber may subscribe, or None for at once: the controller spaces the ranks out
-        so that subscribers on different agents subscribe in rank order too.
-        Returns once every subscriber holds its SUBACK; raises RuntimeError otherwise.
-        """
+    def open(self, timeout_s: float) -> None:
+        """Connect every client; returns once each holds its CONNACK, raises otherwise."""
         for client in self._clients:
             client.conn.connect(self._endpoint.host, self._endpoint.port, KEEPALIVE_S)
             self._selector.register(client.conn.socket(), selectors.EVENT_READ, client)
@@ -156,26 +155,48 @@ class MqttSession:
         while not all(c.connected for c in self._clients):
             self._check_deadline(deadline, "CONNACK")
             self.pump(0.05)
-        # Subscribe one at a time so subscribe_rank is the broker's subscription order.
-        for client in self._clients:
+
+    def subscribe(self, timeout_s: float,
+                  subscribe_at: Callable[[int], int | None] = lambda _rank: None) -> int:
+        """Subscribe every subscriber, one at a time, in subscribe-rank order.
+
+        ``subscribe_at(rank)`` is the monotonic time (this agent's clock) at which that
+        subscriber may subscribe, or None for at once: the controller spaces the ranks out
+        so that subscribers on different agents subscribe in rank order too.
+        Returns how late (ns) the latest SUBSCRIBE went out after its time, once every
+        subscriber holds its SUBACK; raises RuntimeError otherwise.
+        """
+        deadline = monotonic_ns() + int(timeout_s * 1e9)
+        late_ns = 0
+        # One at a time, so that subscribe_rank is the broker's subscription order.
+        for client in sorted(self._clients, key=lambda c: c.spec.subscribe_rank):
             if client.spec.role != Role.SUBSCRIBER:
                 continue
             due = subscribe_at(client.spec.subscribe_rank)
-            while due is not None and (wait_ns := due - monotonic_ns()) > 0:
-                self._check_deadline(deadline, "its turn to subscribe")
-                self.pump(min(wait_ns / 1e9, 0.05))
+            if due is not None:
+                # epoll rounds its timeout up to whole ms: pump until 2 ms before the slot,
+                # then sleep the rest precisely.
+                while (wait_ns := due - monotonic_ns()) > 2_000_000:
+                    self._check_deadline(deadline, "its turn to subscribe")
+                    self.pump(min((wait_ns - 2_000_000) / 1e9, 0.05))
+                sleep_until_ns(due)
+                late_ns = max(late_ns, monotonic_ns() - due)
             client.conn.subscribe(client.spec.topic, qos=client.spec.qos)
             while not client.subscribed:
                 self._check_deadline(deadline, "SUBACK")
                 self.pump(0.05)
+        return late_ns
 
     def _check_deadline(self, deadline_ns: int, waiting_for: str) -> None:
         failed = [f"{c.spec.client_id}: {c.failure}" for c in self._clients if c.failure]
         if failed:
             raise RuntimeError("; ".join(failed))
         if monotonic_ns() > deadline_ns:
-            missing = [c.spec.client_id for c in self._clients
-                       if not (c.connected if waiting_for == "CONNACK" else c.subscribed)]
+            if waiting_for == "CONNACK":
+                missing = [c.spec.client_id for c in self._clients if not c.connected]
+            else:
+                missing = [c.spec.client_id for c in self._clients
+                           if c.spec.role == Role.SUBSCRIBER and not c.subscribed]
             raise RuntimeError(f"no {waiting_for} for {', '.join(missing[:5])} "
                                f"from {self._endpoint.host}:{self._endpoint.port}")
 

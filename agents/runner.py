@@ -1,4 +1,9 @@
-"""Executes one assignment: connect, report ready, run at the start time, upload, report done."""
+"""Executes one assignment: connect, subscribe in turn, run at the start time, upload, report.
+
+Two barriers order a run across agents: every agent reports ``Connected`` and waits for
+one ``SubscribeAt`` (so no agent's start-up delay can push its subscribers out of rank
+order), then reports ``Ready`` and waits for one ``StartAt``.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,15 @@ from mqttbed.agents.gpio import GpioLines, toggle_cost_ns
 from mqttbed.agents.mqtt_session import MqttSession
 from mqttbed.agents.uploader import ChunkUploader
 from mqttbed.core.events import ClockSource
-from mqttbed.core.protocol import AgentFailure, Assignment, ClockEstimate, Done, Ready
+from mqttbed.core.protocol import (
+    AgentFailure,
+    Assignment,
+    ClockEstimate,
+    Connected,
+    Done,
+    Ready,
+    SubscribeAt,
+)
 
 
 class AssignmentRunner:
@@ -29,6 +42,8 @@ class AssignmentRunner:
         self._clock = ClockEstimate(offset_ns=0, uncertainty_ns=0, method="unknown")
         self._gpio = gpio
         self._on_finished = on_finished
+        self._subscribe: SubscribeAt | None = None
+        self._may_subscribe = threading.Event()
         self._start_ns: int | None = None
         self._started = threading.Event()
         self._aborted = threading.Event()
@@ -39,6 +54,11 @@ class AssignmentRunner:
     def launch(self) -> None:
         self._thread.start()
 
+    def subscribe_at(self, command: SubscribeAt) -> None:
+        """Subscribe from the controller's ``t_base_ns``, one spacing per rank."""
+        self._subscribe = command
+        self._may_subscribe.set()
+
     def start_at(self, t_start_controller_ns: int) -> None:
         """Start at the controller's ``t_start`` (converted to this agent's clock)."""
         self._start_ns = t_start_controller_ns + self._clock.offset_ns
@@ -47,12 +67,13 @@ class AssignmentRunner:
     def abort(self, reason: str) -> None:
         self.abort_reason = reason
         self._aborted.set()
+        self._may_subscribe.set()
         self._started.set()
 
     def join(self, timeout_s: float) -> None:
         self._thread.join(timeout_s)
 
-    def _post(self, path: str, message: Ready | Done | AgentFailure) -> None:
+    def _post(self, path: str, message: Connected | Ready | Done | AgentFailure) -> None:
         response = self._http.post(path, content=message.model_dump_json(),
                                    headers={"content-type": "application/json"})
         response.raise_for_status()
@@ -77,13 +98,22 @@ class AssignmentRunner:
                                   gpio_pulses=a.gpio_pulses)
             toggle_ns = toggle_cost_ns(self._gpio, a.clients[0].gpio_pin) if a.clients else None
             uploader.start()
-            offset = self._clock.offset_ns
-            session.connect(timeout_s=a.connect_timeout_s, subscribe_at=lambda rank: None
-                            if a.subscribe_base_ns is None
-                            else a.subscribe_base_ns + offset + rank * a.subscribe_spacing_ns)
+            session.open(timeout_s=a.connect_timeout_s)
+            clients = [c.client_id for c in a.clients]
+            self._post(f"{base}/connected", Connected(run_id=a.run_id, agent_id=self._agent_id,
+                                                      clients=clients, clock=self._clock))
+            self._may_subscribe.wait()
+            if self._aborted.is_set():
+                return
+            assert self._subscribe is not None
+            slot_base = self._subscribe.t_base_ns + self._clock.offset_ns
+            spacing = self._subscribe.spacing_ns
+            late_ns = session.subscribe(timeout_s=a.connect_timeout_s,
+                                        subscribe_at=lambda rank: slot_base + rank * spacing)
             self._post(f"{base}/ready", Ready(
-                run_id=a.run_id, agent_id=self._agent_id, clients=[c.client_id for c in a.clients],
-                clock=self._clock, gpio_backend=self._gpio.backend, gpio_toggle_ns=toggle_ns))
+                run_id=a.run_id, agent_id=self._agent_id, clients=clients, clock=self._clock,
+                gpio_backend=self._gpio.backend, gpio_toggle_ns=toggle_ns,
+                subscribe_late_ns=late_ns))
             self._started.wait()
             if self._aborted.is_set():
                 return

@@ -5,14 +5,14 @@ from __future__ import annotations
 from mqttbed.campaigns.spec import CampaignSpec
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import publisher_client_id, subscriber_client_id
-from mqttbed.core.protocol import Assignment, ClientAssignment, Endpoint, Role
+from mqttbed.core.protocol import Assignment, ClientAssignment, Endpoint, Role, SubscribeAt
 
 FIRST_GPIO_PIN = 2  # BCM 2 is the first general-purpose line on a Raspberry Pi header
 # Subscriptions are spread over time in rank order, so that "first subscribed" and "last
 # subscribed" (seed 000, section 6.1) hold across agents: a SUBACK on a LAN or loopback
-# takes well under the spacing. The lead covers each agent's CONNECTs (and its clock probe).
-SUBSCRIBE_LEAD_NS = 500_000_000
-CONNECT_ALLOWANCE_NS = 2_000_000      # per client of the most loaded agent
+# takes well under the spacing. The slots start once every agent is connected; the lead
+# covers handing the SubscribeAt command to each (one long-poll answer).
+SUBSCRIBE_LEAD_NS = 250_000_000
 SUBSCRIBE_SPACING_NS = 1_000_000
 
 
@@ -57,15 +57,17 @@ def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint
         agent = agent_ids[n % len(agent_ids)]
         pin = FIRST_GPIO_PIN + len(per_agent[agent])
         per_agent[agent].append(client.model_copy(update={"gpio_pin": pin}))
-    busiest = max((len(mine) for mine in per_agent.values()), default=0)
-    subscribe_base = monotonic_ns() + SUBSCRIBE_LEAD_NS + busiest * CONNECT_ALLOWANCE_NS
     return {agent: Assignment(run_id=run_id, campaign_id=campaign_id, broker=endpoint,
                               clients=mine, window_ns=window_ns, drain_s=spec.timing.drain_s,
                               connect_timeout_s=spec.timing.setup_timeout_s,
                               force_clock_probe=spec.agents.force_clock_probe,
                               # a virtual scope sees edges only once they are uploaded
                               chunk_interval_s=0.2 if spec.measurement.scope else 1.0,
-                              gpio_pulses=spec.measurement.scope is not None,
-                              subscribe_base_ns=subscribe_base,
-                              subscribe_spacing_ns=SUBSCRIBE_SPACING_NS)
+                              gpio_pulses=spec.measurement.scope is not None)
             for agent, mine in per_agent.items() if mine}
+
+
+def subscribe_slots(run_id: str) -> SubscribeAt:
+    """The run's subscription slots, from a base one lead ahead of now (controller clock)."""
+    return SubscribeAt(run_id=run_id, t_base_ns=monotonic_ns() + SUBSCRIBE_LEAD_NS,
+                       spacing_ns=SUBSCRIBE_SPACING_NS)

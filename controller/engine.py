@@ -21,7 +21,12 @@ from sqlalchemy.orm import sessionmaker
 from mqttbed.brokers.base import BrokerBackend
 from mqttbed.brokers.registry import create_backend
 from mqttbed.campaigns.spec import CampaignSpec, plan_runs
-from mqttbed.controller.assignments import agents_needed, plan_assignments, run_window_ns
+from mqttbed.controller.assignments import (
+    agents_needed,
+    plan_assignments,
+    run_window_ns,
+    subscribe_slots,
+)
 from mqttbed.controller.db import CampaignRow, RunRow, TransitionRow, utcnow
 from mqttbed.controller.local_agents import LocalAgentPool
 from mqttbed.controller.registry import AgentRegistry, RunInbox
@@ -278,9 +283,21 @@ class RunEngine:
         live.active = list(assignments)
         run.run_metadata["agents"] = {a: [c.client_id for c in assignments[a].clients]
                                       for a in live.active}
+        self._wait(live, until=lambda: len(live.inbox.connected) == len(live.active),
+                   timeout_s=spec.timing.setup_timeout_s, waiting_for="agents connected")
+        slots = subscribe_slots(run.id)
+        for agent_id in live.active:
+            registry.send(agent_id, slots)
         self._wait(live, until=lambda: len(live.inbox.ready) == len(live.active),
-                   timeout_s=spec.timing.setup_timeout_s, waiting_for="agents ready")
+                   timeout_s=spec.timing.setup_timeout_s, waiting_for="agents subscribed")
         ready = live.inbox.ready
+        run.run_metadata["subscribe_order"] = {
+            "spacing_ns": slots.spacing_ns,
+            "late_ns_max": max(r.subscribe_late_ns for r in ready.values()),
+            # Rank order across agents is only at risk when a SUBSCRIBE went out a spacing
+            # late (the analysis orders first/last subscribed by SUBACK time regardless).
+            "within_spacing": all(r.subscribe_late_ns < slots.spacing_ns
+                                   for r in ready.values())}
         run.run_metadata["agent_clocks"] = {a: r.clock.model_dump() for a, r in ready.items()}
         run.run_metadata["gpio"] = {a: {"backend": r.gpio_backend, "toggle_ns": r.gpio_toggle_ns}
                                     for a, r in ready.items()}

@@ -22,6 +22,7 @@ from mqttbed.core.protocol import (
     AgentFailure,
     ClockProbe,
     Commands,
+    Connected,
     Done,
     Heartbeat,
     Ready,
@@ -105,10 +106,14 @@ def agent_router(registry: AgentRegistry, chunks: ChunkStore, role_of: RoleOf) -
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown agent {agent_id!r}")
         return Commands(commands=registry.take_commands(agent_id, wait_s))
 
-    def deliver(message: Ready | Done | AgentFailure) -> dict[str, bool]:
+    def deliver(message: Connected | Ready | Done | AgentFailure) -> dict[str, bool]:
         if not registry.deliver(message):
             raise HTTPException(status.HTTP_409_CONFLICT, f"run {message.run_id!r} is not active")
         return {"ok": True}
+
+    @router.post("/runs/{run_id}/connected")
+    def connected(run_id: str, message: Connected) -> dict[str, bool]:
+        return deliver(message)
 
     @router.post("/runs/{run_id}/ready")
     def ready(run_id: str, message: Ready) -> dict[str, bool]:

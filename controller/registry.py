@@ -14,7 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mqttbed.core.clock import monotonic_ns
-from mqttbed.core.protocol import AgentFailure, Command, Done, Ready, Register, ResultChunk
+from mqttbed.core.protocol import (
+    AgentFailure,
+    Command,
+    Connected,
+    Done,
+    Ready,
+    Register,
+    ResultChunk,
+)
 
 
 @dataclass
@@ -32,6 +40,7 @@ class RunInbox:
 
     run_id: str
     campaign_id: str
+    connected: dict[str, Connected] = field(default_factory=dict)
     ready: dict[str, Ready] = field(default_factory=dict)
     done: dict[str, Done] = field(default_factory=dict)
     errors: dict[str, AgentFailure] = field(default_factory=dict)
@@ -149,13 +158,14 @@ class AgentRegistry:
         with self._changed:
             self._inboxes.pop(run_id, None)
 
-    def deliver(self, message: Ready | Done | AgentFailure) -> bool:
+    def deliver(self, message: Connected | Ready | Done | AgentFailure) -> bool:
         """File a run message in its inbox; False if no run with that id is open."""
         with self._changed:
             inbox = self._inboxes.get(message.run_id)
             if inbox is None:
                 return False
-            box = {Ready: inbox.ready, Done: inbox.done, AgentFailure: inbox.errors}[type(message)]
+            box = {Connected: inbox.connected, Ready: inbox.ready, Done: inbox.done,
+                   AgentFailure: inbox.errors}[type(message)]
             box[message.agent_id] = message
             self._changed.notify_all()
             return True

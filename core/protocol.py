@@ -114,13 +114,22 @@ class Assignment(Message):
     chunk_interval_s: float = 1.0
     force_clock_probe: bool = False  # estimate the offset even on the controller's machine
     gpio_pulses: bool = False  # pulse the lines instead of toggling them (a scope is watching)
-    # Subscriber of rank r subscribes at subscribe_base_ns + r * subscribe_spacing_ns
-    # (controller clock), so ranks order the subscriptions across agents as well.
-    subscribe_base_ns: int | None = None
-    subscribe_spacing_ns: int = 0
     window_ns: int = 0  # publishing window of the whole run, from the start time
     connect_timeout_s: float = 30.0
     drain_s: float = 1.0
+
+
+class SubscribeAt(Message):
+    """Subscribe now that every agent of the run is connected.
+
+    The subscriber of rank r subscribes at ``t_base_ns + r * spacing_ns`` (controller
+    clock), so ranks order the subscriptions across agents as well as within one.
+    """
+
+    type: Literal["subscribe"] = "subscribe"
+    run_id: str
+    t_base_ns: int
+    spacing_ns: int
 
 
 class StartAt(Message):
@@ -141,15 +150,25 @@ class Shutdown(Message):
     type: Literal["shutdown"] = "shutdown"
 
 
-Command = Annotated[Assignment | StartAt | Abort | Shutdown, Field(discriminator="type")]
+Command = Annotated[Assignment | SubscribeAt | StartAt | Abort | Shutdown,
+                    Field(discriminator="type")]
 
 
 class Commands(Message):
     commands: list[Command]
 
 
+class Connected(Message):
+    """Every client of the agent holds its CONNACK; the agent waits for its SubscribeAt."""
+
+    run_id: str
+    agent_id: str
+    clients: list[str]
+    clock: ClockEstimate
+
+
 class Ready(Message):
-    """Every client is connected and every subscriber holds its SUBACK."""
+    """Every subscriber holds its SUBACK; the agent waits for its StartAt."""
 
     run_id: str
     agent_id: str
@@ -157,6 +176,9 @@ class Ready(Message):
     clock: ClockEstimate
     gpio_backend: str
     gpio_toggle_ns: int | None = None
+    # How late the agent's latest subscription went out after its slot: over the spacing,
+    # rank order across agents is not guaranteed for that run.
+    subscribe_late_ns: int = 0
 
 
 class ResultChunk(Message):

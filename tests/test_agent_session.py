@@ -101,9 +101,11 @@ def test_subscribers_wait_for_their_turn_when_given_one(broker):
     session = MqttSession(broker, clients(3), gpio, events.append)
     base = monotonic_ns() + 100_000_000
     try:
-        session.connect(timeout_s=10, subscribe_at=lambda rank: base + rank * 20_000_000)
+        late_ns = session.connect(timeout_s=10,
+                                  subscribe_at=lambda rank: base + rank * 20_000_000)
     finally:
         session.close()
+    assert 0 <= late_ns < 20_000_000  # each SUBSCRIBE left within a spacing of its slot
     subacks = {e[3]: e[10] for e in events if e[0] == "subscribe"}
     for rank in range(3):
         assert subacks[f"sub-{rank}"] >= base + rank * 20_000_000
