@@ -293,7 +293,7 @@ class RunEngine:
         ready = live.inbox.ready
         run.run_metadata["subscribe_order"] = {
             "spacing_ns": slots.spacing_ns,
-            "late_ns_max": max(r.subscribe_late_ns for r in ready.values()),
+            "late_ns_max": max((r.subscribe_late_ns for r in ready.values()), default=0),
             # Rank order across agents is only at risk when a SUBSCRIBE went out a spacing
             # late (the analysis orders first/last subscribed by SUBACK time regardless).
             "within_spacing": all(r.subscribe_late_ns < slots.spacing_ns
