@@ -12,26 +12,23 @@ import hashlib
 import os
 import re
 import shutil
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mqttbed.brokers.processes import start_listening
+from mqttbed.brokers.processes import BrokerProcess, capture_output, start_listening
 from mqttbed.core.errors import BackendError, MissingSystemDependency
-from mqttbed.core.host import Host, ProcessHandle, describe_exit, sha256_file
+from mqttbed.core.host import Host, ProcessHandle, sha256_file
 from mqttbed.core.protocol import Endpoint, Transport
 from mqttbed.core.samples import BrokerStatsSample
-from mqttbed.instruments.resources import ProcessTreeSampler
 
 FALLBACK_BINARIES = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")
 INSTALL_HINT = ("install it with `apt-get install mosquitto` (Debian/Ubuntu) or build it "
                 "from source with `make install`, or set the broker option `binary`")
 DEPLOY_ATTEMPTS = 3
 STARTUP_TIMEOUT_S = 5.0
-LOG_TAIL_LINES = 50
 
 
 class Options(BaseModel):
@@ -59,83 +56,72 @@ class MosquittoBackend:
 
     def __init__(self) -> None:
         self._options: Options | None = None
-        self._host: Host | None = None
-        self._handle: ProcessHandle | None = None
-        self._sampler: ProcessTreeSampler | None = None
-        self._dir: Path | None = None
+        self._proc: BrokerProcess | None = None
         self._binary: str | None = None
         self._binary_sha256: str | None = None
         self._version: str | None = None
         self._config: str | None = None
         self._port: int | None = None
-        self._samples: list[BrokerStatsSample] = []
-        self._exit_code: int | None = None
-        self._log_tail: str | None = None
         self._torn_down = False
 
     # -- deploy -------------------------------------------------------------------------
 
     def deploy(self, spec: Options | Mapping[str, Any], host: Host) -> Endpoint:
         """Start Mosquitto on ``host`` with ``spec``'s limits; return where clients connect."""
-        if self._handle is not None or self._torn_down:
+        if self._proc is not None or self._torn_down:
             raise BackendError("this MosquittoBackend was already deployed; create a new one "
                                "per run (mqttbed.brokers.registry.create_backend)")
         options = spec if isinstance(spec, Options) else Options.model_validate(spec)
-        self._options, self._host = options, host
+        self._options = options
         self._binary = _find_binary(options.binary)
         self._binary_sha256 = sha256_file(Path(self._binary))
-        self._dir = host.make_dir("mqttbed-mosquitto-")
+        self._proc = BrokerProcess(self.name, host, "mqttbed-mosquitto-",
+                                   log_names=("stdout.log", "mosquitto.log"))
         try:
-            self._version = _probe_version(self._binary, host, self._dir)
-            port, handle = self._start(options, host)
-            self._port, self._handle = port, handle
-            self._sampler = ProcessTreeSampler(handle.pid, options.stats_interval_s)
-            self._sampler.start()
+            self._version = _probe_version(self._binary, host, self._proc.dir)
+            port, handle = self._start(options, host, self._proc)
+            self._port = port
+            self._proc.watch(handle, options.stats_interval_s)
         except BaseException:
             # A failed deploy must leave nothing behind: no process, no directory.
             self.teardown()
             raise
         return Endpoint(host=host.address, port=port, transport=Transport.MQTT_TCP)
 
-    def _start(self, options: Options, host: Host) -> tuple[int, ProcessHandle]:
+    def _start(self, options: Options, host: Host,
+               proc: BrokerProcess) -> tuple[int, ProcessHandle]:
         """Start Mosquitto on a free port (a new config per attempt)."""
-        assert self._dir is not None and self._binary is not None
-        conf_path = self._dir / "mosquitto.conf"
+        assert self._binary is not None
+        binary, conf_path = self._binary, proc.dir / "mosquitto.conf"
 
         def launch(port: int) -> ProcessHandle:
-            self._config = _render_config(options, host.address, port, self._dir)
+            self._config = _render_config(options, host.address, port, proc.dir)
             conf_path.write_text(self._config)
-            return host.spawn([self._binary, "-c", str(conf_path)],
-                              log_path=self._dir / "stdout.log")
+            return host.spawn([binary, "-c", str(conf_path)], log_path=proc.dir / "stdout.log")
 
-        return start_listening(host, f"mosquitto ({self._binary})", launch,
+        return start_listening(host, f"mosquitto ({binary})", launch,
                                attempts=DEPLOY_ATTEMPTS, startup_timeout_s=STARTUP_TIMEOUT_S,
-                               stop_timeout_s=2.0, log_tail=self._read_log_tail)
+                               stop_timeout_s=2.0, log_tail=proc.log_tail)
 
     # -- while running ------------------------------------------------------------------
 
     def health(self) -> str | None:
         """Return None while Mosquitto runs, else why it is unusable (with its last log lines)."""
-        if self._handle is None:
+        if self._proc is None or self._proc.handle is None:
             return "broker mosquitto is not deployed"
         if self._torn_down:
-            return f"broker mosquitto (pid {self._handle.pid}) was torn down"
-        code = self._handle.poll()
-        if code is None:
-            return None
-        return (f"broker mosquitto (pid {self._handle.pid}) exited with code "
-                f"{describe_exit(code)}; last log lines:\n{self._read_log_tail()}")
+            return f"broker mosquitto (pid {self._proc.pid}) was torn down"
+        return self._proc.exit_reason()
 
     def stats(self) -> list[BrokerStatsSample]:
         """Return the resource samples of the broker's process tree taken since deploy."""
-        if self._sampler is not None and not self._torn_down:
-            return self._sampler.samples
-        return list(self._samples)
+        return [] if self._proc is None else self._proc.samples()
 
     def metadata(self) -> dict[str, Any]:
         """Return what was deployed: version, binary and config with hashes, queue limits."""
         options = self._options or Options()
         config = self._config or ""
+        proc = self._proc
         return {
             "backend": self.name,
             "version": self._version,
@@ -152,9 +138,9 @@ class MosquittoBackend:
             },
             "stats_interval_s": options.stats_interval_s,
             "port": self._port,
-            "pid": self._handle.pid if self._handle is not None else None,
-            "exit_code": self._exit_code,
-            "log_tail": self._log_tail if self._torn_down else self._read_log_tail(),
+            "pid": None if proc is None else proc.pid,
+            "exit_code": None if proc is None else proc.exit_code,
+            "log_tail": None if proc is None else proc.log_tail(),
         }
 
     # -- teardown -----------------------------------------------------------------------
@@ -164,31 +150,9 @@ class MosquittoBackend:
         if self._torn_down:
             return
         self._torn_down = True
-        if self._sampler is not None:
-            self._samples = self._sampler.stop()
-        if self._handle is not None:
-            # A code already set means the broker died on its own before teardown.
-            self._exit_code = self._handle.poll()
-            stopped = self._handle.stop()
-            if self._exit_code is None:
-                self._exit_code = stopped
-        self._log_tail = self._read_log_tail()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-
-    def _read_log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        """Return the last ``lines`` lines Mosquitto wrote (stdout first: it precedes the log)."""
-        if self._dir is None:
-            return ""
-        text = ""
-        for name in ("stdout.log", "mosquitto.log"):
-            try:
-                text += (self._dir / name).read_text(errors="replace")
-            except OSError:
-                continue
-            if text and not text.endswith("\n"):
-                text += "\n"
-        return "\n".join(text.splitlines()[-lines:])
+        if self._proc is not None:
+            self._proc.stop(timeout_s=5.0)
+            self._proc.remove()
 
 
 def _find_binary(configured: str | None) -> str:
@@ -208,15 +172,8 @@ def _find_binary(configured: str | None) -> str:
 
 def _probe_version(binary: str, host: Host, workdir: Path) -> str:
     """Return the version ``mosquitto -h`` prints ("2.0.11"), or "unknown"."""
-    out_path = workdir / "version.txt"
-    handle = host.spawn([binary, "-h"], log_path=out_path)
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while handle.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    handle.stop(timeout_s=1.0)
-    # `mosquitto -h` exits with 3; only the text matters.
-    first_line = next(iter(out_path.read_text(errors="replace").splitlines()), "")
-    match = re.search(r"mosquitto version (\S+)", first_line)
+    printed = capture_output(host, [binary, "-h"], workdir / "version.txt", STARTUP_TIMEOUT_S)
+    match = re.search(r"mosquitto version (\S+)", next(iter(printed.splitlines()), ""))
     return match.group(1) if match else "unknown"
 
 

@@ -1,13 +1,26 @@
-"""Starting a broker that listens on TCP: a free port, a check that it is ours, retries."""
+"""What every broker that runs as a local process tree shares.
+
+Starting it on a free port that is really its own (:func:`start_listening`), asking its
+binary for a version (:func:`capture_output`), and the bookkeeping of one deploy
+(:class:`BrokerProcess`): a private directory, the process handle, the resource sampler,
+the exit code and the log tail, kept after the directory is gone.
+"""
 
 from __future__ import annotations
 
+import shutil
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 
 from mqttbed.core.errors import BackendError
-from mqttbed.core.host import Host, ProcessHandle, wait_for_tcp
+from mqttbed.core.host import Host, ProcessHandle, describe_exit, wait_for_tcp
+from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.instruments.resources import ProcessTreeSampler
+
+LOG_TAIL_LINES = 50
 
 
 def listens_on(pid: int, port: int) -> bool:
@@ -45,3 +58,100 @@ def start_listening(host: Host, program: str, launch: Callable[[int], ProcessHan
             failures.append(f"attempt {attempt} on port {port}: {exc}")
     raise BackendError(f"{program} did not start after {attempts} attempts:\n"
                        + "\n".join(failures) + "\nlast log lines:\n" + log_tail())
+
+
+def capture_output(host: Host, argv: list[str], out_path: Path, timeout_s: float) -> str:
+    """Run a short command (``--version``, ``-h``) on ``host``; return what it printed.
+
+    The exit code is ignored (``mosquitto -h`` exits with 3): only the text matters.
+    """
+    handle = host.spawn(argv, log_path=out_path)
+    deadline = time.monotonic() + timeout_s
+    while handle.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    handle.stop(timeout_s=1.0)
+    try:
+        return out_path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def tail_of(paths: list[Path], lines: int = LOG_TAIL_LINES) -> str:
+    """Return the last ``lines`` lines of ``paths`` read one after the other."""
+    text = ""
+    for path in paths:
+        try:
+            text += path.read_text(errors="replace")
+        except OSError:
+            continue
+        if text and not text.endswith("\n"):
+            text += "\n"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class BrokerProcess:
+    """One deploy of a broker process tree: its directory, process, samples and end.
+
+    Teardown is two steps so a backend can read what the broker leaves in its directory
+    in between: :meth:`stop` ends sampling, then the process group (keeping the exit
+    code of a broker that died on its own); :meth:`remove` keeps the log tail, then
+    deletes the directory. Both are safe to call more than once.
+    """
+
+    def __init__(self, name: str, host: Host, dir_prefix: str, log_names: tuple[str, ...]):
+        self.name = name
+        self.dir = host.make_dir(dir_prefix)
+        self._log_paths = [self.dir / log_name for log_name in log_names]
+        self.handle: ProcessHandle | None = None
+        self._sampler: ProcessTreeSampler | None = None
+        self._samples: list[BrokerStatsSample] = []
+        self.exit_code: int | None = None
+        self._log_tail: str | None = None
+        self.stopped = False
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.handle is None else self.handle.pid
+
+    def watch(self, handle: ProcessHandle, interval_s: float) -> None:
+        """Take ``handle`` as the broker and sample its process tree every ``interval_s``."""
+        self.handle = handle
+        self._sampler = ProcessTreeSampler(handle.pid, interval_s)
+        self._sampler.start()
+
+    def log_tail(self) -> str:
+        """The broker's last log lines (kept from :meth:`remove` on)."""
+        return self._log_tail if self._log_tail is not None else tail_of(self._log_paths)
+
+    def exit_reason(self) -> str | None:
+        """None while the broker runs (or before it started), else how it ended."""
+        if self.handle is None or (code := self.handle.poll()) is None:
+            return None
+        return (f"broker {self.name} (pid {self.handle.pid}) exited with code "
+                f"{describe_exit(code)}; last log lines:\n{self.log_tail()}")
+
+    def samples(self) -> list[BrokerStatsSample]:
+        """The resource samples taken so far (all of them once stopped)."""
+        if self._sampler is not None and not self.stopped:
+            return self._sampler.samples
+        return list(self._samples)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop sampling, then the broker's process group (SIGTERM, SIGKILL after timeout)."""
+        if self.stopped:
+            return
+        self.stopped = True
+        if self._sampler is not None:
+            self._samples = self._sampler.stop()
+        if self.handle is not None:
+            # A code already set means the broker died on its own before teardown.
+            self.exit_code = self.handle.poll()
+            stopped = self.handle.stop(timeout_s=timeout_s)
+            if self.exit_code is None:
+                self.exit_code = stopped
+
+    def remove(self) -> None:
+        """Keep the log tail, then delete the directory."""
+        if self._log_tail is None:
+            self._log_tail = tail_of(self._log_paths)
+            shutil.rmtree(self.dir, ignore_errors=True)

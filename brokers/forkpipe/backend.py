@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import stat
 import time
 from collections.abc import Mapping
@@ -51,13 +50,12 @@ import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from mqttbed.brokers.forkpipe.build import Variant, compiler_version, ensure_built
-from mqttbed.brokers.forkpipe.reports import BrokerReports
-from mqttbed.brokers.processes import start_listening
+from mqttbed.brokers.forkpipe.reports import LOG_NAME, BrokerReports
+from mqttbed.brokers.processes import BrokerProcess, capture_output, start_listening
 from mqttbed.core.errors import BackendError, MissingSystemDependency
-from mqttbed.core.host import Host, ProcessHandle, describe_exit, sha256_file
+from mqttbed.core.host import Host, ProcessHandle, sha256_file
 from mqttbed.core.protocol import Endpoint, Transport
 from mqttbed.core.samples import BrokerStatsSample
-from mqttbed.instruments.resources import ProcessTreeSampler
 
 DEPLOY_ATTEMPTS = 3
 STARTUP_TIMEOUT_S = 5.0
@@ -103,10 +101,7 @@ class ForkPipeBackend:
 
     def __init__(self) -> None:
         self._options: Options | None = None
-        self._host: Host | None = None
-        self._handle: ProcessHandle | None = None
-        self._sampler: ProcessTreeSampler | None = None
-        self._dir: Path | None = None
+        self._proc: BrokerProcess | None = None
         self._reports: BrokerReports | None = None
         self._binary: str | None = None
         self._binary_sha256: str | None = None
@@ -114,10 +109,7 @@ class ForkPipeBackend:
         self._compiler: str | None = None
         self._argv: list[str] = []
         self._port: int | None = None
-        self._samples: list[BrokerStatsSample] = []
-        self._exit_code: int | None = None
         # Read from the broker's directory at teardown, before it is removed.
-        self._log_tail: str | None = None
         self._process_failure: str | None = None
         self._sanitizer_reports: list[str] = []
         self._leftovers: dict[str, int] | None = None
@@ -127,61 +119,59 @@ class ForkPipeBackend:
     @property
     def state_dir(self) -> Path | None:
         """The broker's ``--base-dir``: one directory per client, one pipe per subscription."""
-        return None if self._dir is None else self._dir / "state"
+        return None if self._proc is None else self._proc.dir / "state"
 
     # -- deploy -------------------------------------------------------------------------
 
     def deploy(self, spec: Options | Mapping[str, Any], host: Host) -> Endpoint:
         """Build if needed, start the broker on ``host``; return where clients connect."""
-        if self._handle is not None or self._torn_down:
+        if self._proc is not None or self._torn_down:
             raise BackendError("this ForkPipeBackend was already deployed; create a new one "
                                "per run (mqttbed.brokers.registry.create_backend)")
         options = spec if isinstance(spec, Options) else Options.model_validate(spec)
-        self._options, self._host = options, host
+        self._options = options
         self._binary = str(_resolve_binary(options))
         self._compiler = compiler_version() if options.binary is None else None
         self._binary_sha256 = sha256_file(Path(self._binary))
-        self._dir = host.make_dir("mqttbed-forkpipe-")
-        self._reports = BrokerReports(self._dir, options.sanitizers)
+        self._proc = BrokerProcess(self.name, host, "mqttbed-forkpipe-", log_names=(LOG_NAME,))
+        self._reports = BrokerReports(self._proc.dir, options.sanitizers)
         try:
-            self._version = _probe_version(self._binary, host, self._dir)
-            port, handle = self._start(options, host)
-            self._port, self._handle = port, handle
-            self._sampler = ProcessTreeSampler(handle.pid, options.stats_interval_s)
-            self._sampler.start()
+            self._version = _probe_version(self._binary, host, self._proc.dir)
+            port, handle = self._start(options, host, self._proc, self._reports)
+            self._port = port
+            self._proc.watch(handle, options.stats_interval_s)
         except BaseException:
             # A failed deploy must leave nothing behind: no process, no pipe, no directory.
             self.teardown()
             raise
         return Endpoint(host=host.address, port=port, transport=Transport.MQTT_TCP)
 
-    def _start(self, options: Options, host: Host) -> tuple[int, ProcessHandle]:
+    def _start(self, options: Options, host: Host, proc: BrokerProcess,
+               reports: BrokerReports) -> tuple[int, ProcessHandle]:
         """Start the broker on a free port."""
-        assert self._dir is not None and self._binary is not None and self._reports is not None
-        reports = self._reports
+        assert self._binary is not None
+        binary = self._binary
 
         def launch(port: int) -> ProcessHandle:
-            self._argv = _command(self._binary, options, host.address, port, self._dir)
+            self._argv = _command(binary, options, host.address, port, proc.dir)
             return host.spawn(self._argv, env=reports.sanitizer_env(),
                               log_path=reports.log_path)
 
-        return start_listening(host, f"mqttbed-forkpipe ({self._binary})", launch,
+        return start_listening(host, f"mqttbed-forkpipe ({binary})", launch,
                                attempts=DEPLOY_ATTEMPTS, startup_timeout_s=STARTUP_TIMEOUT_S,
-                               stop_timeout_s=STOP_TIMEOUT_S, log_tail=reports.log_tail)
+                               stop_timeout_s=STOP_TIMEOUT_S, log_tail=proc.log_tail)
 
     # -- while running ------------------------------------------------------------------
 
     def health(self) -> str | None:
         """Return None while the broker serves, else why not (its exit, a refused fork ...)."""
-        if self._handle is None:
+        if self._proc is None or self._proc.handle is None:
             return "broker forkpipe is not deployed"
         if self._torn_down:
-            return f"broker forkpipe (pid {self._handle.pid}) was torn down"
+            return f"broker forkpipe (pid {self._proc.pid}) was torn down"
         assert self._reports is not None
-        code = self._handle.poll()
-        if code is not None:
-            return (f"broker forkpipe (pid {self._handle.pid}) exited with code "
-                    f"{describe_exit(code)}; last log lines:\n{self._reports.log_tail()}")
+        if (exited := self._proc.exit_reason()) is not None:
+            return exited
         if (failure := self._reports.process_failure()) is not None:
             return f"broker forkpipe could not create a process: {failure}"
         if reports := self._reports.sanitizer_reports():
@@ -190,9 +180,7 @@ class ForkPipeBackend:
 
     def stats(self) -> list[BrokerStatsSample]:
         """Return the resource samples of the broker's process tree taken since deploy."""
-        if self._sampler is not None and not self._torn_down:
-            return self._sampler.samples
-        return list(self._samples)
+        return [] if self._proc is None else self._proc.samples()
 
     def metadata(self) -> dict[str, Any]:
         """Return what was deployed: version, binary and its hash, command line, options."""
@@ -212,8 +200,8 @@ class ForkPipeBackend:
             "options": options.model_dump(exclude={"backend", "binary"}),
             "stats_interval_s": options.stats_interval_s,
             "port": self._port,
-            "pid": self._handle.pid if self._handle is not None else None,
-            "exit_code": self._exit_code,
+            "pid": None if self._proc is None else self._proc.pid,
+            "exit_code": None if self._proc is None else self._proc.exit_code,
             "process_failure": self._reports.process_failure() if live
             else self._process_failure,
             "sanitizer_reports": self._reports.sanitizer_reports() if live
@@ -223,7 +211,7 @@ class ForkPipeBackend:
             # How long teardown waited for the last client processes to end before the
             # final sample (None: they had not all ended after SETTLE_TIMEOUT_S).
             "settled_s": self._settled_s,
-            "log_tail": self._reports.log_tail() if live else self._log_tail,
+            "log_tail": None if self._proc is None else self._proc.log_tail(),
         }
 
     # -- teardown -----------------------------------------------------------------------
@@ -233,24 +221,19 @@ class ForkPipeBackend:
         if self._torn_down:
             return
         self._torn_down = True
-        if self._sampler is not None:
-            self._settled_s = self._wait_for_clients_to_leave()
-            self._samples = self._sampler.stop()
-        if self._handle is not None:
-            # A code already set means the broker died on its own before teardown.
-            self._exit_code = self._handle.poll()
-            stopped = self._handle.stop(timeout_s=STOP_TIMEOUT_S)
-            if self._exit_code is None:
-                self._exit_code = stopped
-            self._leftovers = self._collect_leftovers(self._handle.pid)
+        if self._proc is None:
+            return
+        if self._proc.handle is not None:
+            self._settled_s = self._wait_for_clients_to_leave(self._proc.handle.pid)
+        self._proc.stop(timeout_s=STOP_TIMEOUT_S)
+        if self._proc.handle is not None:
+            self._leftovers = self._collect_leftovers(self._proc.handle.pid)
         if self._reports is not None:
             self._process_failure = self._reports.process_failure()
-            self._log_tail = self._reports.log_tail()
             self._sanitizer_reports = self._reports.sanitizer_reports()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+        self._proc.remove()
 
-    def _wait_for_clients_to_leave(self) -> float | None:
+    def _wait_for_clients_to_leave(self, listener_pid: int) -> float | None:
         """Wait until the listener is alone; return how long that took, None if it never was.
 
         The final sample must read a tree at rest. Clients that disconnect as the run ends
@@ -260,12 +243,11 @@ class ForkPipeBackend:
         counters hold every byte of every process that ever served a client. Clients
         still connected (a failed run) stop the wait once their number stops falling.
         """
-        assert self._handle is not None
         started = last_change = time.monotonic()
         last_count = -1
         while True:
             try:
-                count = len(psutil.Process(self._handle.pid).children())
+                count = len(psutil.Process(listener_pid).children())
             except psutil.NoSuchProcess:
                 return None
             now = time.monotonic()
@@ -323,13 +305,8 @@ def _command(binary: str, options: Options, address: str, port: int, workdir: Pa
 
 def _probe_version(binary: str, host: Host, workdir: Path) -> str:
     """Return the version ``mqttbed-forkpipe --version`` prints ("0.1.0"), or "unknown"."""
-    out_path = workdir / "version.txt"
-    handle = host.spawn([binary, "--version"], log_path=out_path)
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while handle.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    handle.stop(timeout_s=1.0)
-    words = out_path.read_text(errors="replace").split()
+    words = capture_output(host, [binary, "--version"], workdir / "version.txt",
+                           STARTUP_TIMEOUT_S).split()
     return words[1] if len(words) > 1 and words[0] == "mqttbed-forkpipe" else "unknown"
 
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 LOG_NAME = "broker.log"
-LOG_TAIL_LINES = 50
 SANITIZER_PREFIX = "sanitizer"
 # Lines the broker writes when the machine refuses it a process: the run cannot be valid.
 PROCESS_FAILURES = ("cannot fork", "cannot start a subscription process")
 
 
 class BrokerReports:
-    """Reads one deploy's log (new lines only, when scanning) and sanitizer reports."""
+    """Scans one deploy's log for refused processes (new lines only) and reads sanitizer reports."""
 
     def __init__(self, workdir: Path, sanitizers: bool):
         self.workdir = workdir
@@ -71,11 +70,3 @@ class BrokerReports:
             except OSError:
                 continue
         return reports
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        """Return the last ``lines`` lines the broker wrote."""
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])

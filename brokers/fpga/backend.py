@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import socket
 import sys
 import time
@@ -28,14 +27,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from mqttbed.brokers.fpga.board import BoardDeployment, BoardOptions
 from mqttbed.brokers.fpga.tables import DEFAULT_PROBE_WINDOW, PAPER_DEPTH_WORDS
 from mqttbed.brokers.fpga.timing import PipelineTiming
+from mqttbed.brokers.processes import BrokerProcess
 from mqttbed.core.errors import BackendError
-from mqttbed.core.host import Host, ProcessHandle
+from mqttbed.core.host import Host
 from mqttbed.core.mqtt_codec import MalformedPacket, PingReq, PingResp, decode, encode
 from mqttbed.core.protocol import Endpoint, Transport
 from mqttbed.core.samples import BrokerStatsSample
-from mqttbed.instruments.resources import ProcessTreeSampler
 
-LOG_TAIL_LINES = 50
 MODEL_SOURCES = ("tables.py", "timing.py", "model.py", "server.py")
 
 
@@ -72,15 +70,10 @@ class FpgaBackend:
 
     def __init__(self) -> None:
         self._options: Options | None = None
-        self._dir: Path | None = None
-        self._handle: ProcessHandle | None = None
-        self._sampler: ProcessTreeSampler | None = None
-        self._samples: list[BrokerStatsSample] = []
+        self._proc: BrokerProcess | None = None  # the model; None for a board
         self._endpoint: Endpoint | None = None
         self._board: BoardDeployment | None = None
         self._model_stats: dict[str, Any] | None = None
-        self._exit_code: int | None = None
-        self._log_tail: str | None = None
         self._torn_down = False
 
     # -- deploy -------------------------------------------------------------------------
@@ -111,28 +104,26 @@ class FpgaBackend:
         return Endpoint(host=address, port=port, transport=Transport.MQTT_UDP)
 
     def _deploy_model(self, options: Options, host: Host) -> Endpoint:
-        self._dir = host.make_dir("mqttbed-fpga-model-")
-        ready = self._dir / "ready.json"
+        proc = self._proc = BrokerProcess("fpga-model", host, "mqttbed-fpga-model-",
+                                          log_names=("model.log",))
+        ready = proc.dir / "ready.json"
         argv = [sys.executable, "-m", "mqttbed.brokers.fpga", "--host", host.address,
                 "--port", "0", "--ready-file", str(ready),
-                "--stats-file", str(self._dir / "stats.json"),
+                "--stats-file", str(proc.dir / "stats.json"),
                 "--topic-table-depth", str(options.topic_table_depth),
                 "--subscriber-table-depth", str(options.subscriber_table_depth),
                 "--probe-window", str(options.probe_window)]
-        self._handle = host.spawn(argv, log_path=self._dir / "model.log")
+        proc.watch(host.spawn(argv, log_path=proc.dir / "model.log"), options.stats_interval_s)
         deadline = time.monotonic() + options.startup_timeout_s
         while not ready.exists():
-            if (code := self._handle.poll()) is not None:
-                raise BackendError(f"fpga-model exited with code {code} before binding; "
-                                   f"last log lines:\n{self._read_log_tail()}")
+            if (exited := proc.exit_reason()) is not None:
+                raise BackendError(f"{exited} (before binding)")
             if time.monotonic() > deadline:
                 raise BackendError(f"fpga-model did not bind within "
                                    f"{options.startup_timeout_s:.1f} s; last log lines:\n"
-                                   f"{self._read_log_tail()}")
+                                   f"{proc.log_tail()}")
             time.sleep(0.01)
         bound = json.loads(ready.read_text())
-        self._sampler = ProcessTreeSampler(self._handle.pid, options.stats_interval_s)
-        self._sampler.start()
         return Endpoint(host=bound["host"], port=bound["port"], transport=Transport.MQTT_UDP)
 
     # -- while running ------------------------------------------------------------------
@@ -143,16 +134,13 @@ class FpgaBackend:
             return "broker fpga is not deployed"
         if self._torn_down:
             return "broker fpga was torn down"
-        if self._handle is not None and (code := self._handle.poll()) is not None:
-            return (f"fpga-model (pid {self._handle.pid}) exited with code {code}; "
-                    f"last log lines:\n{self._read_log_tail()}")
+        if self._proc is not None and (exited := self._proc.exit_reason()) is not None:
+            return exited
         return None  # a board is checked with PINGREQ at deploy; UDP has no liveness signal
 
     def stats(self) -> list[BrokerStatsSample]:
         """Return the model's resource samples (none for a board: nothing runs here)."""
-        if self._sampler is not None and not self._torn_down:
-            return self._sampler.samples
-        return list(self._samples)
+        return [] if self._proc is None else self._proc.samples()
 
     def metadata(self) -> dict[str, Any]:
         """Return what was deployed, and after teardown the model's counters and latencies."""
@@ -180,10 +168,10 @@ class FpgaBackend:
             return meta
         meta.update({
             "version": _model_version(),
-            "pid": self._handle.pid if self._handle is not None else None,
-            "exit_code": self._exit_code,
+            "pid": None if self._proc is None else self._proc.pid,
+            "exit_code": None if self._proc is None else self._proc.exit_code,
             "stats_interval_s": options.stats_interval_s,
-            "log_tail": self._log_tail if self._torn_down else self._read_log_tail(),
+            "log_tail": None if self._proc is None else self._proc.log_tail(),
             "model_stats": self._model_stats,
             "hardware_latency_ns": hardware_latency_summary(self._model_stats),
         })
@@ -196,29 +184,13 @@ class FpgaBackend:
         if self._torn_down:
             return
         self._torn_down = True
-        if self._sampler is not None:
-            self._samples = self._sampler.stop()
-        if self._handle is not None:
-            self._exit_code = self._handle.poll()
-            stopped = self._handle.stop()
-            if self._exit_code is None:
-                self._exit_code = stopped
-        if self._dir is not None:
+        if self._proc is not None:
+            self._proc.stop(timeout_s=5.0)
             try:
-                self._model_stats = json.loads((self._dir / "stats.json").read_text())
+                self._model_stats = json.loads((self._proc.dir / "stats.json").read_text())
             except (OSError, ValueError):
                 self._model_stats = None
-            self._log_tail = self._read_log_tail()
-            shutil.rmtree(self._dir, ignore_errors=True)
-
-    def _read_log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        if self._dir is None:
-            return ""
-        try:
-            text = (self._dir / "model.log").read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+            self._proc.remove()
 
 
 def probe_endpoint(endpoint: Endpoint, timeout_s: float) -> None:
