@@ -55,16 +55,16 @@ def fifos_under(path: Path) -> list[Path]:
 def test_kill_9_of_the_listener_leaves_no_process_and_no_pipe(sanitizers):
     deployed = deploy(sanitizers)
     listener = deployed.backend.metadata()["pid"]
-    clients = [deployed.client(f"c{i}") for i in range(4)]
-    for n, client in enumerate(clients):
-        client.subscribe(f"kill/{n}/a", "kill/+/b")
-    assert len(fifos_under(deployed.state)) == 8
-    # Listener, one process per client, one per subscription. Eventually: the process that
-    # served deploy's port probe may still be exiting (slowly under ASan's leak check,
-    # which also clones a tracer task into the group).
-    assert eventually(lambda: len(processes_in_group(listener)) == 1 + 4 + 8, timeout_s=10), [
-        p.cmdline() for p in processes_in_group(listener)]
     try:
+        clients = [deployed.client(f"c{i}") for i in range(4)]
+        for n, client in enumerate(clients):
+            client.subscribe(f"kill/{n}/a", "kill/+/b")
+        assert len(fifos_under(deployed.state)) == 8
+        # Listener, one process per client, one per subscription. Eventually: the process
+        # that served deploy's port probe may still be exiting (slowly under ASan's leak
+        # check, which also clones a tracer task into the group).
+        assert eventually(lambda: len(processes_in_group(listener)) == 1 + 4 + 8,
+                          timeout_s=10), [p.cmdline() for p in processes_in_group(listener)]
         os.kill(listener, signal.SIGKILL)
         # Each child hears of its parent's death (PR_SET_PDEATHSIG) and cleans up.
         assert eventually(lambda: processes_in_group(listener) == [], timeout_s=10), [
