@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import socket
-import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -24,11 +21,10 @@ from mqttbed.brokers.fpga.model import BrokerModel
 from mqttbed.brokers.fpga.server import FpgaModelServer
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import LocalHost
+from tests.sshd import LocalSshd
 
 pytestmark = pytest.mark.timeout(60)
 
-SSHD = "/usr/sbin/sshd"
-PRIVSEP_DIR = Path("/run/sshd")
 STAND_IN_FPGAUTIL = """#!/bin/sh
 # Stand-in for Xilinx fpgautil: records its arguments, one per line.
 if [ -e "{dir}/fpgautil-fails" ]; then
@@ -40,72 +36,12 @@ echo "BIN FILE loaded through FPGA manager successfully"
 """
 
 
-class LocalSshd:
-    """A real sshd on 127.0.0.1:<free port>, configured entirely inside ``root``."""
-
-    def __init__(self, root: Path):
-        if not os.path.exists(SSHD):
-            pytest.fail(f"{SSHD} not found: install openssh-server "
-                        f"(scripts/system-deps.sh does it as part of `make install`)")
-        try:
-            PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)   # sshd refuses to start without it
-        except OSError as exc:
-            pytest.fail(f"sshd needs {PRIVSEP_DIR} and it cannot be created: {exc}")
-        self.root = root
-        self.bin = root / "bin"
-        self.bin.mkdir()
-        for name in ("host_key", "client_key", "other_key"):
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
-                            str(root / name)], check=True)
-        shutil.copy(root / "client_key.pub", root / "authorized_keys")
-        fpgautil = self.bin / "fpgautil"
-        fpgautil.write_text(STAND_IN_FPGAUTIL.format(dir=root))
-        fpgautil.chmod(0o755)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        config = root / "sshd_config"
-        config.write_text("\n".join([
-            f"Port {self.port}", "ListenAddress 127.0.0.1",
-            f"HostKey {root / 'host_key'}", f"AuthorizedKeysFile {root / 'authorized_keys'}",
-            f"PidFile {root / 'sshd.pid'}", "UsePAM no", "StrictModes no",
-            "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-            "PermitRootLogin prohibit-password", "Subsystem sftp internal-sftp",
-            f"SetEnv PATH={self.bin}:/usr/local/bin:/usr/bin:/bin", ""]))
-        self.log = root / "sshd.log"
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-        self._wait_for_banner()
-        host_key = (root / "host_key.pub").read_text().split()
-        self.known_hosts = root / "known_hosts"
-        self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {host_key[0]} {host_key[1]}\n")
-
-    def _wait_for_banner(self) -> None:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"sshd exited with {self.proc.returncode}: {self.log.read_text()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-                    if s.recv(64).startswith(b"SSH-2.0"):
-                        return
-            except OSError:
-                time.sleep(0.05)
-        pytest.fail(f"sshd did not answer on port {self.port}: {self.log.read_text()}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-
-
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory):
     server = LocalSshd(tmp_path_factory.mktemp("sshd"))
+    fpgautil = server.bin / "fpgautil"
+    fpgautil.write_text(STAND_IN_FPGAUTIL.format(dir=server.root))
+    fpgautil.chmod(0o755)
     yield server
     server.stop()
 

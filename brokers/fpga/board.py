@@ -2,8 +2,8 @@
 
 The target is a Zynq UltraScale+ MPSoC running Linux (the paper's M-KUBOS carries an
 XCZU19EG), where ``fpgautil -b <bitstream>`` loads a bitstream into the programmable
-logic through the FPGA manager. The steps, all through fabric (paramiko), never a shell
-string built by hand:
+logic through the FPGA manager. The steps, all through :class:`~mqttbed.core.ssh.SshHost`
+(fabric), never a shell string built by hand:
 
 1. hash the local bitstream (SHA-256);
 2. copy it to ``remote_dir`` on the board (SFTP);
@@ -20,31 +20,24 @@ available where it was written.
 from __future__ import annotations
 
 import posixpath
-import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import sha256_file
+from mqttbed.core.ssh import SshError, SshHost, SshTarget
 
 
-class BoardOptions(BaseModel):
+class BoardOptions(SshTarget):
     """The ``board`` section of an ``fpga`` broker: where the board is and what to load."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    host: str = Field(description="SSH destination, user@board (fabric syntax, :port allowed)")
     bitstream: str = Field(description="local path of the broker's .bit/.bin file")
     udp_endpoint: str = Field(description="addr:port where the programmed broker listens")
-    ssh_port: int | None = Field(default=None, ge=1, le=65535)
-    key_filename: str | None = Field(default=None, description="private key for SSH")
-    known_hosts: str | None = Field(
-        default=None, description="known_hosts file; when set, unknown host keys are refused")
     remote_dir: str = Field(default="/tmp/mqttbed", description="where the copy goes")
     fpgautil: str = Field(default="fpgautil", description="fpgautil on the board's PATH")
-    connect_timeout_s: float = Field(default=10.0, gt=0, le=300)
 
     @field_validator("udp_endpoint")
     @classmethod
@@ -84,52 +77,33 @@ class BoardDeployment:
 
 def program_board(options: BoardOptions) -> BoardDeployment:
     """Copy the bitstream to the board, check its SHA-256 there, and load it with fpgautil."""
-    from fabric import Connection
-    from paramiko import RejectPolicy
-    from paramiko.ssh_exception import SSHException
-
     bitstream = Path(options.bitstream).expanduser()
     if not bitstream.is_file():
         raise BackendError(f"board bitstream {options.bitstream!r} is not a file; set "
                            f"broker.board.bitstream to the broker's .bit/.bin file")
     local_sha256 = sha256_file(bitstream)
     remote_path = posixpath.join(options.remote_dir, bitstream.name)
-    connect_kwargs: dict[str, Any] = {}
-    if options.key_filename:
-        connect_kwargs["key_filename"] = [options.key_filename]
-    connection = Connection(options.host, port=options.ssh_port,
-                            connect_timeout=int(options.connect_timeout_s),
-                            connect_kwargs=connect_kwargs)
-    if options.known_hosts:
-        connection.client.load_host_keys(options.known_hosts)
-        connection.client.set_missing_host_key_policy(RejectPolicy())
     try:
-        with connection:
-            _run(connection, ["mkdir", "-p", options.remote_dir], "create the remote directory")
-            connection.put(str(bitstream), remote=remote_path)
-            hashed = _run(connection, ["sha256sum", remote_path], "hash the copy on the board")
-            remote_sha256 = hashed.split()[0] if hashed.split() else ""
-            if remote_sha256 != local_sha256:
-                raise BackendError(
-                    f"bitstream copy on {options.host} has SHA-256 {remote_sha256 or '(none)'}, "
-                    f"the local file {bitstream} has {local_sha256}: not programming the board; "
-                    f"check the board's storage and the copy in {options.remote_dir}")
-            argv = [options.fpgautil, "-b", remote_path]
-            output = _run(connection, argv, "program the bitstream")
-    except (SSHException, OSError) as exc:
-        raise BackendError(f"SSH to board {options.host} failed: {type(exc).__name__}: "
-                           f"{exc}") from exc
+        board = SshHost(options, name=f"board {options.host}")
+    except SshError as exc:
+        raise BackendError(str(exc)) from exc
+    try:
+        board.run(["mkdir", "-p", options.remote_dir], "create the remote directory")
+        board.put(bitstream, remote_path)
+        hashed = board.run(["sha256sum", remote_path], "hash the copy on the board")
+        remote_sha256 = hashed.split()[0] if hashed.split() else ""
+        if remote_sha256 != local_sha256:
+            raise BackendError(
+                f"bitstream copy on {options.host} has SHA-256 {remote_sha256 or '(none)'}, "
+                f"the local file {bitstream} has {local_sha256}: not programming the board; "
+                f"check the board's storage and the copy in {options.remote_dir}")
+        argv = [options.fpgautil, "-b", remote_path]
+        output = board.run(argv, "program the bitstream")
+    except (SshError, OSError) as exc:
+        raise BackendError(str(exc)) from exc
+    finally:
+        board.close()
     return BoardDeployment(host=options.host, bitstream=str(bitstream),
                            bitstream_sha256=local_sha256, remote_path=remote_path,
                            remote_sha256=remote_sha256, fpgautil_argv=argv,
                            fpgautil_output=output)
-
-
-def _run(connection: Any, argv: list[str], purpose: str) -> str:
-    """Run ``argv`` on the board (quoted, never interpolated); return stdout or fail."""
-    result = connection.run(shlex.join(argv), hide=True, warn=True, in_stream=False)
-    if result.exited != 0:
-        raise BackendError(
-            f"on board {connection.host}: `{shlex.join(argv)}` (to {purpose}) exited with "
-            f"{result.exited}: {(result.stderr or result.stdout).strip()[-500:]}")
-    return result.stdout.strip()
