@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mqttbed.core.errors import SpecError
 from mqttbed.core.events import PAYLOAD_MIN_BYTES
+from mqttbed.core.ssh import SshTarget
 
 MQTT_MAX_PAYLOAD = 268_435_455 - 1024
 
@@ -84,16 +85,36 @@ class Workload(_Strict):
 
 
 
+class AgentHost(SshTarget):
+    """A lab machine (a Pi) that runs agents, started over SSH for each run."""
+
+    count: int = Field(1, ge=1, le=64, description="agent processes on this machine")
+    command: str = Field("mqttbed", description="the mqttbed executable there (its venv's)")
+
+
 class Agents(_Strict):
     """How the clients are spread over agent processes."""
 
-    count: int | None = Field(None, ge=1, le=256, description="default: one per core")
+    count: int | None = Field(None, ge=1, le=256,
+                              description="default: one per core, or the hosts' counts")
+    hosts: list[AgentHost] = Field(
+        default_factory=list, description="lab machines over SSH; default: this machine")
     gpio: Literal["virtual", "rpi", "gpiod"] = "virtual"
     gpio_chip: str = "/dev/gpiochip0"
     force_clock_probe: bool = Field(
         False, description="estimate clock offsets NTP-style even on the controller's machine")
 
+    @model_validator(mode="after")
+    def _count_matches_hosts(self) -> Agents:
+        on_hosts = sum(h.count for h in self.hosts)
+        if self.hosts and self.count is not None and self.count != on_hosts:
+            raise ValueError(f"count {self.count} differs from the {on_hosts} agents the hosts "
+                             f"run (sum of hosts[].count); leave count out with hosts")
+        return self
+
     def resolved_count(self) -> int:
+        if self.hosts:
+            return sum(h.count for h in self.hosts)
         return self.count or os.cpu_count() or 1
 
 

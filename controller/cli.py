@@ -93,11 +93,12 @@ def _serve(args: argparse.Namespace) -> int:
     from mqttbed.controller.embedded import bind_socket
     from mqttbed.core.settings import Settings
 
+    settings = Settings.from_env(args.data_dir, args.spark_master)
     sock = bind_socket(args.host, args.port)
     host, port = sock.getsockname()
-    reachable = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    app = create_app(Settings.from_env(args.data_dir, args.spark_master),
-                     controller_url=f"http://{reachable}:{port}")
+    # Agents reach a wildcard listener at the lab address (loopback unless one is set).
+    reachable = settings.lab_address if host in ("0.0.0.0", "") else host
+    app = create_app(settings, controller_url=f"http://{reachable}:{port}")
     print(f"mqttbed controller on http://{host}:{port} (API docs at /docs)", file=sys.stderr)
     uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[sock])
     return 0

@@ -38,7 +38,8 @@ class ControllerCore:
         # The agents this controller spawns itself get a token that lives as long as it does.
         self._local_agent_token = secrets.token_urlsafe(32)
         self.engine = RunEngine(EngineContext(
-            sessions=self.sessions, layout=self.layout, registry=self.registry, host=LocalHost(),
+            sessions=self.sessions, layout=self.layout, registry=self.registry,
+            host=LocalHost(settings.lab_address),
             controller_url=controller_url, agent_token=self._local_agent_token,
             listeners=list(listeners)))
 

@@ -1,4 +1,4 @@
-"""A whole controller in one process for ``mqttbed run``: agents reach it on loopback."""
+"""A whole controller in one process for `mqttbed run`, on the lab address (default loopback)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class EmbeddedController(ControllerCore):
     """Context manager: a ControllerCore serving only the agent routes, on a free port."""
 
     def __init__(self, settings: Settings, listeners: list[Callable[[RunUpdate], None]] = ()):
-        sock = bind_socket("127.0.0.1", 0)
+        sock = bind_socket(settings.lab_address, 0)
         host, port = sock.getsockname()
         super().__init__(settings, f"http://{host}:{port}", listeners)
         self.server = BackgroundServer(agent_app(self.agent_router()), sock)

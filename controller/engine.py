@@ -18,9 +18,11 @@ from typing import Any
 
 from sqlalchemy.orm import sessionmaker
 
+from mqttbed.agents.deploy import AgentPool
 from mqttbed.brokers.base import BrokerBackend
 from mqttbed.brokers.registry import create_backend
 from mqttbed.campaigns.spec import CampaignSpec, plan_runs
+from mqttbed.controller.agent_sites import AgentSites, open_sites
 from mqttbed.controller.assignments import (
     agents_needed,
     plan_assignments,
@@ -28,7 +30,6 @@ from mqttbed.controller.assignments import (
     subscribe_slots,
 )
 from mqttbed.controller.db import CampaignRow, RunRow, TransitionRow, utcnow
-from mqttbed.controller.local_agents import LocalAgentPool
 from mqttbed.controller.registry import AgentRegistry, RunInbox
 from mqttbed.controller.scope_recorder import ScopeRecorder
 from mqttbed.controller.states import (
@@ -72,7 +73,8 @@ class _LiveRun:
     spec: CampaignSpec
     inbox: RunInbox
     backend: BrokerBackend | None = None
-    pool: LocalAgentPool | None = None
+    sites: AgentSites | None = None
+    pool: AgentPool | None = None
     recorder: ScopeRecorder | None = None
     active: list[str] = field(default_factory=list)
 
@@ -254,7 +256,7 @@ class RunEngine:
         finally:
             if live.recorder is not None:
                 live.recorder.stop()
-            self._teardown(live.pool, live.backend)
+            self._teardown(live.pool, live.sites, live.backend)
             self.ctx.registry.close_inbox(run.id)
             if live.recorder is not None:
                 # A failed run keeps the acquisitions it made, like every other event.
@@ -267,10 +269,11 @@ class RunEngine:
         endpoint = live.backend.deploy(spec.broker.options(), self.ctx.host)
         run.run_metadata = {"broker": live.backend.metadata(),
                             "endpoint": endpoint.model_dump(), "host": self.ctx.host.name}
-        live.pool = LocalAgentPool(self.ctx.host, self.ctx.controller_url, self.ctx.agent_token,
-                                   run.id, agents_needed(spec),
-                                   self.ctx.layout.run_dir(run.campaign_id, run.id) / "agents",
-                                   gpio=spec.agents.gpio, gpio_chip=spec.agents.gpio_chip)
+        live.sites = open_sites(spec, self.ctx.host, agents_needed(spec))
+        live.pool = AgentPool(live.sites.sites, self.ctx.controller_url, self.ctx.agent_token,
+                              run.id, self.ctx.layout.run_dir(run.campaign_id, run.id) / "agents",
+                              gpio=spec.agents.gpio, gpio_chip=spec.agents.gpio_chip)
+        run.run_metadata["agent_hosts"] = live.pool.hosts
         agent_ids = self._await_agents(live.pool, spec)
         assignments = plan_assignments(spec, run.id, run.campaign_id, endpoint, agent_ids)
         if spec.measurement.scope is not None:
@@ -334,14 +337,22 @@ class RunEngine:
             run.run_metadata["scope"] |= {"acquisitions": live.recorder.acquisitions,
                                           "error": live.recorder.error}
 
-    def _await_agents(self, pool: LocalAgentPool, spec: CampaignSpec) -> list[str]:
-        found = self.ctx.registry.wait_for_agents(set(pool.names), spec.timing.setup_timeout_s)
-        if len(found) < len(pool.names):
-            missing = sorted(set(pool.names) - set(found))
-            reasons = pool.exited() or [f"{', '.join(missing)} did not register within "
-                                        f"{spec.timing.setup_timeout_s:.0f} s"]
-            raise RunFailed("; ".join(reasons))
-        return [found[name] for name in pool.names]
+    def _await_agents(self, pool: AgentPool, spec: CampaignSpec) -> list[str]:
+        """Wait for every agent to register; an agent that exits first fails the run at once."""
+        deadline = monotonic_ns() + int(spec.timing.setup_timeout_s * 1e9)
+        names = set(pool.names)
+        while True:
+            # In slices, so an agent that died (a missing GPIO device, a missing command
+            # on a lab host) is reported now rather than after the whole setup timeout.
+            found = self.ctx.registry.wait_for_agents(names, 0.1)
+            if len(found) == len(names):
+                return [found[name] for name in pool.names]
+            if exited := pool.exited():
+                raise RunFailed("; ".join(exited))
+            if monotonic_ns() > deadline:
+                missing = sorted(names - set(found))
+                raise RunFailed(f"{', '.join(missing)} did not register within "
+                                f"{spec.timing.setup_timeout_s:.0f} s")
 
     def _wait(self, live: _LiveRun, *, until: Callable[[], bool], timeout_s: float,
               waiting_for: str) -> None:
@@ -386,7 +397,8 @@ class RunEngine:
         if RunState(run.state) in ACTIVE_STATES:
             self._transition(run, total, state, reason)
 
-    def _teardown(self, pool: LocalAgentPool | None, backend: BrokerBackend | None) -> None:
+    def _teardown(self, pool: AgentPool | None, sites: AgentSites | None,
+                  backend: BrokerBackend | None) -> None:
         if pool is not None:
             agents = self.ctx.registry.wait_for_agents(set(pool.names), 0).values()
             for agent_id in agents:
@@ -394,5 +406,7 @@ class RunEngine:
             pool.stop()
             for agent_id in agents:
                 self.ctx.registry.forget(agent_id)
+        if sites is not None:
+            sites.close()
         if backend is not None:
             backend.teardown()

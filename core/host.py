@@ -1,4 +1,4 @@
-"""Where a thing runs: this machine (subprocesses) or, later, a remote one over SSH.
+"""Where a thing runs: this machine (subprocesses) or a remote one (:mod:`.ssh`).
 
 Backends and agents are started through a :class:`Host`, never with ad-hoc shell
 strings, so the same backend code deploys locally and on a lab machine.
@@ -77,10 +77,12 @@ class LocalProcess:
 
 
 class LocalHost:
-    """This machine."""
+    """This machine, reached by others at ``address`` (loopback unless on a lab network)."""
 
     name = "local"
-    address = "127.0.0.1"
+
+    def __init__(self, address: str = "127.0.0.1"):
+        self.address = address
 
     def spawn(self, argv: list[str], *, env: dict[str, str] | None = None,
               log_path: Path | None = None) -> LocalProcess:
