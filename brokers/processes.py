@@ -113,10 +113,15 @@ class BrokerProcess:
     def pid(self) -> int | None:
         return None if self.handle is None else self.handle.pid
 
-    def watch(self, handle: ProcessHandle, interval_s: float) -> None:
-        """Take ``handle`` as the broker and sample its process tree every ``interval_s``."""
+    def watch(self, handle: ProcessHandle, interval_s: float,
+              io_counters: Callable[[], tuple[int, int]] | None = None) -> None:
+        """Take ``handle`` as the broker and sample its process tree every ``interval_s``.
+
+        ``io_counters`` replaces the syscall byte counts, for a broker that counts its own
+        traffic (see :class:`~mqttbed.instruments.resources.ProcessTreeSampler`).
+        """
         self.handle = handle
-        self._sampler = ProcessTreeSampler(handle.pid, interval_s)
+        self._sampler = ProcessTreeSampler(handle.pid, interval_s, io_counters)
         self._sampler.start()
 
     def log_tail(self) -> str:

@@ -25,6 +25,9 @@ What each field of a :class:`BrokerStatsSample` means here:
   parent's, so the tree total already holds them (keeping them too counted a fork/pipe
   broker's bytes two to three times). Between a child's exit and its reaping its bytes
   are briefly in neither place, so a sample that falls there reads slightly low.
+  A broker that counts its own traffic can say so instead: given ``io_counters``, the
+  sampler takes (bytes received, bytes sent) from it at each sample (the FPGA model does,
+  as its UDP ``recvfrom``/``sendto`` never show in ``/proc/<pid>/io``).
 - ``processes``: how many processes of the tree were read in that sample.
 
 Timestamps are CLOCK_MONOTONIC nanoseconds (:func:`mqttbed.core.clock.monotonic_ns`).
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,11 +88,13 @@ def _cpu_percent(tracked: _Tracked, now_ns: int) -> float:
 class ProcessTreeSampler:
     """Samples CPU, RSS and syscall I/O bytes of ``pid`` and all its descendants."""
 
-    def __init__(self, pid: int, interval_s: float = 0.2):
+    def __init__(self, pid: int, interval_s: float = 0.2,
+                 io_counters: Callable[[], tuple[int, int]] | None = None):
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
         self.pid = pid
         self.interval_s = interval_s
+        self._io_counters = io_counters
         self._tracked: dict[int, _Tracked] = {}
         # I/O of processes that left the tree, so cumulative bytes stay monotonic.
         self._samples: list[BrokerStatsSample] = []
@@ -203,6 +208,8 @@ class ProcessTreeSampler:
         for pid in [pid for pid in self._tracked if pid not in seen and pid != self.pid]:
             del self._tracked[pid]
 
+        if self._io_counters is not None:
+            live_read, live_write = self._io_counters()
         return BrokerStatsSample(
             t_ns=monotonic_ns(),
             cpu_percent=cpu_percent,

@@ -67,6 +67,12 @@ def test_deployed_model_relays_over_udp_and_teardown_records_what_it_did():
     assert latency["emulator_measured"]["first_copy"]["mean"] > 0
     assert len(meta["version"]["model_source_sha256"]) == 64
     assert len(backend.stats()) >= 2 and all(s.rss_bytes > 0 for s in backend.stats())
+    # the samples' bytes are the model's own UDP counts (a sampler cannot see recvfrom)
+    counters, last = meta["model_stats"]["counters"], backend.stats()[-1]
+    publish_bytes = 10 * len(encode_publish("line/0", bytes(40)))
+    assert last.bytes_recv == counters["bytes_in"] > publish_bytes
+    assert last.bytes_sent == counters["bytes_out"] > publish_bytes
+    assert [s.bytes_recv for s in backend.stats()] == sorted(s.bytes_recv for s in backend.stats())
     assert child_processes("mqttbed.brokers.fpga") == []
 
 

@@ -1,11 +1,14 @@
 """The ``fpga`` broker backend: the behavioural model on this machine, or a real board.
 
 Without ``board`` the backend starts the model (:mod:`.server`) as a private subprocess
-on a free UDP port, samples its process tree like Mosquitto's, and at teardown reads the
-model's own stats file (packets in and out, malformed datagrams dropped, table occupancy,
-modelled hardware latency beside the emulator's measured latency) into the run's
-metadata. With ``board`` it programs the board over SSH (:mod:`.board`) and hands out the
-board's UDP endpoint; nothing runs locally, so there are no resource samples.
+on a free UDP port, samples its process tree like Mosquitto's (CPU and RSS; the bytes in
+and out are the UDP payload bytes the model counts and keeps in ``io.json``, at most
+50 ms stale, since ``recvfrom``/``sendto`` never show in ``/proc/<pid>/io``), and at
+teardown reads the model's own stats file (packets in and out, malformed datagrams
+dropped, table occupancy, modelled hardware latency beside the emulator's measured
+latency) into the run's metadata. With ``board`` it programs the board over SSH
+(:mod:`.board`) and hands out the board's UDP endpoint; nothing runs locally, so there
+are no resource samples.
 
 Either way the endpoint's transport is ``mqtt-udp``, which makes the agents use their
 UDP clients: a campaign selects the transport through the backend, never by hand.
@@ -110,10 +113,13 @@ class FpgaBackend:
         argv = [sys.executable, "-m", "mqttbed.brokers.fpga", "--host", host.address,
                 "--port", "0", "--ready-file", str(ready),
                 "--stats-file", str(proc.dir / "stats.json"),
+                "--io-file", str(proc.dir / "io.json"),
                 "--topic-table-depth", str(options.topic_table_depth),
                 "--subscriber-table-depth", str(options.subscriber_table_depth),
                 "--probe-window", str(options.probe_window)]
-        proc.watch(host.spawn(argv, log_path=proc.dir / "model.log"), options.stats_interval_s)
+        io_file = proc.dir / "io.json"
+        proc.watch(host.spawn(argv, log_path=proc.dir / "model.log"), options.stats_interval_s,
+                   io_counters=lambda: _read_io_counters(io_file))
         deadline = time.monotonic() + options.startup_timeout_s
         while not ready.exists():
             if (exited := proc.exit_reason()) is not None:
@@ -191,6 +197,15 @@ class FpgaBackend:
             except (OSError, ValueError):
                 self._model_stats = None
             self._proc.remove()
+
+
+def _read_io_counters(path: Path) -> tuple[int, int]:
+    """The model's UDP bytes (in, out) as it last wrote them; (0, 0) before the first write."""
+    try:
+        counters = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return 0, 0
+    return int(counters["bytes_in"]), int(counters["bytes_out"])
 
 
 def probe_endpoint(endpoint: Endpoint, timeout_s: float) -> None:

@@ -36,6 +36,9 @@ logger = logging.getLogger("mqttbed.fpga-model")
 
 MAX_DATAGRAM = 65_535
 LATENCY_SAMPLES_KEPT = 200_000
+# How stale the live byte counters (--io-file) may be: a quarter of the default sampling
+# interval of the backend's resource sampler.
+IO_FILE_INTERVAL_S = 0.05
 RECEIVE_BUFFER_BYTES = 4 << 20
 STATS_FORMAT = 1
 
@@ -92,13 +95,22 @@ class FpgaModelServer:
         self.started_ns = monotonic_ns()
         self.started_at = time.time()
 
-    def serve(self, should_stop: Callable[[], bool], poll_s: float = 0.1) -> None:
-        """Receive and answer datagrams until ``should_stop()`` is true."""
+    def serve(self, should_stop: Callable[[], bool], poll_s: float = 0.1,
+              on_tick: Callable[[], None] = lambda: None) -> None:
+        """Receive and answer datagrams until ``should_stop()`` is true.
+
+        ``on_tick`` runs after every wake-up (a batch of datagrams, or ``poll_s`` idle).
+        """
         with selectors.DefaultSelector() as selector:
             selector.register(self.sock, selectors.EVENT_READ)
             while not should_stop():
                 if selector.select(poll_s):
                     self._drain()
+                on_tick()
+
+    def io_counters(self) -> dict[str, int]:
+        """UDP payload bytes in and out so far (what a resource sampler cannot see)."""
+        return {"bytes_in": self.counters["bytes_in"], "bytes_out": self.counters["bytes_out"]}
 
     def _drain(self) -> None:
         sock, counters = self.sock, self.counters
@@ -188,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, required=True, help="UDP port; 0 picks a free one")
     parser.add_argument("--stats-file", type=Path,
                         help="write counters and latencies here on SIGTERM/SIGINT/SIGUSR1")
+    parser.add_argument("--io-file", type=Path,
+                        help="keep {bytes_in, bytes_out} here, rewritten at most every "
+                             f"{IO_FILE_INTERVAL_S * 1000:.0f} ms while they change")
     parser.add_argument("--ready-file", type=Path,
                         help="write {host, port, pid} here once the socket is bound")
     parser.add_argument("--topic-table-depth", type=int, default=PAPER_DEPTH_WORDS)
@@ -227,9 +242,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.ready_file is not None:
         write_json_atomically(args.ready_file, {"host": host, "port": port, "pid": os.getpid()})
     print(f"fpga-model listening on udp://{host}:{port} (pid {os.getpid()})", flush=True)
+    io_written: dict[str, Any] = {"at": 0.0, "counters": None}
+
+    def write_io(force: bool = False) -> None:
+        now = time.monotonic()
+        counters = server.io_counters()
+        if args.io_file is None or counters == io_written["counters"] or (
+                not force and now - io_written["at"] < IO_FILE_INTERVAL_S):
+            return
+        write_json_atomically(args.io_file, counters)
+        io_written.update(at=now, counters=counters)
+
+    write_io(force=True)
     try:
-        server.serve(lambda: stopping)
+        server.serve(lambda: stopping, poll_s=IO_FILE_INTERVAL_S, on_tick=write_io)
     finally:
+        write_io(force=True)
         dump_stats()
         server.close()
     print(f"fpga-model stopped: {server.counters['datagrams_in']} datagrams in, "
