@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
@@ -43,6 +44,16 @@ def spark():
     session = get_spark()
     yield session
     stop_spark()
+
+
+def eventually(check: Callable[[], bool], timeout_s: float = 3.0) -> bool:
+    """Poll ``check`` until it holds or ``timeout_s`` passes; return its last answer."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.01)
+    return check()
 
 
 def child_processes(name_part: str) -> list[psutil.Process]:

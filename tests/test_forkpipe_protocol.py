@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +21,7 @@ import pytest
 from mqttbed.brokers.forkpipe.backend import ForkPipeBackend, Options
 from mqttbed.core.host import LocalHost
 from mqttbed.core.protocol import Endpoint
+from tests.conftest import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -227,15 +228,6 @@ def broker(request) -> Iterator[Deployed]:
         yield deployed
     finally:
         assert_clean_teardown(deployed)
-
-
-def eventually(check: Callable[[], bool], timeout_s: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.01)
-    return check()
 
 
 # -- CONNECT ------------------------------------------------------------------------------

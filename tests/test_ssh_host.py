@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import psutil
 import pytest
 
 from mqttbed.core.host import Host
 from mqttbed.core.ssh import SshError, SshHost, SshTarget
+from tests.conftest import eventually
 from tests.sshd import LocalSshd
 
 pytestmark = pytest.mark.timeout(60)
@@ -28,15 +28,6 @@ def host(sshd):
     ssh_host = SshHost(SshTarget(**sshd.target()))
     yield ssh_host
     ssh_host.close()
-
-
-def wait_until(condition, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 def test_it_is_a_host_and_runs_quoted_argv(host):
@@ -62,9 +53,9 @@ def test_a_spawned_process_streams_its_output_and_reports_its_exit_code(host, tm
     log = tmp_path / "out.log"
     proc = host.spawn(["sh", "-c", 'echo "token=$SECRET"; echo oops >&2; exit 3'],
                       env={"SECRET": "s3cr3t value"}, log_path=log)
-    assert wait_until(lambda: proc.poll() is not None)
+    assert eventually(lambda: proc.poll() is not None)
     assert proc.poll() == 3
-    assert wait_until(lambda: "oops" in log.read_text())
+    assert eventually(lambda: "oops" in log.read_text())
     assert log.read_text().splitlines() == ["token=s3cr3t value", "oops"]
 
 
@@ -76,7 +67,7 @@ def test_the_environment_never_shows_in_the_remote_command_lines(host, tmp_path)
             return [p for p in psutil.process_iter() if _pgid(p.pid) == proc.pid]
 
         # the wrapper shell (the group's leader) and sleep, once it is started
-        assert wait_until(lambda: sorted(p.name() for p in group()) == ["sh", "sleep"])
+        assert eventually(lambda: sorted(p.name() for p in group()) == ["sh", "sleep"])
         members = group()
         for p in members:
             assert "do-not-leak-me" not in " ".join(p.cmdline())
@@ -89,27 +80,27 @@ def test_the_environment_never_shows_in_the_remote_command_lines(host, tmp_path)
 
 def test_stop_kills_the_whole_group_even_when_term_is_ignored(host, tmp_path):
     proc = host.spawn(["sh", "-c", "trap '' TERM; sleep 60 & wait"], log_path=tmp_path / "l")
-    assert wait_until(lambda: len([p for p in psutil.process_iter()
+    assert eventually(lambda: len([p for p in psutil.process_iter()
                                    if _pgid(p.pid) == proc.pid]) == 3)
     assert proc.poll() is None
     assert proc.stop(timeout_s=0.5) == -signal.SIGKILL
-    assert wait_until(lambda: not [p for p in psutil.process_iter() if _pgid(p.pid) == proc.pid])
+    assert eventually(lambda: not [p for p in psutil.process_iter() if _pgid(p.pid) == proc.pid])
 
 
 def test_a_process_killed_there_reads_as_killed_by_its_signal(host, tmp_path):
     proc = host.spawn(["sleep", "60"], log_path=tmp_path / "l")
     sleeper = next(p for p in psutil.Process(proc.pid).children())
     sleeper.send_signal(signal.SIGINT)
-    assert wait_until(lambda: proc.poll() is not None)
+    assert eventually(lambda: proc.poll() is not None)
     assert proc.poll() == -signal.SIGINT
 
 
 def test_a_program_that_does_not_exist_fails_with_the_shells_message(host, tmp_path):
     log = tmp_path / "l"
     proc = host.spawn(["/nonexistent/mqttbed", "agent"], log_path=log)
-    assert wait_until(lambda: proc.poll() is not None)
+    assert eventually(lambda: proc.poll() is not None)
     assert proc.poll() == 127
-    assert wait_until(lambda: "not found" in log.read_text() or "No such" in log.read_text())
+    assert eventually(lambda: "not found" in log.read_text() or "No such" in log.read_text())
 
 
 def test_an_unreachable_or_untrusted_host_is_refused_with_its_name(sshd, tmp_path):
