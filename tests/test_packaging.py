@@ -1,0 +1,37 @@
+"""What a regular (non-editable) install of mqttbed contains: code plus its data files.
+
+The dev install is editable, which reads templates and sources straight from the tree and
+so would hide a data file left out of the package. This builds the packages as
+``pip install .`` (or the Docker image) would, from a copy of the tracked files.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_built_package_carries_templates_campaigns_migrations_and_the_c_sources(tmp_path):
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+    tree = tmp_path / "tree"
+    for name in tracked:
+        if (REPO / name).is_file():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, tree / name)
+    built = tmp_path / "lib"
+    subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "-q",
+                    "build_py", "--build-lib", str(built)], cwd=tree, check=True,
+                   capture_output=True)
+    package = built / "mqttbed"
+    templates = {p.name for p in (package / "api" / "templates").glob("*.html")}
+    assert {"base.html", "index.html", "login.html", "report.html"} <= templates
+    assert (package / "campaigns" / "quickstart.yaml").is_file()
+    assert (package / "controller" / "migrations" / "script.py.mako").is_file()
+    assert list((package / "controller" / "migrations" / "versions").glob("0001_*.py"))
+    assert (package / "brokers" / "forkpipe" / "Makefile").is_file()
+    assert list((package / "brokers" / "forkpipe" / "src").glob("*.c"))
