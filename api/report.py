@@ -81,10 +81,14 @@ def _versus_parameter(points: list[dict[str, Any]], figure: str, title: str,
                                  "array": [m[figure]["p99"] - m[figure]["p50"] for m in members],
                                  "arrayminus": [0] * len(members)}})
         if figure == "sync_spread_us":
+            # The seed papers' own measure (mean ± std of last-subscribed minus
+            # first-subscribed arrival): the one to hold against their reference points.
             data.append({"type": "scatter", "mode": "lines+markers", "name":
-                         f"{name}: first→last subscribed, mean",
+                         f"{name}: first→last subscribed, mean ± std",
                          "line": {"dash": "dot"}, "x": xs,
-                         "y": [m["first_last_spread_us"]["mean"] for m in members]})
+                         "y": [m["first_last_spread_us"]["mean"] for m in members],
+                         "error_y": {"type": "data", "array": [
+                             m["first_last_spread_us"].get("std") or 0 for m in members]}})
     by_label: dict[str, list[dict[str, Any]]] = {}
     for ref in references:
         by_label.setdefault(ref["label"], []).append(ref)
@@ -146,19 +150,19 @@ def build_figures(stats: dict[str, Any], spec: dict[str, Any]) -> dict[str, dict
                    "barmode": "group", "yaxis": {"title": {"text": "deliveries"},
                                                  "type": "log"}}}
 
-    def broker_bars(keys: tuple[tuple[str, str], ...], title: str, unit: str
+    def broker_bars(keys: tuple[tuple[str, str, str], ...], title: str, unit: str
                     ) -> dict[str, Any]:
         """Bars per point; with several backends, the backends side by side per point."""
         groups = ({p["backend"] for p in points} if show_backend else {None})
         data = []
         for backend in sorted(groups, key=str):
             members = [p for p in points if backend is None or p["backend"] == backend]
-            for key, name in keys:
+            for key, std_key, name in keys:
                 data.append({
                     "type": "bar", "name": f"{backend}: {name}" if backend else name,
                     "x": [point_label(p, False) for p in members],
                     "y": [p["broker"][key] for p in members],
-                    "error_y": {"type": "data", "array": [p["broker"].get(f"{key}_std") or 0
+                    "error_y": {"type": "data", "array": [p["broker"].get(std_key) or 0
                                                           for p in members]}})
         return {"data": data, "layout": {"title": {"text": title}, "barmode": "group",
                                          "yaxis": {"title": {"text": unit}}}}
@@ -166,18 +170,21 @@ def build_figures(stats: dict[str, Any], spec: dict[str, Any]) -> dict[str, dict
     scoped = [p for p in points if p.get("scope")]
     if scoped:
         scoped_names = [labels[p["point_index"]] for p in scoped]
+        # A scope watching one subscriber measures no spread: that pair of bars is left out.
         figures["plot-scope"] = {"data": [
             {"type": "bar", "name": f"{source} {figure} p50", "x": scoped_names,
-             "y": [(p["scope"] if source == "scope" else p)[figure]["p50"] for p in scoped]}
-            for figure in ("latency_us", "sync_spread_us") for source in ("software", "scope")],
+             "y": [_p50((p["scope"] if source == "scope" else p).get(figure)) for p in scoped]}
+            for figure in ("latency_us", "sync_spread_us")
+            if any(p["scope"].get(figure) for p in scoped) for source in ("software", "scope")],
             "layout": {"title": {"text": "Software timestamps against the oscilloscope (p50)"},
                        "barmode": "group", "yaxis": _AXIS_US}}
 
     figures["plot-broker-cpu"] = broker_bars(
-        (("cpu_percent_mean", "CPU %"),),
+        (("cpu_percent_mean", "cpu_percent_std", "CPU %"),),
         "Broker CPU, whole process tree (mean ± std over runs)", "% of one core")
     figures["plot-broker-net"] = broker_bars(
-        (("net_recv_kb_per_s", "received"), ("net_sent_kb_per_s", "sent")),
+        (("net_recv_kb_per_s", "net_recv_kb_per_s_std", "received"),
+         ("net_sent_kb_per_s", "net_sent_kb_per_s_std", "sent")),
         "Broker I/O (mean ± std over runs)", "kB/s")
     return figures
 
@@ -196,17 +203,7 @@ def report_context(core: ControllerCore, campaign_id: str) -> dict[str, Any]:
     show_backend = bool(stats) and len({p["backend"] for p in stats["points"]}) > 1
     import yaml
 
-    scope_rows = []
-    for point in stats["points"] if stats else []:
-        if not point.get("scope"):
-            continue
-        software, scope = point["latency_us"]["p50"], point["scope"]["latency_us"]["p50"]
-        scope_rows.append({
-            "label": point_label(point, show_backend), "acquisitions":
-            point["scope"]["acquisitions"], "software_p50": software, "scope_p50": scope,
-            "difference": None if software is None or scope is None else software - scope,
-            "software_spread": point["sync_spread_us"]["p50"],
-            "scope_spread": point["scope"]["sync_spread_us"]["p50"]})
+    scope_rows = scope_table(stats["points"], show_backend) if stats else []
     model_rows = [{"label": point_label(p, show_backend),
                    **p["broker_reported"]["hardware_latency_ns"]}
                   for p in (stats["points"] if stats else []) if p.get("broker_reported")]
@@ -222,6 +219,33 @@ def report_context(core: ControllerCore, campaign_id: str) -> dict[str, Any]:
         "live": not (ended and stats),
         "finished": sum(r.state in ("done", "failed", "interrupted") for r in runs),
     }
+
+
+def scope_table(points: list[dict[str, Any]], show_backend: bool) -> list[dict[str, Any]]:
+    """Per point measured by a scope: software and scope figures and their differences."""
+    rows = []
+    for point in points:
+        if not point.get("scope"):
+            continue
+        software, scope = point["latency_us"]["p50"], point["scope"]["latency_us"]["p50"]
+        software_spread = _p50(point["sync_spread_us"])
+        scope_spread = _p50(point["scope"].get("sync_spread_us"))  # None: one line watched
+        rows.append({
+            "label": point_label(point, show_backend),
+            "acquisitions": point["scope"]["acquisitions"],
+            "software_p50": software, "scope_p50": scope,
+            "difference": _difference(software, scope),
+            "software_spread": software_spread, "scope_spread": scope_spread,
+            "spread_difference": _difference(software_spread, scope_spread)})
+    return rows
+
+
+def _p50(distribution: dict[str, Any] | None) -> float | None:
+    return None if not distribution else distribution.get("p50")
+
+
+def _difference(software: float | None, scope: float | None) -> float | None:
+    return None if software is None or scope is None else software - scope
 
 
 def script_json(value: Any) -> str:

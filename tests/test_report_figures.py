@@ -1,0 +1,60 @@
+"""The report's figures and scope table from stats.json alone (no controller, no browser)."""
+
+from __future__ import annotations
+
+from mqttbed.api.report import build_figures, scope_table
+
+
+def dist(p50: float, **extra: float) -> dict[str, float]:
+    return {"mean": p50, "std": 1.0, "p50": p50, "p90": p50, "p99": p50 * 2, "p999": p50 * 3,
+            "max": p50 * 4, **extra}
+
+
+def point(index: int, backend: str, subscribers: int, cpu: float, cpu_std: float,
+          scope: dict | None = None) -> dict:
+    return {
+        "point_index": index, "backend": backend,
+        "params": {"broker.backend": backend, "workload.subscribers": subscribers},
+        "latency_us": dist(100.0 + index), "sync_spread_us": dist(10.0 + index),
+        "first_last_spread_us": dist(5.0, std=2.5),
+        "deliveries_received": 10, "lost": 0, "duplicates": 0, "reordered": 0,
+        "broker": {"cpu_percent_mean": cpu, "cpu_percent_std": cpu_std,
+                   "net_recv_kb_per_s": 3.0, "net_recv_kb_per_s_std": 0.5,
+                   "net_sent_kb_per_s": 4.0, "net_sent_kb_per_s_std": 0.25},
+        **({"scope": scope} if scope else {}),
+    }
+
+
+def stats(points: list[dict]) -> dict:
+    return {"points": points, "runs": [], "series": {}}
+
+
+def test_broker_bars_carry_each_backends_std_over_runs():
+    figures = build_figures(stats([point(0, "mosquitto", 2, 20.0, 2.4),
+                                   point(1, "forkpipe", 2, 24.0, 2.9)]), {})
+    cpu = {bar["name"]: bar for bar in figures["plot-broker-cpu"]["data"]}
+    assert cpu["forkpipe: CPU %"]["error_y"]["array"] == [2.9]
+    assert cpu["mosquitto: CPU %"]["error_y"]["array"] == [2.4]
+    net = {bar["name"]: bar["error_y"]["array"] for bar in figures["plot-broker-net"]["data"]}
+    assert net["mosquitto: received"] == [0.5] and net["mosquitto: sent"] == [0.25]
+
+
+def test_first_to_last_spread_is_drawn_as_mean_with_its_std():
+    figures = build_figures(stats([point(0, "mosquitto", 2, 1.0, 0.1),
+                                   point(1, "mosquitto", 10, 1.0, 0.1)]), {})
+    (dotted,) = [c for c in figures["plot-sync-spread"]["data"] if "first→last" in c["name"]]
+    assert dotted["y"] == [5.0, 5.0] and dotted["error_y"]["array"] == [2.5, 2.5]
+
+
+def test_a_scope_watching_one_subscriber_has_no_spread_and_the_report_still_renders():
+    one_line = {"latency_us": dist(90.0), "acquisitions": 20}
+    both = {"latency_us": dist(95.0), "sync_spread_us": dist(7.0), "acquisitions": 18}
+    points = [point(0, "mosquitto", 2, 1.0, 0.1, scope=one_line),
+              point(1, "mosquitto", 10, 1.0, 0.1, scope=both)]
+    bars = {bar["name"]: bar["y"] for bar in build_figures(stats(points), {})["plot-scope"]["data"]}
+    assert bars["scope latency_us p50"] == [90.0, 95.0]
+    assert bars["scope sync_spread_us p50"] == [None, 7.0]
+    rows = scope_table(stats(points)["points"], show_backend=False)
+    assert rows[0]["scope_spread"] is None and rows[0]["spread_difference"] is None
+    assert rows[0]["difference"] == 100.0 - 90.0
+    assert rows[1]["spread_difference"] == 11.0 - 7.0 and rows[1]["acquisitions"] == 18
