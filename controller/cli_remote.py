@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -17,9 +18,16 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     """Add the ``campaigns`` command group to the ``mqttbed`` parser."""
     group = commands.add_parser("campaigns", help="campaigns on a remote controller "
                                                   "(--url/--token or MQTTBED_URL/MQTTBED_TOKEN)")
-    group.add_argument("--url", default=os.environ.get("MQTTBED_URL", "http://127.0.0.1:8000"))
-    group.add_argument("--token", default=os.environ.get("MQTTBED_TOKEN"))
-    actions = group.add_subparsers(dest="action", required=True)
+    group.add_argument("--url", default=os.environ.get("MQTTBED_URL", "http://127.0.0.1:8000"),
+                       help="the controller (default: MQTTBED_URL or http://127.0.0.1:8000)")
+    group.add_argument("--token", default=os.environ.get("MQTTBED_TOKEN"),
+                       help="a user token (default: MQTTBED_TOKEN)")
+    # The same options after the action (`campaigns list --url …`), overriding only if given.
+    connection = argparse.ArgumentParser(add_help=False)
+    connection.add_argument("--url", default=argparse.SUPPRESS, help="the controller")
+    connection.add_argument("--token", default=argparse.SUPPRESS, help="a user token")
+    actions = group.add_subparsers(dest="action", required=True, parser_class=_parser_with(
+        connection))
     submit = actions.add_parser("submit", help="create a campaign from a spec and start it")
     submit.add_argument("spec", type=Path)
     submit.add_argument("--no-start", action="store_true", help="create it, do not start it")
@@ -33,6 +41,17 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     export.add_argument("--format", choices=("csv", "parquet"), default="parquet")
     export.add_argument("--out", type=Path, help="file to write (default: ID.csv / ID.zip)")
     group.set_defaults(func=run)
+
+
+def _parser_with(parent: argparse.ArgumentParser) -> type[argparse.ArgumentParser]:
+    """An ArgumentParser class whose instances all take ``parent``'s options."""
+
+    class WithParent(argparse.ArgumentParser):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["parents"] = [*kwargs.get("parents", []), parent]
+            super().__init__(*args, **kwargs)
+
+    return WithParent
 
 
 def _client(args: argparse.Namespace) -> httpx.Client:
@@ -54,6 +73,14 @@ def _check(response: httpx.Response) -> httpx.Response:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except httpx.TransportError as exc:
+        raise SystemExit(f"mqttbed campaigns: cannot reach the controller at {args.url}: "
+                         f"{type(exc).__name__}: {exc}") from None
+
+
+def _run(args: argparse.Namespace) -> int:
     with _client(args) as http:
         if args.action == "submit":
             content_type = "application/json" if args.spec.suffix == ".json" else "application/yaml"

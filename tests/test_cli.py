@@ -66,6 +66,30 @@ def test_remote_commands_report_errors_clearly(served, tmp_path):
 
 
 @pytest.mark.integration
+def test_url_and_token_flags_work_before_and_after_the_action(served):
+    env = {"MQTTBED_URL": "http://127.0.0.1:9", "MQTTBED_TOKEN": "mqb_wrong"}
+    campaign_id = served.finished["id"]
+    after = mqttbed("campaigns", "list", "--url", served.url, "--token", served.user_token,
+                    env=env)
+    assert after.returncode == 0 and campaign_id in after.stdout, after.stderr
+    before = mqttbed("campaigns", "--url", served.url, "--token", served.user_token, "status",
+                     campaign_id, env=env)
+    assert before.returncode == 0 and "api-e2e: done" in before.stdout, before.stderr
+    # flags after the action win over the ones before it
+    mixed = mqttbed("campaigns", "--token", "mqb_wrong", "list", "--url", served.url,
+                    "--token", served.user_token, env=env)
+    assert mixed.returncode == 0, mixed.stderr
+
+
+def test_an_unreachable_controller_is_named_without_a_traceback():
+    done = mqttbed("campaigns", "list", "--url", "http://127.0.0.1:9", "--token", "mqb_x")
+    assert done.returncode == 1
+    assert done.stderr.strip().startswith(
+        "mqttbed campaigns: cannot reach the controller at http://127.0.0.1:9: ConnectError")
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.integration
 def test_report_writes_one_self_contained_html_file(served, tmp_path):
     out = tmp_path / "report.html"
     done = mqttbed("report", served.finished["id"], "--out", str(out), "--data-dir",
