@@ -315,7 +315,7 @@ class RunEngine:
         for agent_id in live.active:
             self.ctx.registry.send(agent_id, StartAt(run_id=run.id, t_start_ns=t_start))
         if live.recorder is not None:
-            live.recorder.start()
+            live.recorder.start(t_start)
         window_ns = run_window_ns(spec)
         self._wait(live, until=lambda: len(live.inbox.done) == len(live.active)
                    and monotonic_ns() >= t_start + window_ns,
@@ -335,6 +335,7 @@ class RunEngine:
         if live.recorder is not None:
             live.recorder.write(self.ctx.layout, run.campaign_id, run.id)
             run.run_metadata["scope"] |= {"acquisitions": live.recorder.acquisitions,
+                                          "timeouts": live.recorder.timeouts,
                                           "error": live.recorder.error}
 
     def _await_agents(self, pool: AgentPool, spec: CampaignSpec) -> list[str]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from mqttbed.campaigns.spec import Scope
 from mqttbed.controller.storage import DataLayout, write_event_chunk
+from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import ClockSource, EventKind
 from mqttbed.core.protocol import Assignment, ClockEstimate, ResultChunk, Role
 
@@ -70,6 +71,11 @@ class ScopeRecorder:
                          if c.client_id == self.publisher.client_id)
         self._message = {"topic": publisher.topic, "payload_bytes": publisher.payload_bytes,
                          "qos": publisher.qos}
+        # Arm for the first time half a period before the watched publisher's first
+        # measured message, so no warm-up message is ever acquired.
+        period_ns = 1e9 / publisher.rate_hz
+        self._first_arm_after_start_ns = int(publisher.start_offset_ns + (
+            publisher.warmup_messages - 0.5) * period_ns)
         self._virtual: Any = None
         self._scope: Any = None
         self._clocks: dict[str, ClockEstimate] = {}
@@ -78,6 +84,7 @@ class ScopeRecorder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: str | None = None
+        self.timeouts = 0  # acquisitions that saw no trigger in acquisition_timeout_s
         self.identity = ""
 
     # -- set-up -------------------------------------------------------------------------
@@ -131,20 +138,26 @@ class ScopeRecorder:
 
     # -- acquisitions -------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._acquire_all, name="scope", daemon=True)
+    def start(self, t_start_ns: int) -> None:
+        """Acquire from the run's first measured message on (``t_start_ns``: this clock)."""
+        first_arm_ns = t_start_ns + self._first_arm_after_start_ns
+        self._thread = threading.Thread(target=self._acquire_all, args=(first_arm_ns,),
+                                        name="scope", daemon=True)
         self._thread.start()
 
-    def _acquire_all(self) -> None:
+    def _acquire_all(self, first_arm_ns: int) -> None:
+        """Single acquisitions until ``acquisitions`` caught a trigger, or the run ends."""
+        if self._stop.wait(max(0, first_arm_ns - monotonic_ns()) / 1e9):
+            return
         try:
-            for number in range(self.spec.acquisitions):
-                if self._stop.is_set():
-                    return
+            number = 0
+            while number < self.spec.acquisitions and not self._stop.is_set():
                 self._scope.arm_single()
                 if not self._scope.wait_triggered(self.spec.acquisition_timeout_s):
-                    continue  # no trigger in time: nothing acquired, try again
-                delays = self._scope.edge_delays_s()
-                self._keep(number, delays)
+                    self.timeouts += 1
+                    continue  # no trigger in time: nothing acquired, arm again
+                self._keep(number, self._scope.edge_delays_s())
+                number += 1
         except Exception as exc:  # noqa: BLE001 - recorded with the run, never fatal to it
             log.exception("scope acquisition failed")
             self.error = f"{type(exc).__name__}: {exc}"
