@@ -31,7 +31,7 @@ class AgentPool:
     """Starts one agent per site for one run and stops every one of them after it."""
 
     def __init__(self, sites: list[Site], controller_url: str, token: str, run_id: str,
-                 log_dir: Path, gpio: str = "virtual", gpio_chip: str = "/dev/gpiochip0"):
+                 log_dir: Path, gpio: str = "auto", gpio_chip: str = "/dev/gpiochip0"):
         self.names = [f"{run_id}-a{i}" for i in range(len(sites))]
         log_dir.mkdir(parents=True, exist_ok=True)
         self._logs = {name: log_dir / f"{name}.log" for name in self.names}

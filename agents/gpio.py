@@ -140,10 +140,12 @@ class RpiGpio(_EdgeLog):
         super().__init__()
         devices = [p for p in ("/dev/gpiomem", *map(str, sorted(Path("/dev").glob("gpiochip*"))))
                    if os.path.exists(p)]
-        if not devices:
+        if not devices or raspberry_pi_model() is None:
+            found = (f"{DEVICE_TREE_MODEL} names no Raspberry Pi" if devices else
+                     "no /dev/gpiomem or /dev/gpiochip* on this machine")
             raise GpioUnavailable(
-                "GPIO backend 'rpi' needs a Raspberry Pi: no /dev/gpiomem or /dev/gpiochip* "
-                "on this machine. Run this agent on a Pi, or use agents.gpio: virtual.")
+                f"GPIO backend 'rpi' needs a Raspberry Pi: {found}. Run this agent on a Pi, "
+                f"or use agents.gpio: gpiod (any Linux GPIO chip) or virtual.")
         try:
             import RPi.GPIO as GPIO  # noqa: N814 - the library's own spelling
         except ImportError:
@@ -210,11 +212,27 @@ class GpiodLines(_EdgeLog):
         self._levels.clear()
 
 
-BACKENDS = ("virtual", "rpi", "gpiod")
+BACKENDS = ("auto", "virtual", "rpi", "gpiod")
+# Where Linux shows the board's name ("Raspberry Pi 4 Model B Rev 1.4") on a Pi.
+DEVICE_TREE_MODEL = Path("/proc/device-tree/model")
+
+
+def raspberry_pi_model() -> str | None:
+    """This board's model if it is a Raspberry Pi, else None."""
+    try:
+        model = DEVICE_TREE_MODEL.read_bytes().rstrip(b"\0").decode(errors="replace").strip()
+    except OSError:
+        return None
+    return model if model.startswith("Raspberry Pi") else None
 
 
 def open_gpio(backend: str, chip: str = "/dev/gpiochip0") -> GpioLines:
-    """Return the GPIO backend named ``backend``; GpioUnavailable says why it cannot work."""
+    """Return the GPIO backend named ``backend``; GpioUnavailable says why it cannot work.
+
+    ``auto`` is ``rpi`` on a Raspberry Pi and ``virtual`` anywhere else.
+    """
+    if backend == "auto":
+        backend = "rpi" if raspberry_pi_model() else "virtual"
     if backend == "virtual":
         return VirtualGpio()
     if backend == "rpi":

@@ -38,7 +38,7 @@ log = logging.getLogger("mqttbed.agent")
 class Agent:
     """One agent's life: register, heartbeat, obey commands."""
 
-    def __init__(self, controller_url: str, token: str, name: str, gpio_backend: str = "virtual",
+    def __init__(self, controller_url: str, token: str, name: str, gpio_backend: str = "auto",
                  gpio_chip: str = "/dev/gpiochip0"):
         # httpx writes headers and body separately: without TCP_NODELAY every request
         # waits out a delayed ACK (~40 ms on Linux).
@@ -130,8 +130,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--token", default=os.environ.get("MQTTBED_AGENT_TOKEN"),
                         help="agent token (or MQTTBED_AGENT_TOKEN)")
     parser.add_argument("--name", default=socket.gethostname(), help="name shown by the controller")
-    parser.add_argument("--gpio", default="virtual", choices=BACKENDS,
-                        help="GPIO backend: virtual (default), rpi (RPi.GPIO / rpi-lgpio), gpiod")
+    parser.add_argument("--gpio", default="auto", choices=BACKENDS,
+                        help="GPIO backend: auto (default: rpi on a Raspberry Pi, else "
+                             "virtual), virtual, rpi (RPi.GPIO / rpi-lgpio), gpiod")
     parser.add_argument("--gpio-chip", default="/dev/gpiochip0",
                         help="GPIO character device for the gpiod backend")
     return parser

@@ -99,7 +99,8 @@ class Agents(_Strict):
                               description="default: one per core, or the hosts' counts")
     hosts: list[AgentHost] = Field(
         default_factory=list, description="lab machines over SSH; default: this machine")
-    gpio: Literal["virtual", "rpi", "gpiod"] = "virtual"
+    gpio: Literal["auto", "virtual", "rpi", "gpiod"] = Field(
+        "auto", description="auto: rpi on a Raspberry Pi, virtual anywhere else")
     gpio_chip: str = "/dev/gpiochip0"
     force_clock_probe: bool = Field(
         False, description="estimate clock offsets NTP-style even on the controller's machine")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from mqttbed.agents import gpio as gpio_module
 from mqttbed.agents.gpio import GpioUnavailable, VirtualGpio, open_gpio, toggle_cost_ns
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.db import RunRow
@@ -11,8 +12,33 @@ from mqttbed.core.clock import ntp_offset
 
 
 def test_rpi_backend_off_a_pi_names_the_missing_device_and_the_fix():
-    with pytest.raises(GpioUnavailable, match=r"/dev/gpiomem.*gpio: virtual"):
+    with pytest.raises(GpioUnavailable, match=r"/dev/gpiomem.*gpio: gpiod .* or virtual"):
         open_gpio("rpi")
+
+
+def test_a_gpio_chip_on_a_board_that_is_no_pi_is_not_taken_for_one(tmp_path, monkeypatch):
+    chip = tmp_path / "gpiochip0"
+    chip.touch()
+    model = tmp_path / "model"
+    model.write_bytes(b"Pine64 RockPro64\0")
+    monkeypatch.setattr(gpio_module, "DEVICE_TREE_MODEL", model)
+    real_exists = gpio_module.os.path.exists
+    monkeypatch.setattr(gpio_module.os.path, "exists",
+                        lambda p: p == "/dev/gpiomem" or real_exists(p))
+    with pytest.raises(GpioUnavailable, match=r"model names no Raspberry Pi"):
+        open_gpio("rpi")
+
+
+def test_auto_is_virtual_off_a_pi_and_rpi_on_one(tmp_path, monkeypatch):
+    assert gpio_module.raspberry_pi_model() is None  # this machine
+    assert open_gpio("auto").backend == "virtual"
+    model = tmp_path / "model"
+    model.write_bytes(b"Raspberry Pi 4 Model B Rev 1.4\0")
+    monkeypatch.setattr(gpio_module, "DEVICE_TREE_MODEL", model)
+    assert gpio_module.raspberry_pi_model() == "Raspberry Pi 4 Model B Rev 1.4"
+    # on a "Pi" auto means rpi: here it then stops at the missing device, not at virtual
+    with pytest.raises(GpioUnavailable, match="GPIO backend 'rpi'"):
+        open_gpio("auto")
 
 
 def test_gpiod_backend_names_the_missing_chip_and_the_fix():
