@@ -14,14 +14,15 @@ from mqttbed.controller.worker import CampaignWorker
 from mqttbed.core.settings import Settings
 
 
-def create_app(settings: Settings, controller_url: str, *, run_campaigns: bool = True
-               ) -> FastAPI:
+def create_app(settings: Settings, controller_url: str | None = None, *,
+               run_campaigns: bool = True) -> FastAPI:
     """Build the app over a new ControllerCore; the campaign worker runs while it is served.
 
-    ``controller_url`` is where the agents this controller spawns reach it. Without
+    ``controller_url`` is where the agents this controller spawns reach it (default: the
+    lab address on port 8000, as ``mqttbed serve`` listens by default). Without
     ``run_campaigns`` started campaigns stay queued (API tests that must not run brokers).
     """
-    core = ControllerCore(settings, controller_url)
+    core = ControllerCore(settings, controller_url or f"http://{settings.lab_address}:8000")
     worker = CampaignWorker(core, settings.spark_master)
 
     @asynccontextmanager

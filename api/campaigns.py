@@ -11,7 +11,7 @@ from starlette.background import BackgroundTask
 
 from mqttbed.api.deps import CoreDep, UserDep, WorkerDep
 from mqttbed.api.export import build_dataset_zip, stream_deliveries_csv
-from mqttbed.api.schemas import CampaignPublic, CampaignSummary, Progress, RunPublic
+from mqttbed.api.schemas import CampaignPublic, Progress, RunPublic
 from mqttbed.campaigns.spec import spec_from_text
 from mqttbed.controller.core import ControllerCore
 from mqttbed.controller.db import CampaignRow, RunRow
@@ -60,12 +60,16 @@ def _summary(core: ControllerCore, row: CampaignRow, runs: list[RunRow]) -> dict
 
 def campaign_public(core: ControllerCore, campaign_id: str) -> CampaignPublic:
     row, runs = load_campaign(core, campaign_id)
+    return _public(core, row, runs)
+
+
+def _public(core: ControllerCore, row: CampaignRow, runs: list[RunRow]) -> CampaignPublic:
     return CampaignPublic(
         **_summary(core, row, runs), spec=row.spec,
         runs=[RunPublic(id=r.id, ordinal=r.ordinal, point_index=r.point_index,
                         repetition=r.repetition, params=r.params, state=r.state,
                         reason=r.reason, started_at=r.started_at, ended_at=r.ended_at)
-              for r in runs])
+              for r in sorted(runs, key=lambda r: r.ordinal)])
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, openapi_extra=_SPEC_BODY,
@@ -83,15 +87,15 @@ async def create_campaign(request: Request, core: CoreDep) -> CampaignPublic:
 
 
 @router.get("")
-def list_campaigns(core: CoreDep) -> list[CampaignSummary]:
-    """Every campaign, newest first, with its status and progress."""
+def list_campaigns(core: CoreDep) -> list[CampaignPublic]:
+    """Every campaign, newest first: spec, status, progress, runs with states and reasons."""
     with core.sessions() as s:
         rows = s.query(CampaignRow).order_by(CampaignRow.created_at.desc()).all()
         runs = s.query(RunRow).all()
     by_campaign: dict[str, list[RunRow]] = {}
     for run in runs:
         by_campaign.setdefault(run.campaign_id, []).append(run)
-    return [CampaignSummary(**_summary(core, row, by_campaign.get(row.id, []))) for row in rows]
+    return [_public(core, row, by_campaign.get(row.id, [])) for row in rows]
 
 
 @router.get("/{campaign_id}", responses=_NOT_FOUND)

@@ -68,7 +68,8 @@ def test_finished_campaign_reports_its_runs_and_stats(served):
     for point in stats["points"]:
         assert point["deliveries_expected"] == 90 * point["params"]["workload.subscribers"]
         assert point["deliveries_received"] + point["lost"] == point["deliveries_expected"]
-    assert campaign["id"] in [c["id"] for c in listed]
+    (in_list,) = [c for c in listed if c["id"] == campaign["id"]]
+    assert in_list["spec"] == campaign["spec"] and in_list["runs"] == campaign["runs"]
     mosquitto = next(b for b in backends if b["name"] == "mosquitto")
     assert "max_queued_messages" in mosquitto["options_schema"]["properties"]
 
