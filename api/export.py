@@ -17,7 +17,7 @@ import psutil
 
 import mqttbed
 from mqttbed.controller.core import ControllerCore
-from mqttbed.controller.db import CampaignRow, RunRow
+from mqttbed.controller.db import AgentRow, CampaignRow, RunRow
 from mqttbed.core.clock import CLOCK_NAME
 from mqttbed.core.events import EVENT_FIELDS, EventKind
 
@@ -32,6 +32,20 @@ def _host_facts() -> dict[str, Any]:
             "hostname": uname.node, "cpus": os.cpu_count(),
             "memory_bytes": psutil.virtual_memory().total,
             "python": platform.python_version()}
+
+
+def _agent_facts(metadata: dict[str, Any], rows: dict[str, AgentRow]) -> dict[str, Any]:
+    """Where each agent of a run took its timestamps: host, cores, clock, offset, GPIO."""
+    facts = {}
+    for agent_id, clients in metadata.get("agents", {}).items():
+        row = rows.get(agent_id)
+        info = row.info if row is not None else {}
+        facts[agent_id] = {
+            "clients": clients, "hostname": info.get("hostname"), "cores": info.get("cores"),
+            "clock": info.get("clock"), "clock_resolution_ns": info.get("clock_resolution_ns"),
+            "clock_offset": metadata.get("agent_clocks", {}).get(agent_id),
+            "gpio": metadata.get("gpio", {}).get(agent_id)}
+    return facts
 
 
 def _clock_sources(core: ControllerCore, campaign_id: str) -> list[str]:
@@ -49,6 +63,9 @@ def manifest(core: ControllerCore, campaign_id: str) -> dict[str, Any]:
     with core.sessions() as s:
         campaign = s.get(CampaignRow, campaign_id)
         runs = s.query(RunRow).filter_by(campaign_id=campaign_id).order_by(RunRow.ordinal).all()
+    agent_ids = {a for r in runs for a in (r.run_metadata or {}).get("agents", {})}
+    with core.sessions() as s:
+        agent_rows = {a.id: a for a in s.query(AgentRow).filter(AgentRow.id.in_(agent_ids))}
     backends = []
     for run in runs:
         broker = (run.run_metadata or {}).get("broker", {})
@@ -61,7 +78,8 @@ def manifest(core: ControllerCore, campaign_id: str) -> dict[str, Any]:
         "campaign": {"id": campaign.id, "name": campaign.name, "status": campaign.status,
                      "spec": campaign.spec, "created_at": campaign.created_at.isoformat()},
         "runs": [{"run_id": r.id, "point_index": r.point_index, "repetition": r.repetition,
-                  "params": r.params, "state": r.state, "reason": r.reason} for r in runs],
+                  "params": r.params, "state": r.state, "reason": r.reason,
+                  "agents": _agent_facts(r.run_metadata or {}, agent_rows)} for r in runs],
         "backends": backends,
         "controller_host": _host_facts(),
         "clock": {"software": CLOCK_NAME,

@@ -106,6 +106,14 @@ def test_parquet_export_is_a_zip_of_the_dataset_with_a_manifest(served):
     assert all(b["version"].startswith("2.") and len(b["config_sha256"]) == 64
                for b in manifest["backends"])
     assert manifest["controller_host"]["cpus"] >= 1
+    # where every run's timestamps were taken: each agent's host, clock and offset
+    for run in manifest["runs"]:
+        assert run["agents"], run
+        for agent in run["agents"].values():
+            assert agent["hostname"] and agent["cores"] >= 1 and agent["clients"]
+            assert agent["clock"] == "CLOCK_MONOTONIC"
+            assert agent["clock_offset"]["method"] == "same-clock"
+            assert agent["gpio"]["backend"] == "virtual"
 
 
 def test_cancel_stops_the_running_run_and_keeps_its_events(served):
