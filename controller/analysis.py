@@ -45,5 +45,43 @@ def _attach_broker_reports(stats: dict[str, Any], rows: list[RunRow]) -> None:
         reports = [by_run[run_id]["hardware_latency_ns"] for run_id in point["run_ids"]
                    if by_run.get(run_id, {}).get("hardware_latency_ns")]
         if reports:
-            point["broker_reported"] = {"hardware_latency_ns": reports[0],
-                                        "runs_reporting": len(reports)}
+            point["broker_reported"] = {"hardware_latency_ns": combine_latency_reports(reports),
+                                        "runs_reporting": len(reports),
+                                        "per_run": reports}
+
+
+def combine_latency_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """One point's figure from its runs' reports: packets summed, means weighted by each
+    run's packets, max the largest, p50 and p99 the median over the runs (the runs keep
+    their own under ``per_run``)."""
+    weights = [r.get("publish_packets", 0) for r in reports]
+    total = sum(weights)
+
+    def weighted(values: list[float | None]) -> float | None:
+        pairs = [(v, w) for v, w in zip(values, weights, strict=True) if v is not None and w]
+        return sum(v * w for v, w in pairs) / sum(w for _, w in pairs) if pairs else None
+
+    def median(values: list[float | None]) -> float | None:
+        present = sorted(v for v in values if v is not None)
+        if not present:
+            return None
+        middle = len(present) // 2
+        return present[middle] if len(present) % 2 else (present[middle - 1] + present[middle]) / 2
+
+    combined: dict[str, Any] = {"publish_packets": total}
+    if not total:
+        return combined
+    combined["copies_per_publish_mean"] = weighted(
+        [r.get("copies_per_publish_mean") for r in reports])
+    for block in ("modelled", "emulator_measured"):
+        figures = {name for r in reports for name in r.get(block, {})}
+        combined[block] = {}
+        for name in sorted(figures):
+            stats = [r.get(block, {}).get(name) or {} for r in reports]
+            maxima = [s["max"] for s in stats if s.get("max") is not None]
+            combined[block][name] = {
+                "mean": weighted([s.get("mean") for s in stats]),
+                "p50": median([s.get("p50") for s in stats]),
+                "p99": median([s.get("p99") for s in stats]),
+                "max": max(maxima) if maxima else None}
+    return combined

@@ -58,3 +58,26 @@ def test_a_scope_watching_one_subscriber_has_no_spread_and_the_report_still_rend
     assert rows[0]["scope_spread"] is None and rows[0]["spread_difference"] is None
     assert rows[0]["difference"] == 100.0 - 90.0
     assert rows[1]["spread_difference"] == 11.0 - 7.0 and rows[1]["acquisitions"] == 18
+
+
+def test_a_points_model_latency_combines_all_its_runs_not_the_first():
+    from mqttbed.controller.analysis import combine_latency_reports
+
+    def report(packets: int, measured_mean: float, measured_p50: float, measured_max: float):
+        modelled = {"mean": 809.2, "p50": 809.2, "p99": 809.2, "max": 809.2}
+        return {"publish_packets": packets, "copies_per_publish_mean": 2.0,
+                "modelled": {"first_copy": modelled},
+                "emulator_measured": {"first_copy": {
+                    "mean": measured_mean, "p50": measured_p50, "p99": measured_p50 * 2,
+                    "max": measured_max}}}
+
+    combined = combine_latency_reports([report(100, 10_000.0, 9_000.0, 50_000.0),
+                                        report(300, 20_000.0, 19_000.0, 90_000.0),
+                                        report(100, 30_000.0, 29_000.0, 70_000.0)])
+    assert combined["publish_packets"] == 500
+    assert combined["modelled"]["first_copy"]["mean"] == 809.2
+    measured = combined["emulator_measured"]["first_copy"]
+    assert measured["mean"] == (100 * 10_000 + 300 * 20_000 + 100 * 30_000) / 500
+    assert measured["p50"] == 19_000.0 and measured["p99"] == 38_000.0
+    assert measured["max"] == 90_000.0
+    assert combine_latency_reports([{"publish_packets": 0}]) == {"publish_packets": 0}
