@@ -209,8 +209,11 @@ def report_context(core: ControllerCore, campaign_id: str) -> dict[str, Any]:
                   for p in (stats["points"] if stats else []) if p.get("broker_reported")]
     flagged = [run for p in (stats["points"] if stats else [])
                for run in p.get("clock_flagged_runs", [])]
+    scope_errors = [f"{r['run_id']}: {r['error']}" for p in (stats["points"] if stats else [])
+                    for r in p.get("scope_runs", []) if r.get("error")]
     return {
         "scope_rows": scope_rows, "clock_flagged": flagged, "model_rows": model_rows,
+        "scope_errors": scope_errors,
         "campaign": campaign, "runs": runs, "stats": stats,
         "spec_yaml": yaml.safe_dump(campaign.spec, sort_keys=False),
         "points": [{"label": point_label(p, show_backend), **p} for p in stats["points"]]

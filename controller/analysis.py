@@ -33,6 +33,7 @@ def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: st
         get_spark(spark_master), events_path=layout.events, samples_path=layout.broker_samples,
         campaign={"id": campaign.id, "name": campaign.name, "spec": campaign.spec}, runs=runs)
     _attach_broker_reports(stats, rows)
+    _attach_scope_runs(stats, rows)
     json_path, parquet_path = write_stats(stats, layout.campaign_dir(campaign_id))
     return stats, json_path, parquet_path
 
@@ -48,6 +49,19 @@ def _attach_broker_reports(stats: dict[str, Any], rows: list[RunRow]) -> None:
             point["broker_reported"] = {"hardware_latency_ns": combine_latency_reports(reports),
                                         "runs_reporting": len(reports),
                                         "per_run": reports}
+
+
+def _attach_scope_runs(stats: dict[str, Any], rows: list[RunRow]) -> None:
+    """Per point measured by a scope: each run's acquisitions, timeouts and scope error,
+    so an acquisition that failed mid-run shows in the stats, not only in run metadata."""
+    by_run = {r.id: (r.run_metadata or {}).get("scope") for r in rows}
+    for point in stats["points"]:
+        scoped = [(run_id, by_run[run_id]) for run_id in point["run_ids"] if by_run.get(run_id)]
+        if scoped:
+            point["scope_runs"] = [
+                {"run_id": run_id, "acquisitions": scope.get("acquisitions"),
+                 "timeouts": scope.get("timeouts"), "error": scope.get("error")}
+                for run_id, scope in scoped]
 
 
 def combine_latency_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:

@@ -48,6 +48,8 @@ def test_scope_campaign_runs_and_its_stats_carry_the_scope_section(scoped):
     assert scope["error"] is None and scope["acquisitions"] == 6
     (point,) = stats["points"]
     assert point["scope"]["acquisitions"] == scope["acquisitions"]
+    assert point["scope_runs"] == [{"run_id": run.id, "acquisitions": 6,
+                                    "timeouts": scope["timeouts"], "error": None}]
     assert point["scope"]["latency_us"]["p50"] > 0
     # the software figures are still there, computed from software rows only
     assert point["deliveries_expected"] == 65 * 3
