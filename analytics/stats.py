@@ -235,7 +235,10 @@ def write_stats(stats: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     names = list(_LEADING_COLUMNS)
     for row in rows:
         names += [name for name in row if name not in names]
-    schema = pa.schema([(name, pa.string() if name in _STRING_COLUMNS
+    # Text columns: the known ones, and any other that holds text (JSON of a list).
+    text = set(_STRING_COLUMNS) | {name for row in rows for name, value in row.items()
+                                   if isinstance(value, str)}
+    schema = pa.schema([(name, pa.string() if name in text
                          else pa.bool_() if name in _BOOL_COLUMNS
                          else pa.int64() if name in _INT_COLUMNS else pa.float64())
                         for name in names])

@@ -10,6 +10,7 @@ same rows with loops and numpy, following the definitions in mqttbed.analytics.f
 
 from __future__ import annotations
 
+import copy
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -497,3 +498,20 @@ def test_latency_timeline_counts_every_unique_delivery_of_the_run(stats, dataset
         assert series["t_s"] == sorted(series["t_s"]) and series["t_s"][0] == 0
         assert all(p50 <= p99 for p50, p99 in zip(series["p50_us"], series["p99_us"],
                                                  strict=True))
+
+
+def test_write_stats_keeps_what_the_controller_attaches_to_a_point(stats, tmp_path):
+    """Lists of records the controller adds after the Spark job (scope runs, per-run broker
+    reports) land in stats.parquet as JSON text, not as a failed write."""
+    extended = copy.deepcopy(stats)
+    extended["points"][0]["scope_runs"] = [{"run_id": "r1", "acquisitions": 6,
+                                            "timeouts": 0, "error": None}]
+    extended["points"][0]["broker_reported"] = {
+        "hardware_latency_ns": {"publish_packets": 10}, "runs_reporting": 1,
+        "per_run": [{"publish_packets": 10}]}
+    _, parquet_path = write_stats(extended, tmp_path / "out")
+    table = pq.read_table(parquet_path).to_pylist()
+    first = next(row for row in table if row["level"] == "point" and row["point_index"] == 0)
+    assert json.loads(first["scope_runs"])[0]["acquisitions"] == 6
+    assert json.loads(first["broker_reported_per_run"]) == [{"publish_packets": 10}]
+    assert first["broker_reported_hardware_latency_ns_publish_packets"] == 10
