@@ -56,6 +56,8 @@ class AgentPublic(BaseModel):
 
 class BackendPublic(BaseModel):
     name: str
+    available: bool                   # deployable here with default options
+    unavailable_reason: str | None    # what is missing (and how to install it) if not
     options_schema: dict[str, Any]
 
 

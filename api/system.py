@@ -7,7 +7,7 @@ from fastapi import APIRouter
 import mqttbed
 from mqttbed.api.deps import CoreDep, UserDep
 from mqttbed.api.schemas import AgentPublic, BackendPublic, Health
-from mqttbed.brokers.registry import backend_names, options_model
+from mqttbed.brokers.registry import backend_names, options_model, unavailable_reason
 from mqttbed.controller.db import AgentRow
 
 public = APIRouter(prefix="/api/v1", tags=["system"])
@@ -34,6 +34,12 @@ def list_agents(core: CoreDep) -> list[AgentPublic]:
 
 @router.get("/backends")
 def list_backends() -> list[BackendPublic]:
-    """The broker backends available here, with the JSON schema of their options."""
-    return [BackendPublic(name=name, options_schema=options_model(name).model_json_schema())
-            for name in backend_names()]
+    """Every broker backend, whether it can be deployed here (and why not), and the JSON
+    schema of its options."""
+    answer = []
+    for name in backend_names():
+        reason = unavailable_reason(name)
+        answer.append(BackendPublic(name=name, available=reason is None,
+                                    unavailable_reason=reason,
+                                    options_schema=options_model(name).model_json_schema()))
+    return answer

@@ -155,6 +155,15 @@ class MosquittoBackend:
             self._proc.remove()
 
 
+def unavailable() -> str | None:
+    """Why Mosquitto cannot be deployed here with default options, or None if it can."""
+    try:
+        _find_binary(None)
+    except MissingSystemDependency as exc:
+        return str(exc)
+    return None
+
+
 def _find_binary(configured: str | None) -> str:
     """Return the mosquitto executable to run, or say how to install one."""
     if configured is not None:

@@ -14,7 +14,8 @@ from pydantic import BaseModel
 from mqttbed.brokers.base import BrokerBackend
 
 # name -> "module:Class". Each module also exposes ``Options``, the pydantic model of the
-# campaign's broker section for that backend.
+# campaign's broker section for that backend, and ``unavailable()``: why it cannot be
+# deployed on this machine with default options, or None.
 BACKENDS: dict[str, str] = {
     "mosquitto": "mqttbed.brokers.mosquitto:MosquittoBackend",
     "fpga": "mqttbed.brokers.fpga.backend:FpgaBackend",
@@ -53,3 +54,9 @@ def create_backend(name: str) -> BrokerBackend:
         # programming error; catching it here beats an AttributeError mid-run.
         raise TypeError(f"{BACKENDS[name]} does not implement BrokerBackend")
     return backend
+
+
+def unavailable_reason(name: str) -> str | None:
+    """Why backend ``name`` cannot be deployed here with default options, or None."""
+    module, _ = _target(name)
+    return module.unavailable()

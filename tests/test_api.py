@@ -72,6 +72,7 @@ def test_finished_campaign_reports_its_runs_and_stats(served):
     assert in_list["spec"] == campaign["spec"] and in_list["runs"] == campaign["runs"]
     mosquitto = next(b for b in backends if b["name"] == "mosquitto")
     assert "max_queued_messages" in mosquitto["options_schema"]["properties"]
+    assert all(b["available"] and b["unavailable_reason"] is None for b in backends)
 
 
 def test_csv_export_has_one_row_per_delivery(served):

@@ -49,7 +49,14 @@ from typing import Any, Literal
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
-from mqttbed.brokers.forkpipe.build import Variant, compiler_version, ensure_built
+from mqttbed.brokers.forkpipe.build import (
+    Variant,
+    build_dir,
+    compiler_version,
+    ensure_built,
+    is_stale,
+    missing_build_tool,
+)
 from mqttbed.brokers.forkpipe.reports import LOG_NAME, BrokerReports
 from mqttbed.brokers.processes import BrokerProcess, capture_output, start_listening
 from mqttbed.core.errors import BackendError, MissingSystemDependency
@@ -272,6 +279,13 @@ class ForkPipeBackend:
             pipes = sum(1 for path in self.state_dir.rglob("*")
                         if stat.S_ISFIFO(path.lstat().st_mode))
         return {"processes": len(stray), "pipes": pipes}
+
+
+def unavailable() -> str | None:
+    """Why the default (release) broker cannot be deployed here, or None if it can."""
+    if not is_stale(build_dir() / Variant.RELEASE.binary_name):
+        return None
+    return missing_build_tool()
 
 
 def _variant(options: Options) -> Variant:

@@ -67,16 +67,22 @@ def ensure_built(variant: Variant = Variant.RELEASE) -> Path:
     binary = out_dir / variant.binary_name
     if not is_stale(binary):
         return binary
-    for tool in ("make", os.environ.get("CC", "cc")):
-        if shutil.which(tool) is None:
-            raise MissingSystemDependency(
-                f"building mqttbed-forkpipe needs `{tool}`, which is not on PATH; {INSTALL_HINT}")
+    if (missing := missing_build_tool()) is not None:
+        raise MissingSystemDependency(missing)
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if is_stale(binary):  # another process may have built it while we waited
             _run_make(variant, out_dir)
     return binary
+
+
+def missing_build_tool() -> str | None:
+    """Why the binary cannot be built here (a tool not on PATH), or None if it can."""
+    for tool in ("make", os.environ.get("CC", "cc")):
+        if shutil.which(tool) is None:
+            return f"building mqttbed-forkpipe needs `{tool}`, which is not on PATH; {INSTALL_HINT}"
+    return None
 
 
 def _run_make(variant: Variant, out_dir: Path) -> None:

@@ -199,6 +199,11 @@ class FpgaBackend:
             self._proc.remove()
 
 
+def unavailable() -> str | None:
+    """The model needs nothing but Python: always deployable (a board is checked at deploy)."""
+    return None
+
+
 def _read_io_counters(path: Path) -> tuple[int, int]:
     """The model's UDP bytes (in, out) as it last wrote them; (0, 0) before the first write."""
     try:

@@ -1,0 +1,32 @@
+"""Which broker backends can be deployed on this machine, and what is missing if not."""
+
+from __future__ import annotations
+
+import pytest
+
+from mqttbed.brokers import mosquitto
+from mqttbed.brokers.forkpipe import backend as forkpipe
+from mqttbed.brokers.registry import backend_names, unavailable_reason
+
+
+def test_every_backend_here_is_available_after_make_install():
+    # make install puts mosquitto and a C toolchain on this machine
+    assert {name: unavailable_reason(name) for name in backend_names()} == {
+        "fpga": None, "forkpipe": None, "mosquitto": None}
+
+
+def test_a_missing_mosquitto_is_named_with_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(mosquitto.shutil, "which", lambda _name: None)
+    monkeypatch.setattr(mosquitto, "FALLBACK_BINARIES", ("/nonexistent/mosquitto",))
+    assert "apt-get install mosquitto" in unavailable_reason("mosquitto")
+
+
+def test_forkpipe_without_a_build_and_without_a_compiler_says_which_tool(monkeypatch, tmp_path):
+    monkeypatch.setattr(forkpipe, "build_dir", lambda: tmp_path)  # nothing built there
+    monkeypatch.setenv("CC", "no-such-cc")
+    assert "needs `no-such-cc`" in unavailable_reason("forkpipe")
+
+
+def test_an_unknown_backend_is_an_error():
+    with pytest.raises(ValueError, match="unknown broker backend 'nope'"):
+        unavailable_reason("nope")
