@@ -70,10 +70,14 @@ def test_small_comparison_measures_both_backends_and_counts_every_forked_process
     assert {s.processes for s in samples(runs[("idle", "forkpipe")])} == {1}
     assert max(s.processes for s in samples(runs[("5+5", "forkpipe")])) == 1 + 10 + 5
     assert max(s.processes for s in samples(runs[("5+5", "mosquitto")])) == 1
-    # Each delivery is written twice by the fork/pipe broker, into a pipe and onto a
-    # socket, and both writes count (it uses write(), not send(), as Mosquitto does).
-    delivery_bytes = 5 * 3 * 5 * (2 + 2 + len("bench/forkpipe") + 64)
-    assert summarize(samples(runs[("5+5", "forkpipe")]))["bytes_sent"] >= 2 * delivery_bytes
+    # The fork/pipe broker's bytes are its socket bytes over all its processes: each
+    # delivery once (its copy through a pipe is not network traffic), plus the small
+    # CONNACK/SUBACK/PINGRESP packets; Mosquitto's are its syscall bytes (with its log).
+    publish_bytes = 2 + 2 + len("bench/forkpipe") + 64
+    delivery_bytes = 5 * 3 * 5 * publish_bytes
+    forkpipe = summarize(samples(runs[("5+5", "forkpipe")]))
+    assert delivery_bytes <= forkpipe["bytes_sent"] <= delivery_bytes + 1000
+    assert 5 * 3 * publish_bytes <= forkpipe["bytes_recv"] <= 5 * 3 * publish_bytes + 2000
     assert summarize(samples(runs[("5+5", "mosquitto")]))["bytes_sent"] >= delivery_bytes
 
     assert child_processes("mqttbed-forkpipe") == []

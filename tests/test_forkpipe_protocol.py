@@ -18,7 +18,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mqttbed.brokers.forkpipe.backend import ForkPipeBackend, Options
+from mqttbed.brokers.forkpipe.backend import (
+    COUNTERS_FILE,
+    ForkPipeBackend,
+    Options,
+    read_socket_bytes,
+)
 from mqttbed.core.host import LocalHost
 from mqttbed.core.protocol import Endpoint
 from tests.conftest import eventually
@@ -228,6 +233,26 @@ def broker(request) -> Iterator[Deployed]:
         yield deployed
     finally:
         assert_clean_teardown(deployed)
+
+
+# -- socket byte counters -----------------------------------------------------------------
+
+def test_socket_bytes_of_every_process_are_counted_once_and_pipes_not_at_all(broker):
+    counters = broker.backend._proc.dir / COUNTERS_FILE
+    assert read_socket_bytes(counters) == (0, 0)  # deploy's port probe sent nothing
+    subscriber = broker.client("s")
+    subscriber.subscribe("c/t")
+    publisher = broker.client("p")
+    message = publish("c/t", b"x" * 10)
+    publisher.send(message)
+    assert subscriber.next_message() == ("c/t", b"x" * 10)
+    # in: two CONNECTs, a SUBSCRIBE, the PUBLISH; out: two CONNACKs, a SUBACK, the
+    # delivery, written by the subscription process (its pipe traffic does not count)
+    expected_in = (len(connect("s")) + len(subscribe(7, ("c/t", 0))) + len(connect("p"))
+                   + len(message))
+    expected_out = 4 + 5 + 4 + len(message)
+    assert eventually(lambda: read_socket_bytes(counters) == (expected_in, expected_out)), \
+        read_socket_bytes(counters)
 
 
 # -- CONNECT ------------------------------------------------------------------------------

@@ -26,11 +26,13 @@ Choices where the seed was silent or could not do something:
 Measurement: the sampler reads the broker's whole process tree, so every forked client
 and subscription process counts in CPU %, RSS and I/O bytes (the sampler's module,
 :mod:`mqttbed.instruments.resources`, explains why it keeps nothing of ended processes:
-their parents hold their I/O once they reap them). The I/O bytes of this broker include
-its pipe traffic (each message is written into a pipe and read out of it again before it
-reaches a socket): that is part of what the design costs. For the same messages its kB/s
-sent read about twice Mosquitto's, and its kB/s received add every delivery read back out
-of a pipe to the published bytes.
+their parents hold their I/O once they reap them). The bytes in and out are socket bytes
+only: every process adds what it reads from and writes to client sockets into counters
+shared through a file mapping (``--counters-file``, src/counters.h), which the sampler
+reads at each sample. The per-process syscall counters (rchar/wchar) would also count
+the pipe traffic (each message written into a pipe and read out again before it reaches
+a socket), which read as about twice Mosquitto's kB/s for the same messages: the pipes
+cost CPU, which is measured, but they are not network traffic.
 
 The binary is built from ``src/`` with make on first use (see :mod:`.build`); it is built
 on the controller machine, so this backend deploys to the local host.
@@ -41,6 +43,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import struct
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -73,6 +76,10 @@ STOP_TIMEOUT_S = 8.0
 SETTLE_TIMEOUT_S = 10.0
 SETTLE_STALL_S = 1.0
 MQTT_MAX_PACKET = 5 + 268_435_455
+# Socket bytes in and out summed over every process of the broker (--counters-file: two
+# native-endian uint64 in a file every process maps shared; see src/counters.h).
+COUNTERS_FILE = "socket-bytes"
+SOCKET_BYTES = struct.Struct("=QQ")
 
 
 class Options(BaseModel):
@@ -146,7 +153,9 @@ class ForkPipeBackend:
             self._version = _probe_version(self._binary, host, self._proc.dir)
             port, handle = self._start(options, host, self._proc, self._reports)
             self._port = port
-            self._proc.watch(handle, options.stats_interval_s)
+            counters = self._proc.dir / COUNTERS_FILE
+            self._proc.watch(handle, options.stats_interval_s,
+                             io_counters=lambda: read_socket_bytes(counters))
         except BaseException:
             # A failed deploy must leave nothing behind: no process, no pipe, no directory.
             self.teardown()
@@ -281,6 +290,18 @@ class ForkPipeBackend:
         return {"processes": len(stray), "pipes": pipes}
 
 
+def read_socket_bytes(path: Path) -> tuple[int, int]:
+    """The broker's socket bytes (in, out) over all its processes; (0, 0) before it starts."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return 0, 0
+    if len(data) < SOCKET_BYTES.size:
+        return 0, 0
+    bytes_in, bytes_out = SOCKET_BYTES.unpack_from(data)
+    return bytes_in, bytes_out
+
+
 def unavailable() -> str | None:
     """Why the default (release) broker cannot be deployed here, or None if it can."""
     if not is_stale(build_dir() / Variant.RELEASE.binary_name):
@@ -311,7 +332,8 @@ def _command(binary: str, options: Options, address: str, port: int, workdir: Pa
             "--select-timeout-ms", str(options.select_timeout_ms),
             "--send-timeout-ms", str(options.send_timeout_ms),
             "--connect-timeout-ms", str(options.connect_timeout_ms),
-            "--max-packet-bytes", str(options.max_packet_bytes)]
+            "--max-packet-bytes", str(options.max_packet_bytes),
+            "--counters-file", str(workdir / COUNTERS_FILE)]
     if options.verbose:
         argv.append("--verbose")
     return argv

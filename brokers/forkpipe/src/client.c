@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "counters.h"
 #include "mqtt.h"
 #include "proc.h"
 #include "sendlock.h"
@@ -119,6 +120,7 @@ static bool serve(struct client *c) {
                 continue;
             return close_because(c, false, "connection lost: %s", strerror(errno));
         }
+        counters_add_in((size_t)n);
         c->in_len += (size_t)n;
         if (!handle_buffered(c))
             return false;

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "client.h"
+#include "counters.h"
 #include "mqtt.h"
 #include "proc.h"
 #include "topicfs.h"
@@ -43,6 +44,8 @@ static const char USAGE[] =
     "  --send-timeout-ms MS     disconnect a client that reads nothing this long (10000)\n"
     "  --connect-timeout-ms MS  a connection must send CONNECT within this (10000)\n"
     "  --max-packet-bytes N     close connections sending larger packets (268435460)\n"
+    "  --counters-file FILE     keep socket bytes in and out of all processes here\n"
+    "                           (two native-endian uint64, shared by every process)\n"
     "  --verbose                log every connect and disconnect\n"
     "  --version                print the version and exit\n";
 
@@ -133,8 +136,9 @@ int main(int argc, char **argv) {
         .connect_timeout_ms = 10000,
         .max_packet_bytes = MQTT_MAX_FIXED_HEADER + MQTT_MAX_REMAINING,
     };
+    const char *counters_file = NULL;
     enum { OPT_PORT = 256, OPT_BASE, OPT_BIND, OPT_SELECT, OPT_SEND, OPT_CONNECT, OPT_MAX,
-           OPT_VERBOSE, OPT_VERSION, OPT_HELP };
+           OPT_COUNTERS, OPT_VERBOSE, OPT_VERSION, OPT_HELP };
     static const struct option options[] = {
         {"port", required_argument, NULL, OPT_PORT},
         {"base-dir", required_argument, NULL, OPT_BASE},
@@ -143,6 +147,7 @@ int main(int argc, char **argv) {
         {"send-timeout-ms", required_argument, NULL, OPT_SEND},
         {"connect-timeout-ms", required_argument, NULL, OPT_CONNECT},
         {"max-packet-bytes", required_argument, NULL, OPT_MAX},
+        {"counters-file", required_argument, NULL, OPT_COUNTERS},
         {"verbose", no_argument, NULL, OPT_VERBOSE},
         {"version", no_argument, NULL, OPT_VERSION},
         {"help", no_argument, NULL, OPT_HELP},
@@ -168,6 +173,7 @@ int main(int argc, char **argv) {
             g_config.max_packet_bytes = (size_t)parse_number(
                 "--max-packet-bytes", optarg, 64, MQTT_MAX_FIXED_HEADER + MQTT_MAX_REMAINING);
             break;
+        case OPT_COUNTERS: counters_file = optarg; break;
         case OPT_VERBOSE: g_config.verbose = true; break;
         case OPT_VERSION: printf("mqttbed-forkpipe %s (MQTT 3.1.1)\n", FORKPIPE_VERSION); return 0;
         case OPT_HELP: fputs(USAGE, stdout); return 0;
@@ -179,6 +185,8 @@ int main(int argc, char **argv) {
         return 2;
     }
 
+    if (counters_file != NULL && !counters_open(counters_file))
+        return 1;
     proc_install_signals();
     int listener_fd = listen_on(bind_address, (int)port);
     if (listener_fd < 0 || !prepare_base_dir(g_config.base_dir))

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "counters.h"
 #include "proc.h"
 
 static pthread_mutex_t *g_send_lock;
@@ -47,6 +48,7 @@ static bool send_all(int sock, const unsigned char *buf, size_t len) {
          * do; SIGPIPE is ignored, so a gone peer is EPIPE either way. */
         ssize_t n = write(sock, buf, len);
         if (n > 0) {
+            counters_add_out((size_t)n);
             buf += n;
             len -= (size_t)n;
         } else if (n < 0 && errno == EINTR && !g_stop) {
