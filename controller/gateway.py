@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, status
+from pyarrow.lib import ArrowException
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
@@ -52,11 +53,18 @@ class ChunkStore:
                 run_id=chunk.run_id, agent_id=chunk.agent_id, seq=chunk.seq).first()
             if known is not None:
                 return False
-            path = write_event_chunk(self._layout, run.campaign_id, chunk.run_id,
-                                     chunk.agent_id, chunk.seq, chunk.columns, chunk.constants)
-            if chunk.edges:
-                write_edges(self._layout, run.campaign_id, chunk.run_id, chunk.agent_id,
-                            chunk.seq, chunk.edges)
+            try:
+                path = write_event_chunk(self._layout, run.campaign_id, chunk.run_id,
+                                         chunk.agent_id, chunk.seq, chunk.columns,
+                                         chunk.constants)
+                if chunk.edges:
+                    write_edges(self._layout, run.campaign_id, chunk.run_id, chunk.agent_id,
+                                chunk.seq, chunk.edges)
+            except (ArrowException, OverflowError, TypeError, ValueError) as exc:
+                # Values that do not fit the event schema: the agent's fault, said as such.
+                raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                                    f"chunk {chunk.seq} of {chunk.agent_id} does not fit the "
+                                    f"event schema: {type(exc).__name__}: {exc}") from None
             session.add(ChunkRow(run_id=chunk.run_id, agent_id=chunk.agent_id, seq=chunk.seq,
                                  rows=chunk.rows, path=str(path)))
             try:

@@ -38,15 +38,21 @@ class Endpoint(BaseModel):
     transport: Transport = Transport.MQTT_TCP
 
 
+# Bounds of what the controller stores (its database columns and 32-bit integers):
+# anything outside is a malformed message (422), not a server error.
+_INT32 = 2**31 - 1
+_COUNT = 2**62
+
+
 class Register(Message):
-    name: str
-    hostname: str
-    pid: int
-    cores: int
-    gpio_backend: str
-    clock: str
-    clock_resolution_ns: int
-    boot_id: str | None = None
+    name: str = Field(min_length=1, max_length=200)
+    hostname: str = Field(max_length=200)
+    pid: int = Field(ge=0, le=_INT32)
+    cores: int = Field(ge=1, le=1 << 16)
+    gpio_backend: str = Field(max_length=64)
+    clock: str = Field(max_length=64)
+    clock_resolution_ns: int = Field(ge=0, le=10**12)
+    boot_id: str | None = Field(default=None, max_length=64)
 
 
 class Registered(Message):
@@ -189,8 +195,8 @@ class ResultChunk(Message):
     """
 
     run_id: str
-    agent_id: str
-    seq: int
+    agent_id: str = Field(max_length=48)
+    seq: int = Field(ge=0, le=_INT32)
     columns: dict[str, list[Any]]
     constants: dict[str, Any] = {}
     # GPIO edges recorded up to ``edges_until_ns`` (agent clock): columns pin, t_ns, level.
@@ -216,9 +222,9 @@ class ResultChunk(Message):
 class Done(Message):
     run_id: str
     agent_id: str
-    chunks: int
-    published: int
-    received: int
+    chunks: int = Field(ge=0, le=_INT32)
+    published: int = Field(ge=0, le=_COUNT)
+    received: int = Field(ge=0, le=_COUNT)
 
 
 class AgentFailure(Message):
