@@ -152,6 +152,32 @@ def test_a_chunk_sent_twice_is_stored_once(controller):
     assert wrong.status_code == 401
 
 
+def test_malformed_agent_messages_are_422_and_store_nothing(controller):
+    campaign_id = controller.engine.create_campaign(parse_spec({"name": "malformed"}))
+    run_id = f"{campaign_id}-r0000"
+    token = controller.engine.ctx.agent_token
+    columns = {"kind": ["publish"], "publisher": ["pub-0"], "seq": [1], "receiver": [None],
+               "topic": ["t"], "payload_bytes": [64], "qos": [0], "warmup": [False],
+               "t_intended_ns": [1], "t_pub_ns": ["not a time"], "t_recv_ns": [None]}
+    constants = {"agent_id": "a", "clock_source": "user", "clock_offset_ns": 0,
+                 "clock_offset_uncertainty_ns": 0}
+    bad_chunk = ResultChunk(run_id=run_id, agent_id="a", seq=0, columns=columns,
+                            constants=constants)
+    hello = {"name": "pi", "hostname": "pi", "pid": 2**70, "cores": 4, "gpio_backend": "virtual",
+             "clock": "CLOCK_MONOTONIC", "clock_resolution_ns": 1}
+    with httpx.Client(base_url=controller.server.url,
+                      headers={"authorization": f"Bearer {token}",
+                               "content-type": "application/json"}) as http:
+        chunk_answer = http.post(f"/agent/v1/runs/{run_id}/chunks",
+                                 content=bad_chunk.model_dump_json())
+        register_answer = http.post("/agent/v1/register", json=hello)
+    assert chunk_answer.status_code == 422
+    assert "does not fit the event schema" in chunk_answer.json()["detail"]
+    assert register_answer.status_code == 422 and "pid" in register_answer.text
+    assert stored_rows(controller, run_id) == {}
+    assert dataset_rows(controller, campaign_id, run_id) == 0
+
+
 def test_a_chunk_missing_a_column_is_rejected_naming_it():
     with pytest.raises(ValueError, match=r"missing \['t_recv_ns'\]"):
         ResultChunk(run_id="r", agent_id="a", seq=0,
