@@ -172,7 +172,10 @@ class TcpToUdpRelay:
                         buffer = buffer[len(packet):]
                         self.udp.send(packet)
 
-    def close(self) -> None:
+    def close(self, drain_s: float = 5.0) -> None:
+        """Close once the client hung up and everything it sent went on (its DISCONNECT
+        too), or after ``drain_s``."""
+        self._thread.join(drain_s)
         self._stop.set()
         self._thread.join(2)
         self.listener.close()

@@ -105,14 +105,15 @@ class FpgaModelServer:
             selector.register(self.sock, selectors.EVENT_READ)
             while not should_stop():
                 if selector.select(poll_s):
-                    self._drain()
+                    self.drain()
                 on_tick()
 
     def io_counters(self) -> dict[str, int]:
         """UDP payload bytes in and out so far (what a resource sampler cannot see)."""
         return {"bytes_in": self.counters["bytes_in"], "bytes_out": self.counters["bytes_out"]}
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
+        """Answer every datagram already waiting (each wake-up, and once more at stop)."""
         sock, counters = self.sock, self.counters
         while True:
             try:
@@ -256,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_io(force=True)
     try:
         server.serve(lambda: stopping, poll_s=IO_FILE_INTERVAL_S, on_tick=write_io)
+        server.drain()  # what arrived before the stop signal is answered and counted
     finally:
         write_io(force=True)
         dump_stats()
