@@ -18,6 +18,7 @@ import contextlib
 import heapq
 import selectors
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -186,6 +187,20 @@ class MqttSession:
                 self._check_deadline(deadline, "SUBACK")
                 self.pump(0.05)
         return late_ns
+
+    def wait_for(self, event: threading.Event) -> None:
+        """Keep every connection alive (reads, writes, PINGREQ when due) until ``event``.
+
+        Between the barriers of a run an agent may wait on slower agents for longer than
+        the broker's keep-alive grace; the clients must not be dropped meanwhile.
+        """
+        last_misc = monotonic_ns()
+        while not event.is_set():
+            self.pump(0.05)
+            if monotonic_ns() - last_misc > 1_000_000_000:
+                for client in self._clients:
+                    client.conn.loop_misc()
+                last_misc = monotonic_ns()
 
     def _check_deadline(self, deadline_ns: int, waiting_for: str) -> None:
         failed = [f"{c.spec.client_id}: {c.failure}" for c in self._clients if c.failure]

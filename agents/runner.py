@@ -102,7 +102,7 @@ class AssignmentRunner:
             clients = [c.client_id for c in a.clients]
             self._post(f"{base}/connected", Connected(run_id=a.run_id, agent_id=self._agent_id,
                                                       clients=clients, clock=self._clock))
-            self._may_subscribe.wait()
+            session.wait_for(self._may_subscribe)
             if self._aborted.is_set():
                 return
             assert self._subscribe is not None
@@ -114,7 +114,7 @@ class AssignmentRunner:
                 run_id=a.run_id, agent_id=self._agent_id, clients=clients, clock=self._clock,
                 gpio_backend=self._gpio.backend, gpio_toggle_ns=toggle_ns,
                 subscribe_late_ns=late_ns))
-            self._started.wait()
+            session.wait_for(self._started)
             if self._aborted.is_set():
                 return
             assert self._start_ns is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 
 import pytest
 
@@ -110,3 +111,24 @@ def test_subscribers_wait_for_their_turn_when_given_one(broker):
     for rank in range(3):
         assert subacks[f"sub-{rank}"] >= base + rank * 20_000_000
     assert subacks["sub-0"] < subacks["sub-1"] < subacks["sub-2"]
+
+
+def test_waiting_between_barriers_keeps_the_clients_served(broker):
+    events, gpio = [], VirtualGpio()
+    session = MqttSession(broker, clients(2), gpio, events.append)
+    go = threading.Event()
+    try:
+        session.connect(timeout_s=10)
+        timer = threading.Timer(1.2, go.set)   # past one keep-alive housekeeping round
+        timer.start()
+        started = monotonic_ns()
+        session.wait_for(go)
+        waited_s = (monotonic_ns() - started) / 1e9
+        assert all(c.connected and not c.failure for c in session._clients)
+        start = monotonic_ns() + 50_000_000
+        session.run(start, start + 2_000_000_000, abort=lambda: False)
+        published, received = session.counts()
+    finally:
+        session.close()
+    assert 1.2 <= waited_s < 3.0  # returns once the event is set (polled every 50 ms)
+    assert received == 2 * published > 0  # still subscribed and delivering after the wait
