@@ -149,7 +149,12 @@ class SshProcess:
         self._label = label
         self._log = log_path.open("ab") if log_path else None
         self._code: int | None = None
-        pid_line = self._read_pid_line(pid_timeout_s)
+        try:
+            pid_line = self._read_pid_line(pid_timeout_s)
+        except BaseException:
+            if self._log is not None:
+                self._log.close()
+            raise
         self.pid = int(pid_line[len(PID_PREFIX):])
         self._reader = threading.Thread(target=self._copy_output, daemon=True,
                                         name=f"ssh-out-{self.pid}")
