@@ -29,7 +29,7 @@ from mqttbed.core.protocol import (
     Registered,
     Shutdown,
     StartAt,
-    SubscribeAt,
+    Subscribe,
 )
 
 log = logging.getLogger("mqttbed.agent")
@@ -98,7 +98,7 @@ class Agent:
             runner.abort("agent shutting down")
             runner.join(5.0)
 
-    def _obey(self, command: Assignment | SubscribeAt | StartAt | Abort | Shutdown) -> None:
+    def _obey(self, command: Assignment | Subscribe | StartAt | Abort | Shutdown) -> None:
         if isinstance(command, Assignment):
             if command.run_id in self._runners:
                 return  # a repeated assignment: the run is already under way
@@ -107,9 +107,9 @@ class Agent:
                                       controller_boot_id=self._controller_boot_id)
             self._runners[command.run_id] = runner
             runner.launch()
-        elif isinstance(command, SubscribeAt):
+        elif isinstance(command, Subscribe):
             if (runner := self._runners.get(command.run_id)) is not None:
-                runner.subscribe_at(command)
+                runner.subscribe(command)
         elif isinstance(command, StartAt):
             if (runner := self._runners.get(command.run_id)) is not None:
                 runner.start_at(command.t_start_ns)

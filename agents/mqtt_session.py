@@ -27,7 +27,7 @@ import paho.mqtt.client as mqtt
 
 from mqttbed.agents.gpio import GpioLines
 from mqttbed.agents.mqtt_udp import UdpMqttClient
-from mqttbed.core.clock import monotonic_ns, sleep_until_ns
+from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import (
     EventKind,
     decode_payload,
@@ -98,6 +98,11 @@ class MqttSession:
         self._gpio = gpio
         self._record = record
         self._selector = selectors.DefaultSelector()
+        # Another thread wakes the loop out of select() through this pair (see wake()).
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._wake_reader.setblocking(False)
+        self._wake_writer.setblocking(False)
+        self._selector.register(self._wake_reader, selectors.EVENT_READ, None)
         ordered = sorted(clients, key=lambda c: (c.role != Role.SUBSCRIBER, c.subscribe_rank))
         self._clients = [self._make_client(c) for c in ordered]
         gpio.setup([c.spec.gpio_pin for c in self._clients])
@@ -141,11 +146,10 @@ class MqttSession:
         client = _Client(spec=spec, conn=udp)
         return client
 
-    def connect(self, timeout_s: float,
-                subscribe_at: Callable[[int], int | None] = lambda _rank: None) -> int:
-        """Connect every client, then subscribe every subscriber (see ``subscribe``)."""
+    def connect(self, timeout_s: float) -> None:
+        """Connect every client, then subscribe every subscriber in rank order."""
         self.open(timeout_s)
-        return self.subscribe(timeout_s, subscribe_at)
+        self.subscribe(timeout_s)
 
     def open(self, timeout_s: float) -> None:
         """Connect every client; returns once each holds its CONNACK, raises otherwise."""
@@ -157,42 +161,40 @@ class MqttSession:
             self._check_deadline(deadline, "CONNACK")
             self.pump(0.05)
 
-    def subscribe(self, timeout_s: float,
-                  subscribe_at: Callable[[int], int | None] = lambda _rank: None) -> int:
-        """Subscribe every subscriber, one at a time, in subscribe-rank order.
+    def subscriber_ranks(self) -> list[int]:
+        """The subscribe ranks of this session's subscribers, lowest first."""
+        return sorted(c.spec.subscribe_rank for c in self._clients
+                      if c.spec.role == Role.SUBSCRIBER)
 
-        ``subscribe_at(rank)`` is the monotonic time (this agent's clock) at which that
-        subscriber may subscribe, or None for at once: the controller spaces the ranks out
-        so that subscribers on different agents subscribe in rank order too.
-        Returns how late (ns) the latest SUBSCRIBE went out after its time, once every
-        subscriber holds its SUBACK; raises RuntimeError otherwise.
+    def subscribe(self, timeout_s: float, ranks: list[int] | None = None) -> None:
+        """Subscribe the subscribers of ``ranks`` (default: all), one at a time, in order.
+
+        Each SUBSCRIBE leaves only once the one before holds its SUBACK, so the broker
+        sees them in this order. Raises RuntimeError when a SUBACK does not come.
         """
+        by_rank = {c.spec.subscribe_rank: c for c in self._clients
+                   if c.spec.role == Role.SUBSCRIBER}
         deadline = monotonic_ns() + int(timeout_s * 1e9)
-        late_ns = 0
-        # One at a time, so that subscribe_rank is the broker's subscription order.
-        for client in sorted(self._clients, key=lambda c: c.spec.subscribe_rank):
-            if client.spec.role != Role.SUBSCRIBER:
-                continue
-            due = subscribe_at(client.spec.subscribe_rank)
-            if due is not None:
-                # epoll rounds its timeout up to whole ms: pump until 2 ms before the slot,
-                # then sleep the rest precisely.
-                while (wait_ns := due - monotonic_ns()) > 2_000_000:
-                    self._check_deadline(deadline, "its turn to subscribe")
-                    self.pump(min((wait_ns - 2_000_000) / 1e9, 0.05))
-                sleep_until_ns(due)
-                late_ns = max(late_ns, monotonic_ns() - due)
+        for rank in self.subscriber_ranks() if ranks is None else ranks:
+            client = by_rank.get(rank)
+            if client is None:
+                raise RuntimeError(f"no subscriber of rank {rank} in this session")
             client.conn.subscribe(client.spec.topic, qos=client.spec.qos)
             while not client.subscribed:
                 self._check_deadline(deadline, "SUBACK")
                 self.pump(0.05)
-        return late_ns
+
+    def wake(self) -> None:
+        """Make a pump() blocked in another thread return now (after setting an event)."""
+        with contextlib.suppress(OSError):
+            self._wake_writer.send(b"\0")
 
     def wait_for(self, event: threading.Event) -> None:
         """Keep every connection alive (reads, writes, PINGREQ when due) until ``event``.
 
         Between the barriers of a run an agent may wait on slower agents for longer than
-        the broker's keep-alive grace; the clients must not be dropped meanwhile.
+        the broker's keep-alive grace; the clients must not be dropped meanwhile. Whoever
+        sets ``event`` calls wake(), so the wait ends at once, not at the next timeout.
         """
         last_misc = monotonic_ns()
         while not event.is_set():
@@ -259,6 +261,11 @@ class MqttSession:
     def pump(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for socket activity and let each client handle it."""
         for key, _ in self._selector.select(max(timeout_s, 0.0)):
+            if key.data is None:
+                with contextlib.suppress(BlockingIOError):
+                    while self._wake_reader.recv(4096):
+                        pass
+                continue
             key.data.conn.loop_read()
         self._gpio.settle()  # pulses end once what arrived together is handled
         for client in self._clients:
@@ -345,3 +352,5 @@ class MqttSession:
                     self._selector.unregister(sock)
                 sock.close()
         self._selector.close()
+        self._wake_reader.close()
+        self._wake_writer.close()

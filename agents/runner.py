@@ -1,13 +1,16 @@
 """Executes one assignment: connect, subscribe in turn, run at the start time, upload, report.
 
-Two barriers order a run across agents: every agent reports ``Connected`` and waits for
-one ``SubscribeAt`` (so no agent's start-up delay can push its subscribers out of rank
-order), then reports ``Ready`` and waits for one ``StartAt``.
+Barriers order a run across agents: every agent reports ``Connected``; the controller
+then hands out the subscribe ranks in turn (``Subscribe``), each agent reporting every
+SUBACK (``Subscribed``) before the next rank goes out, so the broker's subscription order
+is the rank order; an agent whose subscribers all hold their SUBACK reports ``Ready`` and
+waits for one ``StartAt``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
 from collections.abc import Callable
 
@@ -25,7 +28,8 @@ from mqttbed.core.protocol import (
     Connected,
     Done,
     Ready,
-    SubscribeAt,
+    Subscribe,
+    Subscribed,
 )
 
 
@@ -42,8 +46,9 @@ class AssignmentRunner:
         self._clock = ClockEstimate(offset_ns=0, uncertainty_ns=0, method="unknown")
         self._gpio = gpio
         self._on_finished = on_finished
-        self._subscribe: SubscribeAt | None = None
-        self._may_subscribe = threading.Event()
+        self._session: MqttSession | None = None
+        self._to_subscribe: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
+        self._may_subscribe = threading.Event()  # set while ranks wait in _to_subscribe
         self._start_ns: int | None = None
         self._started = threading.Event()
         self._aborted = threading.Event()
@@ -54,26 +59,35 @@ class AssignmentRunner:
     def launch(self) -> None:
         self._thread.start()
 
-    def subscribe_at(self, command: SubscribeAt) -> None:
-        """Subscribe from the controller's ``t_base_ns``, one spacing per rank."""
-        self._subscribe = command
+    def subscribe(self, command: Subscribe) -> None:
+        """Subscribe the subscribers of ``command.ranks``, in that order."""
+        self._to_subscribe.put(list(command.ranks))
         self._may_subscribe.set()
+        self._wake()
 
     def start_at(self, t_start_controller_ns: int) -> None:
         """Start at the controller's ``t_start`` (converted to this agent's clock)."""
         self._start_ns = t_start_controller_ns + self._clock.offset_ns
         self._started.set()
+        self._wake()
 
     def abort(self, reason: str) -> None:
         self.abort_reason = reason
         self._aborted.set()
         self._may_subscribe.set()
         self._started.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake the run's loop if it is waiting in select() (it rechecks its events)."""
+        if (session := self._session) is not None:
+            session.wake()
 
     def join(self, timeout_s: float) -> None:
         self._thread.join(timeout_s)
 
-    def _post(self, path: str, message: Connected | Ready | Done | AgentFailure) -> None:
+    def _post(self, path: str,
+              message: Connected | Subscribed | Ready | Done | AgentFailure) -> None:
         response = self._http.post(path, content=message.model_dump_json(),
                                    headers={"content-type": "application/json"})
         response.raise_for_status()
@@ -94,26 +108,29 @@ class AssignmentRunner:
                                 "clock_offset_uncertainty_ns": self._clock.uncertainty_ns},
                 chunk_events=a.chunk_events, interval_s=a.chunk_interval_s,
                 edges=self._gpio.edges)
-            session = MqttSession(a.broker, a.clients, self._gpio, uploader.record,
-                                  gpio_pulses=a.gpio_pulses)
+            session = self._session = MqttSession(a.broker, a.clients, self._gpio,
+                                                  uploader.record, gpio_pulses=a.gpio_pulses)
             toggle_ns = toggle_cost_ns(self._gpio, a.clients[0].gpio_pin) if a.clients else None
             uploader.start()
             session.open(timeout_s=a.connect_timeout_s)
             clients = [c.client_id for c in a.clients]
             self._post(f"{base}/connected", Connected(run_id=a.run_id, agent_id=self._agent_id,
                                                       clients=clients, clock=self._clock))
-            session.wait_for(self._may_subscribe)
-            if self._aborted.is_set():
-                return
-            assert self._subscribe is not None
-            slot_base = self._subscribe.t_base_ns + self._clock.offset_ns
-            spacing = self._subscribe.spacing_ns
-            late_ns = session.subscribe(timeout_s=a.connect_timeout_s,
-                                        subscribe_at=lambda rank: slot_base + rank * spacing)
+            pending = session.subscriber_ranks()
+            while pending:
+                session.wait_for(self._may_subscribe)
+                if self._aborted.is_set():
+                    return
+                self._may_subscribe.clear()
+                while not self._to_subscribe.empty():
+                    for rank in self._to_subscribe.get():
+                        session.subscribe(a.connect_timeout_s, [rank])
+                        pending.remove(rank)
+                        self._post(f"{base}/subscribed", Subscribed(
+                            run_id=a.run_id, agent_id=self._agent_id, rank=rank))
             self._post(f"{base}/ready", Ready(
                 run_id=a.run_id, agent_id=self._agent_id, clients=clients, clock=self._clock,
-                gpio_backend=self._gpio.backend, gpio_toggle_ns=toggle_ns,
-                subscribe_late_ns=late_ns))
+                gpio_backend=self._gpio.backend, gpio_toggle_ns=toggle_ns))
             session.wait_for(self._started)
             if self._aborted.is_set():
                 return

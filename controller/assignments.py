@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 from mqttbed.campaigns.spec import CampaignSpec
-from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import publisher_client_id, subscriber_client_id
-from mqttbed.core.protocol import Assignment, ClientAssignment, Endpoint, Role, SubscribeAt
+from mqttbed.core.protocol import Assignment, ClientAssignment, Endpoint, Role
 
 FIRST_GPIO_PIN = 2  # BCM 2 is the first general-purpose line on a Raspberry Pi header
-# Subscriptions are spread over time in rank order, so that "first subscribed" and "last
-# subscribed" (seed 000, section 6.1) hold across agents: a SUBACK on a LAN or loopback
-# takes well under the spacing. The slots start once every agent is connected; the lead
-# covers handing the SubscribeAt command to each (one long-poll answer).
-SUBSCRIBE_LEAD_NS = 250_000_000
-SUBSCRIBE_SPACING_NS = 1_000_000
 
 
 def run_window_ns(spec: CampaignSpec) -> int:
@@ -67,7 +60,15 @@ def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint
             for agent, mine in per_agent.items() if mine}
 
 
-def subscribe_slots(run_id: str) -> SubscribeAt:
-    """The run's subscription slots, from a base one lead ahead of now (controller clock)."""
-    return SubscribeAt(run_id=run_id, t_base_ns=monotonic_ns() + SUBSCRIBE_LEAD_NS,
-                       spacing_ns=SUBSCRIBE_SPACING_NS)
+def subscribe_turns(assignments: dict[str, Assignment]) -> list[tuple[str, list[int]]]:
+    """The order in which agents subscribe: (agent, ranks) in rank order, consecutive ranks
+    of one agent together (that agent chains them itself, SUBACK after SUBACK)."""
+    owner = {c.subscribe_rank: agent for agent, a in assignments.items() for c in a.clients
+             if c.role == Role.SUBSCRIBER}
+    turns: list[tuple[str, list[int]]] = []
+    for rank in sorted(owner):
+        if turns and turns[-1][0] == owner[rank]:
+            turns[-1][1].append(rank)
+        else:
+            turns.append((owner[rank], [rank]))
+    return turns

@@ -27,7 +27,7 @@ from mqttbed.controller.assignments import (
     agents_needed,
     plan_assignments,
     run_window_ns,
-    subscribe_slots,
+    subscribe_turns,
 )
 from mqttbed.controller.db import CampaignRow, RunRow, TransitionRow, utcnow
 from mqttbed.controller.registry import AgentRegistry, RunInbox
@@ -42,7 +42,7 @@ from mqttbed.controller.storage import DataLayout, write_broker_samples, write_j
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.errors import RunFailed
 from mqttbed.core.host import Host
-from mqttbed.core.protocol import Shutdown, StartAt
+from mqttbed.core.protocol import Shutdown, StartAt, Subscribe
 
 COLLECT_TIMEOUT_S = 30.0
 RUN_GRACE_S = 10.0
@@ -288,19 +288,18 @@ class RunEngine:
                                       for a in live.active}
         self._wait(live, until=lambda: len(live.inbox.connected) == len(live.active),
                    timeout_s=spec.timing.setup_timeout_s, waiting_for="agents connected")
-        slots = subscribe_slots(run.id)
-        for agent_id in live.active:
-            registry.send(agent_id, slots)
+        # One rank after the other across agents, each SUBSCRIBE after the last SUBACK: the
+        # broker's subscription order is the rank order (first/last subscribed, seed 000).
+        started = monotonic_ns()
+        for agent_id, ranks in subscribe_turns(assignments):
+            registry.send(agent_id, Subscribe(run_id=run.id, ranks=ranks))
+            self._wait(live, until=lambda last=ranks[-1]: last in live.inbox.subscribed,
+                       timeout_s=spec.timing.setup_timeout_s,
+                       waiting_for=f"the SUBACK of subscriber rank {ranks[-1]}")
         self._wait(live, until=lambda: len(live.inbox.ready) == len(live.active),
-                   timeout_s=spec.timing.setup_timeout_s, waiting_for="agents subscribed")
+                   timeout_s=spec.timing.setup_timeout_s, waiting_for="agents ready")
         ready = live.inbox.ready
-        run.run_metadata["subscribe_order"] = {
-            "spacing_ns": slots.spacing_ns,
-            "late_ns_max": max((r.subscribe_late_ns for r in ready.values()), default=0),
-            # Rank order across agents is only at risk when a SUBSCRIBE went out a spacing
-            # late (the analysis orders first/last subscribed by SUBACK time regardless).
-            "within_spacing": all(r.subscribe_late_ns < slots.spacing_ns
-                                   for r in ready.values())}
+        run.run_metadata["subscribe_s"] = (monotonic_ns() - started) / 1e9
         run.run_metadata["agent_clocks"] = {a: r.clock.model_dump() for a, r in ready.items()}
         run.run_metadata["gpio"] = {a: {"backend": r.gpio_backend, "toggle_ns": r.gpio_toggle_ns}
                                     for a, r in ready.items()}

@@ -30,6 +30,7 @@ from mqttbed.core.protocol import (
     Register,
     Registered,
     ResultChunk,
+    Subscribed,
 )
 
 RoleOf = Callable[[str], TokenRole | None]
@@ -114,13 +115,18 @@ def agent_router(registry: AgentRegistry, chunks: ChunkStore, role_of: RoleOf) -
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown agent {agent_id!r}")
         return Commands(commands=registry.take_commands(agent_id, wait_s))
 
-    def deliver(message: Connected | Ready | Done | AgentFailure) -> dict[str, bool]:
+    def deliver(message: Connected | Subscribed | Ready | Done | AgentFailure
+                ) -> dict[str, bool]:
         if not registry.deliver(message):
             raise HTTPException(status.HTTP_409_CONFLICT, f"run {message.run_id!r} is not active")
         return {"ok": True}
 
     @router.post("/runs/{run_id}/connected")
     def connected(run_id: str, message: Connected) -> dict[str, bool]:
+        return deliver(message)
+
+    @router.post("/runs/{run_id}/subscribed")
+    def subscribed(run_id: str, message: Subscribed) -> dict[str, bool]:
         return deliver(message)
 
     @router.post("/runs/{run_id}/ready")

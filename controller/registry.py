@@ -22,6 +22,7 @@ from mqttbed.core.protocol import (
     Ready,
     Register,
     ResultChunk,
+    Subscribed,
 )
 
 
@@ -41,6 +42,7 @@ class RunInbox:
     run_id: str
     campaign_id: str
     connected: dict[str, Connected] = field(default_factory=dict)
+    subscribed: set[int] = field(default_factory=set)  # ranks holding their SUBACK
     ready: dict[str, Ready] = field(default_factory=dict)
     done: dict[str, Done] = field(default_factory=dict)
     errors: dict[str, AgentFailure] = field(default_factory=dict)
@@ -158,15 +160,18 @@ class AgentRegistry:
         with self._changed:
             self._inboxes.pop(run_id, None)
 
-    def deliver(self, message: Connected | Ready | Done | AgentFailure) -> bool:
+    def deliver(self, message: Connected | Subscribed | Ready | Done | AgentFailure) -> bool:
         """File a run message in its inbox; False if no run with that id is open."""
         with self._changed:
             inbox = self._inboxes.get(message.run_id)
             if inbox is None:
                 return False
-            box = {Connected: inbox.connected, Ready: inbox.ready, Done: inbox.done,
-                   AgentFailure: inbox.errors}[type(message)]
-            box[message.agent_id] = message
+            if isinstance(message, Subscribed):
+                inbox.subscribed.add(message.rank)
+            else:
+                box = {Connected: inbox.connected, Ready: inbox.ready, Done: inbox.done,
+                       AgentFailure: inbox.errors}[type(message)]
+                box[message.agent_id] = message
             self._changed.notify_all()
             return True
 

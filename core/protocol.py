@@ -125,17 +125,17 @@ class Assignment(Message):
     drain_s: float = 1.0
 
 
-class SubscribeAt(Message):
-    """Subscribe now that every agent of the run is connected.
+class Subscribe(Message):
+    """Subscribe the subscribers of these ranks, in this order, each after the last SUBACK.
 
-    The subscriber of rank r subscribes at ``t_base_ns + r * spacing_ns`` (controller
-    clock), so ranks order the subscriptions across agents as well as within one.
+    The controller hands out the ranks in turn, the next only once the previous one's
+    SUBACK was reported (``Subscribed``): every SUBSCRIBE leaves after the broker answered
+    the one before, so the broker's subscription order is the rank order across agents.
     """
 
     type: Literal["subscribe"] = "subscribe"
     run_id: str
-    t_base_ns: int
-    spacing_ns: int
+    ranks: list[int]
 
 
 class StartAt(Message):
@@ -156,7 +156,7 @@ class Shutdown(Message):
     type: Literal["shutdown"] = "shutdown"
 
 
-Command = Annotated[Assignment | SubscribeAt | StartAt | Abort | Shutdown,
+Command = Annotated[Assignment | Subscribe | StartAt | Abort | Shutdown,
                     Field(discriminator="type")]
 
 
@@ -165,7 +165,7 @@ class Commands(Message):
 
 
 class Connected(Message):
-    """Every client of the agent holds its CONNACK; the agent waits for its SubscribeAt."""
+    """Every client of the agent holds its CONNACK; the agent waits for its Subscribe."""
 
     run_id: str
     agent_id: str
@@ -174,7 +174,7 @@ class Connected(Message):
 
 
 class Ready(Message):
-    """Every subscriber holds its SUBACK; the agent waits for its StartAt."""
+    """Every subscriber of the agent holds its SUBACK; the agent waits for its StartAt."""
 
     run_id: str
     agent_id: str
@@ -182,9 +182,14 @@ class Ready(Message):
     clock: ClockEstimate
     gpio_backend: str
     gpio_toggle_ns: int | None = None
-    # How late the agent's latest subscription went out after its slot: over the spacing,
-    # rank order across agents is not guaranteed for that run.
-    subscribe_late_ns: int = 0
+
+
+class Subscribed(Message):
+    """The subscriber of ``rank`` holds its SUBACK (the controller hands out the next rank)."""
+
+    run_id: str
+    agent_id: str
+    rank: int = Field(ge=0, le=_INT32)
 
 
 class ResultChunk(Message):

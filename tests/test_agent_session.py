@@ -97,20 +97,22 @@ def test_payload_round_trips_and_has_the_requested_size():
         decode_payload(b"hello world, not ours at all....")
 
 
-def test_subscribers_wait_for_their_turn_when_given_one(broker):
+def test_subscribe_takes_the_ranks_it_is_given_in_that_order_only(broker):
     events, gpio = [], VirtualGpio()
     session = MqttSession(broker, clients(3), gpio, events.append)
-    base = monotonic_ns() + 100_000_000
     try:
-        late_ns = session.connect(timeout_s=10,
-                                  subscribe_at=lambda rank: base + rank * 20_000_000)
+        session.open(timeout_s=10)
+        assert session.subscriber_ranks() == [0, 1, 2]
+        session.subscribe(10, [2])
+        assert [e[3] for e in events if e[0] == "subscribe"] == ["sub-2"]
+        session.subscribe(10, [0, 1])
+        with pytest.raises(RuntimeError, match="no subscriber of rank 7"):
+            session.subscribe(10, [7])
     finally:
         session.close()
-    assert 0 <= late_ns < 20_000_000  # each SUBSCRIBE left within a spacing of its slot
-    subacks = {e[3]: e[10] for e in events if e[0] == "subscribe"}
-    for rank in range(3):
-        assert subacks[f"sub-{rank}"] >= base + rank * 20_000_000
-    assert subacks["sub-0"] < subacks["sub-1"] < subacks["sub-2"]
+    subacks = [(e[10], e[3]) for e in events if e[0] == "subscribe"]
+    # each SUBSCRIBE left after the SUBACK before it: SUBACK times follow the given order
+    assert [name for _, name in sorted(subacks)] == ["sub-2", "sub-0", "sub-1"]
 
 
 def test_waiting_between_barriers_keeps_the_clients_served(broker):
