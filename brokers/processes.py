@@ -8,6 +8,7 @@ the exit code and the log tail, kept after the directory is gone.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -31,6 +32,22 @@ def listens_on(pid: int, port: int) -> bool:
         return False
     return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
                for c in connections)
+
+
+def processes_in_group(group: int) -> list[psutil.Process]:
+    """The live (not zombie) processes whose process group is ``group``.
+
+    A broker or agent started by a Host leads a group of its own: what is left of it
+    after a stop or a kill -9 is found here.
+    """
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == group and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return found
 
 
 def start_listening(host: Host, program: str, launch: Callable[[int], ProcessHandle], *,

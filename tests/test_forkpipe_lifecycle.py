@@ -10,13 +10,13 @@ import subprocess
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from pydantic import ValidationError
 
 from mqttbed.brokers.base import BrokerBackend
 from mqttbed.brokers.forkpipe import build
 from mqttbed.brokers.forkpipe.backend import ForkPipeBackend, Options
+from mqttbed.brokers.processes import processes_in_group
 from mqttbed.brokers.registry import create_backend, options_model
 from mqttbed.campaigns.spec import builtin_spec_path, expand_points, load_spec, parse_spec
 from mqttbed.core.errors import MissingSystemDependency, SpecError
@@ -31,18 +31,6 @@ from tests.test_forkpipe_protocol import (
 )
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def processes_in_group(group: int) -> list[psutil.Process]:
-    """Live processes whose process group is ``group`` (the broker runs in its own)."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if os.getpgid(proc.pid) == group and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            continue
-    return found
 
 
 def fifos_under(path: Path) -> list[Path]:

@@ -8,6 +8,7 @@ import signal
 import psutil
 import pytest
 
+from mqttbed.brokers.processes import processes_in_group
 from mqttbed.core.host import Host
 from mqttbed.core.ssh import SshError, SshHost, SshTarget
 from tests.conftest import eventually
@@ -63,28 +64,25 @@ def test_the_environment_never_shows_in_the_remote_command_lines(host, tmp_path)
     proc = host.spawn(["sleep", "30"], env={"MQTTBED_AGENT_TOKEN": "do-not-leak-me"},
                       log_path=tmp_path / "out.log")
     try:
-        def group() -> list[psutil.Process]:
-            return [p for p in psutil.process_iter() if _pgid(p.pid) == proc.pid]
-
         # the wrapper shell (the group's leader) and sleep, once it is started
-        assert eventually(lambda: sorted(p.name() for p in group()) == ["sh", "sleep"])
-        members = group()
+        assert eventually(lambda: sorted(p.name() for p in processes_in_group(proc.pid))
+                          == ["sh", "sleep"])
+        members = processes_in_group(proc.pid)
         for p in members:
             assert "do-not-leak-me" not in " ".join(p.cmdline())
             assert p.environ().get("MQTTBED_AGENT_TOKEN") in (None, "do-not-leak-me")
         assert any(p.environ().get("MQTTBED_AGENT_TOKEN") == "do-not-leak-me" for p in members)
     finally:
         assert proc.stop(timeout_s=2) == -signal.SIGTERM
-    assert not psutil.pid_exists(proc.pid) or _pgid(proc.pid) != proc.pid
+    assert eventually(lambda: processes_in_group(proc.pid) == [])  # the whole group
 
 
 def test_stop_kills_the_whole_group_even_when_term_is_ignored(host, tmp_path):
     proc = host.spawn(["sh", "-c", "trap '' TERM; sleep 60 & wait"], log_path=tmp_path / "l")
-    assert eventually(lambda: len([p for p in psutil.process_iter()
-                                   if _pgid(p.pid) == proc.pid]) == 3)
+    assert eventually(lambda: len(processes_in_group(proc.pid)) == 3)
     assert proc.poll() is None
     assert proc.stop(timeout_s=0.5) == -signal.SIGKILL
-    assert eventually(lambda: not [p for p in psutil.process_iter() if _pgid(p.pid) == proc.pid])
+    assert eventually(lambda: processes_in_group(proc.pid) == [])
 
 
 def test_a_process_killed_there_reads_as_killed_by_its_signal(host, tmp_path):
@@ -109,10 +107,3 @@ def test_an_unreachable_or_untrusted_host_is_refused_with_its_name(sshd, tmp_pat
     wrong.write_text(f"[127.0.0.1]:{sshd.port} {other[0]} {other[1]}\n")
     with pytest.raises(SshError, match="SSH to lab-pi failed"):
         SshHost(SshTarget(**sshd.target(known_hosts=str(wrong))), name="lab-pi")
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None

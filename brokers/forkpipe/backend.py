@@ -61,7 +61,12 @@ from mqttbed.brokers.forkpipe.build import (
     missing_build_tool,
 )
 from mqttbed.brokers.forkpipe.reports import LOG_NAME, BrokerReports
-from mqttbed.brokers.processes import BrokerProcess, capture_output, start_listening
+from mqttbed.brokers.processes import (
+    BrokerProcess,
+    capture_output,
+    processes_in_group,
+    start_listening,
+)
 from mqttbed.core.errors import BackendError, MissingSystemDependency
 from mqttbed.core.host import Host, ProcessHandle, sha256_file
 from mqttbed.core.protocol import Endpoint, Transport
@@ -277,7 +282,7 @@ class ForkPipeBackend:
 
     def _collect_leftovers(self, group: int) -> dict[str, int]:
         """Count (and kill) processes of the broker's group and pipes still present."""
-        stray = _processes_in_group(group)
+        stray = processes_in_group(group)
         for proc in stray:
             try:
                 proc.kill()
@@ -344,16 +349,3 @@ def _probe_version(binary: str, host: Host, workdir: Path) -> str:
     words = capture_output(host, [binary, "--version"], workdir / "version.txt",
                            STARTUP_TIMEOUT_S).split()
     return words[1] if len(words) > 1 and words[0] == "mqttbed-forkpipe" else "unknown"
-
-
-def _processes_in_group(group: int) -> list[psutil.Process]:
-    """Return the live processes whose process group is ``group`` (the broker's session)."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if os.getpgid(proc.pid) == group and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            continue
-    return found
-
