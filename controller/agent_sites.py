@@ -42,7 +42,7 @@ def open_sites(spec: CampaignSpec, local: Host, needed: int) -> AgentSites:
                             f"or its broker on {local.address}: set MQTTBED_LAB_ADDRESS to this "
                             f"machine's address on the lab network")
         try:
-            host = SshHost(target, name=target.host)
+            host = SshHost(target)  # named by its SSH destination
         except SshError as exc:
             opened.close()
             raise RunFailed(f"agents.hosts[{i}]: {exc}") from exc
