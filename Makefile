@@ -6,7 +6,7 @@ EXTRAS := agent,controller,analytics,dev
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: install system-deps test lint demo bench clean
+.PHONY: install system-deps test lint demo bench docs clean
 
 install: system-deps $(VENV)/.installed
 
@@ -31,6 +31,9 @@ demo: install
 
 bench: install
 	$(PY) bench/latency_floor.py
+
+docs: install   # the published JSON schema of the results document
+	$(VENV)/bin/mqttbed schema stats > docs/stats.schema.json
 
 clean:
 	rm -rf $(VENV) data build *.egg-info .pytest_cache

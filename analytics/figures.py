@@ -51,6 +51,20 @@ _MESSAGE_KEY = ("run_id", "publisher", "seq")
 _DELIVERY_KEY = ("run_id", "publisher", "seq", "receiver")
 
 
+# Figures whose point percentiles get a bootstrap interval across runs; each run's values
+# are summarised by this many quantiles (0, 0.1 %, ... 100 %) for the resampling.
+SKETCHED_FIGURES = ("latency_us", "sync_spread_us")
+SKETCH_LEVELS = [i / 1000 for i in range(1001)]
+
+
+@dataclass(frozen=True)
+class QuantileSketch:
+    """One run's values of one figure: how many, and their quantiles at SKETCH_LEVELS."""
+
+    count: int
+    quantiles: list[float]
+
+
 @dataclass(frozen=True)
 class LevelFigures:
     """The collected figures of every level, as plain Python numbers (None when empty)."""
@@ -58,6 +72,8 @@ class LevelFigures:
     counts: dict[LevelKey, dict[str, int]]
     distributions: dict[FigureKey, dict[str, float | None]]
     items: dict[FigureKey, dict[str, float | None]]
+    # (run_id, figure) -> the run's sketch, for SKETCHED_FIGURES
+    sketches: dict[tuple[str, str], QuantileSketch]
 
 
 def compute_level_figures(events: DataFrame, samples: DataFrame,
@@ -72,16 +88,24 @@ def compute_level_figures(events: DataFrame, samples: DataFrame,
     deliveries = deliveries.cache()
     pairs = _expected_pairs(publishes, subscriptions).distinct().cache()
     unique = _unique_deliveries(deliveries, publishes, pairs).cache()
+    values = _distribution_rows(unique, subscriptions, publishes).cache()
     try:
         counts_rows = _per_level(_count_rows(publishes, pairs, deliveries, unique), levels)
         counts = (counts_rows.groupBy("level", "key").pivot("figure", list(COUNT_FIGURES))
                   .count().collect())
         distributions = (
-            _per_level(_distribution_rows(unique, subscriptions), levels)
+            _per_level(values, levels)
             .groupBy("level", "key", "figure")
-            .agg(F.avg("value").alias("mean"), F.stddev_samp("value").alias("std"),
+            .agg(F.count("value").alias("count"), F.avg("value").alias("mean"),
+                 F.stddev_samp("value").alias("std"),
                  F.percentile("value", list(PERCENTILES.values())).alias("percentiles"),
                  F.max("value").alias("max"))
+            .collect())
+        sketches = (
+            values.where(F.col("figure").isin(list(SKETCHED_FIGURES)))
+            .groupBy("run_id", "figure")
+            .agg(F.count("value").alias("count"),
+                 F.percentile("value", SKETCH_LEVELS).alias("quantiles"))
             .collect())
         items = (
             _per_level(_item_rows(unique, samples), levels)
@@ -90,7 +114,7 @@ def compute_level_figures(events: DataFrame, samples: DataFrame,
                  F.max("value").alias("max"), F.sum("value").alias("sum"))
             .collect())
     finally:
-        for frame in (unique, pairs, deliveries):
+        for frame in (values, unique, pairs, deliveries):
             frame.unpersist()
     return LevelFigures(
         counts={(r["level"], r["key"]): {f: int(r[f] or 0) for f in COUNT_FIGURES}
@@ -100,6 +124,9 @@ def compute_level_figures(events: DataFrame, samples: DataFrame,
         items={(r["level"], r["key"], r["figure"]): {s: _number(r[s]) for s in
                                                      ("mean", "std", "max", "sum")}
                for r in items},
+        sketches={(r["run_id"], r["figure"]): QuantileSketch(int(r["count"]),
+                                                             [float(q) for q in r["quantiles"]])
+                  for r in sketches if r["count"]},
     )
 
 
@@ -113,7 +140,8 @@ def _number(value: Any) -> float | None:
 
 def _distribution(row: Any) -> dict[str, float | None]:
     percentiles = row["percentiles"] or [None] * len(PERCENTILES)
-    return {"mean": _number(row["mean"]), "std": _number(row["std"]),
+    return {"count": int(row["count"] or 0), "mean": _number(row["mean"]),
+            "std": _number(row["std"]),
             **{name: _number(v) for name, v in zip(PERCENTILES, percentiles, strict=True)},
             "max": _number(row["max"])}
 
@@ -135,7 +163,7 @@ def _split_events(events: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
     kind = F.col("kind")
     measured = events.where(~F.col("warmup") | (kind == EventKind.SUBSCRIBE.value))
     publishes = measured.where(kind == EventKind.PUBLISH.value).select(
-        "run_id", "publisher", "seq", "topic", "t_pub_ns",
+        "run_id", "publisher", "seq", "topic", "t_pub_ns", "t_intended_ns",
         F.col("clock_offset_ns").alias("pub_offset_ns"))
     # A receiver subscribed twice to one filter is one subscription, from its first SUBACK.
     # SUBACK times are offset-corrected so receivers on different machines compare.
@@ -144,7 +172,7 @@ def _split_events(events: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
         .groupBy("run_id", "receiver", F.col("topic").alias("topic_filter"))
         .agg(F.min(F.col("t_recv_ns") - F.col("clock_offset_ns")).alias("suback_ns")))
     deliveries = measured.where(kind == EventKind.DELIVERY.value).select(
-        "run_id", "publisher", "seq", "receiver", "t_pub_ns", "t_recv_ns",
+        "run_id", "publisher", "seq", "receiver", "t_pub_ns", "t_intended_ns", "t_recv_ns",
         F.col("clock_offset_ns").alias("recv_offset_ns"))
     return publishes, subscriptions, deliveries
 
@@ -187,27 +215,32 @@ def _unique_deliveries(deliveries: DataFrame, publishes: DataFrame,
 
     ``pairs`` are the distinct expected (run_id, publisher, seq, receiver).
     Columns: the delivery key, t_pub_ns (payload), t_recv_ns, arrival_ns (offset
-    corrected), latency_us, and ``expected`` (a subscription of the receiver matches).
+    corrected), latency_us, intended_latency_us (from the open-loop intended send time)
+    and ``expected`` (a subscription of the receiver matches).
     """
     from pyspark.sql import functions as F
 
     first = (deliveries.groupBy(*_DELIVERY_KEY)
-             .agg(F.min(F.struct("t_recv_ns", "recv_offset_ns", "t_pub_ns")).alias("d"))
+             .agg(F.min(F.struct("t_recv_ns", "recv_offset_ns", "t_pub_ns",
+                                 "t_intended_ns")).alias("d"))
              .select(*_DELIVERY_KEY, "d.*"))
     sent = (publishes.groupBy(*_MESSAGE_KEY)
-            .agg(F.min(F.struct("t_pub_ns", "pub_offset_ns")).alias("p"))
+            .agg(F.min(F.struct("t_pub_ns", "pub_offset_ns", "t_intended_ns")).alias("p"))
             .select(*_MESSAGE_KEY, F.col("p.t_pub_ns").alias("sent_ns"),
-                    F.col("p.pub_offset_ns")))
+                    F.col("p.pub_offset_ns"), F.col("p.t_intended_ns").alias("intended_ns")))
     expected = pairs.withColumn("expected", F.lit(True))
     arrival = F.col("t_recv_ns") - F.col("recv_offset_ns")
     # The publisher's own record is the better send time; without one, use the payload's
     # timestamp on an unknown clock (offset 0).
-    departure = (F.coalesce(F.col("sent_ns"), F.col("t_pub_ns"))
-                 - F.coalesce(F.col("pub_offset_ns"), F.lit(0)))
+    pub_offset = F.coalesce(F.col("pub_offset_ns"), F.lit(0))
+    departure = F.coalesce(F.col("sent_ns"), F.col("t_pub_ns")) - pub_offset
+    intended = F.coalesce(F.col("intended_ns"), F.col("t_intended_ns")) - pub_offset
     return (first.join(sent, list(_MESSAGE_KEY), "left")
             .join(expected, list(_DELIVERY_KEY), "left")
             .select(*_DELIVERY_KEY, "t_pub_ns", "t_recv_ns", arrival.alias("arrival_ns"),
                     ((arrival - departure).cast("double") / NS_PER_US).alias("latency_us"),
+                    ((arrival - intended).cast("double") / NS_PER_US)
+                    .alias("intended_latency_us"),
                     F.coalesce(F.col("expected"), F.lit(False)).alias("expected")))
 
 
@@ -238,8 +271,10 @@ def _count_rows(publishes: DataFrame, pairs: DataFrame, deliveries: DataFrame,
     return rows
 
 
-def _distribution_rows(unique: DataFrame, subscriptions: DataFrame) -> DataFrame:
-    """Return (run_id, figure, value): latency per delivery, spreads per message, in us."""
+def _distribution_rows(unique: DataFrame, subscriptions: DataFrame,
+                       publishes: DataFrame) -> DataFrame:
+    """Return (run_id, figure, value) in us: latencies per delivery (from the actual and
+    from the intended send time), spreads per message, send lag per publish."""
     from pyspark.sql import functions as F
 
     # First and last subscribed receiver of each run, by (offset-corrected) SUBACK time.
@@ -258,9 +293,16 @@ def _distribution_rows(unique: DataFrame, subscriptions: DataFrame) -> DataFrame
              F.max(F.when(F.col("receiver") == F.col("first_receiver"), arrival)).alias("first_ns"),
              F.max(F.when(F.col("receiver") == F.col("last_receiver"), arrival)).alias("last_ns")))
     first_last_ns = F.col("last_ns") - F.col("first_ns")   # null unless both received it
+    send_lag_ns = F.col("t_pub_ns") - F.col("t_intended_ns")
     return (
         unique.select("run_id", F.lit("latency_us").alias("figure"),
                       F.col("latency_us").alias("value"))
+        .unionByName(unique.where(F.col("intended_latency_us").isNotNull()).select(
+            "run_id", F.lit("latency_from_intended_us").alias("figure"),
+            F.col("intended_latency_us").alias("value")))
+        .unionByName(publishes.where(send_lag_ns.isNotNull()).select(
+            "run_id", F.lit("send_lag_us").alias("figure"),
+            (send_lag_ns.cast("double") / NS_PER_US).alias("value")))
         .unionByName(messages.where(F.col("receivers") >= 2).select(
             "run_id", F.lit("sync_spread_us").alias("figure"),
             (F.col("spread_ns") / NS_PER_US).alias("value")))

@@ -49,7 +49,8 @@ def scope_figures(scope: DataFrame, levels: DataFrame) -> dict[LevelKey, dict[st
                        .unionByName(spreads.withColumn("receiver", F.lit(None).cast("string"))
                                     .withColumn("figure", F.lit("sync_spread_us"))), levels)
             .groupBy("level", "key", "figure")
-            .agg(F.avg("value").alias("mean"), F.stddev_samp("value").alias("std"),
+            .agg(F.count("value").alias("count"), F.avg("value").alias("mean"),
+                 F.stddev_samp("value").alias("std"),
                  F.percentile("value", list(PERCENTILES.values())).alias("percentiles"),
                  F.max("value").alias("max"),
                  F.countDistinct("run_id", "seq").alias("acquisitions"))

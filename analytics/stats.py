@@ -1,21 +1,22 @@
-"""The stats document of a campaign: figures per run and per sweep point, and its files.
+"""The results of a campaign, computed: figures per run and per sweep point.
 
 A sweep point pools the runs of its ``point_index`` whose state is ``done``; the other
 runs are counted in ``runs_failed`` and listed, with their reason and whatever figures
-their data gives, in the runs section only. Keys carry their units; every value is a
-plain int, float, str or None, so the document is JSON as it stands. Definitions of the
-figures are in :mod:`mqttbed.analytics.figures`.
+their data gives, in the runs section only. Every figure derived from events, broker
+samples or backend records is computed here, with Spark; the result is the typed
+document :class:`mqttbed.analytics.results.CampaignStats`. Definitions of the figures
+are in :mod:`mqttbed.analytics.figures`.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mqttbed.analytics.confidence import bootstrap_interval
 from mqttbed.analytics.datasets import EVENTS_DDL, SAMPLES_DDL, read_runs
 from mqttbed.analytics.figures import (
     POINT_LEVEL,
@@ -24,22 +25,26 @@ from mqttbed.analytics.figures import (
     LevelKey,
     compute_level_figures,
 )
+from mqttbed.analytics.results import CampaignStats, ScopeRun, results_model
 from mqttbed.analytics.scope import (
     clock_uncertainty_us,
     scope_figures,
     split_by_clock,
     time_sync_errors,
 )
+from mqttbed.analytics.sections import (
+    RECORDS_DDL,
+    SectionStats,
+    build_sections,
+    section_statistics,
+)
 from mqttbed.analytics.series import compute_series
+from mqttbed.core.sections import BackendSection
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DONE = "done"
-LATENCY_KEYS = ("mean", "std", "p50", "p90", "p99", "p999", "max")
-SPREAD_KEYS = ("mean", "std", "p50", "p99", "max")
-STATS_JSON = "stats.json"
-STATS_PARQUET = "stats.parquet"
 
 
 @dataclass(frozen=True)
@@ -57,15 +62,33 @@ class RunInfo:
     # Flag the run when its clocks' uncertainty exceeds this fraction of its spread (p50).
     max_clock_uncertainty_fraction: float = 0.1
     mode: str = "pubsub"
+    # What the scope recorder did in this run, if a scope watched it.
+    scope: ScopeRun | None = None
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """Everything the per-level entries are built from."""
+
+    figures: LevelFigures
+    scope: dict[LevelKey, dict[str, Any]]
+    sync_errors: dict[LevelKey, dict[str, Any]]
+    uncertainty: dict[str, float]
+    sections: SectionStats
+    section_types: tuple[type[BackendSection], ...]
 
 
 def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_path: Path,
-                           campaign: dict[str, Any], runs: list[RunInfo]) -> dict[str, Any]:
-    """Compute the stats document of ``campaign`` over ``runs`` from its two datasets.
+                           campaign: dict[str, Any], runs: list[RunInfo],
+                           records_path: Path | None = None,
+                           section_types: Sequence[type[BackendSection]] = ()
+                           ) -> CampaignStats:
+    """Compute the results of ``campaign`` over ``runs`` from its datasets.
 
-    ``campaign`` needs ``id`` (its partition in both datasets) and may hold ``name`` and
+    ``campaign`` needs ``id`` (its partition in every dataset) and may hold ``name`` and
     ``spec``. Only the listed runs are read; runs or datasets without files give zero
-    counts and null figures.
+    counts and null figures. ``records_path`` is the backend records dataset, pooled
+    into the ``section_types`` the backends declare.
     """
     run_ids = [run.run_id for run in runs]
     repeated = sorted({run_id for run_id in run_ids if run_ids.count(run_id) > 1})
@@ -79,28 +102,34 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
         "run_id string, level string, key string")
     events, scope_events = split_by_clock(
         read_runs(spark, events_path, campaign_id, run_ids, EVENTS_DDL))
-    figures = compute_level_figures(
-        events, read_runs(spark, samples_path, campaign_id, run_ids, SAMPLES_DDL), levels)
+    section_types = tuple(section_types)
+    records = (read_runs(spark, records_path, campaign_id, run_ids, RECORDS_DDL)
+               if records_path is not None and section_types else None)
+    inputs = _Inputs(
+        figures=compute_level_figures(
+            events, read_runs(spark, samples_path, campaign_id, run_ids, SAMPLES_DDL), levels),
+        scope=scope_figures(scope_events, levels),
+        sync_errors=time_sync_errors(events, levels) if any(
+            run.mode == "time-sync" for run in runs) else {},
+        uncertainty=clock_uncertainty_us(events),
+        sections=section_statistics(records, levels) if records is not None else {},
+        section_types=section_types)
     series = compute_series(events, {run.run_id: run.point_index for run in runs
                                      if run.state == DONE})
-    scope = scope_figures(scope_events, levels)
-    sync_errors = time_sync_errors(events, levels) if any(
-        run.mode == "time-sync" for run in runs) else {}
-    uncertainty = clock_uncertainty_us(events)
     ordered = sorted(runs, key=lambda run: (run.point_index, run.repetition, run.run_id))
     by_point: dict[int, list[RunInfo]] = {}
     for run in ordered:
         by_point.setdefault(run.point_index, []).append(run)
-    return {
-        "campaign": {"id": campaign["id"], "name": campaign.get("name"),
+    document = {
+        "campaign": {"id": campaign_id, "name": campaign.get("name"),
                      "spec": campaign.get("spec")},
-        "generated_at": datetime.now(UTC).isoformat(),
-        "points": [_point_entry(index, point_runs, figures, scope, uncertainty, sync_errors)
+        "generated_at": datetime.now(UTC),
+        "points": [_point_entry(index, point_runs, inputs)
                    for index, point_runs in by_point.items()],
-        "runs": [_run_entry(run, figures, scope, uncertainty) for run in ordered],
-        # Plot series, kept out of stats.parquet: CDF per point index, timeline per run.
+        "runs": [_run_entry(run, inputs) for run in ordered],
         "series": series,
     }
+    return results_model(section_types).model_validate(document)
 
 
 def _clock_entry(run: RunInfo, uncertainty_us: float | None,
@@ -114,35 +143,36 @@ def _clock_entry(run: RunInfo, uncertainty_us: float | None,
                             and uncertainty_us > limit)}
 
 
-def _point_entry(point_index: int, runs: list[RunInfo], figures: LevelFigures,
-                 scope: dict[LevelKey, dict[str, Any]], uncertainty: dict[str, float],
-                 sync_errors: dict[LevelKey, dict[str, Any]]) -> dict[str, Any]:
+def _spread_p50(inputs: _Inputs, run: RunInfo) -> float | None:
+    return inputs.figures.distributions.get(
+        (RUN_LEVEL, run.run_id, "sync_spread_us"), {}).get("p50")
+
+
+def _point_entry(point_index: int, runs: list[RunInfo], inputs: _Inputs) -> dict[str, Any]:
     done = [run for run in runs if run.state == DONE]
     flagged = [run.run_id for run in done if _clock_entry(
-        run, uncertainty.get(run.run_id),
-        figures.distributions.get((RUN_LEVEL, run.run_id, "sync_spread_us"), {}).get("p50"),
-    )["flagged"]]
-    level = (POINT_LEVEL, str(point_index))
-    return {
+        run, inputs.uncertainty.get(run.run_id), _spread_p50(inputs, run))["flagged"]]
+    entry = {
         "point_index": point_index,
         "params": runs[0].params,
         "backend": runs[0].backend,
         "runs": len(done),
         "runs_failed": len(runs) - len(done),
         "run_ids": [run.run_id for run in done],
-        **_level_figures(figures, level),
-        **({"scope": scope[level]} if level in scope else {}),
-        **({"time_sync": {**sync_errors[level], "between_subscribers_p99_us":
-                          figures.distributions.get((*level, "sync_spread_us"), {}).get("p99")}}
-           if level in sync_errors and runs[0].mode == "time-sync" else {}),
+        **_level_figures(inputs, (POINT_LEVEL, str(point_index)), done),
         "clock_flagged_runs": flagged,
     }
+    sketches = inputs.figures.sketches
+    for figure, quantiles in (("latency_us", (("p50_ci", 0.5), ("p99_ci", 0.99))),
+                              ("sync_spread_us", (("p50_ci", 0.5),))):
+        per_run = [sketches[(run.run_id, figure)] for run in done
+                   if (run.run_id, figure) in sketches]
+        for name, quantile in quantiles:
+            entry[figure][name] = bootstrap_interval(per_run, quantile)
+    return entry
 
 
-def _run_entry(run: RunInfo, figures: LevelFigures, scope: dict[LevelKey, dict[str, Any]],
-               uncertainty: dict[str, float]) -> dict[str, Any]:
-    level = (RUN_LEVEL, run.run_id)
-    spread_p50 = figures.distributions.get((*level, "sync_spread_us"), {}).get("p50")
+def _run_entry(run: RunInfo, inputs: _Inputs) -> dict[str, Any]:
     return {
         "run_id": run.run_id,
         "point_index": run.point_index,
@@ -152,14 +182,15 @@ def _run_entry(run: RunInfo, figures: LevelFigures, scope: dict[LevelKey, dict[s
         "state": run.state,
         "reason": run.reason,
         "warmup_messages": run.warmup_messages,
-        **_level_figures(figures, level),
-        **({"scope": scope[level]} if level in scope else {}),
-        "clock": _clock_entry(run, uncertainty.get(run.run_id), spread_p50),
+        **_level_figures(inputs, (RUN_LEVEL, run.run_id), [run]),
+        "clock": _clock_entry(run, inputs.uncertainty.get(run.run_id),
+                              _spread_p50(inputs, run)),
     }
 
 
-def _level_figures(figures: LevelFigures, level: LevelKey) -> dict[str, Any]:
-    """Return the figures of one run or point; zero counts and None where there is no data."""
+def _level_figures(inputs: _Inputs, level: LevelKey, runs: list[RunInfo]) -> dict[str, Any]:
+    """The figures of one run or point; zero counts and None where there is no data."""
+    figures = inputs.figures
     counts = figures.counts.get(level, {})
 
     def count(name: str) -> int:
@@ -168,24 +199,24 @@ def _level_figures(figures: LevelFigures, level: LevelKey) -> dict[str, Any]:
     def item(figure: str, stat: str = "mean") -> float | None:
         return figures.items.get((*level, figure), {}).get(stat)
 
-    def distribution(figure: str, keys: tuple[str, ...]) -> dict[str, float | None]:
-        stats = figures.distributions.get((*level, figure), {})
-        return {key: stats.get(key) for key in keys}
+    def distribution(figure: str) -> dict[str, Any]:
+        return dict(figures.distributions.get((*level, figure), {}))
 
     rss_max = item("rss_bytes_max", "max")
-    return {
+    entry: dict[str, Any] = {
         "messages_sent": count("messages_sent"),
         "deliveries_expected": count("deliveries_expected"),
         "deliveries_received": count("deliveries_received"),
-        # Unique deliveries no subscription asked for: a sign of a mis-recorded subscription.
         "deliveries_unexpected": count("unique_deliveries") - count("deliveries_received"),
         "lost": count("deliveries_expected") - count("deliveries_received"),
         "duplicates": count("delivery_rows") - count("unique_deliveries"),
         "reordered": count("reordered"),
-        "latency_us": distribution("latency_us", LATENCY_KEYS),
+        "latency_us": distribution("latency_us"),
+        "latency_from_intended_us": distribution("latency_from_intended_us"),
+        "send_lag_us": distribution("send_lag_us"),
         "jitter_us": {"std": item("jitter_std_us"), "rfc3550": item("jitter_rfc3550_us")},
-        "sync_spread_us": distribution("sync_spread_us", SPREAD_KEYS),
-        "first_last_spread_us": distribution("first_last_spread_us", SPREAD_KEYS),
+        "sync_spread_us": distribution("sync_spread_us"),
+        "first_last_spread_us": distribution("first_last_spread_us"),
         "throughput_msgs_per_s": item("throughput_msgs_per_s"),
         "throughput_msgs_per_s_std": item("throughput_msgs_per_s", "std"),
         "broker": {
@@ -200,66 +231,19 @@ def _level_figures(figures: LevelFigures, level: LevelKey) -> dict[str, Any]:
             "net_sent_kb_per_s": item("net_sent_kb_per_s"),
             "net_sent_kb_per_s_std": item("net_sent_kb_per_s", "std"),
         },
+        "scope": _scope_entry(inputs.scope.get(level), runs),
+        "time_sync": ({**inputs.sync_errors[level], "between_subscribers_p99_us":
+                       distribution("sync_spread_us").get("p99")}
+                      if level in inputs.sync_errors and runs
+                      and runs[0].mode == "time-sync" else None),
+        "sections": build_sections(inputs.sections, level, inputs.section_types),
     }
+    return entry
 
 
-# -- files ----------------------------------------------------------------------------
-
-# Flattened column types of stats.parquet; every other column is a double.
-_STRING_COLUMNS = ("level", "campaign_id", "run_id", "state", "reason", "backend", "params",
-                   "run_ids", "clock_flagged_runs")
-_BOOL_COLUMNS = ("clock_flagged",)
-_INT_COLUMNS = ("point_index", "repetition", "warmup_messages", "runs", "runs_failed",
-                "messages_sent", "deliveries_expected", "deliveries_received",
-                "deliveries_unexpected", "lost", "duplicates", "reordered", "broker_samples",
-                "broker_rss_bytes_max", "scope_acquisitions")
-_LEADING_COLUMNS = ("level", "campaign_id", "point_index", "run_id", "repetition", "state",
-                    "reason", "backend", "params", "run_ids", "warmup_messages", "runs",
-                    "runs_failed")
-
-
-def write_stats(stats: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
-    """Write ``stats.json`` and ``stats.parquet`` into ``out_dir``; return both paths.
-
-    The Parquet file has one flat row per point and per run (column ``level``); nested
-    keys are joined with "_" (``latency_us_p99``), params and run id lists are JSON text.
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, parquet_path = out_dir / STATS_JSON, out_dir / STATS_PARQUET
-    json_path.write_text(json.dumps(stats, indent=2, allow_nan=False, default=str) + "\n")
-
-    rows = list(_flat_rows(stats))
-    names = list(_LEADING_COLUMNS)
-    for row in rows:
-        names += [name for name in row if name not in names]
-    # Text columns: the known ones, and any other that holds text (JSON of a list).
-    text = set(_STRING_COLUMNS) | {name for row in rows for name, value in row.items()
-                                   if isinstance(value, str)}
-    schema = pa.schema([(name, pa.string() if name in text
-                         else pa.bool_() if name in _BOOL_COLUMNS
-                         else pa.int64() if name in _INT_COLUMNS else pa.float64())
-                        for name in names])
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), parquet_path)
-    return json_path, parquet_path
-
-
-def _flat_rows(stats: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    campaign_id = str(stats["campaign"]["id"])
-    for level, entries in ((POINT_LEVEL, stats["points"]), (RUN_LEVEL, stats["runs"])):
-        for entry in entries:
-            yield {"level": level, "campaign_id": campaign_id, **_flatten(entry)}
-
-
-def _flatten(entry: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in entry.items():
-        if key == "params" or isinstance(value, list):
-            flat[prefix + key] = json.dumps(value, sort_keys=True, default=str)
-        elif isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}_"))
-        else:
-            flat[prefix + key] = value
-    return flat
+def _scope_entry(figures: dict[str, Any] | None, runs: list[RunInfo]) -> dict[str, Any] | None:
+    """The scope's figures of a level with what the recorder did in each of its runs."""
+    recorded = [run.scope for run in runs if run.scope is not None]
+    if figures is None and not recorded:
+        return None
+    return {**(figures or {}), "runs": recorded}

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.responses import FileResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from mqttbed.api.deps import CoreDep, UserDep, WorkerDep
 from mqttbed.api.export import build_dataset_zip, stream_deliveries_csv
 from mqttbed.api.schemas import CampaignPublic, Progress, RunPublic
 from mqttbed.campaigns.spec import spec_from_text
+from mqttbed.controller.analysis import load_results
 from mqttbed.controller.core import ControllerCore
 from mqttbed.controller.db import CampaignRow, RunRow
 from mqttbed.controller.states import CampaignStatus, RunState
@@ -129,17 +129,20 @@ def cancel_campaign(campaign_id: str, core: CoreDep) -> CampaignPublic:
     return campaign_public(core, campaign_id)
 
 
-@router.get("/{campaign_id}/stats", responses={**_NOT_FOUND, 409: {
-    "description": "statistics are not computed yet"}})
-def campaign_stats(campaign_id: str, core: CoreDep) -> dict[str, Any]:
-    """The campaign's ``stats.json``: figures per sweep point and per run."""
+@router.get("/{campaign_id}/stats", responses={
+    **_NOT_FOUND,
+    200: {"content": {"application/json": {}},
+          "description": "the results document; its JSON schema is GET /api/v1/schemas/stats"},
+    409: {"description": "statistics are not computed yet"}})
+def campaign_stats(campaign_id: str, core: CoreDep) -> Response:
+    """The campaign's results (``stats.json``): figures per sweep point and per run."""
     load_campaign(core, campaign_id)
-    path = core.layout.campaign_dir(campaign_id) / "stats.json"
-    if not path.exists():
+    results = load_results(core.layout, campaign_id)
+    if results is None:
         raise HTTPException(status.HTTP_409_CONFLICT,
                             f"no statistics for campaign {campaign_id} yet; they are computed "
                             "when it ends")
-    return json.loads(path.read_text())
+    return Response(results.model_dump_json(), media_type="application/json")
 
 
 @router.get("/{campaign_id}/dataset", responses={

@@ -8,6 +8,7 @@ import mqttbed
 from mqttbed.api.deps import CoreDep, UserDep
 from mqttbed.api.schemas import AgentPublic, BackendPublic, Health
 from mqttbed.brokers.registry import backend_names, options_model, unavailable_reason
+from mqttbed.controller.analysis import results_type
 from mqttbed.controller.db import AgentRow
 
 public = APIRouter(prefix="/api/v1", tags=["system"])
@@ -43,3 +44,10 @@ def list_backends() -> list[BackendPublic]:
                                     unavailable_reason=reason,
                                     options_schema=options_model(name).model_json_schema()))
     return answer
+
+
+@router.get("/schemas/stats")
+def stats_schema() -> dict[str, object]:
+    """The JSON schema of a campaign's results document (``GET …/{id}/stats``, stats.json),
+    with the sections of every backend this controller knows."""
+    return results_type().model_json_schema()

@@ -8,6 +8,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Form, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
+from mqttbed.api.compare_page import NotComparable, comparison_of, render_comparison
 from mqttbed.api.deps import TOKEN_COOKIE, CoreDep, presented_token
 from mqttbed.api.report import plotly_js_path, render_report, templates
 from mqttbed.controller.tokens import TokenRole
@@ -66,6 +67,21 @@ def report_page(campaign_id: str, request: Request, core: CoreDep) -> Response:
         return HTMLResponse(render_report(core, campaign_id, standalone=False))
     except KeyError:
         raise HTTPException(404, f"no campaign {campaign_id!r}") from None
+
+
+@router.get("/compare")
+def compare_page(ids: str, request: Request, core: CoreDep) -> Response:
+    """Two campaigns side by side: ``/compare?ids=ID1,ID2``."""
+    if (redirect := _user_or_login(request, core)) is not None:
+        return redirect
+    wanted = [i.strip() for i in ids.split(",") if i.strip()]
+    if len(wanted) != 2:
+        raise HTTPException(422, f"ids must name two campaigns, as ids=ID1,ID2; got {ids!r}")
+    try:
+        comparison = comparison_of(core, *wanted)
+    except NotComparable as exc:
+        raise HTTPException(404, str(exc)) from None
+    return HTMLResponse(render_comparison(comparison, standalone=False))
 
 
 @router.get("/static/plotly.min.js")

@@ -23,6 +23,7 @@ from mqttbed.core.errors import BackendError, MissingSystemDependency
 from mqttbed.core.host import Host, ProcessHandle, sha256_file
 from mqttbed.core.protocol import Endpoint, Transport
 from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.sections import SectionRecords
 
 FALLBACK_BINARIES = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")
 INSTALL_HINT = ("install it with `apt-get install mosquitto` (Debian/Ubuntu) or build it "
@@ -53,6 +54,7 @@ class MosquittoBackend:
     """Deploys one Mosquitto process on a host and samples its resource use."""
 
     name = "mosquitto"
+    results_section = None  # its figures are the common ones
 
     def __init__(self) -> None:
         self._options: Options | None = None
@@ -144,6 +146,10 @@ class MosquittoBackend:
         }
 
     # -- teardown -----------------------------------------------------------------------
+
+    def section_records(self) -> SectionRecords:
+        """Nothing beyond the common figures."""
+        return {}
 
     def teardown(self) -> None:
         """Stop sampling and the broker, keep its log tail, remove its directory; idempotent."""

@@ -12,6 +12,7 @@ from types import ModuleType
 from pydantic import BaseModel
 
 from mqttbed.brokers.base import BrokerBackend
+from mqttbed.core.sections import BackendSection
 
 # name -> "module:Class". Each module also exposes ``Options``, the pydantic model of the
 # campaign's broker section for that backend, and ``unavailable()``: why it cannot be
@@ -45,10 +46,21 @@ def options_model(name: str) -> type[BaseModel]:
     return module.Options
 
 
+def backend_class(name: str) -> type[BrokerBackend]:
+    """Return the class of backend ``name``."""
+    module, class_name = _target(name)
+    return getattr(module, class_name)
+
+
+def section_types() -> tuple[type[BackendSection], ...]:
+    """The results sections the registered backends declare (imports every backend)."""
+    found = (backend_class(name).results_section for name in backend_names())
+    return tuple(section for section in found if section is not None)
+
+
 def create_backend(name: str) -> BrokerBackend:
     """Return a new, undeployed instance of backend ``name``."""
-    module, class_name = _target(name)
-    backend = getattr(module, class_name)()
+    backend = backend_class(name)()
     if not isinstance(backend, BrokerBackend):
         # A registry entry pointing at a class that misses part of the contract is a
         # programming error; catching it here beats an AttributeError mid-run.

@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mqttbed.analytics.results import CampaignStats
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -61,29 +64,34 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if status == "done" else 1
 
 
-def _us(value: Any) -> str:
+def _us(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f}"
 
 
-def print_points(stats: dict[str, Any]) -> None:
+def _ci(interval: tuple[float, float] | None) -> str:
+    return "-" if interval is None else f"{interval[0]:,.1f}–{interval[1]:,.1f}"
+
+
+def print_points(stats: CampaignStats) -> None:
     """Print one table row per sweep point to stdout."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{stats['campaign']['name']} ({stats['campaign']['id']})")
-    for column in ("point", "backend", "runs", "latency p50 µs", "latency p99 µs",
-                   "spread p50 µs", "spread p99 µs", "received", "lost", "broker CPU %"):
+    table = Table(title=f"{stats.campaign.name} ({stats.campaign.id})")
+    for column in ("point", "backend", "runs", "latency p50 µs", "p50 95% CI",
+                   "latency p99 µs", "spread p50 µs", "spread p99 µs", "received", "lost",
+                   "broker CPU %"):
         table.add_column(column, justify="left" if column in ("point", "backend") else "right")
-    for point in stats["points"]:
-        params = ", ".join(f"{k}={v}" for k, v in point["params"].items()) or "(no sweep)"
-        latency, spread = point["latency_us"], point["sync_spread_us"]
-        runs = f"{point['runs']}" + (f" (+{point['runs_failed']} failed)"
-                                     if point.get("runs_failed") else "")
-        table.add_row(params, point["backend"], runs, _us(latency["p50"]), _us(latency["p99"]),
-                      _us(spread["p50"]), _us(spread["p99"]),
-                      f"{point['deliveries_received']}/{point['deliveries_expected']}",
-                      str(point["lost"]), _us(point["broker"]["cpu_percent_mean"]))
-    Console(width=160).print(table)
+    for point in stats.points:
+        params = ", ".join(f"{k}={v}" for k, v in point.params.items()) or "(no sweep)"
+        latency, spread = point.latency_us, point.sync_spread_us
+        runs = f"{point.runs}" + (f" (+{point.runs_failed} failed)" if point.runs_failed
+                                  else "")
+        table.add_row(params, point.backend, runs, _us(latency.p50), _ci(latency.p50_ci),
+                      _us(latency.p99), _us(spread.p50), _us(spread.p99),
+                      f"{point.deliveries_received}/{point.deliveries_expected}",
+                      str(point.lost), _us(point.broker.cpu_percent_mean))
+    Console(width=170).print(table)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -147,6 +155,58 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    """Two campaigns side by side per matching sweep point (table, and HTML with --out)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from mqttbed.api.compare_page import NotComparable, comparison_of, render_comparison
+    from mqttbed.controller.core import ControllerCore
+    from mqttbed.core.settings import Settings
+
+    core = ControllerCore(Settings.from_env(args.data_dir), controller_url="")
+    try:
+        comparison = comparison_of(core, args.first, args.second)
+    except NotComparable as exc:
+        raise SystemExit(f"mqttbed compare: {exc}") from None
+    finally:
+        core.close()
+    table = Table(title=f"{comparison.first.id} vs {comparison.second.id} "
+                        "(difference = second − first)")
+    for column in ("point", "figure", "first", "first 95% CI", "second", "second 95% CI",
+                   "difference", "intervals"):
+        table.add_column(column, justify="left" if column in ("point", "figure", "intervals")
+                         else "right")
+    for point in comparison.points:
+        label = ", ".join(f"{k}={v}" for k, v in point.params.items()) or "(no sweep)"
+        for figure in point.figures:
+            overlap = figure.intervals_overlap
+            table.add_row(label, figure.figure, _us(figure.first), _ci(figure.first_ci),
+                          _us(figure.second), _ci(figure.second_ci), _us(figure.difference),
+                          "-" if overlap is None else "overlap" if overlap else "disjoint")
+            label = ""
+    Console(width=170).print(table)
+    for side, unmatched in (("first", comparison.only_in_first),
+                            ("second", comparison.only_in_second)):
+        if unmatched:
+            print(f"only in the {side}: {unmatched}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(render_comparison(comparison, standalone=True))
+        print(args.out.resolve())
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    """Print the JSON schema of a document mqttbed publishes."""
+    import json
+
+    from mqttbed.controller.analysis import results_type
+
+    print(json.dumps(results_type().model_json_schema(), indent=2))
+    return 0
+
+
 def _agent(args: argparse.Namespace) -> int:
     from mqttbed.agents.main import run
 
@@ -195,6 +255,19 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", type=Path, help="default: ID-report.html")
     report.add_argument("--data-dir")
     report.set_defaults(func=_report)
+
+    compare = commands.add_parser("compare", help="two campaigns side by side per matching "
+                                                  "sweep point, with 95 % intervals")
+    compare.add_argument("first", help="campaign id")
+    compare.add_argument("second", help="campaign id, compared against the first")
+    compare.add_argument("--out", type=Path, help="also write the comparison as an HTML page")
+    compare.add_argument("--data-dir")
+    compare.set_defaults(func=_compare)
+
+    schema = commands.add_parser("schema", help="print the JSON schema of a document "
+                                                "(stats: a campaign's results, stats.json)")
+    schema.add_argument("document", choices=["stats"])
+    schema.set_defaults(func=_schema)
 
     from mqttbed.controller.cli_remote import add_commands
 

@@ -38,7 +38,12 @@ from mqttbed.controller.states import (
     RunState,
     check_transition,
 )
-from mqttbed.controller.storage import DataLayout, write_broker_samples, write_json
+from mqttbed.controller.storage import (
+    DataLayout,
+    write_backend_records,
+    write_broker_samples,
+    write_json,
+)
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.errors import RunFailed
 from mqttbed.core.host import Host
@@ -383,6 +388,9 @@ class RunEngine:
         samples = backend.stats()
         run.run_metadata["broker"] = backend.metadata()
         write_broker_samples(self.ctx.layout, run.campaign_id, run.id, samples)
+        if backend.results_section is not None:
+            write_backend_records(self.ctx.layout, run.campaign_id, run.id,
+                                  backend.results_section.key, backend.section_records())
         write_json(self.ctx.layout.run_dir(run.campaign_id, run.id) / "run.json",
                    {"run_id": run.id, "params": run.params, "repetition": run.repetition,
                     "metadata": run.run_metadata})

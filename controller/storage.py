@@ -5,6 +5,7 @@
 <data_dir>/events/campaign_id=<c>/run_id=<r>/<agent>-<seq>.parquet     one file per chunk
 <data_dir>/broker_samples/campaign_id=<c>/run_id=<r>/samples.parquet
 <data_dir>/gpio_edges/campaign_id=<c>/run_id=<r>/<agent>-<seq>.parquet  agents' GPIO edges
+<data_dir>/backend_records/campaign_id=<c>/run_id=<r>/<section>.parquet  a backend's own figures
 <data_dir>/campaigns/<c>/stats.json, stats.parquet, runs/<r>/run.json
 ```
 A chunk's file name is its identity (agent, seq), so a chunk written twice is the same
@@ -21,6 +22,7 @@ from typing import Any
 
 from mqttbed.core.events import EVENT_COLUMNS, arrow_schema
 from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.sections import SectionRecords
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,10 @@ class DataLayout:
     @property
     def gpio_edges(self) -> Path:
         return self.root / "gpio_edges"
+
+    @property
+    def backend_records(self) -> Path:
+        return self.root / "backend_records"
 
 
 def _atomic_write_table(table: Any, path: Path) -> None:
@@ -105,6 +111,23 @@ def write_broker_samples(layout: DataLayout, campaign_id: str, run_id: str,
     fields = list(BrokerStatsSample.model_fields)
     table = pa.table({f: [getattr(s, f) for s in samples] for f in fields})
     path = layout.run_samples(campaign_id, run_id) / "samples.parquet"
+    _atomic_write_table(table, path)
+    return path
+
+
+def write_backend_records(layout: DataLayout, campaign_id: str, run_id: str, section: str,
+                          records: SectionRecords) -> Path | None:
+    """Write the values a backend kept of a run for its results section; None if none."""
+    import pyarrow as pa
+
+    figures = [(figure, value) for figure, values in records.items() for value in values]
+    if not figures:
+        return None
+    table = pa.table({"section": pa.array([section] * len(figures), pa.string()),
+                      "figure": pa.array([f for f, _ in figures], pa.string()),
+                      "value": pa.array([float(v) for _, v in figures], pa.float64())})
+    path = (layout.backend_records / f"campaign_id={campaign_id}" / f"run_id={run_id}"
+            / f"{section}.parquet")
     _atomic_write_table(table, path)
     return path
 

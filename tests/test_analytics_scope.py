@@ -7,6 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from mqttbed.analytics.results import ScopeRun
 from mqttbed.analytics.spark import get_spark
 from mqttbed.analytics.stats import RunInfo, compute_campaign_stats
 from mqttbed.core.events import EVENT_COLUMNS, arrow_schema
@@ -59,14 +60,17 @@ def stats(tmp_path_factory):
     write(root, "r-doubtful", software_rows(9 * US))
     write(root, "r-timesync", software_rows(0))
     runs = [RunInfo(run_id="r-trusted", point_index=0, params={}, repetition=0,
-                    state="done", backend="mosquitto", max_clock_uncertainty_fraction=0.1),
+                    state="done", backend="mosquitto", max_clock_uncertainty_fraction=0.1,
+                    scope=ScopeRun(run_id="r-trusted", acquisitions=3, timeouts=1,
+                                   error="VisaIOError: timeout")),
             RunInfo(run_id="r-doubtful", point_index=1, params={}, repetition=0,
                     state="done", backend="mosquitto", max_clock_uncertainty_fraction=0.1),
             RunInfo(run_id="r-timesync", point_index=2, params={}, repetition=0,
                     state="done", backend="mosquitto", mode="time-sync")]
-    return compute_campaign_stats(get_spark(), events_path=root / "events",
-                                  samples_path=root / "none",
-                                  campaign={"id": "c", "name": "scope"}, runs=runs)
+    results = compute_campaign_stats(get_spark(), events_path=root / "events",
+                                     samples_path=root / "none",
+                                     campaign={"id": "c", "name": "scope"}, runs=runs)
+    return results.model_dump(mode="json")
 
 
 def test_scope_figures_come_from_the_scope_rows(stats):
@@ -78,6 +82,11 @@ def test_scope_figures_come_from_the_scope_rows(stats):
     # acquisition 2 caught one subscriber only: no spread from it
     assert point["scope"]["sync_spread_us"]["mean"] == pytest.approx(30.0)
     assert point["scope"]["sync_spread_us"]["max"] == pytest.approx(40.0)
+    # what the recorder did in each run comes with the figures, at the point and the run
+    recorded = {"run_id": "r-trusted", "acquisitions": 3, "timeouts": 1,
+                "error": "VisaIOError: timeout"}
+    assert point["scope"]["runs"] == [recorded]
+    assert stats["runs"][0]["scope"]["runs"] == [recorded]
 
 
 def test_scope_rows_never_enter_the_software_figures(stats):
@@ -86,7 +95,7 @@ def test_scope_rows_never_enter_the_software_figures(stats):
     assert point["duplicates"] == 0
     assert point["latency_us"]["p50"] == pytest.approx(320.0)
     assert point["sync_spread_us"]["p50"] == pytest.approx(40.0)
-    assert "scope" not in stats["points"][1]
+    assert stats["points"][1]["scope"] is None
 
 
 def test_a_run_whose_clock_uncertainty_exceeds_the_fraction_of_its_spread_is_flagged(stats):
@@ -107,4 +116,4 @@ def test_time_sync_reports_each_subscribers_clock_error(stats):
     assert sync["per_subscriber"]["sub-1"]["samples"] == 4
     assert sync["worst_max_abs_error_us"] == pytest.approx(340.0)
     assert sync["between_subscribers_p99_us"] == pytest.approx(40.0)
-    assert "time_sync" not in stats["points"][0]
+    assert stats["points"][0]["time_sync"] is None

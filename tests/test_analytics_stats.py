@@ -10,7 +10,6 @@ same rows with loops and numpy, following the definitions in mqttbed.analytics.f
 
 from __future__ import annotations
 
-import copy
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -23,10 +22,14 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 pytest.importorskip("pyspark")
 
+from mqttbed.analytics.confidence import bootstrap_interval  # noqa: E402
+from mqttbed.analytics.figures import SKETCH_LEVELS, QuantileSketch  # noqa: E402
+from mqttbed.analytics.results_files import write_stats  # noqa: E402
 from mqttbed.analytics.spark import get_spark, stop_spark  # noqa: E402
-from mqttbed.analytics.stats import RunInfo, compute_campaign_stats, write_stats  # noqa: E402
+from mqttbed.analytics.stats import RunInfo, compute_campaign_stats  # noqa: E402
 from mqttbed.analytics.topics import topic_filter_regex  # noqa: E402
 from mqttbed.core.events import EVENT_COLUMNS, arrow_schema  # noqa: E402
+from mqttbed.core.sections import BackendSection, Distribution  # noqa: E402
 
 CAMPAIGN = "camp-1"
 T0 = 5_000_000_000_000
@@ -77,10 +80,12 @@ def _run_rows(seed: int, *, subscriptions=SUBSCRIPTIONS, lost=(), duplicated=(),
             # pub-1 runs 15 ms ahead, so the two streams interleave out of seq order.
             sent = T0 + 100 * MS + seq * 10 * MS - p * 15 * MS   # controller clock
             t_pub = sent + OFFSETS[publisher]
+            # The publisher falls behind its open-loop schedule, more with every message.
+            t_intended = t_pub - seq * 7_000 - p * 50_000
             warmup = seq < WARMUP
             if (publisher, seq) not in unrecorded_publishes:
                 rows.append(_row("publish", publisher, publisher=publisher, seq=seq,
-                                 topic=topic, warmup=warmup, t_intended_ns=t_pub,
+                                 topic=topic, warmup=warmup, t_intended_ns=t_intended,
                                  t_pub_ns=t_pub))
             for receiver in sorted(receivers):
                 if not any(_matches(f, topic) for r, f in subscriptions if r == receiver):
@@ -93,7 +98,7 @@ def _run_rows(seed: int, *, subscriptions=SUBSCRIPTIONS, lost=(), duplicated=(),
                 for extra in ((0, 35 * MS) if key in duplicated else (0,)):
                     rows.append(_row("delivery", receiver, publisher=publisher, seq=seq,
                                      receiver=receiver, topic=topic, warmup=warmup,
-                                     t_intended_ns=t_pub, t_pub_ns=t_pub,
+                                     t_intended_ns=t_intended, t_pub_ns=t_pub,
                                      t_recv_ns=t_recv + extra))
     return rows
 
@@ -199,12 +204,15 @@ def _reference_run(rows: list[dict]) -> dict[str, Any]:
             reordered += highest is not None and d["seq"] < highest
             highest = d["seq"] if highest is None else max(highest, d["seq"])
 
-    arrival, latency = {}, {}
+    arrival, latency, from_intended = {}, {}, []
     for key, d in unique.items():
         arrival[key] = d["t_recv_ns"] - d["clock_offset_ns"]
         p = published.get(key[:2])
         departure = p["t_pub_ns"] - p["clock_offset_ns"] if p else d["t_pub_ns"]
+        intended = p["t_intended_ns"] - p["clock_offset_ns"] if p else d["t_intended_ns"]
         latency[key] = (arrival[key] - departure) / 1000
+        from_intended.append((arrival[key] - intended) / 1000)
+    send_lag = [(p["t_pub_ns"] - p["t_intended_ns"]) / 1000 for p in pubs]
 
     jitter_std = []
     for receiver in {k[2] for k in unique}:
@@ -241,6 +249,7 @@ def _reference_run(rows: list[dict]) -> dict[str, Any]:
                    "lost": len(expected) - received,
                    "duplicates": len(deliveries) - len(unique), "reordered": reordered},
         "latency": list(latency.values()), "jitter_std": jitter_std, "rfc": rfc,
+        "from_intended": from_intended, "send_lag": send_lag,
         "spread": spread, "first_last": first_last,
         "throughput": [received / span_s] if span_s > 0 else [],
     }
@@ -276,7 +285,7 @@ def _std(values: list[float]) -> float | None:
 
 
 def _summary(values: list[float], percentiles: tuple[str, ...]) -> dict[str, float | None]:
-    out = {"mean": _mean(values), "std": _std(values)}
+    out = {"count": len(values), "mean": _mean(values), "std": _std(values)}
     for name in percentiles:
         q = {"p50": 50, "p90": 90, "p99": 99, "p999": 99.9}[name]
         out[name] = float(np.percentile(values, q)) if values else None
@@ -295,6 +304,9 @@ def _reference_figures(parts: list[dict], samples_by_run: list[list[dict]]) -> d
     return {
         **counts,
         "latency_us": _summary(pooled("latency"), ("p50", "p90", "p99", "p999")),
+        "latency_from_intended_us": _summary(pooled("from_intended"),
+                                             ("p50", "p90", "p99", "p999")),
+        "send_lag_us": _summary(pooled("send_lag"), ("p50", "p90", "p99", "p999")),
         "jitter_us": {"std": _mean(pooled("jitter_std")), "rfc3550": _mean(pooled("rfc"))},
         "sync_spread_us": _summary(pooled("spread"), ("p50", "p99")),
         "first_last_spread_us": _summary(pooled("first_last"), ("p50", "p99")),
@@ -351,12 +363,40 @@ def dataset(tmp_path_factory):
     return root, events, samples
 
 
+class ProbeSection(BackendSection):
+    """A backend's own figures, as a test backend declares them."""
+
+    key = "probe"
+    title = "Probe"
+    packets: int = 0
+    load: float | None = None
+    delay_ns: Distribution = Distribution()
+
+
+PROBE_RECORDS = {"r1": {"packets": [40.0], "load": [0.5, 1.5], "delay_ns": [10.0, 20.0, 30.0]},
+                 "r2": {"packets": [60.0], "load": [4.0], "delay_ns": [100.0, 5.0]},
+                 "r4": {"packets": [7.0], "delay_ns": [1.0]}}
+
+
 @pytest.fixture(scope="module")
-def stats(spark, dataset):
+def results(spark, dataset):
     root, _, _ = dataset
+    for run_id, records in PROBE_RECORDS.items():
+        rows = [{"section": "probe", "figure": f, "value": v}
+                for f, values in records.items() for v in values]
+        _write(root / "records", CAMPAIGN, run_id, "probe.parquet", pa.Table.from_pylist(
+            rows, schema=pa.schema([("section", pa.string()), ("figure", pa.string()),
+                                    ("value", pa.float64())])))
     return compute_campaign_stats(
         spark, events_path=root / "events", samples_path=root / "samples",
+        records_path=root / "records", section_types=[ProbeSection],
         campaign={"id": CAMPAIGN, "name": "unit", "spec": {"repetitions": 2}}, runs=RUNS)
+
+
+@pytest.fixture(scope="module")
+def stats(results):
+    """The results as their JSON document, for comparing with the plain-Python reference."""
+    return results.model_dump(mode="json")
 
 
 # -- tests ----------------------------------------------------------------------------
@@ -436,42 +476,84 @@ def test_all_deliveries_lost_gives_expected_counts_and_null_figures(spark, tmp_p
     stats = compute_campaign_stats(
         spark, events_path=tmp_path / "events", samples_path=tmp_path / "no-samples",
         campaign={"id": "camp-lost"}, runs=[RunInfo("x1", 0, {}, 0, "done", "mosquitto")])
-    for level in (stats["runs"][0], stats["points"][0]):
-        assert level["deliveries_expected"] == 40
-        assert level["lost"] == 40 and level["deliveries_received"] == 0
-        assert level["duplicates"] == 0 and level["reordered"] == 0
-        assert set(level["latency_us"].values()) == {None}
-        assert level["jitter_us"] == {"std": None, "rfc3550": None}
-        assert set(level["sync_spread_us"].values()) == {None}
-        assert level["throughput_msgs_per_s"] is None
-        assert level["broker"]["rss_bytes_max"] is None
+    for level in (stats.runs[0], stats.points[0]):
+        assert level.deliveries_expected == 40
+        assert level.lost == 40 and level.deliveries_received == 0
+        assert level.duplicates == 0 and level.reordered == 0
+        assert level.latency_us.count == 0
+        assert {v for k, v in level.latency_us if k != "count"} == {None}
+        assert level.jitter_us.std is None and level.jitter_us.rfc3550 is None
+        assert {v for k, v in level.sync_spread_us if k != "count"} == {None}
+        assert level.throughput_msgs_per_s is None
+        assert level.broker.rss_bytes_max is None
+        assert level.send_lag_us.count == 16   # the publishes were sent all the same
 
 
-def test_write_stats_writes_json_and_one_parquet_row_per_point_and_run(stats, tmp_path):
-    json_path, parquet_path = write_stats(stats, tmp_path / "out")
+def test_stats_json_is_the_model_and_parquet_columns_come_from_its_types(results, tmp_path):
+    json_path, parquet_path = write_stats(results, tmp_path / "out")
+    assert type(results).model_validate_json(json_path.read_bytes()) == results
     document = json.loads(json_path.read_text())
-    assert set(document) >= {"campaign", "generated_at", "points", "runs"}
     assert set(document["campaign"]) == {"id", "name", "spec"}
-    point_keys = {"point_index", "params", "backend", "runs", "runs_failed", "messages_sent",
-                  "deliveries_expected", "deliveries_received", "lost", "duplicates",
-                  "reordered", "latency_us", "jitter_us", "sync_spread_us",
-                  "first_last_spread_us", "throughput_msgs_per_s", "broker"}
-    assert all(point_keys <= set(point) for point in document["points"])
-    run_keys = (point_keys - {"runs", "runs_failed"}) | {"run_id", "repetition", "state",
-                                                        "reason"}
-    assert all(run_keys <= set(run) for run in document["runs"])
-    assert set(document["points"][0]["latency_us"]) == {"mean", "std", "p50", "p90", "p99",
-                                                        "p999", "max"}
-    assert set(document["points"][0]["sync_spread_us"]) == {"mean", "std", "p50", "p99", "max"}
-    assert {"cpu_percent_mean", "cpu_percent_std", "rss_bytes_max", "net_recv_kb_per_s",
-            "net_sent_kb_per_s"} <= set(document["points"][0]["broker"])
+    assert set(document["points"][0]["latency_us"]) == {
+        "count", "mean", "std", "p50", "p90", "p99", "p999", "max", "p50_ci", "p99_ci"}
 
-    table = pq.read_table(parquet_path).to_pylist()
-    assert [row["level"] for row in table].count("point") == len(stats["points"])
-    assert [row["level"] for row in table].count("run") == len(stats["runs"])
-    r1 = next(row for row in table if row["run_id"] == "r1")
-    assert r1["latency_us_p99"] == pytest.approx(stats["runs"][0]["latency_us"]["p99"])
+    table = pq.read_table(parquet_path)
+    rows = table.to_pylist()
+    assert [row["level"] for row in rows].count("point") == len(results.points)
+    assert [row["level"] for row in rows].count("run") == len(results.runs)
+    r1 = next(row for row in rows if row["run_id"] == "r1")
+    assert r1["latency_us_p99"] == pytest.approx(results.runs[0].latency_us.p99)
     assert json.loads(r1["params"]) == {"qos": 1}
+    point0 = next(row for row in rows if row["level"] == "point" and row["point_index"] == 0)
+    assert (point0["latency_us_p50_ci_lo"], point0["latency_us_p50_ci_hi"]) == \
+        results.points[0].latency_us.p50_ci
+    assert point0["sections_probe_packets"] == 100
+    types = {field.name: str(field.type) for field in table.schema}
+    # Typed by the model, whatever the values: a column of nulls keeps its type.
+    assert types["latency_us_p50"] == types["latency_us_p99_ci_hi"] == "double"
+    assert types["lost"] == types["point_index"] == "int64"
+    assert types["clock_flagged"] == "bool" and types["scope_acquisitions"] == "int64"
+    assert types["time_sync_worst_max_abs_error_us"] == "double"
+    assert types["sections_probe_delay_ns_p50"] == "double"
+
+
+def test_a_backend_section_pools_its_records_per_run_and_point(results):
+    runs = {run.run_id: run for run in results.runs}
+    r1 = runs["r1"].sections.probe
+    assert r1.packets == 40 and r1.load == 1.0
+    assert r1.delay_ns.count == 3 and r1.delay_ns.p50 == 20.0 and r1.delay_ns.max == 30.0
+    pooled = [10.0, 20.0, 30.0, 100.0, 5.0]
+    point0 = results.points[0].sections.probe
+    assert point0.packets == 100
+    assert point0.load == pytest.approx(np.mean([0.5, 1.5, 4.0]))
+    assert point0.delay_ns.p50 == pytest.approx(np.percentile(pooled, 50))
+    assert point0.delay_ns.p99 == pytest.approx(np.percentile(pooled, 99))
+    assert point0.delay_ns.std == pytest.approx(np.std(pooled, ddof=1))
+    # r4 failed: its records are in its run entry, not in its point.
+    assert runs["r4"].sections.probe.packets == 7
+    assert results.points[1].sections.probe is None
+    assert runs["r3"].sections.probe is None
+
+
+def test_point_intervals_are_the_bootstrap_over_its_runs(results, dataset):
+    _, events, _ = dataset
+    point0, point1 = results.points[0], results.points[1]
+    per_run = [_reference_run(events[run_id]) for run_id in point0.run_ids]
+
+    def sketches(name: str) -> list[QuantileSketch]:
+        return [QuantileSketch(len(part[name]), list(np.quantile(part[name], SKETCH_LEVELS)))
+                for part in per_run]
+
+    assert point0.latency_us.p50_ci == pytest.approx(
+        bootstrap_interval(sketches("latency"), 0.5))
+    assert point0.latency_us.p99_ci == pytest.approx(
+        bootstrap_interval(sketches("latency"), 0.99))
+    assert point0.sync_spread_us.p50_ci == pytest.approx(
+        bootstrap_interval(sketches("spread"), 0.5))
+    low, high = point0.latency_us.p50_ci
+    assert low <= high
+    # One done run: no interval across repetitions.
+    assert point1.runs == 1 and point1.latency_us.p50_ci is None
 
 
 def test_latency_cdf_per_point_is_the_quantiles_of_its_done_runs(stats, dataset):
@@ -498,20 +580,3 @@ def test_latency_timeline_counts_every_unique_delivery_of_the_run(stats, dataset
         assert series["t_s"] == sorted(series["t_s"]) and series["t_s"][0] == 0
         assert all(p50 <= p99 for p50, p99 in zip(series["p50_us"], series["p99_us"],
                                                  strict=True))
-
-
-def test_write_stats_keeps_what_the_controller_attaches_to_a_point(stats, tmp_path):
-    """Lists of records the controller adds after the Spark job (scope runs, per-run broker
-    reports) land in stats.parquet as JSON text, not as a failed write."""
-    extended = copy.deepcopy(stats)
-    extended["points"][0]["scope_runs"] = [{"run_id": "r1", "acquisitions": 6,
-                                            "timeouts": 0, "error": None}]
-    extended["points"][0]["broker_reported"] = {
-        "hardware_latency_ns": {"publish_packets": 10}, "runs_reporting": 1,
-        "per_run": [{"publish_packets": 10}]}
-    _, parquet_path = write_stats(extended, tmp_path / "out")
-    table = pq.read_table(parquet_path).to_pylist()
-    first = next(row for row in table if row["level"] == "point" and row["point_index"] == 0)
-    assert json.loads(first["scope_runs"])[0]["acquisitions"] == 6
-    assert json.loads(first["broker_reported_per_run"]) == [{"publish_packets": 10}]
-    assert first["broker_reported_hardware_latency_ns_publish_packets"] == 10

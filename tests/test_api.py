@@ -7,6 +7,7 @@ import io
 import json
 import time
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -73,6 +74,26 @@ def test_finished_campaign_reports_its_runs_and_stats(served):
     mosquitto = next(b for b in backends if b["name"] == "mosquitto")
     assert "max_queued_messages" in mosquitto["options_schema"]["properties"]
     assert all(b["available"] and b["unavailable_reason"] is None for b in backends)
+
+
+def test_stats_validate_against_the_published_schema_which_the_docs_hold(served):
+    import jsonschema
+
+    with served.client() as http:
+        schema = http.get("/api/v1/schemas/stats").json()
+        stats = http.get(f"/api/v1/campaigns/{served.finished['id']}/stats").json()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validate(stats, schema)
+    # every backend's own section is part of the schema, and the docs carry this schema
+    assert "hardware_latency" in schema["$defs"]["BackendSections"]["properties"]
+    docs = Path(__file__).parents[1] / "docs" / "stats.schema.json"
+    assert json.loads(docs.read_text()) == schema, "run `make docs` to refresh the docs copy"
+    # what the schema says of an interval is also what the document holds
+    point = stats["points"][0]
+    assert point["latency_us"]["p50_ci"] is None or len(point["latency_us"]["p50_ci"]) == 2
+    broken = {**stats, "points": [{**point, "lost": "many"}]}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema)
 
 
 def test_csv_export_has_one_row_per_delivery(served):

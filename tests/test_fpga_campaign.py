@@ -7,7 +7,9 @@ import json
 import pyarrow.dataset as ds
 import pytest
 
+from mqttbed.api.report import render_report
 from mqttbed.campaigns.spec import builtin_spec_path, load_spec, parse_spec, plan_runs
+from mqttbed.controller.analysis import analyze_campaign
 from mqttbed.controller.db import RunRow
 from mqttbed.controller.states import RunState
 from tests.conftest import child_processes
@@ -27,6 +29,7 @@ def test_the_comparison_campaign_sweeps_both_brokers_over_the_papers_subscriber_
     assert 1 <= w.messages / w.rate_hz <= 5
 
 
+@pytest.mark.timeout(240)  # and a Spark session for its results
 def test_an_fpga_run_measures_over_udp_and_records_the_modelled_latency(controller):
     spec = parse_spec({
         "name": "fpga-smoke", "broker": {"backend": "fpga"}, "agents": {"count": 2},
@@ -55,3 +58,15 @@ def test_an_fpga_run_measures_over_udp_and_records_the_modelled_latency(controll
     assert kinds.count("subscribe") == 4
     assert child_processes("mqttbed.brokers.fpga") == []
     assert child_processes("mqttbed.agents") == []
+    # The model's per-packet latencies reach the results as the backend's own section,
+    # pooled by analytics, and the report shows it without knowing its figures.
+    results, _, _ = analyze_campaign(controller.sessions, controller.layout, campaign_id)
+    (point,) = results.points
+    section = point.sections.hardware_latency
+    assert section.publish_packets == 60 and section.copies_per_publish == 4
+    assert section.modelled_last_copy_ns.count == 60
+    assert section.modelled_last_copy_ns.p50 == pytest.approx(799.2 + 3 * 113.6)
+    assert section.emulator_first_copy_ns.p50 > 0
+    assert results.runs[0].sections.hardware_latency == section   # one run: the same
+    html = render_report(controller, campaign_id, standalone=True)
+    assert 'id="section-hardware_latency"' in html and "modelled_last_copy_ns p50" in html

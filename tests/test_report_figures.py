@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+from mqttbed.analytics.results import CampaignStats, results_model
 from mqttbed.api.report import build_figures, scope_table
 
 
 def dist(p50: float, **extra: float) -> dict[str, float]:
-    return {"mean": p50, "std": 1.0, "p50": p50, "p90": p50, "p99": p50 * 2, "p999": p50 * 3,
-            "max": p50 * 4, **extra}
+    return {"count": 10, "mean": p50, "std": 1.0, "p50": p50, "p90": p50, "p99": p50 * 2,
+            "p999": p50 * 3, "max": p50 * 4, **extra}
 
 
 def point(index: int, backend: str, subscribers: int, cpu: float, cpu_std: float,
           scope: dict | None = None) -> dict:
     return {
-        "point_index": index, "backend": backend,
+        "point_index": index, "backend": backend, "runs": 3, "runs_failed": 0,
+        "run_ids": [], "sections": {},
         "params": {"broker.backend": backend, "workload.subscribers": subscribers},
         "latency_us": dist(100.0 + index), "sync_spread_us": dist(10.0 + index),
         "first_last_spread_us": dist(5.0, std=2.5),
@@ -25,8 +29,10 @@ def point(index: int, backend: str, subscribers: int, cpu: float, cpu_std: float
     }
 
 
-def stats(points: list[dict]) -> dict:
-    return {"points": points, "runs": [], "series": {}}
+def stats(points: list[dict]) -> CampaignStats:
+    return results_model(()).model_validate({
+        "campaign": {"id": "c1"}, "generated_at": datetime.now(UTC), "points": points,
+        "runs": []})
 
 
 def test_broker_bars_carry_each_backends_std_over_runs():
@@ -54,30 +60,26 @@ def test_a_scope_watching_one_subscriber_has_no_spread_and_the_report_still_rend
     bars = {bar["name"]: bar["y"] for bar in build_figures(stats(points), {})["plot-scope"]["data"]}
     assert bars["scope latency_us p50"] == [90.0, 95.0]
     assert bars["scope sync_spread_us p50"] == [None, 7.0]
-    rows = scope_table(stats(points)["points"], show_backend=False)
+    rows = scope_table(stats(points).points, show_backend=False)
     assert rows[0]["scope_spread"] is None and rows[0]["spread_difference"] is None
     assert rows[0]["difference"] == 100.0 - 90.0
     assert rows[1]["spread_difference"] == 11.0 - 7.0 and rows[1]["acquisitions"] == 18
 
 
-def test_a_points_model_latency_combines_all_its_runs_not_the_first():
-    from mqttbed.controller.analysis import combine_latency_reports
+def test_p50_is_drawn_with_its_interval_across_runs_and_p99_as_its_own_curve():
+    points = [point(0, "mosquitto", 2, 1.0, 0.1), point(1, "mosquitto", 10, 1.0, 0.1)]
+    points[0]["latency_us"]["p50_ci"] = [90.0, 130.0]     # p50 is 100
+    figures = build_figures(stats(points), {})
+    curves = {c["name"]: c for c in figures["plot-latency"]["data"]}
+    p50 = curves["mosquitto: p50 (95 % CI over runs)"]
+    assert p50["y"] == [100.0, 101.0]
+    assert p50["error_y"]["array"] == [30.0, 0] and p50["error_y"]["arrayminus"] == [10.0, 0]
+    assert curves["mosquitto: p99"]["y"] == [200.0, 202.0]
 
-    def report(packets: int, measured_mean: float, measured_p50: float, measured_max: float):
-        modelled = {"mean": 809.2, "p50": 809.2, "p99": 809.2, "max": 809.2}
-        return {"publish_packets": packets, "copies_per_publish_mean": 2.0,
-                "modelled": {"first_copy": modelled},
-                "emulator_measured": {"first_copy": {
-                    "mean": measured_mean, "p50": measured_p50, "p99": measured_p50 * 2,
-                    "max": measured_max}}}
 
-    combined = combine_latency_reports([report(100, 10_000.0, 9_000.0, 50_000.0),
-                                        report(300, 20_000.0, 19_000.0, 90_000.0),
-                                        report(100, 30_000.0, 29_000.0, 70_000.0)])
-    assert combined["publish_packets"] == 500
-    assert combined["modelled"]["first_copy"]["mean"] == 809.2
-    measured = combined["emulator_measured"]["first_copy"]
-    assert measured["mean"] == (100 * 10_000 + 300 * 20_000 + 100 * 30_000) / 500
-    assert measured["p50"] == 19_000.0 and measured["p99"] == 38_000.0
-    assert measured["max"] == 90_000.0
-    assert combine_latency_reports([{"publish_packets": 0}]) == {"publish_packets": 0}
+def test_first_to_last_bars_never_reach_below_zero():
+    skewed = point(0, "mosquitto", 2, 1.0, 0.1)
+    skewed["first_last_spread_us"] = dist(5.0, mean=3.0, std=8.0)
+    (dotted,) = [c for c in build_figures(stats([skewed]), {})["plot-sync-spread"]["data"]
+                 if "first→last" in c["name"]]
+    assert dotted["error_y"]["array"] == [8.0] and dotted["error_y"]["arrayminus"] == [3.0]

@@ -47,14 +47,15 @@ def test_scope_campaign_runs_and_its_stats_carry_the_scope_section(scoped):
     # Acquisitions end with the run's window; the virtual scope sees edges only once they
     # are uploaded (every 0.2 s), so on a loaded machine fewer than the 6 asked for fit.
     assert scope["error"] is None and 3 <= scope["acquisitions"] <= 6
-    (point,) = stats["points"]
-    assert point["scope"]["acquisitions"] == scope["acquisitions"]
-    assert point["scope_runs"] == [{"run_id": run.id, "acquisitions": scope["acquisitions"],
-                                    "timeouts": scope["timeouts"], "error": None}]
-    assert point["scope"]["latency_us"]["p50"] > 0
+    (point,) = stats.points
+    assert point.scope.acquisitions == scope["acquisitions"]
+    assert [r.model_dump() for r in point.scope.runs] == [
+        {"run_id": run.id, "acquisitions": scope["acquisitions"],
+         "timeouts": scope["timeouts"], "error": None}]
+    assert point.scope.latency_us.p50 > 0
     # the software figures are still there, computed from software rows only
-    assert point["deliveries_expected"] == 65 * 3
-    assert point["deliveries_received"] == point["deliveries_expected"]
+    assert point.deliveries_expected == 65 * 3
+    assert point.deliveries_received == point.deliveries_expected
 
 
 def test_every_scope_delay_is_a_delay_between_recorded_gpio_edges(scoped):

@@ -71,6 +71,7 @@ from mqttbed.core.errors import BackendError, MissingSystemDependency
 from mqttbed.core.host import Host, ProcessHandle, sha256_file
 from mqttbed.core.protocol import Endpoint, Transport
 from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.sections import SectionRecords
 
 DEPLOY_ATTEMPTS = 3
 STARTUP_TIMEOUT_S = 5.0
@@ -117,6 +118,7 @@ class ForkPipeBackend:
     """Deploys one mqttbed-forkpipe process tree on a host and samples its resource use."""
 
     name = "forkpipe"
+    results_section = None  # its figures are the common ones
 
     def __init__(self) -> None:
         self._options: Options | None = None
@@ -236,6 +238,10 @@ class ForkPipeBackend:
         }
 
     # -- teardown -----------------------------------------------------------------------
+
+    def section_records(self) -> SectionRecords:
+        """Nothing beyond the common figures."""
+        return {}
 
     def teardown(self) -> None:
         """Stop sampling and the broker, record what it left, remove its directory; idempotent."""

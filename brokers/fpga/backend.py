@@ -28,6 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mqttbed.brokers.fpga.board import BoardDeployment, BoardOptions
+from mqttbed.brokers.fpga.section import FpgaPipelineLatency, publish_records
 from mqttbed.brokers.fpga.tables import DEFAULT_PROBE_WINDOW, PAPER_DEPTH_WORDS
 from mqttbed.brokers.fpga.timing import PipelineTiming
 from mqttbed.brokers.processes import BrokerProcess
@@ -36,8 +37,10 @@ from mqttbed.core.host import Host
 from mqttbed.core.mqtt_codec import MalformedPacket, PingReq, PingResp, decode, encode
 from mqttbed.core.protocol import Endpoint, Transport
 from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.sections import SectionRecords
 
 MODEL_SOURCES = ("tables.py", "timing.py", "model.py", "server.py")
+RECORDS_FILE = "records.json"
 
 
 class Options(BaseModel):
@@ -70,6 +73,7 @@ class FpgaBackend:
     """Deploys the FPGA broker: the behavioural model as a subprocess, or a board over SSH."""
 
     name = "fpga"
+    results_section = FpgaPipelineLatency
 
     def __init__(self) -> None:
         self._options: Options | None = None
@@ -77,6 +81,7 @@ class FpgaBackend:
         self._endpoint: Endpoint | None = None
         self._board: BoardDeployment | None = None
         self._model_stats: dict[str, Any] | None = None
+        self._model_records: dict[str, Any] | None = None
         self._torn_down = False
 
     # -- deploy -------------------------------------------------------------------------
@@ -113,6 +118,7 @@ class FpgaBackend:
         argv = [sys.executable, "-m", "mqttbed.brokers.fpga", "--host", host.address,
                 "--port", "0", "--ready-file", str(ready),
                 "--stats-file", str(proc.dir / "stats.json"),
+                "--records-file", str(proc.dir / RECORDS_FILE),
                 "--io-file", str(proc.dir / "io.json"),
                 "--topic-table-depth", str(options.topic_table_depth),
                 "--subscriber-table-depth", str(options.subscriber_table_depth),
@@ -192,11 +198,21 @@ class FpgaBackend:
         self._torn_down = True
         if self._proc is not None:
             self._proc.stop(timeout_s=5.0)
-            try:
-                self._model_stats = json.loads((self._proc.dir / "stats.json").read_text())
-            except (OSError, ValueError):
-                self._model_stats = None
+            self._model_stats = _read_json(self._proc.dir / "stats.json")
+            self._model_records = _read_json(self._proc.dir / RECORDS_FILE)
             self._proc.remove()
+
+    def section_records(self) -> SectionRecords:
+        """The model's per-PUBLISH latencies (none for a board: it keeps none)."""
+        return publish_records(self._model_records)
+
+
+def _read_json(path: Path) -> Any:
+    """A file the model wrote on its way down; None if it wrote none (it crashed)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def unavailable() -> str | None:

@@ -60,6 +60,10 @@ class LatencyLog:
         for name, value in zip(self.FIELDS, row, strict=True):
             self._columns[name].append(value)
 
+    def values(self) -> dict[str, list[float]]:
+        """The kept per-packet values, per field, oldest first."""
+        return {name: list(values) for name, values in self._columns.items()}
+
     def summary(self) -> dict[str, Any]:
         return {"packets": self.packets,
                 "samples": len(self._columns["copies"]),
@@ -181,6 +185,11 @@ class FpgaModelServer:
             "timing_model": self.timing.describe(),
         }
 
+    def records(self) -> dict[str, Any]:
+        """Per packet kind: the packets counted and the kept per-packet values."""
+        return {kind: {"packets": log.packets, "values": log.values()}
+                for kind, log in self.latency.items()}
+
     def close(self) -> None:
         self.sock.close()
 
@@ -201,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, required=True, help="UDP port; 0 picks a free one")
     parser.add_argument("--stats-file", type=Path,
                         help="write counters and latencies here on SIGTERM/SIGINT/SIGUSR1")
+    parser.add_argument("--records-file", type=Path,
+                        help="write the kept per-packet latencies here when stopping")
     parser.add_argument("--io-file", type=Path,
                         help="keep {bytes_in, bytes_out} here, rewritten at most every "
                              f"{IO_FILE_INTERVAL_S * 1000:.0f} ms while they change")
@@ -261,6 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         write_io(force=True)
         dump_stats()
+        if args.records_file is not None:
+            write_json_atomically(args.records_file, server.records())
         server.close()
     print(f"fpga-model stopped: {server.counters['datagrams_in']} datagrams in, "
           f"{server.counters['datagrams_out']} out, "

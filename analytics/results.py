@@ -1,0 +1,259 @@
+"""The results of a campaign as one typed document: ``CampaignStats``.
+
+Points (one per sweep point, pooling its done runs) and runs carry the same typed
+sections of figures; units are in the field names. Backends add their own sections
+(:class:`mqttbed.core.sections.BackendSection`) under ``sections``: the document type is
+generic over them, and :func:`results_model` builds the concrete type for the backends a
+installation knows. ``stats.json`` is this model's JSON; ``stats.parquet`` is derived
+from it (:mod:`mqttbed.analytics.results_files`); the report, the CLI and the API read it.
+Definitions of the figures: :mod:`mqttbed.analytics.figures`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from functools import cache
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from mqttbed.core.sections import BackendSection, Distribution
+
+SCHEMA_VERSION = 2
+CONFIDENCE_LEVEL = 0.95
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 20260101
+QUANTILE_SKETCH_LEVELS = 1001
+
+Interval = tuple[float, float]
+_CI = ("95 % interval across the point's runs: bootstrap over runs (see methods); "
+       "null with fewer than two runs with data")
+
+__all__ = ["Distribution", "BackendSection"]  # re-exported for readers of the results
+
+
+class _Block(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LatencyDistribution(Distribution):
+    """Publisher -> subscriber latency of every unique delivery, in microseconds."""
+
+    p50_ci: Interval | None = Field(None, description=_CI)
+    p99_ci: Interval | None = Field(None, description=_CI)
+
+
+class SpreadDistribution(Distribution):
+    """Per message: max - min arrival over its receivers (two or more), in microseconds."""
+
+    p50_ci: Interval | None = Field(None, description=_CI)
+
+
+class Jitter(_Block):
+    """Jitter of the latency, in microseconds."""
+
+    std: float | None = Field(None, description="mean over receivers of the std of latency")
+    rfc3550: float | None = Field(None, description="mean over streams of the RFC 3550 "
+                                                    "interarrival jitter at the stream's end")
+
+
+class BrokerResources(_Block):
+    """The broker's process tree, from its resource samples; ``_std`` across runs."""
+
+    samples: int = 0
+    cpu_percent_mean: float | None = None
+    cpu_percent_std: float | None = None
+    cpu_percent_max: float | None = None
+    rss_bytes_max: int | None = None
+    rss_bytes_std: float | None = None
+    net_recv_kb_per_s: float | None = None
+    net_recv_kb_per_s_std: float | None = None
+    net_sent_kb_per_s: float | None = None
+    net_sent_kb_per_s_std: float | None = None
+
+
+class ScopeRun(_Block):
+    """What the oscilloscope recorder did in one run."""
+
+    run_id: str
+    acquisitions: int | None = None
+    timeouts: int | None = None
+    error: str | None = Field(None, description="why the scope stopped acquiring, if it did")
+
+
+class ScopeFigures(_Block):
+    """GPIO edge to edge delays caught by the oscilloscope, in microseconds."""
+
+    acquisitions: int = 0
+    latency_us: Distribution = Field(default_factory=Distribution)
+    sync_spread_us: Distribution | None = Field(
+        None, description="per acquisition over the watched subscribers; null with one")
+    runs: list[ScopeRun] = Field(default_factory=list)
+
+
+class SubscriberSyncError(_Block):
+    """A subscriber's clock error after adopting the time server's timestamp."""
+
+    mean_error_us: float | None = None
+    std_us: float | None = None
+    max_abs_error_us: float | None = None
+    samples: int = 0
+
+
+class TimeSync(_Block):
+    """MQTT time synchronisation (seed 000, section 4.2): errors per subscriber."""
+
+    per_subscriber: dict[str, SubscriberSyncError] = Field(default_factory=dict)
+    worst_max_abs_error_us: float | None = None
+    between_subscribers_p99_us: float | None = None
+
+
+class RunClock(_Block):
+    """How far a run's clocks can be trusted against the spread it measured."""
+
+    offset_uncertainty_us_max: float | None = None
+    max_fraction_of_spread: float
+    flagged: bool
+
+
+class BackendSections(_Block):
+    """The sections backends add; :func:`sections_model` makes one field per section."""
+
+
+SectionsT = TypeVar("SectionsT", bound=BackendSections)
+
+
+class Figures(_Block, Generic[SectionsT]):
+    """The figures of one run, or pooled over the done runs of one sweep point."""
+
+    messages_sent: int = 0
+    deliveries_expected: int = 0
+    deliveries_received: int = 0
+    deliveries_unexpected: int = Field(
+        0, description="unique deliveries no subscription asked for: a mis-recorded "
+                       "subscription")
+    lost: int = 0
+    duplicates: int = 0
+    reordered: int = 0
+    latency_us: LatencyDistribution = Field(default_factory=LatencyDistribution)
+    latency_from_intended_us: Distribution = Field(
+        default_factory=Distribution,
+        description="arrival minus the open-loop intended send time: latency with "
+                    "coordinated omission corrected")
+    send_lag_us: Distribution = Field(
+        default_factory=Distribution,
+        description="per publish: actual minus intended send time")
+    jitter_us: Jitter = Field(default_factory=Jitter)
+    sync_spread_us: SpreadDistribution = Field(default_factory=SpreadDistribution)
+    first_last_spread_us: Distribution = Field(
+        default_factory=Distribution,
+        description="per message: arrival at the last subscribed minus the first subscribed")
+    throughput_msgs_per_s: float | None = None
+    throughput_msgs_per_s_std: float | None = None
+    broker: BrokerResources = Field(default_factory=BrokerResources)
+    scope: ScopeFigures | None = None
+    time_sync: TimeSync | None = None
+    sections: SectionsT
+
+
+class PointStats(Figures[SectionsT], Generic[SectionsT]):
+    """One sweep point: its figures pooled over its done runs."""
+
+    point_index: int
+    params: dict[str, Any]
+    backend: str
+    runs: int = Field(description="done runs pooled")
+    runs_failed: int = Field(description="runs of the point that did not finish")
+    run_ids: list[str]
+    clock_flagged_runs: list[str] = Field(
+        default_factory=list, description="runs whose clock uncertainty exceeds the allowed "
+                                          "fraction of their spread")
+
+
+class RunStats(Figures[SectionsT], Generic[SectionsT]):
+    """One run, done or not: a failed run lists whatever figures its data gives."""
+
+    run_id: str
+    point_index: int
+    repetition: int
+    params: dict[str, Any]
+    backend: str
+    state: str
+    reason: str | None = None
+    warmup_messages: int = 0
+    clock: RunClock
+
+
+class Timeline(_Block):
+    """One run's latency over time: per bin of send time since its first measured publish."""
+
+    t_s: list[float] = Field(default_factory=list)
+    p50_us: list[float] = Field(default_factory=list)
+    p99_us: list[float] = Field(default_factory=list)
+    deliveries: list[int] = Field(default_factory=list)
+
+
+class Series(_Block):
+    """Plot series: a latency CDF per point index (101 quantiles), a timeline per run."""
+
+    latency_cdf_us: dict[str, list[float]] = Field(default_factory=dict)
+    latency_timeline: dict[str, Timeline] = Field(default_factory=dict)
+
+
+class CampaignRef(_Block):
+    id: str
+    name: str | None = None
+    spec: dict[str, Any] | None = None
+
+
+class Methods(_Block):
+    """How the figures were computed, for a reader of the numbers."""
+
+    percentiles: str = "exact, linear interpolation between closest ranks, pooled over " \
+                       "every value of a point's done runs"
+    confidence_level: float = CONFIDENCE_LEVEL
+    confidence_interval: str = (
+        "percentile bootstrap over runs: the point's done runs are resampled with "
+        "replacement, each resample's pooled percentile is read from the runs' "
+        f"{QUANTILE_SKETCH_LEVELS}-quantile sketches weighted by their counts; the "
+        "interval is the 2.5 and 97.5 % quantiles of the resampled estimates")
+    bootstrap_resamples: int = BOOTSTRAP_RESAMPLES
+    bootstrap_seed: int = BOOTSTRAP_SEED
+    latency_clock: str = "offset-corrected send and receive timestamps; each event's " \
+                         "clock source is in the dataset"
+
+
+class CampaignStats(_Block, Generic[SectionsT]):
+    """The results of one campaign."""
+
+    schema_version: int = SCHEMA_VERSION
+    campaign: CampaignRef
+    generated_at: datetime
+    methods: Methods = Field(default_factory=Methods)
+    points: list[PointStats[SectionsT]]
+    runs: list[RunStats[SectionsT]]
+    series: Series = Field(default_factory=Series)
+
+
+@cache
+def sections_model(section_types: tuple[type[BackendSection], ...]) -> type[BackendSections]:
+    """The ``sections`` block with one optional field per backend section type."""
+    keys = [t.key for t in section_types]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"backend sections share a key: {sorted(keys)}")
+    fields: dict[str, Any] = {
+        t.key: (t | None, Field(None, title=t.title, description=t.note or t.__doc__))
+        for t in section_types}
+    return create_model("BackendSections", __base__=BackendSections, **fields)
+
+
+def results_model(section_types: Iterable[type[BackendSection]]) -> type[CampaignStats]:
+    """The concrete results document for these backend sections (cached per set)."""
+    ordered = tuple(sorted(set(section_types), key=lambda t: t.key))
+    return CampaignStats[sections_model(ordered)]  # type: ignore[index]
+
+
+def present_sections(sections: BackendSections) -> dict[str, BackendSection]:
+    """The sections a run or point actually has, by key."""
+    return {key: value for key, value in sections if value is not None}

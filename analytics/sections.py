@@ -1,0 +1,67 @@
+"""Backend sections: the records a backend kept of each run, pooled per run and point.
+
+Records live in their own dataset (``backend_records``), partitioned like the events, one
+row per value: ``section`` (the section's key), ``figure`` (a field of the section) and
+``value``. Each level (a run, or a point's done runs) gets one instance of every section
+type its runs have records of, filled as :class:`mqttbed.core.sections.BackendSection`
+describes: distributions pooled over every value, sums, means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from mqttbed.analytics.figures import PERCENTILES, LevelKey, _distribution, _number, _per_level
+from mqttbed.core.sections import BackendSection, Distribution, FigureKind
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+RECORDS_DDL = "section string, figure string, value double"
+
+# (level, key) -> section key -> figure -> statistics
+SectionStats = dict[LevelKey, dict[str, dict[str, dict[str, Any]]]]
+
+
+def section_statistics(records: DataFrame, levels: DataFrame) -> SectionStats:
+    """Aggregate every (section, figure) of the records per level."""
+    from pyspark.sql import functions as F
+
+    rows = (_per_level(records, levels)
+            .groupBy("level", "key", "section", "figure")
+            .agg(F.count("value").alias("count"), F.sum("value").alias("sum"),
+                 F.avg("value").alias("mean"), F.stddev_samp("value").alias("std"),
+                 F.percentile("value", list(PERCENTILES.values())).alias("percentiles"),
+                 F.max("value").alias("max"))
+            .collect())
+    result: SectionStats = {}
+    for row in rows:
+        figures = result.setdefault((row["level"], row["key"]), {}).setdefault(
+            row["section"], {})
+        figures[row["figure"]] = {**_distribution(row), "sum": _number(row["sum"])}
+    return result
+
+
+def build_sections(stats: SectionStats, level: LevelKey,
+                   section_types: Sequence[type[BackendSection]]) -> dict[str, BackendSection]:
+    """The sections of one level, by key: those whose records reached it."""
+    found = stats.get(level, {})
+    sections = {}
+    for section_type in section_types:
+        figures = found.get(section_type.key)
+        if figures is None:
+            continue
+        values: dict[str, Any] = {}
+        for name, kind in section_type.figure_kinds().items():
+            figure = figures.get(name)
+            if figure is None:
+                continue
+            if kind is FigureKind.DISTRIBUTION:
+                values[name] = Distribution(**{k: v for k, v in figure.items() if k != "sum"})
+            elif kind is FigureKind.SUM:
+                values[name] = int(figure["sum"] or 0)
+            else:
+                values[name] = figure["mean"]
+        sections[section_type.key] = section_type(**values)
+    return sections

@@ -1,0 +1,32 @@
+"""The comparison page: two campaigns side by side per matching sweep point.
+
+Served at ``/compare?ids=ID1,ID2`` and written by ``mqttbed compare ID1 ID2 --out F``.
+"""
+
+from __future__ import annotations
+
+from mqttbed.analytics.compare import Comparison, compare_results
+from mqttbed.api.report import templates
+from mqttbed.controller.analysis import load_results
+from mqttbed.controller.core import ControllerCore
+
+
+class NotComparable(LookupError):
+    """A campaign to compare is unknown or has no results yet."""
+
+
+def comparison_of(controller: ControllerCore, first_id: str, second_id: str) -> Comparison:
+    """Compare the stored results of two campaigns; NotComparable names what is missing."""
+    results = []
+    for campaign_id in (first_id, second_id):
+        found = load_results(controller.layout, campaign_id)
+        if found is None:
+            raise NotComparable(f"campaign {campaign_id!r} has no results in "
+                                f"{controller.layout.root} (unknown, or not analysed yet)")
+        results.append(found)
+    return compare_results(*results)
+
+
+def render_comparison(comparison: Comparison, *, standalone: bool) -> str:
+    """The comparison as an HTML page (nothing loaded from elsewhere)."""
+    return templates().get_template("compare.html").render(c=comparison, standalone=standalone)
