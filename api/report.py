@@ -7,12 +7,20 @@ The same context renders the live web page and the self-contained HTML file of
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from mqttbed.analytics.results import CampaignStats, PointStats, present_sections
+from mqttbed.analytics.results import (
+    BrokerResources,
+    CampaignStats,
+    LatencyDistribution,
+    PointStats,
+    SpreadDistribution,
+    present_sections,
+)
 from mqttbed.controller.analysis import load_results
 from mqttbed.controller.core import ControllerCore
 from mqttbed.controller.db import CampaignRow, RunRow
@@ -74,8 +82,10 @@ def _interval_bars(values: list[float], intervals: list[tuple[float, float] | No
                            zip(values, intervals, strict=True)]}
 
 
-def _versus_parameter(points: list[PointStats], figure: str, title: str,
-                      references: list[dict[str, Any]]) -> dict[str, Any]:
+def _versus_parameter(points: list[PointStats],
+                      figure: Callable[[PointStats], LatencyDistribution | SpreadDistribution],
+                      title: str, references: list[dict[str, Any]], *,
+                      first_last: bool = False) -> dict[str, Any]:
     """p50 with its 95 % interval across runs, and p99, of ``figure`` against the swept
     parameter; a curve per backend."""
     x_key = _numeric_axis(points)
@@ -84,18 +94,18 @@ def _versus_parameter(points: list[PointStats], figure: str, title: str,
         curves.setdefault(_series_key(point, x_key), []).append(point)
     data = []
     for name, members in curves.items():
-        members = [m for m in members if getattr(m, figure).p50 is not None]
+        members = [m for m in members if figure(m).p50 is not None]
         if x_key:
             members.sort(key=lambda m: m.params[x_key])
         xs = [m.params[x_key] if x_key else point_label(m, False) for m in members]
-        stats = [getattr(m, figure) for m in members]
+        stats = [figure(m) for m in members]
         p50 = [s.p50 for s in stats]
         data.append({"type": "scatter", "mode": "lines+markers",
                      "name": f"{name}: p50 (95 % CI over runs)", "x": xs, "y": p50,
                      "error_y": _interval_bars(p50, [s.p50_ci for s in stats])})
         data.append({"type": "scatter", "mode": "lines+markers", "name": f"{name}: p99",
                      "line": {"dash": "dash"}, "x": xs, "y": [s.p99 for s in stats]})
-        if figure == "sync_spread_us":
+        if first_last:
             # The seed papers' own measure (mean ± std of last-subscribed minus
             # first-subscribed arrival): the one to hold against their reference points.
             # A spread cannot be negative, so the lower bar stops at zero.
@@ -139,10 +149,10 @@ def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[
                    "yaxis": {"title": {"text": "fraction of deliveries"}}}}
 
     figures["plot-sync-spread"] = _versus_parameter(
-        points, "sync_spread_us", "Sync spread (max − min arrival over subscribers)",
-        [r for r in references if r["plot"] == "sync_spread"])
+        points, lambda p: p.sync_spread_us, "Sync spread (max − min arrival over subscribers)",
+        [r for r in references if r["plot"] == "sync_spread"], first_last=True)
     figures["plot-latency"] = _versus_parameter(
-        points, "latency_us", "Publisher → subscriber latency",
+        points, lambda p: p.latency_us, "Publisher → subscriber latency",
         [r for r in references if r["plot"] == "latency"])
 
     run_label = {r.run_id: f"{labels.get(r.point_index, '?')} #{r.repetition}"
@@ -160,26 +170,29 @@ def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[
 
     names = [labels[p.point_index] for p in points]
     figures["plot-delivery"] = {"data": [
-        {"type": "bar", "name": key, "x": names, "y": [getattr(p, key) for p in points]}
-        for key in ("deliveries_received", "lost", "duplicates", "reordered")],
+        {"type": "bar", "name": name, "x": names, "y": [count(p) for p in points]}
+        for name, count in (("received", lambda p: p.deliveries_received),
+                            ("lost", lambda p: p.lost), ("duplicates", lambda p: p.duplicates),
+                            ("reordered", lambda p: p.reordered))],
         "layout": {"title": {"text": "Delivery accounting (warm-up excluded; log scale, "
                                      "zero counts draw no bar)"},
                    "barmode": "group", "yaxis": {"title": {"text": "deliveries"},
                                                  "type": "log"}}}
 
-    def broker_bars(keys: tuple[tuple[str, str, str], ...], title: str, unit: str
-                    ) -> dict[str, Any]:
+    def broker_bars(keys: tuple[tuple[Callable[[BrokerResources], float | None],
+                                      Callable[[BrokerResources], float | None], str], ...],
+                    title: str, unit: str) -> dict[str, Any]:
         """Bars per point; with several backends, the backends side by side per point."""
         groups = ({p.backend for p in points} if show_backend else {None})
         data = []
         for backend in sorted(groups, key=str):
             members = [p for p in points if backend is None or p.backend == backend]
-            for key, std_key, name in keys:
+            for value, std, name in keys:
                 data.append({
                     "type": "bar", "name": f"{backend}: {name}" if backend else name,
                     "x": [point_label(p, False) for p in members],
-                    "y": [getattr(p.broker, key) for p in members],
-                    "error_y": {"type": "data", "array": [getattr(p.broker, std_key) or 0
+                    "y": [value(p.broker) for p in members],
+                    "error_y": {"type": "data", "array": [std(p.broker) or 0
                                                           for p in members]}})
         return {"data": data, "layout": {"title": {"text": title}, "barmode": "group",
                                          "yaxis": {"title": {"text": unit}}}}
@@ -188,20 +201,22 @@ def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[
     if scoped:
         scoped_names = [labels[p.point_index] for p in scoped]
         # A scope watching one subscriber measures no spread: that pair of bars is left out.
+        pairs = (("latency", lambda p: p.latency_us, lambda p: p.scope.latency_us),
+                 ("spread", lambda p: p.sync_spread_us, lambda p: p.scope.sync_spread_us))
         figures["plot-scope"] = {"data": [
-            {"type": "bar", "name": f"{source} {figure} p50", "x": scoped_names,
-             "y": [_p50(getattr(p.scope if source == "scope" else p, figure)) for p in scoped]}
-            for figure in ("latency_us", "sync_spread_us")
-            if any(getattr(p.scope, figure) for p in scoped) for source in ("software", "scope")],
+            {"type": "bar", "name": f"{source} {name} p50", "x": scoped_names,
+             "y": [_p50(measured(p)) for p in scoped]}
+            for name, software, scope in pairs if any(scope(p) for p in scoped)
+            for source, measured in (("software", software), ("scope", scope))],
             "layout": {"title": {"text": "Software timestamps against the oscilloscope (p50)"},
                        "barmode": "group", "yaxis": _AXIS_US}}
 
     figures["plot-broker-cpu"] = broker_bars(
-        (("cpu_percent_mean", "cpu_percent_std", "CPU %"),),
+        ((lambda b: b.cpu_percent_mean, lambda b: b.cpu_percent_std, "CPU %"),),
         "Broker CPU, whole process tree (mean ± std over runs)", "% of one core")
     figures["plot-broker-net"] = broker_bars(
-        (("net_recv_kb_per_s", "net_recv_kb_per_s_std", "received"),
-         ("net_sent_kb_per_s", "net_sent_kb_per_s_std", "sent")),
+        ((lambda b: b.net_recv_kb_per_s, lambda b: b.net_recv_kb_per_s_std, "received"),
+         (lambda b: b.net_sent_kb_per_s, lambda b: b.net_sent_kb_per_s_std, "sent")),
         "Broker I/O (mean ± std over runs)", "kB/s")
     return figures
 

@@ -58,8 +58,8 @@ def test_a_scope_watching_one_subscriber_has_no_spread_and_the_report_still_rend
     points = [point(0, "mosquitto", 2, 1.0, 0.1, scope=one_line),
               point(1, "mosquitto", 10, 1.0, 0.1, scope=both)]
     bars = {bar["name"]: bar["y"] for bar in build_figures(stats(points), {})["plot-scope"]["data"]}
-    assert bars["scope latency_us p50"] == [90.0, 95.0]
-    assert bars["scope sync_spread_us p50"] == [None, 7.0]
+    assert bars["scope latency p50"] == [90.0, 95.0]
+    assert bars["scope spread p50"] == [None, 7.0]
     rows = scope_table(stats(points).points, show_backend=False)
     assert rows[0]["scope_spread"] is None and rows[0]["spread_difference"] is None
     assert rows[0]["difference"] == 100.0 - 90.0
