@@ -86,7 +86,8 @@ def manifest(core: ControllerCore, campaign_id: str) -> dict[str, Any]:
                   "sources_in_data": _clock_sources(core, campaign_id)},
         "event_schema": [{"name": n, "type": t, "nullable": nb} for n, t, nb in EVENT_FIELDS],
         "layout": "events/campaign_id=<c>/run_id=<r>/*.parquet (hive partitions); "
-                  "broker_samples/ likewise; stats.json; runs/<r>/run.json",
+                  "broker_samples/ and backend_records/ likewise; stats.json (schema: "
+                  "GET /api/v1/schemas/stats); runs/<r>/run.json",
     }
 
 
@@ -99,7 +100,7 @@ def build_dataset_zip(core: ControllerCore, campaign_id: str) -> Path:
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
         archive.writestr("manifest.json", json.dumps(manifest(core, campaign_id), indent=2,
                                                      default=str))
-        for root in (layout.events, layout.broker_samples):
+        for root in (layout.events, layout.broker_samples, layout.backend_records):
             campaign_root = root / f"campaign_id={campaign_id}"
             for file in sorted(campaign_root.rglob("*.parquet")) if campaign_root.exists() else []:
                 archive.write(file, str(file.relative_to(layout.root)))
