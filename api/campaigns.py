@@ -6,16 +6,21 @@ import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
 from mqttbed.api.deps import CoreDep, UserDep, WorkerDep
 from mqttbed.api.export import build_dataset_zip, stream_deliveries_csv
-from mqttbed.api.schemas import CampaignPublic, Progress, RunPublic
+from mqttbed.api.schemas import CampaignPublic, Progress, RunPublic, StatsPending
 from mqttbed.campaigns.spec import spec_from_text
 from mqttbed.controller.core import ControllerCore
 from mqttbed.controller.db import CampaignRow, RunRow
-from mqttbed.controller.states import CampaignStatus, RunState
+from mqttbed.controller.states import (
+    CAMPAIGN_ENDED,
+    CAMPAIGN_UNDER_WAY,
+    CampaignStatus,
+    RunState,
+)
 from mqttbed.core.errors import SpecError
 
 router = APIRouter(prefix="/api/v1/campaigns", tags=["campaigns"], dependencies=[UserDep])
@@ -117,29 +122,65 @@ def start_campaign(campaign_id: str, core: CoreDep, worker: WorkerDep) -> Campai
     return campaign_public(core, campaign_id)
 
 
-@router.post("/{campaign_id}/cancel", responses={**_NOT_FOUND, 409: {"description":
-                                                                      "already ended"}})
+@router.post("/{campaign_id}/cancel", responses={**_NOT_FOUND, 409: {
+    "description": "already ended, or analysing (its runs have ended)"}})
 def cancel_campaign(campaign_id: str, core: CoreDep) -> CampaignPublic:
     """Cancel: the running run stops cleanly and keeps its events; no further run starts."""
     row, _ = load_campaign(core, campaign_id)
-    if row.status in (CampaignStatus.DONE, CampaignStatus.FAILED, CampaignStatus.CANCELLED):
+    if row.status in CAMPAIGN_ENDED:
         raise HTTPException(status.HTTP_409_CONFLICT, f"campaign {campaign_id} already "
                                                       f"ended ({row.status})")
+    if row.status == CampaignStatus.ANALYSING:
+        raise HTTPException(status.HTTP_409_CONFLICT,
+                            f"campaign {campaign_id} is analysing: its runs have ended and "
+                            "its statistics are being computed; nothing is left to cancel")
     core.engine.cancel(campaign_id)
     return campaign_public(core, campaign_id)
 
 
-@router.get("/{campaign_id}/stats", responses={**_NOT_FOUND, 409: {
-    "description": "statistics are not computed yet"}})
-def campaign_stats(campaign_id: str, core: CoreDep) -> dict[str, Any]:
+STATS_RETRY_AFTER_S = 5
+_STATS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **_NOT_FOUND,
+    200: {"description": "the statistics (``stats.json``); served whenever they exist, "
+                         "whatever the campaign's status"},
+    202: {"model": StatsPending,
+          "description": "the campaign is queued, running or analysing: the statistics are "
+                         "on their way; ask again after Retry-After seconds",
+          "headers": {"Retry-After": {"description": "seconds to wait before asking again",
+                                      "schema": {"type": "integer"}}}},
+    409: {"description": "there will be no statistics unless something changes: the campaign "
+                         "was never started (created), or it ended without them (e.g. its "
+                         "analysis failed); the detail says which and why"},
+}
+
+
+@router.get("/{campaign_id}/stats", response_model=dict[str, Any], responses=_STATS_RESPONSES)
+def campaign_stats(campaign_id: str, core: CoreDep) -> dict[str, Any] | JSONResponse:
     """The campaign's ``stats.json``: figures per sweep point and per run."""
-    load_campaign(core, campaign_id)
+    row, _ = load_campaign(core, campaign_id)
     path = core.layout.campaign_dir(campaign_id) / "stats.json"
-    if not path.exists():
+    if path.exists():
+        try:
+            return json.loads(path.read_text())
+        except ValueError:
+            if row.status not in CAMPAIGN_UNDER_WAY:
+                raise
+            # read while the analysis was still writing it: as good as not there yet
+    if row.status in CAMPAIGN_UNDER_WAY:
+        pending = StatsPending(
+            campaign_id=campaign_id, status=row.status, retry_after_s=STATS_RETRY_AFTER_S,
+            detail=f"campaign {campaign_id} is {row.status}; its statistics are computed "
+                   "when its runs have ended")
+        return JSONResponse(pending.model_dump(), status_code=status.HTTP_202_ACCEPTED,
+                            headers={"Retry-After": str(STATS_RETRY_AFTER_S)})
+    if row.status == CampaignStatus.CREATED:
         raise HTTPException(status.HTTP_409_CONFLICT,
-                            f"no statistics for campaign {campaign_id} yet; they are computed "
-                            "when it ends")
-    return json.loads(path.read_text())
+                            f"campaign {campaign_id} has not been started (POST "
+                            f"/api/v1/campaigns/{campaign_id}/start); its statistics are "
+                            "computed when its runs have ended")
+    raise HTTPException(status.HTTP_409_CONFLICT,
+                        f"campaign {campaign_id} ended ({row.status}) without statistics: "
+                        f"{row.reason or 'none were computed'}")
 
 
 @router.get("/{campaign_id}/dataset", responses={

@@ -7,6 +7,7 @@ the agent extra.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,10 @@ def _run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from mqttbed.campaigns.spec import load_spec
-    from mqttbed.controller.analysis import analyze_campaign
+    from mqttbed.controller.db import CampaignRow
     from mqttbed.controller.embedded_controller import EmbeddedController
     from mqttbed.controller.engine import RunUpdate
+    from mqttbed.controller.lifecycle import analyse_and_conclude
     from mqttbed.controller.states import TERMINAL_STATES
     from mqttbed.core.errors import MqttbedError
     from mqttbed.core.settings import Settings
@@ -51,11 +53,17 @@ def _run(args: argparse.Namespace) -> int:
     with EmbeddedController(settings, listeners=[show]) as controller:
         campaign_id = controller.engine.create_campaign(spec)
         with progress:
-            status = controller.engine.run_campaign(campaign_id)
-        console.print(f"campaign {campaign_id} {status}; computing statistics with Spark ...")
-        stats, json_path, _ = analyze_campaign(controller.sessions, controller.layout,
-                                               campaign_id, settings.spark_master)
-    print_points(stats)
+            runs = controller.engine.run_campaign(campaign_id)
+        console.print(f"campaign {campaign_id} runs {runs}; computing statistics with Spark ...")
+        status = analyse_and_conclude(controller.engine, controller.layout, campaign_id,
+                                      settings.spark_master)
+        with controller.sessions() as s:
+            reason = s.get(CampaignRow, campaign_id).reason
+    json_path = controller.layout.campaign_dir(campaign_id) / "stats.json"
+    if not json_path.exists():
+        console.print(f"[red]campaign {campaign_id} {status}:[/red] {reason}")
+        return 1
+    print_points(json.loads(json_path.read_text()))
     print(f"dataset: {controller.layout.events / f'campaign_id={campaign_id}'}")
     print(f"stats:   {json_path}")
     return 0 if status == "done" else 1

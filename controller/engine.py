@@ -133,10 +133,14 @@ class RunEngine:
             self._cancelled.add(campaign_id)
         with self.ctx.sessions() as s:
             row = s.get(CampaignRow, campaign_id)
-            running = row is not None and row.status == CampaignStatus.RUNNING
-        if not running:
+            # An analysing campaign's runs have ended: there is nothing left to stop, and
+            # what they came to was settled before its analysis began.
+            under_way = row is not None and row.status in (CampaignStatus.RUNNING,
+                                                           CampaignStatus.ANALYSING)
+        if not under_way:
             self._interrupt_queued_runs(campaign_id, "campaign cancelled")
-            self._set_campaign(campaign_id, CampaignStatus.CANCELLED, "cancelled before it ran")
+            self.set_campaign_status(campaign_id, CampaignStatus.CANCELLED,
+                                     "cancelled before it ran")
 
     def is_cancelled(self, campaign_id: str) -> bool:
         with self._lock:
@@ -150,10 +154,14 @@ class RunEngine:
             self._transition(run, total, RunState.INTERRUPTED, reason)
 
     def run_campaign(self, campaign_id: str) -> CampaignStatus:
-        """Execute every queued run of the campaign; return the campaign's final status."""
+        """Execute every queued run of the campaign; return what they came to (``outcome``).
+
+        The campaign is ``running`` meanwhile, and stays so: its lifecycle
+        (``controller.lifecycle``) sets the final status once the statistics exist.
+        """
         if self.is_cancelled(campaign_id):
             return CampaignStatus.CANCELLED
-        self._set_campaign(campaign_id, CampaignStatus.RUNNING)
+        self.set_campaign_status(campaign_id, CampaignStatus.RUNNING)
         with self.ctx.sessions() as s:
             runs = (s.query(RunRow).filter_by(campaign_id=campaign_id)
                     .order_by(RunRow.ordinal).all())
@@ -165,6 +173,10 @@ class RunEngine:
                 self._transition(run, total, RunState.INTERRUPTED, "campaign cancelled")
                 continue
             self._execute(run, total)
+        return self.outcome(campaign_id)[0]
+
+    def outcome(self, campaign_id: str) -> tuple[CampaignStatus, str | None]:
+        """What the campaign's runs came to: cancelled, done (all done) or failed; and why."""
         with self.ctx.sessions() as s:
             states = [r.state for r in s.query(RunRow).filter_by(campaign_id=campaign_id)]
         if self.is_cancelled(campaign_id):
@@ -174,29 +186,29 @@ class RunEngine:
         else:
             final = CampaignStatus.FAILED
         failed = sum(state != RunState.DONE for state in states)
-        self._set_campaign(campaign_id, final,
-                           f"{failed} of {len(states)} runs did not finish" if failed else None)
-        return final
+        return final, f"{failed} of {len(states)} runs did not finish" if failed else None
 
     def recover(self) -> int:
         """Clean up after a controller that stopped mid-campaign; return the runs interrupted.
 
-        Runs it left active are marked interrupted (their events stay); its running
-        campaigns go back to the queue, where only their queued runs will run.
+        Runs it left active are marked interrupted (their events stay); its running and
+        analysing campaigns go back to the queue, where only their queued runs will run
+        before their statistics are computed.
         """
         with self.ctx.sessions() as s:
             stale = s.query(RunRow).filter(RunRow.state.in_(list(ACTIVE_STATES))).all()
-            running = [c.id for c in s.query(CampaignRow).filter_by(
-                status=CampaignStatus.RUNNING)]
+            running = [c.id for c in s.query(CampaignRow).filter(CampaignRow.status.in_(
+                [CampaignStatus.RUNNING, CampaignStatus.ANALYSING]))]
         for run in stale:
             self._transition(run, 0, RunState.INTERRUPTED, "controller restarted during the run")
         for campaign_id in running:
-            self._set_campaign(campaign_id, CampaignStatus.QUEUED,
-                               "requeued after a controller restart")
+            self.set_campaign_status(campaign_id, CampaignStatus.QUEUED,
+                                     "requeued after a controller restart")
         return len(stale)
 
-    def _set_campaign(self, campaign_id: str, status: CampaignStatus,
-                      reason: str | None = None) -> None:
+    def set_campaign_status(self, campaign_id: str, status: CampaignStatus,
+                            reason: str | None = None) -> None:
+        """Write the campaign's status and its reason."""
         with self.ctx.sessions() as s:
             row = s.get(CampaignRow, campaign_id)
             row.status = status

@@ -1,13 +1,13 @@
-"""Works the campaign queue in the background: run each queued campaign, then its stats."""
+"""Works the campaign queue in the background: each queued campaign through its lifecycle."""
 
 from __future__ import annotations
 
 import logging
 import threading
 
-from mqttbed.controller.analysis import analyze_campaign
 from mqttbed.controller.core import ControllerCore
 from mqttbed.controller.db import CampaignRow
+from mqttbed.controller.lifecycle import conduct_campaign
 from mqttbed.controller.states import CampaignStatus
 
 log = logging.getLogger("mqttbed.worker")
@@ -61,8 +61,7 @@ class CampaignWorker:
                 continue
             self.current = campaign_id
             try:
-                self._core.engine.run_campaign(campaign_id)
-                analyze_campaign(self._core.sessions, self._core.layout, campaign_id,
+                conduct_campaign(self._core.engine, self._core.layout, campaign_id,
                                  self._spark_master)
             except Exception as exc:  # noqa: BLE001 - the campaign fails, the worker goes on
                 log.exception("campaign %s failed", campaign_id)

@@ -95,19 +95,26 @@ class Served:
             headers["authorization"] = f"Bearer {value}"
         return httpx.Client(base_url=self.url, headers=headers, timeout=60)
 
-    def wait_for_status(self, campaign_id: str, statuses: tuple[str, ...], timeout_s: float):
-        import time
+    def wait_for_status(self, campaign_id: str, statuses: tuple[str, ...], timeout_s: float,
+                        seen: list[str] | None = None, poll_s: float = 0.25):
+        """Poll the campaign until its status is one of ``statuses``; return it.
 
+        Statuses pass queued, running and analysing (the statistics) on the way to done,
+        failed or cancelled; ending in another status than asked fails at once. ``seen``
+        collects the statuses read, in order, each once.
+        """
         deadline = time.monotonic() + timeout_s
         with self.client() as http:
             while True:
                 campaign = http.get(f"/api/v1/campaigns/{campaign_id}").json()
-                if campaign["status"] in statuses and (
-                        campaign["stats_ready"] or campaign["status"] not in
-                        ("done", "failed", "cancelled")):
+                if seen is not None and (not seen or seen[-1] != campaign["status"]):
+                    seen.append(campaign["status"])
+                if campaign["status"] in statuses:
                     return campaign
+                assert campaign["status"] not in ("done", "failed", "cancelled"), \
+                    f"campaign ended {campaign['status']}, not {statuses}: {campaign}"
                 assert time.monotonic() < deadline, f"campaign stuck: {campaign}"
-                time.sleep(0.25)
+                time.sleep(poll_s)
 
 
 FINISHED_SPEC = """
