@@ -13,7 +13,7 @@ from mqttbed.api.deps import CoreDep, UserDep, WorkerDep
 from mqttbed.api.export import build_dataset_zip, stream_deliveries_csv
 from mqttbed.api.schemas import CampaignPublic, Progress, RunPublic, StatsPending
 from mqttbed.campaigns.spec import spec_from_text
-from mqttbed.controller.core import ControllerCore
+from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import CampaignRow, RunRow
 from mqttbed.controller.states import (
     CAMPAIGN_ENDED,
@@ -46,7 +46,7 @@ def _progress(runs: list[RunRow]) -> Progress:
                     fraction=(done + failed) / total if total else 1.0)
 
 
-def load_campaign(core: ControllerCore, campaign_id: str) -> tuple[CampaignRow, list[RunRow]]:
+def load_campaign(core: Controller, campaign_id: str) -> tuple[CampaignRow, list[RunRow]]:
     """The campaign and its runs, or 404."""
     with core.sessions() as s:
         row = s.get(CampaignRow, campaign_id)
@@ -56,19 +56,19 @@ def load_campaign(core: ControllerCore, campaign_id: str) -> tuple[CampaignRow, 
     return row, runs
 
 
-def _summary(core: ControllerCore, row: CampaignRow, runs: list[RunRow]) -> dict[str, Any]:
+def _summary(core: Controller, row: CampaignRow, runs: list[RunRow]) -> dict[str, Any]:
     return {"id": row.id, "name": row.name, "status": row.status, "reason": row.reason,
             "created_at": row.created_at, "updated_at": row.updated_at,
             "progress": _progress(runs),
             "stats_ready": (core.layout.campaign_dir(row.id) / "stats.json").exists()}
 
 
-def campaign_public(core: ControllerCore, campaign_id: str) -> CampaignPublic:
+def campaign_public(core: Controller, campaign_id: str) -> CampaignPublic:
     row, runs = load_campaign(core, campaign_id)
     return _public(core, row, runs)
 
 
-def _public(core: ControllerCore, row: CampaignRow, runs: list[RunRow]) -> CampaignPublic:
+def _public(core: Controller, row: CampaignRow, runs: list[RunRow]) -> CampaignPublic:
     return CampaignPublic(
         **_summary(core, row, runs), spec=row.spec,
         runs=[RunPublic(id=r.id, ordinal=r.ordinal, point_index=r.point_index,

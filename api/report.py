@@ -12,7 +12,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from mqttbed.controller.core import ControllerCore
+from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import CampaignRow, RunRow
 from mqttbed.controller.states import CampaignStatus
 
@@ -189,7 +189,7 @@ def build_figures(stats: dict[str, Any], spec: dict[str, Any]) -> dict[str, dict
     return figures
 
 
-def report_context(core: ControllerCore, campaign_id: str) -> dict[str, Any]:
+def report_context(core: Controller, campaign_id: str) -> dict[str, Any]:
     """Everything the report template shows for one campaign."""
     with core.sessions() as s:
         campaign = s.get(CampaignRow, campaign_id)
@@ -256,7 +256,7 @@ def script_json(value: Any) -> str:
     return json.dumps(value).replace("</", "<\\/")
 
 
-def render_report(core: ControllerCore, campaign_id: str, *, standalone: bool) -> str:
+def render_report(core: Controller, campaign_id: str, *, standalone: bool) -> str:
     """The report page; ``standalone`` inlines Plotly and drops live updates and links."""
     context = report_context(core, campaign_id)
     plotly_inline = plotly_js_path().read_text() if standalone else None

@@ -7,7 +7,6 @@ the agent extra.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,9 @@ def _run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from mqttbed.campaigns.spec import load_spec
-    from mqttbed.controller.db import CampaignRow
-    from mqttbed.controller.embedded_controller import EmbeddedController
-    from mqttbed.controller.engine import RunUpdate
-    from mqttbed.controller.lifecycle import analyse_and_conclude
-    from mqttbed.controller.states import TERMINAL_STATES
+    from mqttbed.controller.controller import create_controller
+    from mqttbed.controller.documents import CampaignUpdate, Document, ResultsReady, RunUpdate
+    from mqttbed.controller.states import CAMPAIGN_ENDED, TERMINAL_STATES, CampaignStatus
     from mqttbed.core.errors import MqttbedError
     from mqttbed.core.settings import Settings
 
@@ -36,9 +33,10 @@ def _run(args: argparse.Namespace) -> int:
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console)
     task = progress.add_task(spec.name, total=None)
-    failures: list[str] = []
+    results: list[ResultsReady] = []
+    endings: list[CampaignUpdate] = []
 
-    def show(update: RunUpdate) -> None:
+    def show_run(update: RunUpdate) -> None:
         params = ", ".join(f"{k}={v}" for k, v in update.params.items()) or "-"
         progress.update(task, total=update.total,
                         description=f"{spec.name} run {update.ordinal + 1}/{update.total} "
@@ -46,26 +44,35 @@ def _run(args: argparse.Namespace) -> int:
         if update.state in TERMINAL_STATES:
             progress.advance(task)
         if update.reason:
-            failures.append(f"run {update.run_id} {update.state}: {update.reason}")
             progress.console.print(f"[yellow]run {update.run_id} {update.state}:[/yellow] "
                                    f"{update.reason}")
 
-    with EmbeddedController(settings, listeners=[show]) as controller:
+    def show(document: Document) -> None:
+        """The progress display: a listener of the controller's documents."""
+        match document:
+            case RunUpdate():
+                show_run(document)
+            case CampaignUpdate(status=CampaignStatus.ANALYSING):
+                progress.stop()
+                console.print(f"campaign {document.campaign_id} runs ended"
+                              + (f" ({document.reason})" if document.reason else "")
+                              + "; computing statistics with Spark ...")
+            case CampaignUpdate(status=final) if final in CAMPAIGN_ENDED:
+                endings.append(document)
+            case ResultsReady():
+                results.append(document)
+
+    with create_controller(settings, listeners=[show]) as controller:
         campaign_id = controller.engine.create_campaign(spec)
         with progress:
-            runs = controller.engine.run_campaign(campaign_id)
-        console.print(f"campaign {campaign_id} runs {runs}; computing statistics with Spark ...")
-        status = analyse_and_conclude(controller.engine, controller.layout, campaign_id,
-                                      settings.spark_master)
-        with controller.sessions() as s:
-            reason = s.get(CampaignRow, campaign_id).reason
-    json_path = controller.layout.campaign_dir(campaign_id) / "stats.json"
-    if not json_path.exists():
-        console.print(f"[red]campaign {campaign_id} {status}:[/red] {reason}")
+            status = controller.run_campaign(campaign_id)
+    if not results:
+        reason = endings[-1].reason if endings else None
+        console.print(f"[red]campaign {campaign_id} {status} without statistics:[/red] {reason}")
         return 1
-    print_points(json.loads(json_path.read_text()))
+    print_points(results[-1].stats)
     print(f"dataset: {controller.layout.events / f'campaign_id={campaign_id}'}")
-    print(f"stats:   {json_path}")
+    print(f"stats:   {results[-1].stats_path}")
     return 0 if status == "done" else 1
 
 
@@ -98,6 +105,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from mqttbed.api.app import create_app  # the CLI is the one place controller meets api
+    from mqttbed.controller.controller import create_controller
     from mqttbed.controller.embedded import bind_socket
     from mqttbed.core.settings import Settings
 
@@ -106,7 +114,7 @@ def _serve(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()
     # Agents reach a wildcard listener at the lab address (loopback unless one is set).
     reachable = settings.lab_address if host in ("0.0.0.0", "") else host
-    app = create_app(settings, controller_url=f"http://{reachable}:{port}")
+    app = create_app(create_controller(settings, controller_url=f"http://{reachable}:{port}"))
     print(f"mqttbed controller on http://{host}:{port} (API docs at /docs)", file=sys.stderr)
     uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[sock])
     return 0
@@ -128,26 +136,27 @@ def _token(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from mqttbed.api.report import render_report
-    from mqttbed.controller.core import ControllerCore
+    from mqttbed.controller.controller import create_controller
     from mqttbed.controller.db import CampaignRow
     from mqttbed.core.settings import Settings
 
-    core = ControllerCore(Settings.from_env(args.data_dir), controller_url="")
+    # Reads results only: never started, so it starts no agent and needs no address.
+    controller = create_controller(Settings.from_env(args.data_dir), controller_url="")
     try:
         campaign_id = args.id
         if campaign_id == "latest":
-            with core.sessions() as s:
+            with controller.sessions() as s:
                 latest = s.query(CampaignRow).order_by(CampaignRow.created_at.desc()).first()
             if latest is None:
-                raise SystemExit(f"mqttbed report: no campaign in {core.layout.root}")
+                raise SystemExit(f"mqttbed report: no campaign in {controller.layout.root}")
             campaign_id = latest.id
         try:
-            html = render_report(core, campaign_id, standalone=True)
+            html = render_report(controller, campaign_id, standalone=True)
         except KeyError:
             raise SystemExit(f"mqttbed report: no campaign {campaign_id!r} in "
-                             f"{core.layout.root}") from None
+                             f"{controller.layout.root}") from None
     finally:
-        core.close()
+        controller.close()
     out = args.out or Path(f"{campaign_id}-report.html")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(html)

@@ -3,8 +3,9 @@
 For each run: deploy the broker, start the agents, wait until every subscriber holds its
 SUBACK, hand out one common start time, collect, tear down. Every transition is written
 to the database before the work of that state starts, so a restarted controller finds
-every run in a known state. The engine emits :class:`RunUpdate` documents to listeners
-(progress display, live status); storage of events happens in the gateway as chunks
+every run in a known state. Each transition, once written, goes out as a document
+(:class:`RunUpdate`, and :class:`CampaignUpdate` for a campaign's status) to whoever
+listens (``controller.documents``); storage of events happens in the gateway as chunks
 arrive, so a failing run keeps everything that already came in.
 """
 
@@ -14,7 +15,6 @@ import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from sqlalchemy.orm import sessionmaker
 
@@ -30,6 +30,7 @@ from mqttbed.controller.assignments import (
     subscribe_turns,
 )
 from mqttbed.controller.db import CampaignRow, RunRow, TransitionRow, utcnow
+from mqttbed.controller.documents import CampaignUpdate, DocumentStream, RunUpdate
 from mqttbed.controller.registry import AgentRegistry, RunInbox
 from mqttbed.controller.scope_recorder import ScopeRecorder
 from mqttbed.controller.states import (
@@ -50,20 +51,6 @@ RUN_GRACE_S = 10.0
 
 class RunInterrupted(Exception):
     """The run was stopped on purpose (cancel, Ctrl-C)."""
-
-
-@dataclass(frozen=True)
-class RunUpdate:
-    """A document: a run changed state."""
-
-    campaign_id: str
-    run_id: str
-    ordinal: int
-    total: int
-    params: dict[str, Any]
-    repetition: int
-    state: RunState
-    reason: str | None = None
 
 
 @dataclass
@@ -89,7 +76,7 @@ class EngineContext:
     host: Host
     controller_url: str
     agent_token: str
-    listeners: list[Callable[[RunUpdate], None]] = field(default_factory=list)
+    documents: DocumentStream = field(default_factory=DocumentStream)
 
 
 def new_id(prefix: str) -> str:
@@ -208,12 +195,13 @@ class RunEngine:
 
     def set_campaign_status(self, campaign_id: str, status: CampaignStatus,
                             reason: str | None = None) -> None:
-        """Write the campaign's status and its reason."""
+        """Write the campaign's status and its reason, then tell the listeners."""
         with self.ctx.sessions() as s:
             row = s.get(CampaignRow, campaign_id)
             row.status = status
             row.reason = reason
             s.commit()
+        self.ctx.documents.emit(CampaignUpdate(campaign_id, status, reason))
 
     # -- one run ------------------------------------------------------------------------
 
@@ -236,10 +224,8 @@ class RunEngine:
             s.commit()
         run.state = target
         run.reason = reason
-        update = RunUpdate(run.campaign_id, run.id, run.ordinal, total, run.params,
-                           run.repetition, target, reason)
-        for listener in self.ctx.listeners:
-            listener(update)
+        self.ctx.documents.emit(RunUpdate(run.campaign_id, run.id, run.ordinal, total,
+                                          run.params, run.repetition, target, reason))
 
     def _execute(self, run: RunRow, total: int) -> None:
         """Drive one run through its states; whatever happens, stop all it started."""

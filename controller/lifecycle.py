@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from mqttbed.controller.analysis import analyze_campaign
+from mqttbed.controller.documents import ResultsReady
 from mqttbed.controller.engine import RunEngine
 from mqttbed.controller.states import CampaignStatus
 from mqttbed.controller.storage import DataLayout
@@ -24,20 +25,20 @@ REASON_MAX_CHARS = 1000
 
 def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
                      spark_master: str | None = None) -> CampaignStatus:
-    """Run the campaign's runs, then analyse them; return its final status."""
+    """Run the campaign's runs, then analyse them; return its final status.
+
+    Documents on the way (``engine.ctx.documents``): a RunUpdate per run transition, a
+    CampaignUpdate per status (running, analysing, the final one), and ResultsReady
+    between the analysis and the final status when it succeeded.
+    """
     if engine.is_cancelled(campaign_id):
         return CampaignStatus.CANCELLED  # cancelled while queued: nothing ran
     engine.run_campaign(campaign_id)
-    return analyse_and_conclude(engine, layout, campaign_id, spark_master)
-
-
-def analyse_and_conclude(engine: RunEngine, layout: DataLayout, campaign_id: str,
-                         spark_master: str | None = None) -> CampaignStatus:
-    """Once the runs have ended: ``analysing``, the statistics, then the final status."""
     outcome, reason = engine.outcome(campaign_id)
     engine.set_campaign_status(campaign_id, CampaignStatus.ANALYSING, reason)
     try:
-        analyze_campaign(engine.ctx.sessions, layout, campaign_id, spark_master)
+        stats, json_path, parquet_path = analyze_campaign(engine.ctx.sessions, layout,
+                                                          campaign_id, spark_master)
     except Exception as exc:  # noqa: BLE001 - the campaign fails with the reason, events stay
         log.exception("analysis of campaign %s failed", campaign_id)
         discard_statistics(layout, campaign_id)
@@ -45,6 +46,7 @@ def analyse_and_conclude(engine: RunEngine, layout: DataLayout, campaign_id: str
         engine.set_campaign_status(campaign_id, CampaignStatus.FAILED,
                                    f"{failure}; {reason}" if reason else failure)
         return CampaignStatus.FAILED
+    engine.ctx.documents.emit(ResultsReady(campaign_id, json_path, parquet_path, stats))
     engine.set_campaign_status(campaign_id, outcome, reason)
     return outcome
 

@@ -10,6 +10,8 @@ import zipfile
 
 import pytest
 
+from mqttbed.controller.documents import ResultsReady
+
 pytestmark = pytest.mark.integration
 
 
@@ -177,6 +179,11 @@ def test_a_client_polling_until_done_gets_the_stats_on_its_next_request(served):
         assert answer.json()["status"] == status and answer.json()["retry_after_s"] == 5
     assert pending["cancel"].status_code == 409
     assert "analysing" in pending["cancel"].json()["detail"]
+    # the same story in the controller's documents, results announced before done
+    assert served.updates.statuses(campaign_id) == ["queued", "running", "analysing", "done"]
+    (ready,) = [d for d in served.updates
+                if isinstance(d, ResultsReady) and d.campaign_id == campaign_id]
+    assert ready.stats_path.exists()
 
 
 def test_a_failed_analysis_fails_the_campaign_and_keeps_its_events(served, monkeypatch):
@@ -203,7 +210,7 @@ def test_a_failed_analysis_fails_the_campaign_and_keeps_its_events(served, monke
     assert "analysing" in seen and not campaign["stats_ready"]
     assert stats.status_code == 409
     assert "analysis failed: RuntimeError" in stats.json()["detail"]
-    core = served.app.state.core
+    core = served.controller
     assert not (core.layout.campaign_dir(campaign_id) / "stats.json").exists()
     with core.sessions() as s:
         stored = sum(c.rows for c in s.query(ChunkRow).filter(
