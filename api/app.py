@@ -9,25 +9,31 @@ from fastapi import FastAPI
 
 import mqttbed
 from mqttbed.api import campaigns, system, web
-from mqttbed.controller.core import ControllerCore
+from mqttbed.controller.controller import Controller, create_controller
 from mqttbed.controller.worker import CampaignWorker
 from mqttbed.core.settings import Settings
 
 
-def create_app(settings: Settings, controller_url: str | None = None, *,
+def create_app(controller: Controller | Settings, controller_url: str | None = None, *,
                run_campaigns: bool = True) -> FastAPI:
-    """Build the app over a new ControllerCore; the campaign worker runs while it is served.
+    """Build the app over ``controller``, or over one ``create_controller`` builds from
+    settings; the app starts it and its campaign worker while it is served, and stops them.
 
-    ``controller_url`` is where the agents this controller spawns reach it (default: the
-    lab address on port 8000, as ``mqttbed serve`` listens by default). Without
-    ``run_campaigns`` started campaigns stay queued (API tests that must not run brokers).
+    A controller given here must have been created with the ``controller_url`` the app is
+    served at: the app serves its agent routes. Built from settings, ``controller_url``
+    says where (default: the lab address on port 8000, as ``mqttbed serve`` listens by
+    default). Without ``run_campaigns`` started campaigns stay queued (API tests that must
+    not run brokers).
     """
-    core = ControllerCore(settings, controller_url or f"http://{settings.lab_address}:8000")
-    worker = CampaignWorker(core, settings.spark_master)
+    if isinstance(controller, Settings):
+        settings = controller
+        controller = create_controller(
+            settings, controller_url=controller_url or f"http://{settings.lab_address}:8000")
+    worker = CampaignWorker(controller)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        core.engine.recover()
+        controller.start()
         if run_campaigns:
             worker.start()
         try:
@@ -35,17 +41,17 @@ def create_app(settings: Settings, controller_url: str | None = None, *,
         finally:
             if run_campaigns:
                 worker.stop()
-            core.close()
+            controller.stop()
 
     app = FastAPI(title="mqttbed", version=mqttbed.__version__, lifespan=lifespan,
                   description="Testbed orchestration and measurement for MQTT-family brokers. "
                               "Every /api/v1 route but /health needs a user token "
                               "(Authorization: Bearer ...); /agent/v1 routes need an agent "
                               "token.")
-    app.state.core, app.state.worker = core, worker
+    app.state.controller, app.state.worker = controller, worker
     app.include_router(system.public)
     app.include_router(system.router)
     app.include_router(campaigns.router)
-    app.include_router(core.agent_router())
+    app.include_router(controller.agent_router())
     app.include_router(web.router)
     return app

@@ -5,17 +5,22 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
-from fastapi.responses import FileResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from mqttbed.api.deps import CoreDep, UserDep, WorkerDep
 from mqttbed.api.export import build_dataset_zip, stream_deliveries_csv
-from mqttbed.api.schemas import CampaignPublic, Progress, RunPublic
+from mqttbed.api.schemas import CampaignPublic, Progress, RunPublic, StatsPending
 from mqttbed.campaigns.spec import spec_from_text
 from mqttbed.controller.analysis import load_results
-from mqttbed.controller.core import ControllerCore
+from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import CampaignRow, RunRow
-from mqttbed.controller.states import CampaignStatus, RunState
+from mqttbed.controller.states import (
+    CAMPAIGN_ENDED,
+    CAMPAIGN_UNDER_WAY,
+    CampaignStatus,
+    RunState,
+)
 from mqttbed.core.errors import SpecError
 
 router = APIRouter(prefix="/api/v1/campaigns", tags=["campaigns"], dependencies=[UserDep])
@@ -41,7 +46,7 @@ def _progress(runs: list[RunRow]) -> Progress:
                     fraction=(done + failed) / total if total else 1.0)
 
 
-def load_campaign(core: ControllerCore, campaign_id: str) -> tuple[CampaignRow, list[RunRow]]:
+def load_campaign(core: Controller, campaign_id: str) -> tuple[CampaignRow, list[RunRow]]:
     """The campaign and its runs, or 404."""
     with core.sessions() as s:
         row = s.get(CampaignRow, campaign_id)
@@ -51,19 +56,19 @@ def load_campaign(core: ControllerCore, campaign_id: str) -> tuple[CampaignRow, 
     return row, runs
 
 
-def _summary(core: ControllerCore, row: CampaignRow, runs: list[RunRow]) -> dict[str, Any]:
+def _summary(core: Controller, row: CampaignRow, runs: list[RunRow]) -> dict[str, Any]:
     return {"id": row.id, "name": row.name, "status": row.status, "reason": row.reason,
             "created_at": row.created_at, "updated_at": row.updated_at,
             "progress": _progress(runs),
             "stats_ready": (core.layout.campaign_dir(row.id) / "stats.json").exists()}
 
 
-def campaign_public(core: ControllerCore, campaign_id: str) -> CampaignPublic:
+def campaign_public(core: Controller, campaign_id: str) -> CampaignPublic:
     row, runs = load_campaign(core, campaign_id)
     return _public(core, row, runs)
 
 
-def _public(core: ControllerCore, row: CampaignRow, runs: list[RunRow]) -> CampaignPublic:
+def _public(core: Controller, row: CampaignRow, runs: list[RunRow]) -> CampaignPublic:
     return CampaignPublic(
         **_summary(core, row, runs), spec=row.spec,
         runs=[RunPublic(id=r.id, ordinal=r.ordinal, point_index=r.point_index,
@@ -117,32 +122,62 @@ def start_campaign(campaign_id: str, core: CoreDep, worker: WorkerDep) -> Campai
     return campaign_public(core, campaign_id)
 
 
-@router.post("/{campaign_id}/cancel", responses={**_NOT_FOUND, 409: {"description":
-                                                                      "already ended"}})
+@router.post("/{campaign_id}/cancel", responses={**_NOT_FOUND, 409: {
+    "description": "already ended, or analysing (its runs have ended)"}})
 def cancel_campaign(campaign_id: str, core: CoreDep) -> CampaignPublic:
     """Cancel: the running run stops cleanly and keeps its events; no further run starts."""
     row, _ = load_campaign(core, campaign_id)
-    if row.status in (CampaignStatus.DONE, CampaignStatus.FAILED, CampaignStatus.CANCELLED):
+    if row.status in CAMPAIGN_ENDED:
         raise HTTPException(status.HTTP_409_CONFLICT, f"campaign {campaign_id} already "
                                                       f"ended ({row.status})")
+    if row.status == CampaignStatus.ANALYSING:
+        raise HTTPException(status.HTTP_409_CONFLICT,
+                            f"campaign {campaign_id} is analysing: its runs have ended and "
+                            "its statistics are being computed; nothing is left to cancel")
     core.engine.cancel(campaign_id)
     return campaign_public(core, campaign_id)
 
 
-@router.get("/{campaign_id}/stats", responses={
+STATS_RETRY_AFTER_S = 5
+_STATS_RESPONSES: dict[int | str, dict[str, Any]] = {
     **_NOT_FOUND,
     200: {"content": {"application/json": {}},
-          "description": "the results document; its JSON schema is GET /api/v1/schemas/stats"},
-    409: {"description": "statistics are not computed yet"}})
+          "description": "the results document (``stats.json``), served whenever it exists, "
+                         "whatever the campaign's status; its JSON schema is "
+                         "GET /api/v1/schemas/stats"},
+    202: {"model": StatsPending,
+          "description": "the campaign is queued, running or analysing: the statistics are "
+                         "on their way; ask again after Retry-After seconds",
+          "headers": {"Retry-After": {"description": "seconds to wait before asking again",
+                                      "schema": {"type": "integer"}}}},
+    409: {"description": "there will be no statistics unless something changes: the campaign "
+                         "was never started (created), or it ended without them (e.g. its "
+                         "analysis failed); the detail says which and why"},
+}
+
+
+@router.get("/{campaign_id}/stats", response_class=Response, responses=_STATS_RESPONSES)
 def campaign_stats(campaign_id: str, core: CoreDep) -> Response:
     """The campaign's results (``stats.json``): figures per sweep point and per run."""
-    load_campaign(core, campaign_id)
-    results = load_results(core.layout, campaign_id)
-    if results is None:
+    row, _ = load_campaign(core, campaign_id)
+    results = load_results(core.layout, campaign_id)  # written atomically: whole or absent
+    if results is not None:
+        return Response(results.model_dump_json(), media_type="application/json")
+    if row.status in CAMPAIGN_UNDER_WAY:
+        pending = StatsPending(
+            campaign_id=campaign_id, status=row.status, retry_after_s=STATS_RETRY_AFTER_S,
+            detail=f"campaign {campaign_id} is {row.status}; its statistics are computed "
+                   "when its runs have ended")
+        return JSONResponse(pending.model_dump(), status_code=status.HTTP_202_ACCEPTED,
+                            headers={"Retry-After": str(STATS_RETRY_AFTER_S)})
+    if row.status == CampaignStatus.CREATED:
         raise HTTPException(status.HTTP_409_CONFLICT,
-                            f"no statistics for campaign {campaign_id} yet; they are computed "
-                            "when it ends")
-    return Response(results.model_dump_json(), media_type="application/json")
+                            f"campaign {campaign_id} has not been started (POST "
+                            f"/api/v1/campaigns/{campaign_id}/start); its statistics are "
+                            "computed when its runs have ended")
+    raise HTTPException(status.HTTP_409_CONFLICT,
+                        f"campaign {campaign_id} ended ({row.status}) without statistics: "
+                        f"{row.reason or 'none were computed'}")
 
 
 @router.get("/{campaign_id}/dataset", responses={

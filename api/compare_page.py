@@ -8,21 +8,21 @@ from __future__ import annotations
 from mqttbed.analytics.compare import Comparison, compare_results
 from mqttbed.api.report import templates
 from mqttbed.controller.analysis import load_results
-from mqttbed.controller.core import ControllerCore
+from mqttbed.controller.storage import DataLayout
 
 
 class NotComparable(LookupError):
     """A campaign to compare is unknown or has no results yet."""
 
 
-def comparison_of(controller: ControllerCore, first_id: str, second_id: str) -> Comparison:
+def comparison_of(layout: DataLayout, first_id: str, second_id: str) -> Comparison:
     """Compare the stored results of two campaigns; NotComparable names what is missing."""
     results = []
     for campaign_id in (first_id, second_id):
-        found = load_results(controller.layout, campaign_id)
+        found = load_results(layout, campaign_id)
         if found is None:
             raise NotComparable(f"campaign {campaign_id!r} has no results in "
-                                f"{controller.layout.root} (unknown, or not analysed yet)")
+                                f"{layout.root} (unknown, or not analysed yet)")
         results.append(found)
     return compare_results(*results)
 

@@ -6,22 +6,23 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 
-from mqttbed.controller.core import ControllerCore
+from mqttbed.controller.controller import Controller
 from mqttbed.controller.tokens import TokenRole
 from mqttbed.controller.worker import CampaignWorker
 
 TOKEN_COOKIE = "mqttbed_token"
 
 
-def get_core(request: Request) -> ControllerCore:
-    return request.app.state.core
+def get_core(request: Request) -> Controller:
+    """The app's controller (``core`` in the routes' parameters)."""
+    return request.app.state.controller
 
 
 def get_worker(request: Request) -> CampaignWorker:
     return request.app.state.worker
 
 
-CoreDep = Annotated[ControllerCore, Depends(get_core)]
+CoreDep = Annotated[Controller, Depends(get_core)]
 WorkerDep = Annotated[CampaignWorker, Depends(get_worker)]
 
 

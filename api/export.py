@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 
 import mqttbed
-from mqttbed.controller.core import ControllerCore
+from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import AgentRow, CampaignRow, RunRow
 from mqttbed.core.clock import CLOCK_NAME
 from mqttbed.core.events import EVENT_FIELDS, EventKind
@@ -48,7 +48,7 @@ def _agent_facts(metadata: dict[str, Any], rows: dict[str, AgentRow]) -> dict[st
     return facts
 
 
-def _clock_sources(core: ControllerCore, campaign_id: str) -> list[str]:
+def _clock_sources(core: Controller, campaign_id: str) -> list[str]:
     import pyarrow.dataset as ds
 
     root = core.layout.events / f"campaign_id={campaign_id}"
@@ -58,7 +58,7 @@ def _clock_sources(core: ControllerCore, campaign_id: str) -> list[str]:
     return sorted(set(table["clock_source"].to_pylist()))
 
 
-def manifest(core: ControllerCore, campaign_id: str) -> dict[str, Any]:
+def manifest(core: Controller, campaign_id: str) -> dict[str, Any]:
     """Provenance of a campaign's data: spec, what was deployed, where, with which clocks."""
     with core.sessions() as s:
         campaign = s.get(CampaignRow, campaign_id)
@@ -91,7 +91,7 @@ def manifest(core: ControllerCore, campaign_id: str) -> dict[str, Any]:
     }
 
 
-def build_dataset_zip(core: ControllerCore, campaign_id: str) -> Path:
+def build_dataset_zip(core: Controller, campaign_id: str) -> Path:
     """Write the campaign's dataset, stats and manifest.json into a temporary zip file."""
     layout = core.layout
     handle, name = tempfile.mkstemp(prefix=f"{campaign_id}-", suffix=".zip")
@@ -111,7 +111,7 @@ def build_dataset_zip(core: ControllerCore, campaign_id: str) -> Path:
     return path
 
 
-def stream_deliveries_csv(core: ControllerCore, campaign_id: str) -> Iterator[bytes]:
+def stream_deliveries_csv(core: Controller, campaign_id: str) -> Iterator[bytes]:
     """Yield the campaign's deliveries as CSV, one run's file at a time, header first."""
     import pyarrow as pa
     import pyarrow.compute as pc

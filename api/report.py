@@ -22,7 +22,7 @@ from mqttbed.analytics.results import (
     present_sections,
 )
 from mqttbed.controller.analysis import load_results
-from mqttbed.controller.core import ControllerCore
+from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import CampaignRow, RunRow
 from mqttbed.controller.states import CampaignStatus
 from mqttbed.core.sections import Distribution, FigureKind
@@ -243,7 +243,7 @@ def section_tables(points: list[PointStats], show_backend: bool) -> list[dict[st
     return list(tables.values())
 
 
-def report_context(controller: ControllerCore, campaign_id: str) -> dict[str, Any]:
+def report_context(controller: Controller, campaign_id: str) -> dict[str, Any]:
     """Everything the report template shows for one campaign."""
     import yaml
 
@@ -304,7 +304,7 @@ def script_json(value: Any) -> str:
     return json.dumps(value).replace("</", "<\\/")
 
 
-def render_report(core: ControllerCore, campaign_id: str, *, standalone: bool) -> str:
+def render_report(core: Controller, campaign_id: str, *, standalone: bool) -> str:
     """The report page; ``standalone`` inlines Plotly and drops live updates and links."""
     context = report_context(core, campaign_id)
     plotly_inline = plotly_js_path().read_text() if standalone else None

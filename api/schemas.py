@@ -64,3 +64,12 @@ class BackendPublic(BaseModel):
 class Health(BaseModel):
     status: str
     version: str
+
+
+class StatsPending(BaseModel):
+    """The answer of ``GET /campaigns/{id}/stats`` while the statistics are on their way."""
+
+    campaign_id: str
+    status: str               # queued, running or analysing
+    retry_after_s: int        # also in the Retry-After header
+    detail: str

@@ -78,7 +78,7 @@ def compare_page(ids: str, request: Request, core: CoreDep) -> Response:
     if len(wanted) != 2:
         raise HTTPException(422, f"ids must name two campaigns, as ids=ID1,ID2; got {ids!r}")
     try:
-        comparison = comparison_of(core, *wanted)
+        comparison = comparison_of(core.layout, *wanted)
     except NotComparable as exc:
         raise HTTPException(404, str(exc)) from None
     return HTMLResponse(render_comparison(comparison, standalone=False))

@@ -30,7 +30,7 @@ import pyarrow.dataset as ds
 
 from mqttbed.brokers.mosquitto import MosquittoBackend, Options
 from mqttbed.campaigns.spec import parse_spec
-from mqttbed.controller.embedded_controller import EmbeddedController
+from mqttbed.controller.controller import create_controller
 from mqttbed.core.clock import monotonic_ns, sleep_until_ns
 from mqttbed.core.events import decode_payload, encode_payload
 from mqttbed.core.host import LocalHost
@@ -62,7 +62,7 @@ def measure_mqttbed(messages: int, rate_hz: float) -> dict[str, float]:
                                     "rate_hz": rate_hz, "messages": messages,
                                     "warmup_messages": WARMUP}})
     with tempfile.TemporaryDirectory() as tmp, \
-            EmbeddedController(Settings(data_dir=Path(tmp))) as ctl:
+            create_controller(Settings(data_dir=Path(tmp))) as ctl:
         campaign_id = ctl.engine.create_campaign(spec)
         status = ctl.engine.run_campaign(campaign_id)
         if status != "done":

@@ -20,10 +20,9 @@ def _run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from mqttbed.campaigns.spec import load_spec
-    from mqttbed.controller.analysis import analyze_campaign
-    from mqttbed.controller.embedded_controller import EmbeddedController
-    from mqttbed.controller.engine import RunUpdate
-    from mqttbed.controller.states import TERMINAL_STATES
+    from mqttbed.controller.controller import create_controller
+    from mqttbed.controller.documents import CampaignUpdate, Document, ResultsReady, RunUpdate
+    from mqttbed.controller.states import CAMPAIGN_ENDED, TERMINAL_STATES, CampaignStatus
     from mqttbed.core.errors import MqttbedError
     from mqttbed.core.settings import Settings
 
@@ -37,9 +36,10 @@ def _run(args: argparse.Namespace) -> int:
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console)
     task = progress.add_task(spec.name, total=None)
-    failures: list[str] = []
+    results: list[ResultsReady] = []
+    endings: list[CampaignUpdate] = []
 
-    def show(update: RunUpdate) -> None:
+    def show_run(update: RunUpdate) -> None:
         params = ", ".join(f"{k}={v}" for k, v in update.params.items()) or "-"
         progress.update(task, total=update.total,
                         description=f"{spec.name} run {update.ordinal + 1}/{update.total} "
@@ -47,20 +47,35 @@ def _run(args: argparse.Namespace) -> int:
         if update.state in TERMINAL_STATES:
             progress.advance(task)
         if update.reason:
-            failures.append(f"run {update.run_id} {update.state}: {update.reason}")
             progress.console.print(f"[yellow]run {update.run_id} {update.state}:[/yellow] "
                                    f"{update.reason}")
 
-    with EmbeddedController(settings, listeners=[show]) as controller:
+    def show(document: Document) -> None:
+        """The progress display: a listener of the controller's documents."""
+        match document:
+            case RunUpdate():
+                show_run(document)
+            case CampaignUpdate(status=CampaignStatus.ANALYSING):
+                progress.stop()
+                console.print(f"campaign {document.campaign_id} runs ended"
+                              + (f" ({document.reason})" if document.reason else "")
+                              + "; computing statistics with Spark ...")
+            case CampaignUpdate(status=final) if final in CAMPAIGN_ENDED:
+                endings.append(document)
+            case ResultsReady():
+                results.append(document)
+
+    with create_controller(settings, listeners=[show]) as controller:
         campaign_id = controller.engine.create_campaign(spec)
         with progress:
-            status = controller.engine.run_campaign(campaign_id)
-        console.print(f"campaign {campaign_id} {status}; computing statistics with Spark ...")
-        stats, json_path, _ = analyze_campaign(controller.sessions, controller.layout,
-                                               campaign_id, settings.spark_master)
-    print_points(stats)
+            status = controller.run_campaign(campaign_id)
+    if not results:
+        reason = endings[-1].reason if endings else None
+        console.print(f"[red]campaign {campaign_id} {status} without statistics:[/red] {reason}")
+        return 1
+    print_points(results[-1].stats)
     print(f"dataset: {controller.layout.events / f'campaign_id={campaign_id}'}")
-    print(f"stats:   {json_path}")
+    print(f"stats:   {results[-1].stats_path}")
     return 0 if status == "done" else 1
 
 
@@ -98,6 +113,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from mqttbed.api.app import create_app  # the CLI is the one place controller meets api
+    from mqttbed.controller.controller import create_controller
     from mqttbed.controller.embedded import bind_socket
     from mqttbed.core.settings import Settings
 
@@ -106,7 +122,7 @@ def _serve(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()
     # Agents reach a wildcard listener at the lab address (loopback unless one is set).
     reachable = settings.lab_address if host in ("0.0.0.0", "") else host
-    app = create_app(settings, controller_url=f"http://{reachable}:{port}")
+    app = create_app(create_controller(settings, controller_url=f"http://{reachable}:{port}"))
     print(f"mqttbed controller on http://{host}:{port} (API docs at /docs)", file=sys.stderr)
     uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[sock])
     return 0
@@ -128,26 +144,27 @@ def _token(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from mqttbed.api.report import render_report
-    from mqttbed.controller.core import ControllerCore
+    from mqttbed.controller.controller import create_controller
     from mqttbed.controller.db import CampaignRow
     from mqttbed.core.settings import Settings
 
-    core = ControllerCore(Settings.from_env(args.data_dir), controller_url="")
+    # Reads results only: never started, so it starts no agent and needs no address.
+    controller = create_controller(Settings.from_env(args.data_dir), controller_url="")
     try:
         campaign_id = args.id
         if campaign_id == "latest":
-            with core.sessions() as s:
+            with controller.sessions() as s:
                 latest = s.query(CampaignRow).order_by(CampaignRow.created_at.desc()).first()
             if latest is None:
-                raise SystemExit(f"mqttbed report: no campaign in {core.layout.root}")
+                raise SystemExit(f"mqttbed report: no campaign in {controller.layout.root}")
             campaign_id = latest.id
         try:
-            html = render_report(core, campaign_id, standalone=True)
+            html = render_report(controller, campaign_id, standalone=True)
         except KeyError:
             raise SystemExit(f"mqttbed report: no campaign {campaign_id!r} in "
-                             f"{core.layout.root}") from None
+                             f"{controller.layout.root}") from None
     finally:
-        core.close()
+        controller.close()
     out = args.out or Path(f"{campaign_id}-report.html")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(html)
@@ -161,16 +178,14 @@ def _compare(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from mqttbed.api.compare_page import NotComparable, comparison_of, render_comparison
-    from mqttbed.controller.core import ControllerCore
+    from mqttbed.controller.storage import DataLayout
     from mqttbed.core.settings import Settings
 
-    core = ControllerCore(Settings.from_env(args.data_dir), controller_url="")
+    layout = DataLayout(Settings.from_env(args.data_dir).data_dir)
     try:
-        comparison = comparison_of(core, args.first, args.second)
+        comparison = comparison_of(layout, args.first, args.second)
     except NotComparable as exc:
         raise SystemExit(f"mqttbed compare: {exc}") from None
-    finally:
-        core.close()
     table = Table(title=f"{comparison.first.id} vs {comparison.second.id} "
                         "(difference = second − first)")
     for column in ("point", "figure", "first", "first 95% CI", "second", "second 95% CI",

@@ -106,8 +106,11 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"  {r['id']}  {r['state']:11} {json.dumps(r['params'])} "
                       f"rep {r['repetition']}" + (f"  {r['reason']}" if r["reason"] else ""))
         elif args.action == "stats":
-            print(json.dumps(_check(http.get(f"/api/v1/campaigns/{args.id}/stats")).json(),
-                             indent=2))
+            response = _check(http.get(f"/api/v1/campaigns/{args.id}/stats"))
+            if response.status_code == 202:  # on their way: not statistics yet
+                raise SystemExit(f"mqttbed campaigns: {response.json()['detail']}; try again "
+                                 f"in {response.headers.get('retry-after', '5')} s")
+            print(json.dumps(response.json(), indent=2))
         elif args.action == "cancel":
             print(_check(http.post(f"/api/v1/campaigns/{args.id}/cancel")).json()["status"])
         elif args.action == "export":

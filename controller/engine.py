@@ -3,8 +3,9 @@
 For each run: deploy the broker, start the agents, wait until every subscriber holds its
 SUBACK, hand out one common start time, collect, tear down. Every transition is written
 to the database before the work of that state starts, so a restarted controller finds
-every run in a known state. The engine emits :class:`RunUpdate` documents to listeners
-(progress display, live status); storage of events happens in the gateway as chunks
+every run in a known state. Each transition, once written, goes out as a document
+(:class:`RunUpdate`, and :class:`CampaignUpdate` for a campaign's status) to whoever
+listens (``controller.documents``); storage of events happens in the gateway as chunks
 arrive, so a failing run keeps everything that already came in.
 """
 
@@ -14,7 +15,6 @@ import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from sqlalchemy.orm import sessionmaker
 
@@ -30,6 +30,7 @@ from mqttbed.controller.assignments import (
     subscribe_turns,
 )
 from mqttbed.controller.db import CampaignRow, RunRow, TransitionRow, utcnow
+from mqttbed.controller.documents import CampaignUpdate, DocumentStream, RunUpdate
 from mqttbed.controller.registry import AgentRegistry, RunInbox
 from mqttbed.controller.scope_recorder import ScopeRecorder
 from mqttbed.controller.states import (
@@ -57,20 +58,6 @@ class RunInterrupted(Exception):
     """The run was stopped on purpose (cancel, Ctrl-C)."""
 
 
-@dataclass(frozen=True)
-class RunUpdate:
-    """A document: a run changed state."""
-
-    campaign_id: str
-    run_id: str
-    ordinal: int
-    total: int
-    params: dict[str, Any]
-    repetition: int
-    state: RunState
-    reason: str | None = None
-
-
 @dataclass
 class _LiveRun:
     """What one run has started so far: torn down, whatever happens, when it ends."""
@@ -94,7 +81,7 @@ class EngineContext:
     host: Host
     controller_url: str
     agent_token: str
-    listeners: list[Callable[[RunUpdate], None]] = field(default_factory=list)
+    documents: DocumentStream = field(default_factory=DocumentStream)
 
 
 def new_id(prefix: str) -> str:
@@ -138,10 +125,14 @@ class RunEngine:
             self._cancelled.add(campaign_id)
         with self.ctx.sessions() as s:
             row = s.get(CampaignRow, campaign_id)
-            running = row is not None and row.status == CampaignStatus.RUNNING
-        if not running:
+            # An analysing campaign's runs have ended: there is nothing left to stop, and
+            # what they came to was settled before its analysis began.
+            under_way = row is not None and row.status in (CampaignStatus.RUNNING,
+                                                           CampaignStatus.ANALYSING)
+        if not under_way:
             self._interrupt_queued_runs(campaign_id, "campaign cancelled")
-            self._set_campaign(campaign_id, CampaignStatus.CANCELLED, "cancelled before it ran")
+            self.set_campaign_status(campaign_id, CampaignStatus.CANCELLED,
+                                     "cancelled before it ran")
 
     def is_cancelled(self, campaign_id: str) -> bool:
         with self._lock:
@@ -155,10 +146,14 @@ class RunEngine:
             self._transition(run, total, RunState.INTERRUPTED, reason)
 
     def run_campaign(self, campaign_id: str) -> CampaignStatus:
-        """Execute every queued run of the campaign; return the campaign's final status."""
+        """Execute every queued run of the campaign; return what they came to (``outcome``).
+
+        The campaign is ``running`` meanwhile, and stays so: its lifecycle
+        (``controller.lifecycle``) sets the final status once the statistics exist.
+        """
         if self.is_cancelled(campaign_id):
             return CampaignStatus.CANCELLED
-        self._set_campaign(campaign_id, CampaignStatus.RUNNING)
+        self.set_campaign_status(campaign_id, CampaignStatus.RUNNING)
         with self.ctx.sessions() as s:
             runs = (s.query(RunRow).filter_by(campaign_id=campaign_id)
                     .order_by(RunRow.ordinal).all())
@@ -170,6 +165,10 @@ class RunEngine:
                 self._transition(run, total, RunState.INTERRUPTED, "campaign cancelled")
                 continue
             self._execute(run, total)
+        return self.outcome(campaign_id)[0]
+
+    def outcome(self, campaign_id: str) -> tuple[CampaignStatus, str | None]:
+        """What the campaign's runs came to: cancelled, done (all done) or failed; and why."""
         with self.ctx.sessions() as s:
             states = [r.state for r in s.query(RunRow).filter_by(campaign_id=campaign_id)]
         if self.is_cancelled(campaign_id):
@@ -179,34 +178,35 @@ class RunEngine:
         else:
             final = CampaignStatus.FAILED
         failed = sum(state != RunState.DONE for state in states)
-        self._set_campaign(campaign_id, final,
-                           f"{failed} of {len(states)} runs did not finish" if failed else None)
-        return final
+        return final, f"{failed} of {len(states)} runs did not finish" if failed else None
 
     def recover(self) -> int:
         """Clean up after a controller that stopped mid-campaign; return the runs interrupted.
 
-        Runs it left active are marked interrupted (their events stay); its running
-        campaigns go back to the queue, where only their queued runs will run.
+        Runs it left active are marked interrupted (their events stay); its running and
+        analysing campaigns go back to the queue, where only their queued runs will run
+        before their statistics are computed.
         """
         with self.ctx.sessions() as s:
             stale = s.query(RunRow).filter(RunRow.state.in_(list(ACTIVE_STATES))).all()
-            running = [c.id for c in s.query(CampaignRow).filter_by(
-                status=CampaignStatus.RUNNING)]
+            running = [c.id for c in s.query(CampaignRow).filter(CampaignRow.status.in_(
+                [CampaignStatus.RUNNING, CampaignStatus.ANALYSING]))]
         for run in stale:
             self._transition(run, 0, RunState.INTERRUPTED, "controller restarted during the run")
         for campaign_id in running:
-            self._set_campaign(campaign_id, CampaignStatus.QUEUED,
-                               "requeued after a controller restart")
+            self.set_campaign_status(campaign_id, CampaignStatus.QUEUED,
+                                     "requeued after a controller restart")
         return len(stale)
 
-    def _set_campaign(self, campaign_id: str, status: CampaignStatus,
-                      reason: str | None = None) -> None:
+    def set_campaign_status(self, campaign_id: str, status: CampaignStatus,
+                            reason: str | None = None) -> None:
+        """Write the campaign's status and its reason, then tell the listeners."""
         with self.ctx.sessions() as s:
             row = s.get(CampaignRow, campaign_id)
             row.status = status
             row.reason = reason
             s.commit()
+        self.ctx.documents.emit(CampaignUpdate(campaign_id, status, reason))
 
     # -- one run ------------------------------------------------------------------------
 
@@ -229,10 +229,8 @@ class RunEngine:
             s.commit()
         run.state = target
         run.reason = reason
-        update = RunUpdate(run.campaign_id, run.id, run.ordinal, total, run.params,
-                           run.repetition, target, reason)
-        for listener in self.ctx.listeners:
-            listener(update)
+        self.ctx.documents.emit(RunUpdate(run.campaign_id, run.id, run.ordinal, total,
+                                          run.params, run.repetition, target, reason))
 
     def _execute(self, run: RunRow, total: int) -> None:
         """Drive one run through its states; whatever happens, stop all it started."""

@@ -2,6 +2,9 @@
 
 A run may fail from any active state, or be interrupted (controller stopped or campaign
 cancelled). Terminal states have no way out.
+
+A campaign goes created -> queued -> running -> analysing -> done, failed or cancelled:
+what its runs came to becomes its status only once its statistics are computed.
 """
 
 from __future__ import annotations
@@ -25,9 +28,17 @@ class CampaignStatus(StrEnum):
     CREATED = "created"
     QUEUED = "queued"
     RUNNING = "running"
-    DONE = "done"
+    ANALYSING = "analysing"   # the runs have ended; Spark computes the statistics
+    DONE = "done"             # only once stats.json exists
     FAILED = "failed"
     CANCELLED = "cancelled"
+
+
+CAMPAIGN_ENDED = frozenset({CampaignStatus.DONE, CampaignStatus.FAILED,
+                            CampaignStatus.CANCELLED})
+# Started and not ended: statistics are on their way.
+CAMPAIGN_UNDER_WAY = frozenset({CampaignStatus.QUEUED, CampaignStatus.RUNNING,
+                                CampaignStatus.ANALYSING})
 
 
 _ENDINGS = {RunState.FAILED, RunState.INTERRUPTED}

@@ -1,12 +1,11 @@
-"""Works the campaign queue in the background: run each queued campaign, then its stats."""
+"""Works the campaign queue in the background: each queued campaign through its lifecycle."""
 
 from __future__ import annotations
 
 import logging
 import threading
 
-from mqttbed.controller.analysis import analyze_campaign
-from mqttbed.controller.core import ControllerCore
+from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import CampaignRow
 from mqttbed.controller.states import CampaignStatus
 
@@ -16,10 +15,8 @@ log = logging.getLogger("mqttbed.worker")
 class CampaignWorker:
     """One thread that runs queued campaigns in the order they were queued."""
 
-    def __init__(self, core: ControllerCore, spark_master: str | None = None,
-                 poll_s: float = 0.5):
-        self._core = core
-        self._spark_master = spark_master
+    def __init__(self, controller: Controller, poll_s: float = 0.5):
+        self._controller = controller
         self._poll_s = poll_s
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -33,21 +30,17 @@ class CampaignWorker:
         """Stop after cancelling the running campaign (its current run winds down cleanly)."""
         self._stop.set()
         if self.current is not None:
-            self._core.engine.cancel(self.current)
+            self._controller.engine.cancel(self.current)
         self._wake.set()
         self._thread.join(timeout_s)
 
     def enqueue(self, campaign_id: str) -> None:
         """Queue a campaign; it starts when the campaigns queued before it have ended."""
-        with self._core.sessions() as s:
-            row = s.get(CampaignRow, campaign_id)
-            row.status = CampaignStatus.QUEUED
-            row.reason = None
-            s.commit()
+        self._controller.engine.set_campaign_status(campaign_id, CampaignStatus.QUEUED)
         self._wake.set()
 
     def _next_queued(self) -> str | None:
-        with self._core.sessions() as s:
+        with self._controller.sessions() as s:
             row = (s.query(CampaignRow).filter_by(status=CampaignStatus.QUEUED)
                    .order_by(CampaignRow.updated_at, CampaignRow.id).first())
             return row.id if row else None
@@ -61,15 +54,10 @@ class CampaignWorker:
                 continue
             self.current = campaign_id
             try:
-                self._core.engine.run_campaign(campaign_id)
-                analyze_campaign(self._core.sessions, self._core.layout, campaign_id,
-                                 self._spark_master)
+                self._controller.run_campaign(campaign_id)
             except Exception as exc:  # noqa: BLE001 - the campaign fails, the worker goes on
                 log.exception("campaign %s failed", campaign_id)
-                with self._core.sessions() as s:
-                    row = s.get(CampaignRow, campaign_id)
-                    row.status = CampaignStatus.FAILED
-                    row.reason = f"{type(exc).__name__}: {exc}"
-                    s.commit()
+                self._controller.engine.set_campaign_status(
+                    campaign_id, CampaignStatus.FAILED, f"{type(exc).__name__}: {exc}")
             finally:
                 self.current = None

@@ -1,4 +1,4 @@
-"""Shared fixtures: an embedded controller on a temporary data dir, one Spark session."""
+"""Shared fixtures: a controller on a temporary data dir, one Spark session."""
 
 from __future__ import annotations
 
@@ -10,19 +10,25 @@ from collections.abc import Callable, Iterator
 import psutil
 import pytest
 
-from mqttbed.controller.embedded_controller import EmbeddedController
-from mqttbed.controller.engine import RunUpdate
+from mqttbed.controller.controller import Controller, create_controller
+from mqttbed.controller.documents import CampaignUpdate, Document, RunUpdate
 from mqttbed.core.settings import Settings
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
-class UpdateLog(list[RunUpdate]):
-    """Every RunUpdate the engine emitted, in order."""
+class UpdateLog(list[Document]):
+    """Every document the controller emitted, in order."""
 
     def states(self, run_id: str) -> list[str]:
-        return [u.state for u in self if u.run_id == run_id]
+        """The states ``run_id`` went through."""
+        return [u.state for u in self if isinstance(u, RunUpdate) and u.run_id == run_id]
+
+    def statuses(self, campaign_id: str) -> list[str]:
+        """The statuses ``campaign_id`` went through."""
+        return [u.status for u in self
+                if isinstance(u, CampaignUpdate) and u.campaign_id == campaign_id]
 
 
 @pytest.fixture
@@ -31,9 +37,10 @@ def updates() -> UpdateLog:
 
 
 @pytest.fixture
-def controller(tmp_path, updates) -> Iterator[EmbeddedController]:
-    with EmbeddedController(Settings(data_dir=tmp_path / "data"),
-                            listeners=[updates.append]) as ctl:
+def controller(tmp_path, updates) -> Iterator[Controller]:
+    """A started controller serving its agent routes itself, as in ``mqttbed run``."""
+    with create_controller(Settings(data_dir=tmp_path / "data"),
+                           listeners=[updates.append]) as ctl:
         yield ctl
 
 
@@ -79,11 +86,12 @@ class Served:
         sock = bind_socket("127.0.0.1", 0)
         host, port = sock.getsockname()
         self.url = f"http://{host}:{port}"
-        self.app = create_app(Settings(data_dir=data_dir), self.url,
-                              run_campaigns=run_campaigns)
-        core = self.app.state.core
-        self.user_token = create_token(core.sessions, "tester", TokenRole.USER)
-        self.agent_token = create_token(core.sessions, "pi-1", TokenRole.AGENT)
+        self.updates = UpdateLog()  # every document its controller emits
+        self.controller = create_controller(Settings(data_dir=data_dir), controller_url=self.url,
+                                            listeners=[self.updates.append])
+        self.app = create_app(self.controller, run_campaigns=run_campaigns)
+        self.user_token = create_token(self.controller.sessions, "tester", TokenRole.USER)
+        self.agent_token = create_token(self.controller.sessions, "pi-1", TokenRole.AGENT)
         self.server = BackgroundServer(self.app, sock)
 
     def client(self, token: str | None = "user"):
@@ -95,19 +103,26 @@ class Served:
             headers["authorization"] = f"Bearer {value}"
         return httpx.Client(base_url=self.url, headers=headers, timeout=60)
 
-    def wait_for_status(self, campaign_id: str, statuses: tuple[str, ...], timeout_s: float):
-        import time
+    def wait_for_status(self, campaign_id: str, statuses: tuple[str, ...], timeout_s: float,
+                        seen: list[str] | None = None, poll_s: float = 0.25):
+        """Poll the campaign until its status is one of ``statuses``; return it.
 
+        Statuses pass queued, running and analysing (the statistics) on the way to done,
+        failed or cancelled; ending in another status than asked fails at once. ``seen``
+        collects the statuses read, in order, each once.
+        """
         deadline = time.monotonic() + timeout_s
         with self.client() as http:
             while True:
                 campaign = http.get(f"/api/v1/campaigns/{campaign_id}").json()
-                if campaign["status"] in statuses and (
-                        campaign["stats_ready"] or campaign["status"] not in
-                        ("done", "failed", "cancelled")):
+                if seen is not None and (not seen or seen[-1] != campaign["status"]):
+                    seen.append(campaign["status"])
+                if campaign["status"] in statuses:
                     return campaign
+                assert campaign["status"] not in ("done", "failed", "cancelled"), \
+                    f"campaign ended {campaign['status']}, not {statuses}: {campaign}"
                 assert time.monotonic() < deadline, f"campaign stuck: {campaign}"
-                time.sleep(0.25)
+                time.sleep(poll_s)
 
 
 FINISHED_SPEC = """

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from mqttbed.controller.documents import ResultsReady
+
 pytestmark = pytest.mark.integration
 
 
@@ -160,6 +162,91 @@ def test_cancel_stops_the_running_run_and_keeps_its_events(served):
     rows = exported.text.strip().splitlines()
     assert len(rows) - 1 > 200  # deliveries uploaded before the cancel are kept
     assert second_cancel.status_code == 409
+
+
+TINY_SPEC = {"name": "tiny", "agents": {"count": 1},
+             "workload": {"subscribers": 2, "rate_hz": 200, "messages": 60,
+                          "warmup_messages": 0}}
+
+
+def test_a_client_polling_until_done_gets_the_stats_on_its_next_request(served):
+    """done means analysed: running -> analysing -> done, and /stats answers 202 until then."""
+    seen: list[str] = []
+    pending: dict[str, object] = {}
+    with served.client() as http:
+        campaign_id = http.post("/api/v1/campaigns", json=TINY_SPEC).json()["id"]
+        assert http.post(f"/api/v1/campaigns/{campaign_id}/start").status_code == 200
+        deadline = time.monotonic() + 240
+        while True:
+            status = http.get(f"/api/v1/campaigns/{campaign_id}").json()["status"]
+            if not seen or seen[-1] != status:
+                seen.append(status)
+            if status == "done":
+                stats = http.get(f"/api/v1/campaigns/{campaign_id}/stats")
+                break
+            if status in ("running", "analysing") and status not in pending:
+                pending[status] = http.get(f"/api/v1/campaigns/{campaign_id}/stats")
+                if status == "analysing":
+                    pending["cancel"] = http.post(f"/api/v1/campaigns/{campaign_id}/cancel")
+            assert time.monotonic() < deadline, f"campaign stuck: {seen}"
+            time.sleep(0.1)
+    assert stats.status_code == 200, stats.text
+    assert stats.json()["campaign"]["id"] == campaign_id
+    assert seen[-3:] == ["running", "analysing", "done"], seen
+    for status in ("running", "analysing"):
+        answer = pending[status]
+        assert answer.status_code == 202, (status, answer.text)
+        assert answer.headers["retry-after"] == "5"
+        assert answer.json()["status"] == status and answer.json()["retry_after_s"] == 5
+    assert pending["cancel"].status_code == 409
+    assert "analysing" in pending["cancel"].json()["detail"]
+    # the same story in the controller's documents, results announced before done
+    assert served.updates.statuses(campaign_id) == ["queued", "running", "analysing", "done"]
+    (ready,) = [d for d in served.updates
+                if isinstance(d, ResultsReady) and d.campaign_id == campaign_id]
+    assert ready.stats_path.exists()
+
+
+def test_a_failed_analysis_fails_the_campaign_and_keeps_its_events(served, monkeypatch):
+    import pyarrow.dataset as ds
+
+    from mqttbed.controller import lifecycle
+    from mqttbed.controller.db import ChunkRow
+
+    def analysis_that_breaks(sessions, layout, campaign_id, spark_master=None):
+        time.sleep(1.0)  # long enough for the client to see it analysing
+        # half-way through writing its files, as a real failure might leave them
+        (layout.campaign_dir(campaign_id) / "stats.json").write_text('{"points": [')
+        raise RuntimeError("the Spark executor was lost")
+
+    monkeypatch.setattr(lifecycle, "analyze_campaign", analysis_that_breaks)
+    seen: list[str] = []
+    with served.client() as http:
+        campaign_id = http.post("/api/v1/campaigns", json=TINY_SPEC).json()["id"]
+        http.post(f"/api/v1/campaigns/{campaign_id}/start")
+        campaign = served.wait_for_status(campaign_id, ("failed",), 120, seen=seen, poll_s=0.05)
+        stats = http.get(f"/api/v1/campaigns/{campaign_id}/stats")
+    assert campaign["reason"] == "analysis failed: RuntimeError: the Spark executor was lost"
+    assert [r["state"] for r in campaign["runs"]] == ["done"]
+    assert "analysing" in seen and not campaign["stats_ready"]
+    assert stats.status_code == 409
+    assert "analysis failed: RuntimeError" in stats.json()["detail"]
+    core = served.controller
+    assert not (core.layout.campaign_dir(campaign_id) / "stats.json").exists()
+    with core.sessions() as s:
+        stored = sum(c.rows for c in s.query(ChunkRow).filter(
+            ChunkRow.run_id.like(f"{campaign_id}-%")))
+    on_disk = ds.dataset(core.layout.events / f"campaign_id={campaign_id}",
+                         format="parquet").count_rows()
+    assert stored == on_disk == 60 + 2 * 60 + 2  # publishes, deliveries, subscriptions
+
+
+def test_stats_of_a_campaign_never_started_is_409_saying_so(served):
+    with served.client() as http:
+        campaign_id = http.post("/api/v1/campaigns", json=TINY_SPEC).json()["id"]
+        response = http.get(f"/api/v1/campaigns/{campaign_id}/stats")
+    assert response.status_code == 409
+    assert "has not been started" in response.json()["detail"]
 
 
 def test_unknown_campaign_is_404(served):

@@ -20,11 +20,12 @@ from mqttbed.core.settings import Settings
 
 APP = create_app(Settings(data_dir=Path(tempfile.mkdtemp(prefix="mqttbed-schema-"))),
                  "http://127.0.0.1:9", run_campaigns=False)
-USER_TOKEN = create_token(APP.state.core.sessions, "schemathesis", TokenRole.USER)
-AGENT_TOKEN = create_token(APP.state.core.sessions, "schemathesis-agent", TokenRole.AGENT)
+USER_TOKEN = create_token(APP.state.controller.sessions, "schemathesis", TokenRole.USER)
+AGENT_TOKEN = create_token(APP.state.controller.sessions, "schemathesis-agent",
+                           TokenRole.AGENT)
 # A real campaign, so that generated requests on /campaigns/{campaign_id} also reach the
 # handlers' own code (start, cancel, stats, export), not only their 404.
-CAMPAIGN_ID = APP.state.core.engine.create_campaign(parse_spec(
+CAMPAIGN_ID = APP.state.controller.engine.create_campaign(parse_spec(
     {"name": "fuzzed", "workload": {"subscribers": 1, "messages": 30}}))
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,43 @@ def test_login_then_report_renders_every_plot_with_data(served, browser):
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
     page.close()
+
+
+def test_a_report_opened_while_running_shows_analysing_then_the_stats(served, browser,
+                                                                       monkeypatch):
+    from mqttbed.controller import lifecycle
+
+    real_analysis = lifecycle.analyze_campaign
+
+    def slow_analysis(*args, **kwargs):
+        time.sleep(4.5)  # longer than the page's 2 s poll, so it is seen analysing
+        return real_analysis(*args, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "analyze_campaign", slow_analysis)
+    spec = {"name": "watched", "agents": {"count": 1},
+            "workload": {"subscribers": 2, "rate_hz": 200, "messages": 400,
+                         "warmup_messages": 0}}
+    with served.client() as http:
+        campaign_id = http.post("/api/v1/campaigns", json=spec).json()["id"]
+        http.post(f"/api/v1/campaigns/{campaign_id}/start")
+    context = browser.new_context()
+    context.add_cookies([{"name": "mqttbed_token", "value": served.user_token,
+                          "url": served.url}])
+    page = context.new_page()
+    # every status the page shows, across its reload
+    page.add_init_script("""window.addEventListener("DOMContentLoaded", () => {
+        const seen = JSON.parse(sessionStorage.getItem("seen") || "[]");
+        const status = document.getElementById("status");
+        const note = () => { if (seen[seen.length - 1] !== status.textContent)
+            seen.push(status.textContent); sessionStorage.setItem("seen", JSON.stringify(seen)); };
+        note(); new MutationObserver(note).observe(status, {childList: true});
+    });""")
+    page.goto(f"{served.url}/campaigns/{campaign_id}")
+    page.wait_for_selector("#summary tbody tr", timeout=240_000)
+    seen = page.evaluate("JSON.parse(sessionStorage.getItem('seen'))")
+    assert seen[-2:] == ["analysing", "done"], seen
+    assert page.inner_text("#status") == "done"
+    context.close()
 
 
 def test_index_lists_campaigns_with_live_status(served, browser):

@@ -93,7 +93,7 @@ def test_an_unreachable_controller_is_named_without_a_traceback():
 def test_report_writes_one_self_contained_html_file(served, tmp_path):
     out = tmp_path / "report.html"
     done = mqttbed("report", served.finished["id"], "--out", str(out), "--data-dir",
-                   str(served.app.state.core.layout.root))
+                   str(served.controller.layout.root))
     assert done.returncode == 0, done.stderr
     html = out.read_text()
     assert done.stdout.strip() == str(out.resolve())

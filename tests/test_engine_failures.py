@@ -137,12 +137,12 @@ def test_a_chunk_sent_twice_is_stored_once(controller):
                  "clock_offset_uncertainty_ns": 0}
     chunk = ResultChunk(run_id=run_id, agent_id="a", seq=0, columns=columns, constants=constants)
     token = controller.engine.ctx.agent_token
-    with httpx.Client(base_url=controller.server.url,
+    with httpx.Client(base_url=controller.url,
                       headers={"authorization": f"Bearer {token}",
                                "content-type": "application/json"}) as http:
         answers = [http.post(f"/agent/v1/runs/{run_id}/chunks",
                              content=chunk.model_dump_json()).json() for _ in range(2)]
-        wrong = httpx.post(f"{controller.server.url}/agent/v1/runs/{run_id}/chunks",
+        wrong = httpx.post(f"{controller.url}/agent/v1/runs/{run_id}/chunks",
                            content=chunk.model_dump_json(),
                            headers={"authorization": "Bearer nope",
                                     "content-type": "application/json"})
@@ -165,7 +165,7 @@ def test_malformed_agent_messages_are_422_and_store_nothing(controller):
                             constants=constants)
     hello = {"name": "pi", "hostname": "pi", "pid": 2**70, "cores": 4, "gpio_backend": "virtual",
              "clock": "CLOCK_MONOTONIC", "clock_resolution_ns": 1}
-    with httpx.Client(base_url=controller.server.url,
+    with httpx.Client(base_url=controller.url,
                       headers={"authorization": f"Bearer {token}",
                                "content-type": "application/json"}) as http:
         chunk_answer = http.post(f"/agent/v1/runs/{run_id}/chunks",

@@ -26,10 +26,10 @@ SPEC = {
 
 @pytest.fixture(scope="module")
 def scoped(tmp_path_factory):
-    from mqttbed.controller.embedded_controller import EmbeddedController
+    from mqttbed.controller.controller import create_controller
     from mqttbed.core.settings import Settings
 
-    with EmbeddedController(Settings(data_dir=tmp_path_factory.mktemp("scoped"))) as ctl:
+    with create_controller(Settings(data_dir=tmp_path_factory.mktemp("scoped"))) as ctl:
         campaign_id = ctl.engine.create_campaign(parse_spec(SPEC))
         status = ctl.engine.run_campaign(campaign_id)
         stats, _, _ = analyze_campaign(ctl.sessions, ctl.layout, campaign_id)

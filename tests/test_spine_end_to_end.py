@@ -43,6 +43,8 @@ def test_mqttbed_run_measures_a_two_point_sweep(tmp_path):
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr[-3000:]
+    # the statistics are computed before the campaign is done, as under `mqttbed serve`
+    assert "runs ended; computing statistics with Spark" in done.stderr
 
     # one table row per sweep point, then the paths
     rows = [line for line in done.stdout.splitlines() if "workload.subscribers=" in line]

@@ -24,7 +24,7 @@ def test_events_arrive_in_chunks_of_bounded_size_in_order(controller):
     campaign_id = controller.engine.create_campaign(parse_spec({"name": "up"}))
     run_id = f"{campaign_id}-r0000"
     token = controller.engine.ctx.agent_token
-    with httpx.Client(base_url=controller.server.url,
+    with httpx.Client(base_url=controller.url,
                       headers={"authorization": f"Bearer {token}"}) as http:
         uploader = ChunkUploader(http, run_id=run_id, agent_id="a1", static_columns=STATIC,
                                  chunk_events=100, interval_s=60)

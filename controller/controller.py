@@ -1,0 +1,160 @@
+"""One controller, assembled in one place: ``create_controller(settings) -> Controller``.
+
+A controller is the database, the agent registry, the chunk store, the run engine and the
+campaign lifecycle over one data dir, and the stream of documents they emit. Every entry
+point builds it here: ``mqttbed run`` (serving its own agent routes on a free port),
+``mqttbed serve`` (through ``api.create_app``, which serves the agent routes beside the
+REST API), ``mqttbed report`` (reading only) and the tests.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import socket
+from collections.abc import Iterable
+from datetime import timedelta
+from types import TracebackType
+
+from fastapi import APIRouter
+from sqlalchemy.orm import sessionmaker
+
+from mqttbed.controller.db import AgentRow, database_url, open_database, utcnow
+from mqttbed.controller.documents import DocumentStream, Listener
+from mqttbed.controller.embedded import BackgroundServer, bind_socket
+from mqttbed.controller.engine import EngineContext, RunEngine
+from mqttbed.controller.gateway import ChunkStore, agent_app, agent_router
+from mqttbed.controller.lifecycle import conduct_campaign
+from mqttbed.controller.registry import AgentRecord, AgentRegistry
+from mqttbed.controller.states import CampaignStatus
+from mqttbed.controller.storage import DataLayout
+from mqttbed.controller.tokens import TokenRole, resolve_token
+from mqttbed.core.clock import monotonic_ns
+from mqttbed.core.host import LocalHost
+from mqttbed.core.settings import Settings
+
+
+def create_controller(settings: Settings, *, controller_url: str | None = None,
+                      listeners: Iterable[Listener] = ()) -> Controller:
+    """Build a controller over ``settings``' data dir; ``start()`` it to take agents.
+
+    ``controller_url`` is where the agents it starts reach it. Give it when something
+    else serves ``agent_router()`` there (``mqttbed serve``'s app), or ``""`` for a
+    controller that starts no agent (``mqttbed report``). Without it the controller
+    serves its agent routes itself, from ``start()`` to ``stop()``, on a free port of the
+    lab address (``mqttbed run``, the tests). ``listeners`` receive every document.
+    """
+    layout = DataLayout(settings.data_dir)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    agent_socket = None
+    if controller_url is None:
+        # Bound before the controller exists, so that it knows its own URL.
+        agent_socket = bind_socket(settings.lab_address, 0)
+        host, port = agent_socket.getsockname()
+        controller_url = f"http://{host}:{port}"
+    try:
+        return Controller(settings, layout, DocumentStream(listeners), controller_url,
+                          agent_socket)
+    except BaseException:
+        if agent_socket is not None:
+            agent_socket.close()
+        raise
+
+
+class Controller:
+    """Everything a controller keeps, reachable by agents at ``url``.
+
+    A context manager: ``with create_controller(settings) as controller:`` starts it and
+    stops it (then closes its database).
+    """
+
+    def __init__(self, settings: Settings, layout: DataLayout, documents: DocumentStream,
+                 url: str, agent_socket: socket.socket | None = None):
+        self.settings = settings
+        self.layout = layout
+        self.documents = documents
+        self.url = url
+        self.sessions: sessionmaker = open_database(settings.database_url
+                                                    or database_url(layout.root))
+        self.registry = AgentRegistry(on_agent_change=self._record_agent)
+        self.chunks = ChunkStore(self.sessions, layout, self.registry)
+        # The agents this controller spawns itself get a token that lives as long as it does.
+        self._local_agent_token = secrets.token_urlsafe(32)
+        self.engine = RunEngine(EngineContext(
+            sessions=self.sessions, layout=layout, registry=self.registry,
+            host=LocalHost(settings.lab_address), controller_url=url,
+            agent_token=self._local_agent_token, documents=documents))
+        self._agent_socket = agent_socket
+        self._agent_server = (BackgroundServer(agent_app(self.agent_router()), agent_socket)
+                              if agent_socket is not None else None)
+        self._serving = False
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def start(self) -> Controller:
+        """Serve the agent routes (if it serves them itself), then recover what a previous
+        controller left mid-campaign (``RunEngine.recover``)."""
+        if self._agent_server is not None:
+            self._agent_server.start()
+            self._serving = True
+        try:
+            self.engine.recover()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop serving the agent routes, then close the database."""
+        if self._serving:
+            self._agent_server.stop()  # closes its socket
+            self._serving = False
+        elif self._agent_socket is not None:
+            self._agent_socket.close()
+        self.close()
+
+    def close(self) -> None:
+        """Close the database (all a controller that was never started needs)."""
+        self.sessions.kw["bind"].dispose()
+
+    def __enter__(self) -> Controller:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    # -- campaigns ------------------------------------------------------------------------
+
+    def run_campaign(self, campaign_id: str) -> CampaignStatus:
+        """Take the campaign through its lifecycle (runs, analysing, final status); return
+        the final status. Blocks until the statistics are written or have failed."""
+        return conduct_campaign(self.engine, self.layout, campaign_id,
+                                self.settings.spark_master)
+
+    # -- agents ---------------------------------------------------------------------------
+
+    def token_role(self, token: str) -> TokenRole | None:
+        """The role of ``token``: a stored token's, AGENT for local agents, else None."""
+        if hmac.compare_digest(token.encode(), self._local_agent_token.encode()):
+            return TokenRole.AGENT
+        found = resolve_token(self.sessions, token)
+        return found[1] if found else None
+
+    def agent_router(self) -> APIRouter:
+        """The ``/agent/v1`` routes, open to agent tokens only."""
+        return agent_router(self.registry, self.chunks, self.token_role)
+
+    def _record_agent(self, record: AgentRecord) -> None:
+        """Keep the agents table in step with registrations, losses and departures."""
+        with self.sessions() as s:
+            row = s.get(AgentRow, record.agent_id)
+            if row is None:
+                hello = record.hello
+                row = AgentRow(id=record.agent_id, name=hello.name, hostname=hello.hostname,
+                               pid=hello.pid, info=hello.model_dump(mode="json"))
+                s.add(row)
+            row.state = record.state
+            row.last_heartbeat = utcnow() - timedelta(
+                seconds=(monotonic_ns() - record.last_seen_ns) / 1e9)
+            s.commit()

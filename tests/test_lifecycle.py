@@ -1,0 +1,51 @@
+"""A campaign's lifecycle as its listeners see it: runs, analysing, then the final status."""
+
+from __future__ import annotations
+
+import pytest
+
+from mqttbed.campaigns.spec import parse_spec
+from mqttbed.controller.documents import CampaignUpdate, DocumentStream, ResultsReady, RunUpdate
+from mqttbed.controller.states import CampaignStatus, RunState
+
+TINY = {"name": "tiny", "agents": {"count": 1},
+        "workload": {"subscribers": 2, "rate_hz": 200, "messages": 40, "warmup_messages": 5}}
+
+
+@pytest.mark.integration
+def test_a_campaign_is_done_only_after_its_results_are_ready(controller, updates):
+    campaign_id = controller.engine.create_campaign(parse_spec(TINY))
+    assert controller.run_campaign(campaign_id) == CampaignStatus.DONE
+    assert updates.statuses(campaign_id) == ["running", "analysing", "done"]
+    assert updates.states(f"{campaign_id}-r0000") == ["deploying", "running", "collecting",
+                                                      "done"]
+    ready = next(d for d in updates if isinstance(d, ResultsReady))
+    # the statistics are written, announced, and only then is the campaign done
+    assert updates.index(ready) == len(updates) - 2
+    assert updates[-1] == CampaignUpdate(campaign_id, CampaignStatus.DONE, None)
+    assert ready.stats_path == controller.layout.campaign_dir(campaign_id) / "stats.json"
+    assert ready.stats_path.exists() and ready.parquet_path.exists()
+
+
+def test_a_campaign_cancelled_before_it_ran_is_not_analysed(controller, updates):
+    campaign_id = controller.engine.create_campaign(parse_spec(TINY))
+    controller.engine.cancel(campaign_id)
+    assert controller.run_campaign(campaign_id) == CampaignStatus.CANCELLED
+    assert updates.statuses(campaign_id) == ["cancelled"]
+    assert updates.states(f"{campaign_id}-r0000") == ["interrupted"]
+    assert not any(isinstance(d, ResultsReady) for d in updates)
+    assert not (controller.layout.campaign_dir(campaign_id) / "stats.json").exists()
+
+
+def test_a_listener_that_raises_is_passed_over():
+    seen = []
+
+    def broken(_document):
+        raise RuntimeError("display went away")
+
+    stream = DocumentStream([broken, seen.append])
+    late = []
+    stream.subscribe(late.append)
+    update = RunUpdate("c1", "c1-r0000", 0, 1, {}, 0, RunState.DEPLOYING)
+    stream.emit(update)
+    assert seen == [update] and late == [update]
