@@ -31,6 +31,7 @@ from mqttbed.core.protocol import (
     StartAt,
     Subscribe,
 )
+from mqttbed.core.settings import AgentSettings
 
 log = logging.getLogger("mqttbed.agent")
 
@@ -127,7 +128,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     """Add the agent's options to ``parser`` (a subcommand of ``mqttbed``) or a new one."""
     parser = parser or argparse.ArgumentParser(prog="mqttbed agent")
     parser.add_argument("--controller", required=True, help="controller URL, e.g. http://host:8000")
-    parser.add_argument("--token", default=os.environ.get("MQTTBED_AGENT_TOKEN"),
+    parser.add_argument("--token", default=AgentSettings.load().agent_token,
                         help="agent token (or MQTTBED_AGENT_TOKEN)")
     parser.add_argument("--name", default=socket.gethostname(), help="name shown by the controller")
     parser.add_argument("--gpio", default="auto", choices=BACKENDS,

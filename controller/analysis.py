@@ -15,7 +15,14 @@ from mqttbed.analytics.results import CampaignStats, ScopeRun, results_model
 from mqttbed.analytics.results_files import STATS_JSON
 from mqttbed.brokers.registry import section_types
 from mqttbed.controller.db import CampaignRow, RunRow
+from mqttbed.controller.engine import RunEngine
+from mqttbed.controller.states import CAMPAIGN_UNDER_WAY, CampaignStatus
 from mqttbed.controller.storage import DataLayout
+from mqttbed.core.errors import MqttbedError
+from mqttbed.core.settings import Settings
+
+# How the reason of a campaign whose analysis failed begins (``controller.lifecycle``).
+ANALYSIS_FAILED = "analysis failed"
 
 
 def results_type() -> type[CampaignStats]:
@@ -32,8 +39,12 @@ def load_results(layout: DataLayout, campaign_id: str) -> CampaignStats | None:
 
 
 def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: str,
-                     spark_master: str | None = None) -> tuple[CampaignStats, Path, Path]:
-    """Compute the campaign's results with Spark; return (results, stats.json, stats.parquet)."""
+                     settings: Settings | None = None) -> tuple[CampaignStats, Path, Path]:
+    """Compute the campaign's results with Spark; return (results, stats.json, stats.parquet).
+
+    ``settings`` say which Spark (master, memory, partitions) if this process has none
+    yet; the results are the same whichever runs them.
+    """
     from mqttbed.analytics.results_files import write_stats
     from mqttbed.analytics.spark import get_spark
     from mqttbed.analytics.stats import RunInfo, compute_campaign_stats
@@ -52,11 +63,30 @@ def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: st
                     mode=r.spec["workload"].get("mode", "pubsub"),
                     scope=_scope_run(r)) for r in rows]
     stats = compute_campaign_stats(
-        get_spark(spark_master), events_path=layout.events, samples_path=layout.broker_samples,
+        get_spark(settings), events_path=layout.events, samples_path=layout.broker_samples,
         records_path=layout.backend_records, section_types=section_types(),
         campaign={"id": campaign.id, "name": campaign.name, "spec": campaign.spec}, runs=runs)
     json_path, parquet_path = write_stats(stats, layout.campaign_dir(campaign_id))
     return stats, json_path, parquet_path
+
+
+def reanalysis_status(engine: RunEngine, campaign_id: str
+                      ) -> tuple[CampaignStatus, str | None] | None:
+    """Before re-analysing: the status the campaign takes if it succeeds, or None to keep it.
+
+    A campaign under way belongs to the controller running it: re-analysing it would race
+    that controller's own analysis, so it is refused. One whose analysis failed takes what
+    its runs came to once it has results; any other keeps its status.
+    """
+    with engine.ctx.sessions() as s:
+        row = s.get(CampaignRow, campaign_id)
+        status, reason = row.status, row.reason or ""
+    if status in CAMPAIGN_UNDER_WAY:
+        raise MqttbedError(f"campaign {campaign_id} is {status}: its controller analyses it "
+                           "when its runs have ended; analyse it again after that")
+    if status == CampaignStatus.FAILED and reason.startswith(ANALYSIS_FAILED):
+        return engine.outcome(campaign_id)
+    return None
 
 
 def _scope_run(row: RunRow) -> ScopeRun | None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mqttbed.analytics.results import CampaignStats
+    from mqttbed.controller.controller import Controller
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -145,19 +146,12 @@ def _token(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from mqttbed.api.report import render_report
     from mqttbed.controller.controller import create_controller
-    from mqttbed.controller.db import CampaignRow
     from mqttbed.core.settings import Settings
 
     # Reads results only: never started, so it starts no agent and needs no address.
     controller = create_controller(Settings.from_env(args.data_dir), controller_url="")
     try:
-        campaign_id = args.id
-        if campaign_id == "latest":
-            with controller.sessions() as s:
-                latest = s.query(CampaignRow).order_by(CampaignRow.created_at.desc()).first()
-            if latest is None:
-                raise SystemExit(f"mqttbed report: no campaign in {controller.layout.root}")
-            campaign_id = latest.id
+        campaign_id = _campaign_id(controller, args.id, "report")
         try:
             html = render_report(controller, campaign_id, standalone=True)
         except KeyError:
@@ -169,6 +163,44 @@ def _report(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(html)
     print(out.resolve())
+    return 0
+
+
+def _campaign_id(controller: Controller, wanted: str, command: str) -> str:
+    """``wanted``, or the newest campaign's id for ``latest``; exits if there is none."""
+    from mqttbed.controller.db import CampaignRow
+
+    with controller.sessions() as s:
+        if wanted == "latest":
+            row = s.query(CampaignRow).order_by(CampaignRow.created_at.desc()).first()
+        else:
+            row = s.get(CampaignRow, wanted)
+    if row is None:
+        raise SystemExit(f"mqttbed {command}: no campaign "
+                         f"{'' if wanted == 'latest' else repr(wanted) + ' '}"
+                         f"in {controller.layout.root}")
+    return row.id
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    """Recompute a campaign's results from its stored events, as at the end of its runs."""
+    from mqttbed.controller.analysis import analyze_campaign, reanalysis_status
+    from mqttbed.controller.controller import create_controller
+    from mqttbed.core.settings import Settings
+
+    settings = Settings.from_env(args.data_dir, args.spark_master)
+    controller = create_controller(settings, controller_url="")  # starts nothing
+    try:
+        campaign_id = _campaign_id(controller, args.id, "analyze")
+        status = reanalysis_status(controller.engine, campaign_id)
+        stats, json_path, _ = analyze_campaign(controller.sessions, controller.layout,
+                                               campaign_id, settings)
+        if status is not None:  # its earlier analysis had failed: now it has results
+            controller.engine.set_campaign_status(campaign_id, *status)
+    finally:
+        controller.close()
+    print_points(stats)
+    print(f"stats:   {json_path}")
     return 0
 
 
@@ -248,6 +280,15 @@ def build_parser() -> argparse.ArgumentParser:
                                             "or local[*])")
     run.set_defaults(func=_run)
 
+    analyze = commands.add_parser(
+        "analyze", help="recompute a campaign's results (stats.json, stats.parquet) from its "
+                        "stored events, as at the end of its runs")
+    analyze.add_argument("id", help="campaign id, or 'latest'")
+    analyze.add_argument("--data-dir", help="default: MQTTBED_DATA_DIR or ./data")
+    analyze.add_argument("--spark-master", help="e.g. spark://HOST:7077 (default: "
+                                                "MQTTBED_SPARK_MASTER or local[*])")
+    analyze.set_defaults(func=_analyze)
+
     serve = commands.add_parser("serve", help="run the controller: REST API, web reports, "
                                               "agent gateway, campaign queue")
     serve.add_argument("--host", default="127.0.0.1")
@@ -308,8 +349,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mqttbed.core.errors import MqttbedError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except MqttbedError as exc:  # bad settings, a campaign in the wrong state ...
+        raise SystemExit(f"mqttbed {args.command}: {exc}") from None
 
 
 if __name__ == "__main__":

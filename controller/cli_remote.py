@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from mqttbed.core.settings import ClientSettings
 
 STATUS_ENDED = ("done", "failed", "cancelled")
 
@@ -18,9 +19,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     """Add the ``campaigns`` command group to the ``mqttbed`` parser."""
     group = commands.add_parser("campaigns", help="campaigns on a remote controller "
                                                   "(--url/--token or MQTTBED_URL/MQTTBED_TOKEN)")
-    group.add_argument("--url", default=os.environ.get("MQTTBED_URL", "http://127.0.0.1:8000"),
+    settings = ClientSettings.load()
+    group.add_argument("--url", default=settings.url,
                        help="the controller (default: MQTTBED_URL or http://127.0.0.1:8000)")
-    group.add_argument("--token", default=os.environ.get("MQTTBED_TOKEN"),
+    group.add_argument("--token", default=settings.token,
                        help="a user token (default: MQTTBED_TOKEN)")
     # The same options after the action (`campaigns list --url …`), overriding only if given.
     connection = argparse.ArgumentParser(add_help=False)

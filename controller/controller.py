@@ -129,8 +129,7 @@ class Controller:
     def run_campaign(self, campaign_id: str) -> CampaignStatus:
         """Take the campaign through its lifecycle (runs, analysing, final status); return
         the final status. Blocks until the statistics are written or have failed."""
-        return conduct_campaign(self.engine, self.layout, campaign_id,
-                                self.settings.spark_master)
+        return conduct_campaign(self.engine, self.layout, campaign_id, self.settings)
 
     # -- agents ---------------------------------------------------------------------------
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 
-from mqttbed.controller.analysis import analyze_campaign
+from mqttbed.controller.analysis import ANALYSIS_FAILED, analyze_campaign
 from mqttbed.controller.documents import ResultsReady
 from mqttbed.controller.engine import RunEngine
 from mqttbed.controller.states import CampaignStatus
 from mqttbed.controller.storage import DataLayout
+from mqttbed.core.settings import Settings
 
 log = logging.getLogger("mqttbed.lifecycle")
 
@@ -24,7 +25,7 @@ REASON_MAX_CHARS = 1000
 
 
 def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
-                     spark_master: str | None = None) -> CampaignStatus:
+                     settings: Settings | None = None) -> CampaignStatus:
     """Run the campaign's runs, then analyse them; return its final status.
 
     Documents on the way (``engine.ctx.documents``): a RunUpdate per run transition, a
@@ -38,7 +39,7 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     engine.set_campaign_status(campaign_id, CampaignStatus.ANALYSING, reason)
     try:
         stats, json_path, parquet_path = analyze_campaign(engine.ctx.sessions, layout,
-                                                          campaign_id, spark_master)
+                                                          campaign_id, settings)
     except Exception as exc:  # noqa: BLE001 - the campaign fails with the reason, events stay
         log.exception("analysis of campaign %s failed", campaign_id)
         discard_statistics(layout, campaign_id)
@@ -56,7 +57,7 @@ def analysis_failure(exc: Exception) -> str:
     message = str(exc).strip()
     if len(message) > REASON_MAX_CHARS:
         message = message[:REASON_MAX_CHARS] + " ... (cut; the controller's log has it all)"
-    return f"analysis failed: {type(exc).__name__}: {message}"
+    return f"{ANALYSIS_FAILED}: {type(exc).__name__}: {message}"
 
 
 def discard_statistics(layout: DataLayout, campaign_id: str) -> None:

@@ -1,31 +1,125 @@
-"""Settings shared by the controller, the CLI and the analytics: one object, no globals."""
+"""Settings: one typed object per role, read from ``MQTTBED_*`` variables and ``.env``.
+
+Every setting has one name in the environment: ``MQTTBED_`` and the field's name in
+capitals (``spark_driver_memory`` is ``MQTTBED_SPARK_DRIVER_MEMORY``). A ``.env`` file in
+the working directory is read too; the environment wins over it, and an argument given
+to :meth:`Settings.load` (a command-line option) wins over both. A bad value is a
+:class:`SettingsError` naming the variable and the value. No other module reads
+``os.environ`` for mqttbed's own settings.
+"""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+import ipaddress
+import re
 from pathlib import Path
+from typing import Any, Self
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from mqttbed.core.errors import MqttbedError
+
+ENV_PREFIX = "MQTTBED_"
+_CONFIG = SettingsConfigDict(env_prefix=ENV_PREFIX, env_file=".env", env_file_encoding="utf-8",
+                             extra="ignore", frozen=True)
+_JVM_MEMORY = re.compile(r"^[1-9][0-9]*[kKmMgGtT]?$")
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Where data lives and which services to use."""
+class SettingsError(MqttbedError):
+    """A setting has a bad value; the message names its variable and the value."""
 
-    data_dir: Path
-    database_url: str | None = None       # default: SQLite in data_dir
-    spark_master: str | None = None       # default: MQTTBED_SPARK_MASTER or local[*]
-    # This machine's address on the lab network (MQTTBED_LAB_ADDRESS): where agents on
-    # other machines reach the controller and the brokers it deploys. Default: loopback,
-    # which only agents on this machine can reach.
-    lab_address: str = "127.0.0.1"
+
+class _Loadable(BaseSettings):
+    model_config = _CONFIG
+
+    @classmethod
+    def load(cls, **overrides: Any) -> Self:
+        """Settings from the environment and ``.env``, with the ``overrides`` that are not
+        None on top; a bad value raises :class:`SettingsError`."""
+        given = {name: value for name, value in overrides.items() if value is not None}
+        try:
+            return cls(**given)
+        except ValidationError as exc:
+            raise SettingsError(_explain(exc, given)) from None
+
+
+class Settings(_Loadable):
+    """The controller's settings (``mqttbed serve``, ``run``, ``analyze``, ``report`` ...)."""
+
+    data_dir: Path = Field(Path("data"), description="where the database, events and results "
+                                                     "live")
+    database_url: str | None = Field(None, description="SQLAlchemy URL (default: SQLite in "
+                                                       "data_dir)")
+    # This machine's address on the lab network: where agents on other machines reach the
+    # controller and the brokers it deploys. Loopback: only agents on this machine can.
+    lab_address: str = Field("127.0.0.1", description="this machine's address on the lab "
+                                                      "network")
+    spark_master: str = Field("local[*]", description="Spark master URL: local[N] or "
+                                                      "spark://HOST:PORT")
+    spark_driver_memory: str = Field("2g", description="the Spark driver's heap (JVM size, "
+                                                       "e.g. 2g)")
+    spark_executor_memory: str | None = Field(None, description="each executor's heap on a "
+                                                                "cluster (default: Spark's)")
+    spark_shuffle_partitions: int = Field(4, ge=1, description="spark.sql.shuffle.partitions")
+    spark_conf: dict[str, str] = Field(default_factory=dict, description=(
+        "further Spark properties as JSON, e.g. {\"spark.hadoop.fs.s3a.endpoint\": \"...\"}"))
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    @field_validator("lab_address")
+    @classmethod
+    def _an_address(cls, value: str) -> str:
+        ipaddress.ip_address(value)  # agents and brokers are reached at an IP address
+        return value
+
+    @field_validator("spark_master")
+    @classmethod
+    def _a_master(cls, value: str) -> str:
+        if not re.match(r"^(local(\[(\*|[1-9][0-9]*)\])?|spark://[^/\s]+:[0-9]+|yarn|"
+                        r"k8s://\S+)$", value):
+            raise ValueError("expected local[*], local[N], spark://HOST:PORT, yarn or k8s://...")
+        return value
+
+    @field_validator("spark_driver_memory", "spark_executor_memory")
+    @classmethod
+    def _jvm_memory(cls, value: str | None) -> str | None:
+        if value is not None and not _JVM_MEMORY.match(value):
+            raise ValueError("expected a JVM memory size such as 512m or 2g")
+        return value
 
     @classmethod
     def from_env(cls, data_dir: str | Path | None = None, spark_master: str | None = None,
                  database_url: str | None = None) -> Settings:
-        """Build settings from arguments, falling back to MQTTBED_* environment variables."""
-        return cls(
-            data_dir=Path(data_dir or os.environ.get("MQTTBED_DATA_DIR", "data")).resolve(),
-            database_url=database_url or os.environ.get("MQTTBED_DATABASE_URL"),
-            spark_master=spark_master or os.environ.get("MQTTBED_SPARK_MASTER"),
-            lab_address=os.environ.get("MQTTBED_LAB_ADDRESS") or "127.0.0.1",
-        )
+        """The command line's way in: its options over the environment and ``.env``."""
+        return cls.load(data_dir=data_dir, spark_master=spark_master,
+                        database_url=database_url)
+
+
+class ClientSettings(_Loadable):
+    """``mqttbed campaigns ...`` against a remote controller."""
+
+    url: str = "http://127.0.0.1:8000"
+    token: str | None = None
+
+
+class AgentSettings(_Loadable):
+    """``mqttbed agent``: the agent token (the controller passes it in the environment,
+    never on the command line, where ``ps`` would show it)."""
+
+    agent_token: str | None = None
+
+
+def _explain(exc: ValidationError, given: dict[str, Any]) -> str:
+    """One line per bad setting: where it came from, the value, what is wrong."""
+    lines = []
+    for error in exc.errors():
+        name = ".".join(str(part) for part in error["loc"])
+        field = name.split(".")[0]
+        source = f"{field} (given)" if field in given else f"{ENV_PREFIX}{field.upper()}"
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(f"{source}: {message} (got {error.get('input')!r})")
+    return "bad setting: " + "; ".join(lines)

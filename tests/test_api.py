@@ -213,7 +213,7 @@ def test_a_failed_analysis_fails_the_campaign_and_keeps_its_events(served, monke
     from mqttbed.controller import lifecycle
     from mqttbed.controller.db import ChunkRow
 
-    def analysis_that_breaks(sessions, layout, campaign_id, spark_master=None):
+    def analysis_that_breaks(sessions, layout, campaign_id, settings=None):
         time.sleep(1.0)  # long enough for the client to see it analysing
         # half-way through writing its files, as a real failure might leave them
         (layout.campaign_dir(campaign_id) / "stats.json").write_text('{"points": [')
