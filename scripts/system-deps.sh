@@ -12,6 +12,12 @@ command -v make >/dev/null 2>&1 || need+=(make)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 # The browser test drives Debian's Chromium (Playwright never downloads a browser here).
 [ -x /usr/bin/chromium ] || need+=(chromium)
+# The p4 backend's data plane is an eBPF program built with clang -target bpf (headers from
+# libbpf-dev), attached with tc and read through bpftool, inside network namespaces (ip).
+command -v clang >/dev/null 2>&1 || need+=(clang)
+[ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+command -v bpftool >/dev/null 2>&1 || [ -x /usr/sbin/bpftool ] || need+=(bpftool)
+{ command -v ip && command -v tc; } >/dev/null 2>&1 || need+=(iproute2)
 # Spark 4 needs Java 17 or newer.
 if ! java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])'; then
     need+=(default-jre-headless)
