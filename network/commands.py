@@ -46,5 +46,15 @@ def ip(*args: str, netns: str | None = None, check: bool = True) -> str:
 
 
 def tc(*args: str, netns: str | None = None, check: bool = True) -> str:
-    """``tc [-n NETNS] ARGS``: -n switches only the network namespace, so bpffs stays visible."""
-    return run(["tc", *(("-n", netns) if netns else ()), *args], check=check)
+    """``tc ARGS`` in namespace NETNS.
+
+    Through ``nsenter --net`` rather than ``tc -n``: -n also remounts /sys, which hides
+    the bpffs at /sys/fs/bpf that pinned programs are attached from.
+    """
+    enter = ["nsenter", f"--net=/run/netns/{netns}"] if netns else []
+    return run([*enter, "tc", *args], check=check)
+
+
+def bpftool(*args: str, check: bool = True) -> str:
+    """``bpftool ARGS`` (in the root namespace: pins and maps are not per namespace)."""
+    return run(["bpftool", *args], check=check)
