@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -86,11 +85,6 @@ def drain(sock: socket.socket, quiet_s: float = 0.3) -> list[tuple[bytes, tuple[
             got.append(sock.recvfrom(65535))
         except TimeoutError:
             return got
-
-
-def wait_quiet(seconds: float = 0.05) -> None:
-    """Let in-flight clones land before reading counters."""
-    time.sleep(seconds)
 
 
 @contextmanager

@@ -21,7 +21,6 @@ from tests.pams_net import (
     publish,
     register,
     subscribe,
-    wait_quiet,
 )
 
 TOPIC = TopicKey(TopicIdType.NORMAL, 0x0101)
