@@ -120,7 +120,7 @@ def test_register_subscribe_publish_by_id_predefined_and_short_name(gateway):
     assert wild.recv() == Publish(register.topic_id, 0, b"1bar")
     # QoS -1 on a short name needs no connection at all.
     short = short_name_id("ab")
-    assert exact.ask(Subscribe(3, "ab", SHORT)) == Suback(short, 3, ReturnCode.ACCEPTED)
+    assert exact.ask(Subscribe(3, "ab", SHORT)) == Suback(0, 3, ReturnCode.ACCEPTED)
     RawClient(endpoint).send(Publish(short, 0, b"anon", qos=-1, topic_id_type=SHORT))
     assert exact.recv() == Publish(short, 0, b"anon", topic_id_type=SHORT)
     assert exact.ask(Unsubscribe(4, "ab", SHORT)) == Unsuback(4)

@@ -267,7 +267,7 @@ class Gateway:
         elif subscription.kind == TopicIdType.PREDEFINED:
             reply_id = subscription.predefined_id or 0
         elif subscription.kind == TopicIdType.SHORT_NAME:
-            reply_id = short_name_id(subscription.filter)
+            pass   # the id is "not relevant" for a short name (5.4.16): 0x0000, as for '+'/'#'
         elif not set("+#") & set(subscription.filter):
             topic_id = self._topic_id(subscription.filter)
             if topic_id is None:
