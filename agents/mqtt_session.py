@@ -7,9 +7,10 @@ CONNECT is sent (paho does not set it; without it loopback latency reads ~9 ms).
 
 The endpoint's transport picks the client: paho over TCP for ``mqtt-tcp``, or
 :class:`~mqttbed.agents.mqtt_udp.UdpMqttClient` (one socket per client, one packet per
-datagram) for ``mqtt-udp``, the FPGA broker's transport. Both offer the same driving
-surface (:class:`ClientConnection`), so the loop, the schedule and the recorded events
-are the same code for both.
+datagram) for ``mqtt-udp``, the FPGA broker's transport, or
+:class:`~mqttbed.agents.mqtt_sn.MqttSnClient` for ``mqtt-sn-udp`` (MQTT-SN 1.2). All
+offer the same driving surface (:class:`ClientConnection`), so the loop, the schedule
+and the recorded events are the same code for every transport.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 import paho.mqtt.client as mqtt
 
 from mqttbed.agents.gpio import GpioLines
+from mqttbed.agents.mqtt_sn import MqttSnClient, SnMessage
 from mqttbed.agents.mqtt_udp import UdpMqttClient
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import (
@@ -86,8 +88,12 @@ class MqttSession:
 
     def __init__(self, endpoint: Endpoint, clients: list[ClientAssignment], gpio: GpioLines,
                  record: Callable[[RawEvent], None], gpio_pulses: bool = False):
-        if endpoint.transport not in (Transport.MQTT_TCP, Transport.MQTT_UDP):
-            raise ValueError(f"transport {endpoint.transport} is not supported by this agent yet")
+        if endpoint.transport == Transport.MQTT_SN_UDP:
+            for spec in clients:
+                if spec.qos not in (0, 1):
+                    raise ValueError(f"transport mqtt-sn-udp carries QoS 0 and 1 here (the "
+                                     f"gateway has no QoS 2); {spec.client_id} asks for QoS "
+                                     f"{spec.qos}: set workload.qos to 0 or 1")
         if endpoint.transport == Transport.MQTT_UDP:
             for spec in clients:
                 if spec.qos != 0:
@@ -111,7 +117,7 @@ class MqttSession:
     # -- set-up -----------------------------------------------------------------------
 
     def _make_client(self, spec: ClientAssignment) -> _Client:
-        if self._endpoint.transport == Transport.MQTT_UDP:
+        if self._endpoint.transport in (Transport.MQTT_UDP, Transport.MQTT_SN_UDP):
             return self._make_udp_client(spec)
         paho = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=spec.client_id,
                            protocol=mqtt.MQTTv311, clean_session=True)
@@ -135,8 +141,13 @@ class MqttSession:
         def on_failure(reason: str) -> None:
             client.failure = reason
 
-        udp = UdpMqttClient(
+        sn = self._endpoint.transport == Transport.MQTT_SN_UDP
+        sn_options: dict[str, Any] = {} if not sn else {
+            "publish_topic": spec.topic if spec.role == Role.PUBLISHER else None,
+            "on_puback": lambda: self._on_puback(client)}
+        udp = (MqttSnClient if sn else UdpMqttClient)(
             spec.client_id,
+            **sn_options,
             on_connack=lambda code: self._on_connect(
                 client, f"CONNACK refused: return code {code}" if code else None),
             on_suback=lambda codes: self._on_suback(
@@ -240,7 +251,7 @@ class MqttSession:
         self._record((EventKind.SUBSCRIBE, None, None, spec.client_id, spec.topic, 0, spec.qos,
                       False, None, None, t_suback))
 
-    def _on_message(self, client: _Client, msg: mqtt.MQTTMessage | Publish) -> None:
+    def _on_message(self, client: _Client, msg: mqtt.MQTTMessage | Publish | SnMessage) -> None:
         t_recv = monotonic_ns()
         self._gpio.toggle(client.spec.gpio_pin)
         try:

@@ -46,6 +46,11 @@ MAX_DATAGRAM = 65_535
 class UdpMqttClient:
     """One MQTT 3.1.1 client on its own UDP socket, driven by the caller's selector loop."""
 
+    # What a subclass speaking another dialect over the same socket handling replaces.
+    codec_error: type[ValueError] = MalformedPacket
+    ping_datagram = encode(PingReq())
+    disconnect_datagram = encode(Disconnect())
+
     def __init__(self, client_id: str, *,
                  on_connack: Callable[[int], None],
                  on_suback: Callable[[tuple[int, ...]], None],
@@ -79,6 +84,11 @@ class UdpMqttClient:
 
     def connect(self, host: str, port: int, keepalive: int = 60) -> None:
         """Open the socket towards ``host:port`` and send CONNECT (resent until CONNACK)."""
+        self._open(host, port, keepalive)
+        self._send_control("connect", encode(Connect(self.client_id, keepalive, True)))
+
+    def _open(self, host: str, port: int, keepalive: int) -> None:
+        """Open the client's socket towards the broker (the part every UDP dialect shares)."""
         family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
         sock = socket.socket(family, socket.SOCK_DGRAM)
         if self._receive_buffer_bytes:
@@ -89,7 +99,6 @@ class UdpMqttClient:
         sock.setblocking(False)
         self._sock = sock
         self._keepalive_ns = keepalive * 1_000_000_000
-        self._send_control("connect", encode(Connect(self.client_id, keepalive, True)))
 
     def socket(self) -> socket.socket | None:
         """Return the client's socket (None before connect or after close)."""
@@ -128,15 +137,18 @@ class UdpMqttClient:
                 self._on_failure(f"broker {self._peer()} unreachable (ICMP port unreachable)")
                 return
             try:
-                packet = decode(datagram)
-            except MalformedPacket as exc:
+                self._receive(datagram)
+            except self.codec_error as exc:
                 self.malformed += 1
                 self._on_failure(f"malformed datagram from broker {self._peer()}: {exc}")
-                continue
-            if type(packet) is Publish:
-                self._on_message(packet)
-            else:
-                self._handle_control(packet)
+
+    def _receive(self, datagram: bytes) -> None:
+        """Decode one datagram from the broker and act on it."""
+        packet = decode(datagram)
+        if type(packet) is Publish:
+            self._on_message(packet)
+        else:
+            self._handle_control(packet)
 
     def want_write(self) -> bool:
         """Return True when an unacknowledged control packet is due to be sent again."""
@@ -156,14 +168,14 @@ class UdpMqttClient:
         """Send PINGREQ when nothing was sent for a keep-alive interval."""
         if self._sock is not None and self._keepalive_ns and (
                 monotonic_ns() - self._last_sent_ns >= self._keepalive_ns):
-            self._send(encode(PingReq()))
+            self._send(self.ping_datagram)
         return 0
 
     def disconnect(self) -> None:
         """Send DISCONNECT; the broker then forgets this address's subscriptions."""
         self._pending.clear()
         if self._sock is not None:
-            self._send(encode(Disconnect()))
+            self._send(self.disconnect_datagram)
 
     def close(self) -> None:
         """Close the socket; safe to call twice."""

@@ -21,6 +21,7 @@ BACKENDS: dict[str, str] = {
     "mosquitto": "mqttbed.brokers.mosquitto:MosquittoBackend",
     "fpga": "mqttbed.brokers.fpga.backend:FpgaBackend",
     "forkpipe": "mqttbed.brokers.forkpipe.backend:ForkPipeBackend",
+    "mqtt-sn": "mqttbed.brokers.mqttsn.backend:MqttSnBackend",
 }
 
 

@@ -263,8 +263,9 @@ def _agent(args: argparse.Namespace) -> int:
 def _broker_run(args: argparse.Namespace) -> int:
     """Run a broker model in the foreground; its own options follow its name."""
     from mqttbed.brokers.fpga.server import main as fpga_model
+    from mqttbed.brokers.mqttsn.server import main as mqtt_sn
 
-    models = {"fpga-model": fpga_model}
+    models = {"fpga-model": fpga_model, "mqtt-sn": mqtt_sn}
     return models[args.model](args.model_options)
 
 
@@ -339,9 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     broker_commands = broker.add_subparsers(dest="broker_command", required=True)
     broker_run = broker_commands.add_parser(
         "run", help="run a broker model in the foreground until Ctrl-C or SIGTERM",
-        description="e.g. `mqttbed broker run fpga-model --port 1883`; "
-                    "`mqttbed broker run fpga-model --help` lists the model's options")
-    broker_run.add_argument("model", choices=["fpga-model"], help="which model")
+        description="e.g. `mqttbed broker run fpga-model --port 1883`, `mqttbed broker run "
+                    "mqtt-sn --port 1884`; `mqttbed broker run MODEL --help` lists its options")
+    broker_run.add_argument("model", choices=["fpga-model", "mqtt-sn"], help="which model")
     broker_run.add_argument("model_options", nargs=argparse.REMAINDER,
                             help="the model's own options (--port N, ...)")
     broker_run.set_defaults(func=_broker_run)
