@@ -18,19 +18,18 @@ SUBSCRIBER_PORT = 20000
 SO_RCVBUFFORCE = 33
 
 
-def mqttsn(msg_type: int, body: bytes, *, long_form: bool = False) -> bytes:
-    """An MQTT-SN 1.2 message: length (1 byte, or 0x01 + 2 bytes), type, body."""
-    if long_form or len(body) + 2 > 255:
+def mqttsn(msg_type: int, body: bytes) -> bytes:
+    """An MQTT-SN 1.2 message: length (1 byte, or 0x01 + 2 bytes past 255 octets), type, body."""
+    if len(body) + 2 > 255:
         return struct.pack("!BHB", 0x01, len(body) + 4, msg_type) + body
     return struct.pack("!BB", len(body) + 2, msg_type) + body
 
 
 def publish(topic_id: int, payload: bytes, *, qos: int = 0, retain: bool = False,
-            topic_id_type: int = 0, msg_id: int = 0, long_form: bool = False) -> bytes:
+            topic_id_type: int = 0, msg_id: int = 0) -> bytes:
     """PUBLISH (0x0C): flags (QoS bits 6-5, retain bit 4, topic id type bits 1-0), ids, data."""
     flags = ((qos & 3) << 5) | (0x10 if retain else 0) | topic_id_type
-    return mqttsn(0x0C, struct.pack("!BHH", flags, topic_id, msg_id) + payload,
-                  long_form=long_form)
+    return mqttsn(0x0C, struct.pack("!BHH", flags, topic_id, msg_id) + payload)
 
 
 def subscribe(topic: str, msg_id: int, qos: int = 0) -> bytes:

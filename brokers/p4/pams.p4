@@ -246,8 +246,10 @@ control PamsIngress(inout headers_t hdr, inout metadata_t meta,
         if (to_broker || from_broker) {
             pams_counters.count(CNT_MQTTSN);
             bit<16> length = hdr.len3.isValid() ? hdr.len3.length : (bit<16>)hdr.len1.length;
+            /* The 3-byte length form is only for messages longer than 255 octets. */
             if (standard_metadata.parser_error != error.NoError
-                    || !hdr.mqttsn.isValid() || length != hdr.udp.length - 8) {
+                    || !hdr.mqttsn.isValid() || length != hdr.udp.length - 8
+                    || (hdr.len3.isValid() && length <= 255)) {
                 pams_counters.count(CNT_MALFORMED);
             } else if (hdr.mqttsn.msg_type == MQTTSN_SUBSCRIBE
                     || hdr.mqttsn.msg_type == MQTTSN_UNSUBSCRIBE
@@ -256,7 +258,8 @@ control PamsIngress(inout headers_t hdr, inout metadata_t meta,
                     || hdr.mqttsn.msg_type == MQTTSN_DISCONNECT) {
                 punt();
             } else if (to_broker && hdr.publish.isValid() && meta.accelerate_on == 1
-                    && hdr.publish.qos == 0 && hdr.publish.retain == 0) {
+                    && hdr.publish.qos == 0 && hdr.publish.retain == 0
+                    && hdr.publish.will == 0 && hdr.publish.clean_session == 0) {
                 if (topic_table.apply().hit) {
                     pams_counters.count(CNT_PUBLISH_ACCELERATED);
                     return;

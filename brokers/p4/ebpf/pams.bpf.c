@@ -37,6 +37,8 @@
 #define FLAG_QOS_MASK      0x60
 #define FLAG_RETAIN        0x10
 #define FLAG_TOPIC_ID_TYPE 0x03
+/* Will and CleanSession mean nothing in a PUBLISH: set, the broker's codec refuses it. */
+#define FLAG_PUBLISH_UNUSED 0x0C
 
 /* Fixed offsets: Ethernet II, IPv4 without options (others are passed, unaccelerated). */
 #define OFF_ETH_DST   0
@@ -192,6 +194,9 @@ static __always_inline int parse_mqttsn(struct __sk_buff *skb, __u32 payload_len
 	}
 	if (h->length == 0 || h->length != payload_len || h->length < h->header_len + 1)
 		return -1;
+	/* The 3-byte form is only for messages longer than 255 octets (MQTT-SN 1.2, 5.2.1). */
+	if (h->header_len == 3 && h->length <= 255)
+		return -1;
 	if (h->header_len == 3) {
 		h->type = peek[3];
 		h->flags = peek[4];
@@ -305,7 +310,7 @@ int pams_ingress(struct __sk_buff *skb)
 		return pass();
 	}
 	if (!to_broker || h.type != MQTTSN_PUBLISH || !cfg->accelerate ||
-	    (h.flags & (FLAG_QOS_MASK | FLAG_RETAIN)))
+	    (h.flags & (FLAG_QOS_MASK | FLAG_RETAIN | FLAG_PUBLISH_UNUSED)))
 		return pass();
 	key.topic_id_type = h.flags & FLAG_TOPIC_ID_TYPE;
 	key.topic_id = h.topic_id;
