@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import random
 import socket
+import threading
+import time
 
 import pytest
 
+from mqttbed.brokers.p4.controller import PamsController
 from mqttbed.brokers.p4.tables import TopicIdType, TopicKey
 from mqttbed.core import mqttsn as mqttsn_codec
 from mqttbed.network.netns import socket_in
@@ -188,3 +191,30 @@ def test_fuzzed_datagrams_are_never_rewritten_wrongly_and_malformed_ones_are_cou
         assert (packet.qos, packet.retain, packet.topic_id) == (0, False, TOPIC.topic_id)
     assert counters["malformed"] > 0
     assert counters["publish_accelerated"] == len(at_s1)
+
+
+def test_the_controller_learns_a_subscription_from_packet_ins_and_the_switch_accelerates_it():
+    with pams_lab() as lab:
+        ports = {host.mac: host.port_ifindex for host in lab.topology.hosts.values()}
+        controller = PamsController(lab.tables, lab.broker_address, ports)
+        stop = threading.Event()
+        reader = threading.Thread(target=controller.serve, args=(lab.topology.cpu_peer, stop))
+        reader.start()
+        try:
+            time.sleep(0.2)  # the AF_PACKET socket is bound
+            s1 = lab.subscribers["s1"]
+            s1.sendto(subscribe("a/b", 5), lab.broker_address)
+            [(request, client)] = drain(lab.broker)
+            suback = mqttsn_codec.Suback(0x0101, 5, mqttsn_codec.ReturnCode.ACCEPTED)
+            lab.broker.sendto(mqttsn_codec.encode(suback), client)
+            assert len(drain(s1)) == 1  # the SUBACK itself
+            deadline = time.monotonic() + 2
+            while not lab.tables.installed() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            lab.send(publish(0x0101, b"straight to s1"))
+            assert [d for d, _ in drain(s1)] == [publish(0x0101, b"straight to s1")]
+            assert drain(lab.broker, 0.1) == []
+        finally:
+            stop.set()
+            reader.join()
+        assert controller.events["Subscribe"] == 1 and controller.events["Suback"] == 1
