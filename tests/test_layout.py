@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE_FOLDERS = ("core", "campaigns", "controller", "agents", "instruments", "brokers",
-                "analytics", "api")
+                "network", "analytics", "api")
 CHECKED = CODE_FOLDERS + ("tests", "bench", "mqttbed")
 
 
@@ -52,6 +52,8 @@ def test_the_checker_catches_a_bare_import(tmp_path):
     ("agents", ("mqttbed.controller", "mqttbed.api", "mqttbed.analytics")),
     ("analytics", ("mqttbed.controller", "mqttbed.api", "mqttbed.agents", "mqttbed.brokers")),
     ("instruments", ("mqttbed.controller", "mqttbed.api", "mqttbed.agents", "mqttbed.brokers")),
+    ("network", ("mqttbed.controller", "mqttbed.api", "mqttbed.agents", "mqttbed.brokers",
+                 "mqttbed.analytics", "mqttbed.campaigns")),
     ("core", ("mqttbed.controller", "mqttbed.api", "mqttbed.agents", "mqttbed.brokers",
               "mqttbed.analytics", "mqttbed.campaigns", "mqttbed.instruments")),
 ])

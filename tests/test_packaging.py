@@ -15,7 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_a_built_package_carries_templates_campaigns_migrations_and_the_c_sources(tmp_path):
+def test_a_built_package_carries_templates_campaigns_migrations_and_the_c_and_p4_sources(tmp_path):
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
                              check=True).stdout.splitlines()
     tree = tmp_path / "tree"
@@ -35,3 +35,7 @@ def test_a_built_package_carries_templates_campaigns_migrations_and_the_c_source
     assert list((package / "controller" / "migrations" / "versions").glob("0001_*.py"))
     assert (package / "brokers" / "forkpipe" / "Makefile").is_file()
     assert list((package / "brokers" / "forkpipe" / "src").glob("*.c"))
+    p4 = package / "brokers" / "p4"
+    assert {"pams.p4", "pams.p4info.txtpb"} <= {p.name for p in p4.iterdir()}
+    assert (p4 / "ebpf" / "pams.bpf.c").is_file()
+    assert (package / "network" / "topology.py").is_file()

@@ -96,46 +96,39 @@ class PinnedMap:
         """Release the map's file descriptor (the pin keeps the map)."""
         os.close(self.fd)
 
-    def _elem(self, cmd: int, key: bytes, value: ctypes.Array | None, flags: int = 0) -> None:
+    def _elem(self, what: str, cmd: int, key: bytes, value: ctypes.Array | None,
+              flags: int = 0) -> bool:
+        """One element command; False if the key is absent, BpfError on any other failure."""
         if len(key) != self.key_size:
             raise BpfError(f"{self.path.name}: key of {len(key)} bytes, map wants "
                            f"{self.key_size}")
         key_buf = ctypes.create_string_buffer(key, len(key))
-        _bpf(cmd, _ElemAttr(map_fd=self.fd, key=ctypes.addressof(key_buf),
-                            value=ctypes.addressof(value) if value is not None else 0,
-                            flags=flags))
+        try:
+            _bpf(cmd, _ElemAttr(map_fd=self.fd, key=ctypes.addressof(key_buf),
+                                value=ctypes.addressof(value) if value is not None else 0,
+                                flags=flags))
+        except OSError as exc:
+            if exc.errno == ENOENT:
+                return False
+            raise BpfError(f"{what} {self.path.name} failed: {exc.strerror}") from None
+        return True
 
     def update(self, key: bytes, value: bytes) -> None:
         """Insert or replace ``key``'s value."""
         if len(value) != self.value_size or self.per_cpu:
             raise BpfError(f"{self.path.name}: value of {len(value)} bytes, map wants "
                            f"{self.value_size} (per-CPU maps are read-only here)")
-        try:
-            self._elem(BPF_MAP_UPDATE_ELEM, key, ctypes.create_string_buffer(value, len(value)),
-                       BPF_ANY)
-        except OSError as exc:
-            raise BpfError(f"updating {self.path.name} failed: {exc.strerror}") from None
+        self._elem("updating", BPF_MAP_UPDATE_ELEM, key,
+                   ctypes.create_string_buffer(value, len(value)), BPF_ANY)
 
     def delete(self, key: bytes) -> bool:
         """Delete ``key``; return False if it was not there."""
-        try:
-            self._elem(BPF_MAP_DELETE_ELEM, key, None)
-        except OSError as exc:
-            if exc.errno == ENOENT:
-                return False
-            raise BpfError(f"deleting from {self.path.name} failed: {exc.strerror}") from None
-        return True
+        return self._elem("deleting from", BPF_MAP_DELETE_ELEM, key, None)
 
     def lookup(self, key: bytes) -> bytes | None:
         """The value of ``key`` (per-CPU maps: every CPU's slot, concatenated), or None."""
         value = ctypes.create_string_buffer(self._buffer_size)
-        try:
-            self._elem(BPF_MAP_LOOKUP_ELEM, key, value)
-        except OSError as exc:
-            if exc.errno == ENOENT:
-                return None
-            raise BpfError(f"reading {self.path.name} failed: {exc.strerror}") from None
-        return value.raw
+        return value.raw if self._elem("reading", BPF_MAP_LOOKUP_ELEM, key, value) else None
 
     def lookup_sum(self, key: bytes) -> int:
         """A per-CPU u64 counter summed over the CPUs (0 if absent)."""
