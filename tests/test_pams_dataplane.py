@@ -50,6 +50,12 @@ def test_accelerated_publish_reaches_each_subscriber_once_from_the_broker_and_no
         assert counters["publish_accelerated"] == 20
         assert counters["clones_sent"] == 60
         assert counters["clone_errors"] == 0
+        ports = lab.tables.port_counters()
+        hosts = lab.topology.hosts
+        assert ports[(hosts["pub"].port_ifindex, "ingress")] >= 20  # plus its ARP request
+        for name in ("s1", "s2", "s3"):
+            assert ports[(hosts[name].port_ifindex, "egress")] >= 20
+        assert ports.get((hosts["broker"].port_ifindex, "egress"), 0) < 20
 
 
 def test_long_length_form_and_short_topic_names_are_accelerated_too():

@@ -131,12 +131,13 @@ class EbpfTables:
     def __init__(self, maps_dir: Path):
         self._topics = PinnedMap(maps_dir / "topic_table")
         self._counters = PinnedMap(maps_dir / "pams_counters")
+        self._ports = PinnedMap(maps_dir / "port_counters")
         self.subscribers = SubscriberSets()
 
     def close(self) -> None:
         """Release the maps' descriptors (the pins keep the maps for the data plane)."""
-        self._topics.close()
-        self._counters.close()
+        for pinned in (self._topics, self._counters, self._ports):
+            pinned.close()
 
     def add_subscriber(self, key: TopicKey, subscriber: Subscriber) -> None:
         if self.subscribers.add(key, subscriber):
@@ -169,3 +170,12 @@ class EbpfTables:
     def counters(self) -> dict[str, int]:
         return {name: self._counters.lookup_sum(struct.pack("<I", index))
                 for index, name in enumerate(COUNTERS)}
+
+    def port_counters(self) -> dict[tuple[int, str], int]:
+        """Packets per (switch port ifindex, "ingress" or "egress")."""
+        directions = ("ingress", "egress")
+        found = {}
+        for raw in self._ports.list_keys():
+            ifindex, direction = struct.unpack("<II", raw)
+            found[(ifindex, directions[direction])] = self._ports.lookup_sum(raw)
+        return found
