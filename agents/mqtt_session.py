@@ -46,6 +46,7 @@ RawEvent = tuple[str, str | None, int | None, str | None, str, int, int, bool,
                  int | None, int | None, int | None]
 
 KEEPALIVE_S = 30
+SN_RECEIVE_BUFFER_BYTES = 1 << 20
 
 
 def _set_nodelay(_client: mqtt.Client, _userdata: object, sock: socket.socket) -> None:
@@ -144,7 +145,10 @@ class MqttSession:
         sn = self._endpoint.transport == Transport.MQTT_SN_UDP
         sn_options: dict[str, Any] = {} if not sn else {
             "publish_topic": spec.topic if spec.role == Role.PUBLISHER else None,
-            "on_puback": lambda: self._on_puback(client)}
+            "on_puback": lambda: self._on_puback(client),
+            # ~1 s of a 1 kHz subscriber's datagrams (kernel size ~1 KiB each): an agent
+            # starved by a busy machine reads late instead of losing messages.
+            "receive_buffer_bytes": SN_RECEIVE_BUFFER_BYTES}
         udp = (MqttSnClient if sn else UdpMqttClient)(
             spec.client_id,
             **sn_options,

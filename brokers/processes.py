@@ -8,16 +8,20 @@ the exit code and the log tail, kept after the directory is gone.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host, ProcessHandle, describe_exit, wait_for_tcp
+from mqttbed.core.protocol import Endpoint
 from mqttbed.core.samples import BrokerStatsSample
 from mqttbed.instruments.resources import ProcessTreeSampler
 
@@ -177,3 +181,43 @@ class BrokerProcess:
         if self._log_tail is None:
             self._log_tail = tail_of(self._log_paths)
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def wait_for_ready_file(proc: BrokerProcess, ready: Path, timeout_s: float) -> dict[str, Any]:
+    """Wait until a broker started with ``--port 0`` wrote ``ready``; return what it wrote.
+
+    The broker writes its bound address there, so nobody races it for a free port.
+    Raises BackendError when it exits first or stays silent past ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not ready.exists():
+        if (exited := proc.exit_reason()) is not None:
+            raise BackendError(f"{exited} (before binding)")
+        if time.monotonic() > deadline:
+            raise BackendError(f"{proc.name} did not bind within {timeout_s:.1f} s; "
+                               f"last log lines:\n{proc.log_tail()}")
+        time.sleep(0.01)
+    return json.loads(ready.read_text())
+
+
+def ping_over_udp(endpoint: Endpoint, timeout_s: float, request: bytes,
+                  answer: Callable[[bytes], str | None], protocol: str) -> None:
+    """Send ``request`` (a PINGREQ) to ``endpoint`` over UDP and check the reply.
+
+    ``answer`` returns None for the expected reply, else what came instead (and may
+    raise ValueError for a malformed one). Raises BackendError unless the reply came.
+    """
+    family = socket.AF_INET6 if ":" in endpoint.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect((endpoint.host, endpoint.port))
+            sock.send(request)
+            wrong = answer(sock.recv(64))
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"no {protocol} broker answers PINGREQ on udp://{endpoint.host}:"
+                               f"{endpoint.port} within {timeout_s:.1f} s: "
+                               f"{type(exc).__name__}: {exc}") from exc
+    if wrong is not None:
+        raise BackendError(f"udp://{endpoint.host}:{endpoint.port} answered PINGREQ with "
+                           f"{wrong}, not PINGRESP")

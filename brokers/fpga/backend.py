@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -31,10 +29,10 @@ from mqttbed.brokers.fpga.board import BoardDeployment, BoardOptions
 from mqttbed.brokers.fpga.section import FpgaPipelineLatency, publish_records
 from mqttbed.brokers.fpga.tables import DEFAULT_PROBE_WINDOW, PAPER_DEPTH_WORDS
 from mqttbed.brokers.fpga.timing import PipelineTiming
-from mqttbed.brokers.processes import BrokerProcess
+from mqttbed.brokers.processes import BrokerProcess, ping_over_udp, wait_for_ready_file
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host
-from mqttbed.core.mqtt_codec import MalformedPacket, PingReq, PingResp, decode, encode
+from mqttbed.core.mqtt_codec import PingReq, PingResp, decode, encode
 from mqttbed.core.protocol import Endpoint, Transport
 from mqttbed.core.samples import BrokerStatsSample
 from mqttbed.core.sections import SectionRecords
@@ -126,16 +124,7 @@ class FpgaBackend:
         io_file = proc.dir / "io.json"
         proc.watch(host.spawn(argv, log_path=proc.dir / "model.log"), options.stats_interval_s,
                    io_counters=lambda: _read_io_counters(io_file))
-        deadline = time.monotonic() + options.startup_timeout_s
-        while not ready.exists():
-            if (exited := proc.exit_reason()) is not None:
-                raise BackendError(f"{exited} (before binding)")
-            if time.monotonic() > deadline:
-                raise BackendError(f"fpga-model did not bind within "
-                                   f"{options.startup_timeout_s:.1f} s; last log lines:\n"
-                                   f"{proc.log_tail()}")
-            time.sleep(0.01)
-        bound = json.loads(ready.read_text())
+        bound = wait_for_ready_file(proc, ready, options.startup_timeout_s)
         return Endpoint(host=bound["host"], port=bound["port"], transport=Transport.MQTT_UDP)
 
     # -- while running ------------------------------------------------------------------
@@ -231,20 +220,11 @@ def _read_io_counters(path: Path) -> tuple[int, int]:
 
 def probe_endpoint(endpoint: Endpoint, timeout_s: float) -> None:
     """Send PINGREQ to ``endpoint`` over UDP; raise BackendError unless PINGRESP comes back."""
-    family = socket.AF_INET6 if ":" in endpoint.host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as sock:
-        sock.settimeout(timeout_s)
-        try:
-            sock.connect((endpoint.host, endpoint.port))
-            sock.send(encode(PingReq()))
-            reply = decode(sock.recv(64))
-        except (OSError, MalformedPacket) as exc:
-            raise BackendError(f"no MQTT broker answers PINGREQ on udp://{endpoint.host}:"
-                               f"{endpoint.port} within {timeout_s:.1f} s: "
-                               f"{type(exc).__name__}: {exc}") from exc
-    if not isinstance(reply, PingResp):
-        raise BackendError(f"udp://{endpoint.host}:{endpoint.port} answered PINGREQ with "
-                           f"{type(reply).__name__}, not PINGRESP")
+    def answer(datagram: bytes) -> str | None:
+        reply = decode(datagram)
+        return None if isinstance(reply, PingResp) else type(reply).__name__
+
+    ping_over_udp(endpoint, timeout_s, encode(PingReq()), answer, "MQTT")
 
 
 def hardware_latency_summary(model_stats: dict[str, Any] | None) -> dict[str, Any] | None:

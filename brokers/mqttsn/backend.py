@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -25,10 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mqttbed.brokers.fpga.backend import _read_json
 from mqttbed.brokers.mqttsn.section import GatewayPackets, packet_records
-from mqttbed.brokers.processes import BrokerProcess
+from mqttbed.brokers.processes import BrokerProcess, ping_over_udp, wait_for_ready_file
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host
-from mqttbed.core.mqttsn import MqttSnError, Pingreq, Pingresp, decode, encode
+from mqttbed.core.mqttsn import Pingreq, Pingresp, decode, encode
 from mqttbed.core.protocol import Endpoint, Transport
 from mqttbed.core.samples import BrokerStatsSample
 from mqttbed.core.sections import SectionRecords
@@ -97,16 +95,7 @@ class MqttSnBackend:
             argv += ["--predefined", f"{topic_id}={name}"]
         proc.watch(host.spawn(argv, log_path=proc.dir / "gateway.log"),
                    options.stats_interval_s, io_counters=lambda: _read_io_counters(stats_file))
-        deadline = time.monotonic() + options.startup_timeout_s
-        while not ready.exists():
-            if (exited := proc.exit_reason()) is not None:
-                raise BackendError(f"{exited} (before binding)")
-            if time.monotonic() > deadline:
-                raise BackendError(f"mqtt-sn gateway did not bind within "
-                                   f"{options.startup_timeout_s:.1f} s; last log lines:\n"
-                                   f"{proc.log_tail()}")
-            time.sleep(0.01)
-        bound = json.loads(ready.read_text())
+        bound = wait_for_ready_file(proc, ready, options.startup_timeout_s)
         return Endpoint(host=bound["host"], port=bound["port"], transport=Transport.MQTT_SN_UDP)
 
     def health(self) -> str | None:
@@ -168,20 +157,11 @@ def unavailable() -> str | None:
 
 def probe_gateway(endpoint: Endpoint, timeout_s: float) -> None:
     """Send PINGREQ over UDP; raise BackendError unless PINGRESP comes back."""
-    family = socket.AF_INET6 if ":" in endpoint.host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as sock:
-        sock.settimeout(timeout_s)
-        try:
-            sock.connect((endpoint.host, endpoint.port))
-            sock.send(encode(Pingreq()))
-            reply = decode(sock.recv(64))
-        except (OSError, MqttSnError) as exc:
-            raise BackendError(f"no MQTT-SN gateway answers PINGREQ on udp://{endpoint.host}:"
-                               f"{endpoint.port} within {timeout_s:.1f} s: "
-                               f"{type(exc).__name__}: {exc}") from exc
-    if not isinstance(reply, Pingresp):
-        raise BackendError(f"udp://{endpoint.host}:{endpoint.port} answered PINGREQ with "
-                           f"{type(reply).__name__}, not PINGRESP")
+    def answer(datagram: bytes) -> str | None:
+        reply = decode(datagram)
+        return None if isinstance(reply, Pingresp) else type(reply).__name__
+
+    ping_over_udp(endpoint, timeout_s, encode(Pingreq()), answer, "MQTT-SN")
 
 
 def _read_io_counters(path: Path) -> tuple[int, int]:
