@@ -365,6 +365,10 @@ class RunEngine:
         while not until():
             if self.is_cancelled(inbox.campaign_id):
                 raise RunInterrupted("campaign cancelled")
+            # The broker first: its death is why the agents then lose their connections,
+            # and their reports can reach the controller before this loop sees it.
+            if live.backend is not None and (broken := live.backend.health()) is not None:
+                raise RunFailed(broken)
             if inbox.errors:
                 raise RunFailed("; ".join(e.reason for e in inbox.errors.values()))
             if live.pool is not None and (exited := live.pool.exited()):
@@ -374,8 +378,6 @@ class RunEngine:
             if silent:
                 raise RunFailed(f"agent {', '.join(silent)} lost: no heartbeat for "
                                 f"{spec.timing.heartbeat_timeout_s:.1f} s")
-            if live.backend is not None and (broken := live.backend.health()) is not None:
-                raise RunFailed(broken)
             if monotonic_ns() > deadline:
                 raise RunFailed(f"timed out after {timeout_s:.1f} s waiting for {waiting_for}")
             self.ctx.registry.wait(0.05)
