@@ -54,10 +54,12 @@ def point_label(point: PointStats, show_backend: bool) -> str:
 
 
 def _numeric_axis(points: list[PointStats]) -> str | None:
-    """The swept parameter to put on an x axis: the first one with numbers only."""
+    """The swept parameter to put on an x axis: the first one with numbers only (a
+    switch like broker.acceleration is not a number, though Python's bool is an int)."""
     keys = [k for k in (points[0].params if points else {}) if k not in _NOT_SWEPT]
     for key in keys:
-        if all(isinstance(p.params.get(key), int | float) for p in points):
+        if all(isinstance(v := p.params.get(key), int | float) and not isinstance(v, bool)
+               for p in points):
             return key
     return None
 

@@ -1,13 +1,32 @@
-"""The contract every broker backend implements, and the registry of backends."""
+"""The contract every broker backend implements, and the registry of backends.
+
+Optionally, a backend that builds its own network also says where the run's agents must
+run: ``agent_placement(roles, controller_url) -> AgentPlacement | None``, called by the
+engine after :meth:`BrokerBackend.deploy`. ``roles[i]`` holds the client roles
+(``"publisher"``, ``"subscriber"``) agent ``i`` will play; the backend returns one host
+per agent, in that order, and the URL agents there reach the controller at. Backends
+without the method (or returning None) keep the engine's default: the campaign's agent
+hosts, or this machine.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from mqttbed.core.host import Host
 from mqttbed.core.protocol import Endpoint
 from mqttbed.core.samples import BrokerStatsSample
 from mqttbed.core.sections import BackendSection, SectionRecords
+
+
+@dataclass(frozen=True)
+class AgentPlacement:
+    """Where a backend wants the run's agents: a host per agent, and the controller's URL
+    as those hosts reach it."""
+
+    hosts: list[Host]
+    controller_url: str
 
 
 @runtime_checkable

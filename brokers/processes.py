@@ -201,14 +201,16 @@ def wait_for_ready_file(proc: BrokerProcess, ready: Path, timeout_s: float) -> d
 
 
 def ping_over_udp(endpoint: Endpoint, timeout_s: float, request: bytes,
-                  answer: Callable[[bytes], str | None], protocol: str) -> None:
+                  answer: Callable[[bytes], str | None], protocol: str,
+                  make_socket: Callable[[], socket.socket] | None = None) -> None:
     """Send ``request`` (a PINGREQ) to ``endpoint`` over UDP and check the reply.
 
     ``answer`` returns None for the expected reply, else what came instead (and may
     raise ValueError for a malformed one). Raises BackendError unless the reply came.
+    ``make_socket`` opens the UDP socket (default: one in this process's namespace).
     """
     family = socket.AF_INET6 if ":" in endpoint.host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+    with (make_socket or (lambda: socket.socket(family, socket.SOCK_DGRAM)))() as sock:
         sock.settimeout(timeout_s)
         try:
             sock.connect((endpoint.host, endpoint.port))

@@ -22,6 +22,7 @@ BACKENDS: dict[str, str] = {
     "fpga": "mqttbed.brokers.fpga.backend:FpgaBackend",
     "forkpipe": "mqttbed.brokers.forkpipe.backend:ForkPipeBackend",
     "mqtt-sn": "mqttbed.brokers.mqttsn.backend:MqttSnBackend",
+    "p4": "mqttbed.brokers.p4.backend:P4Backend",
 }
 
 

@@ -27,9 +27,17 @@ def agents_needed(spec: CampaignSpec) -> int:
     return min(spec.agents.resolved_count(), clients)
 
 
-def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint: Endpoint,
-                     agent_ids: list[str]) -> dict[str, Assignment]:
-    """Spread the run's clients round-robin over the agents (publishers first)."""
+def agent_roles(spec: CampaignSpec, agents: int) -> list[frozenset[str]]:
+    """The client roles each of ``agents`` agents will play under :func:`plan_assignments`
+    (for a backend that places agents by role before they exist)."""
+    roles: list[set[str]] = [set() for _ in range(agents)]
+    for n, client in enumerate(_clients(spec)):
+        roles[n % agents].add(client.role.value)
+    return [frozenset(r) for r in roles]
+
+
+def _clients(spec: CampaignSpec) -> list[ClientAssignment]:
+    """Every client of the run, publishers first (the order agents are dealt them in)."""
     w = spec.workload
     period_ns = 1e9 / w.rate_hz
     clients: list[ClientAssignment] = []
@@ -44,9 +52,15 @@ def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint
             client_id=subscriber_client_id(j), role=Role.SUBSCRIBER, topic=w.topic, qos=w.qos,
             gpio_pin=0, warmup_messages=w.warmup_messages,
             expected_messages=w.publishers * w.messages, subscribe_rank=j))
+    return clients
+
+
+def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint: Endpoint,
+                     agent_ids: list[str]) -> dict[str, Assignment]:
+    """Spread the run's clients round-robin over the agents (publishers first)."""
     window_ns = run_window_ns(spec)
     per_agent: dict[str, list[ClientAssignment]] = {a: [] for a in agent_ids}
-    for n, client in enumerate(clients):
+    for n, client in enumerate(_clients(spec)):
         agent = agent_ids[n % len(agent_ids)]
         pin = FIRST_GPIO_PIN + len(per_agent[agent])
         per_agent[agent].append(client.model_copy(update={"gpio_pin": pin}))

@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import sessionmaker
 
-from mqttbed.agents.deploy import AgentPool
+from mqttbed.agents.deploy import AgentPool, Site
 from mqttbed.brokers.base import BrokerBackend
 from mqttbed.brokers.registry import create_backend
 from mqttbed.campaigns.spec import CampaignSpec, plan_runs
 from mqttbed.controller.agent_sites import AgentSites, open_sites
 from mqttbed.controller.assignments import (
+    agent_roles,
     agents_needed,
     plan_assignments,
     run_window_ns,
@@ -49,6 +50,7 @@ from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.errors import RunFailed
 from mqttbed.core.host import Host
 from mqttbed.core.protocol import Shutdown, StartAt, Subscribe
+from mqttbed.network.topology import reap_stale
 
 COLLECT_TIMEOUT_S = 30.0
 RUN_GRACE_S = 10.0
@@ -185,8 +187,10 @@ class RunEngine:
 
         Runs it left active are marked interrupted (their events stay); its running and
         analysing campaigns go back to the queue, where only their queued runs will run
-        before their statistics are computed.
+        before their statistics are computed. Network topologies whose builder died (a
+        ``p4`` run killed mid-way) are reaped, with whatever still ran inside them.
         """
+        reap_stale()
         with self.ctx.sessions() as s:
             stale = s.query(RunRow).filter(RunRow.state.in_(list(ACTIVE_STATES))).all()
             running = [c.id for c in s.query(CampaignRow).filter(CampaignRow.status.in_(
@@ -272,8 +276,8 @@ class RunEngine:
         endpoint = live.backend.deploy(spec.broker.options(), self.ctx.host)
         run.run_metadata = {"broker": live.backend.metadata(),
                             "endpoint": endpoint.model_dump(), "host": self.ctx.host.name}
-        live.sites = open_sites(spec, self.ctx.host, agents_needed(spec))
-        live.pool = AgentPool(live.sites.sites, self.ctx.controller_url, self.ctx.agent_token,
+        live.sites, controller_url = self._agent_sites(spec, live.backend)
+        live.pool = AgentPool(live.sites.sites, controller_url, self.ctx.agent_token,
                               run.id, self.ctx.layout.run_dir(run.campaign_id, run.id) / "agents",
                               gpio=spec.agents.gpio, gpio_chip=spec.agents.gpio_chip)
         run.run_metadata["agent_hosts"] = live.pool.hosts
@@ -308,6 +312,19 @@ class RunEngine:
                                     for a, r in ready.items()}
         if live.recorder is not None:
             live.recorder.set_clocks({a: r.clock for a, r in ready.items()})
+
+    def _agent_sites(self, spec: CampaignSpec, backend: BrokerBackend) -> tuple[AgentSites, str]:
+        """Where the agents run and the controller URL they use: the backend's placement
+        if it offers one (``brokers.base``), else the campaign's hosts or this machine."""
+        needed = agents_needed(spec)
+        place = getattr(backend, "agent_placement", None)
+        placement = place(agent_roles(spec, needed), self.ctx.controller_url) if place else None
+        if placement is None:
+            return open_sites(spec, self.ctx.host, needed), self.ctx.controller_url
+        if spec.agents.hosts:
+            raise RunFailed(f"backend {backend.name} places the agents on its own hosts: "
+                            "leave agents.hosts empty")
+        return AgentSites([Site(host) for host in placement.hosts]), placement.controller_url
 
     def _measure(self, run: RunRow, live: _LiveRun) -> None:
         """Hand out one start time and wait out the window (an idle broker too)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import signal
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,9 +28,17 @@ def create(name: str) -> None:
 
 
 def delete(name: str) -> None:
-    """Delete the namespace ``name`` (and with it every interface inside); absent is fine."""
-    if (NETNS_DIR / name).exists():
-        ip("netns", "delete", name)
+    """Kill every process inside namespace ``name``, then delete it; absent is fine.
+
+    The processes first: a namespace outlives its name while anything runs in it, so a
+    broker or agent left by a killed run would keep its sockets and links alive unseen.
+    """
+    if not (NETNS_DIR / name).exists():
+        return
+    for pid in ip("netns", "pids", name, check=False).split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    ip("netns", "delete", name)
 
 
 def names() -> list[str]:

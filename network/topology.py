@@ -81,6 +81,7 @@ class Topology:
         self.cpu_peer = f"{self.prefix}c"
         self.hosts: dict[str, HostPort] = {}
         self._journal = Journal(self.prefix)
+        self._mgmt: ipaddress.IPv4Network | None = None
 
     def __enter__(self) -> Topology:
         try:
@@ -105,9 +106,19 @@ class Topology:
         _quiet_root_link(self.cpu_peer)
         ip("link", "set", self.cpu_peer, "up")
         ip("link", "set", CPU_PORT, "up", netns=self.switch_ns)
-        mgmt = _free_mgmt_subnet()
+        self._mgmt = _free_mgmt_subnet()
         for index, name in enumerate(self.host_names):
-            self.hosts[name] = self._host(index, name, mgmt)
+            self.hosts[name] = self._host(index, name, self._mgmt)
+
+    def add_host(self, name: str) -> HostPort:
+        """Plug one more host into the built switch (a backend learns its agents late)."""
+        if self._mgmt is None or name in self.hosts:
+            raise ValueError(f"host {name!r}: the topology must be built and the name new")
+        if len(self.hosts) >= 63:
+            raise ValueError("a topology holds at most 63 hosts")
+        self.host_names.append(name)
+        self.hosts[name] = self._host(len(self.hosts), name, self._mgmt)
+        return self.hosts[name]
 
     def _namespace(self, name: str) -> None:
         self._journal.record("netns", name)

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mqttbed.brokers.fpga.backend import _read_json
-from mqttbed.brokers.mqttsn.section import GatewayPackets, packet_records
+from mqttbed.brokers.mqttsn.section import Packets, packet_records
 from mqttbed.brokers.processes import BrokerProcess, ping_over_udp, wait_for_ready_file
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host
@@ -61,7 +62,7 @@ class MqttSnBackend:
     """Deploys the MQTT-SN gateway as a subprocess and keeps its packet counters."""
 
     name = "mqtt-sn"
-    results_section = GatewayPackets
+    results_section = Packets
 
     def __init__(self) -> None:
         self._options: Options | None = None
@@ -70,8 +71,13 @@ class MqttSnBackend:
         self._gateway_stats: dict[str, Any] | None = None
         self._torn_down = False
 
-    def deploy(self, spec: Options | Mapping[str, Any], host: Host) -> Endpoint:
-        """Start the gateway on ``host``; return its UDP endpoint once it answers PINGREQ."""
+    def deploy(self, spec: Options | Mapping[str, Any], host: Host, *,
+               probe_socket: Callable[[], socket.socket] | None = None) -> Endpoint:
+        """Start the gateway on ``host``; return its UDP endpoint once it answers PINGREQ.
+
+        ``probe_socket`` makes the UDP socket the PINGREQ goes out on, for a host this
+        process cannot reach directly (a network namespace: ``brokers.p4``).
+        """
         if self._proc is not None or self._torn_down:
             raise BackendError("this MqttSnBackend was already deployed; create a new one per "
                                "run (mqttbed.brokers.registry.create_backend)")
@@ -79,7 +85,7 @@ class MqttSnBackend:
         self._options = options
         try:
             self._endpoint = self._start(options, host)
-            probe_gateway(self._endpoint, options.probe_timeout_s)
+            probe_gateway(self._endpoint, options.probe_timeout_s, probe_socket)
         except BaseException:
             self.teardown()
             raise
@@ -155,13 +161,14 @@ def unavailable() -> str | None:
     return None
 
 
-def probe_gateway(endpoint: Endpoint, timeout_s: float) -> None:
+def probe_gateway(endpoint: Endpoint, timeout_s: float,
+                  probe_socket: Callable[[], socket.socket] | None = None) -> None:
     """Send PINGREQ over UDP; raise BackendError unless PINGRESP comes back."""
     def answer(datagram: bytes) -> str | None:
         reply = decode(datagram)
         return None if isinstance(reply, Pingresp) else type(reply).__name__
 
-    ping_over_udp(endpoint, timeout_s, encode(Pingreq()), answer, "MQTT-SN")
+    ping_over_udp(endpoint, timeout_s, encode(Pingreq()), answer, "MQTT-SN", probe_socket)
 
 
 def _read_io_counters(path: Path) -> tuple[int, int]:
