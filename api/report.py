@@ -25,7 +25,7 @@ from mqttbed.controller.analysis import load_results
 from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import CampaignRow, RunRow
 from mqttbed.controller.states import CampaignStatus
-from mqttbed.core.sections import Distribution, FigureKind
+from mqttbed.core.sections import Distribution
 
 TEMPLATES = Path(__file__).with_name("templates")
 MAX_TIMELINE_RUNS = 40
@@ -229,19 +229,19 @@ def section_tables(points: list[PointStats], show_backend: bool) -> list[dict[st
     tables: dict[str, dict[str, Any]] = {}
     for point in points:
         for key, section in present_sections(point.sections).items():
-            table = tables.get(key)
-            if table is None:
-                kinds = type(section).figure_kinds()
-                table = tables[key] = {
-                    "key": key, "title": type(section).title, "note": type(section).note,
-                    "columns": [name + (" p50" if kind is FigureKind.DISTRIBUTION else "")
-                                for name, kind in kinds.items()],
-                    "fields": list(kinds), "rows": []}
-            cells = []
-            for name in table["fields"]:
-                value = getattr(section, name)
-                cells.append(value.p50 if isinstance(value, Distribution) else value)
-            table["rows"].append({"label": point_label(point, show_backend), "cells": cells})
+            table = tables.setdefault(key, {
+                "key": key, "title": type(section).title, "note": type(section).note,
+                "fields": [], "rows": []})
+            flat = section.flat_figures()
+            table["fields"] += [name for name in flat if name not in table["fields"]]
+            table["rows"].append({"label": point_label(point, show_backend), "flat": flat})
+    for table in tables.values():
+        table["columns"] = [name + (" p50" if any(
+            isinstance(row["flat"].get(name), Distribution) for row in table["rows"]) else "")
+            for name in table["fields"]]
+        for row in table["rows"]:
+            values = [row["flat"].get(name) for name in table["fields"]]
+            row["cells"] = [v.p50 if isinstance(v, Distribution) else v for v in values]
     return list(tables.values())
 
 
