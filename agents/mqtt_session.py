@@ -309,8 +309,10 @@ class MqttSession:
             if client.conn.want_write():
                 client.conn.loop_write()
 
-    def run(self, t_start_ns: int, t_deadline_ns: int, abort: Callable[[], bool]) -> None:
-        """Publish on schedule from ``t_start_ns`` and receive until done or the deadline.
+    def run(self, t_start_ns: int, t_deadline_ns: int, abort: Callable[[], bool],
+            t_publish_end_ns: int | None = None) -> None:
+        """Publish on schedule from ``t_start_ns`` and receive until done or the deadline;
+        nothing is published after ``t_publish_end_ns`` (default: the deadline).
 
         Open-loop publishers: message k is due at ``t_start + offset + k / rate``; a late
         send goes out at once and keeps its intended time, so coordinated omission stays
@@ -320,6 +322,7 @@ class MqttSession:
         is that moment.
         """
         self._t_start_ns = t_start_ns
+        publish_end = t_deadline_ns if t_publish_end_ns is None else t_publish_end_ns
         self._publishers = [c for c in self._clients if c.spec.role == Role.PUBLISHER]
         self._position = {c.spec.client_id: pos for pos, c in enumerate(self._publishers)}
         due = self._due = [(self._due_ns(c.spec, 0), pos, 0)
@@ -329,7 +332,7 @@ class MqttSession:
         try:
             while not abort():
                 now = monotonic_ns()
-                while due and due[0][0] <= now and now <= t_deadline_ns:
+                while due and due[0][0] <= now and now <= publish_end:
                     t_intended, pos, k = heapq.heappop(due)
                     client = self._publishers[pos]
                     self._publish(client, k, t_intended)
@@ -337,7 +340,9 @@ class MqttSession:
                     if not client.spec.closed_loop and k + 1 < client.spec.messages:
                         heapq.heappush(due, (self._due_ns(client.spec, k + 1), pos, k + 1))
                     now = monotonic_ns()
-                if self._finished(due) or now > t_deadline_ns:
+                if now > publish_end:
+                    due.clear()  # the publishing window is over: acks and drain only
+                if self._finished(due, now > publish_end) or now > t_deadline_ns:
                     return
                 wait_ns = (due[0][0] - now) if due else 50_000_000
                 self.pump(min(wait_ns, 50_000_000) / 1e9)
@@ -368,12 +373,12 @@ class MqttSession:
         self._record((EventKind.PUBLISH, spec.client_id, seq, None, spec.topic, spec.payload_bytes,
                       spec.qos, seq < spec.warmup_messages, t_intended_ns, t_pub, None))
 
-    def _finished(self, due: list[tuple[int, int, int]]) -> bool:
+    def _finished(self, due: list[tuple[int, int, int]], window_over: bool = False) -> bool:
         if due:
             return False
         for client in self._clients:
             spec = client.spec
-            if spec.role == Role.PUBLISHER and client.sent < spec.messages:
+            if spec.role == Role.PUBLISHER and client.sent < spec.messages and not window_over:
                 return False  # a closed-loop publisher waits for its acknowledgements
             if spec.role == Role.PUBLISHER and spec.qos > 0 and client.acked < client.sent:
                 return False
