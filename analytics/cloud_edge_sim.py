@@ -147,22 +147,35 @@ class CloudEdgeScenario:
 
 
 class Trace:
-    """One seeded RTT trace and the large-message latency of every unit."""
+    """One RTT trace (``units`` plus a tail) and the large-message latency of every unit."""
 
-    def __init__(self, scenario: CloudEdgeScenario, seed: int):
+    def __init__(self, scenario: CloudEdgeScenario, rtt_s: np.ndarray,
+                 congested: np.ndarray | None = None):
         import numpy as np
 
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed={seed!r}: must be a non-negative integer")
-        rng = np.random.default_rng(seed)
+        if len(rtt_s) < scenario.units:
+            raise ValueError(f"an RTT trace of {len(rtt_s)} units is shorter than "
+                             f"units={scenario.units}")
         self.scenario = scenario
-        self.rtt_s, self.congested = scenario.link.rtt_trace(
-            scenario.units + scenario.tail_units, rng)
+        self.rtt_s = np.asarray(rtt_s, dtype=float)
+        self.congested = (np.asarray(congested, dtype=bool) if congested is not None
+                          else self.rtt_s > scenario.link.rtt_max_s)
         self.large_s = scenario.link.large_latency_s(self.rtt_s)
         self.arrivals = range(scenario.message_period_units, scenario.units,
                               scenario.message_period_units)
         self._rtt = self.rtt_s.tolist()  # list indexing is ~10x numpy scalar indexing
         self._large = self.large_s.tolist()
+
+    @classmethod
+    def generate(cls, scenario: CloudEdgeScenario, seed: int) -> Trace:
+        """The paper's random trace from ``numpy.random.default_rng(seed)``."""
+        import numpy as np
+
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed={seed!r}: must be a non-negative integer")
+        rtt_s, congested = scenario.link.rtt_trace(scenario.units + scenario.tail_units,
+                                                   np.random.default_rng(seed))
+        return cls(scenario, rtt_s, congested)
 
     def _at(self, values: list[float], unit: int) -> float:
         if unit >= len(values):
@@ -223,7 +236,7 @@ def simulate(*, seed: int = 0, scenario: CloudEdgeScenario | None = None
     """Run every policy on one seeded trace: Fig. 8 (per policy, and over ``threshold_l``
     at ``TQ`` = ``query_period_units``) and Fig. 9 (over ``threshold_l`` per ``TQ``)."""
     scenario = scenario or CloudEdgeScenario()
-    trace = Trace(scenario, seed)
+    trace = Trace.generate(scenario, seed)
     done: dict[tuple[str, int, float], SweepPoint] = {}
 
     def run(policy: str, query_period_units: int, threshold_l_s: float) -> SweepPoint:
