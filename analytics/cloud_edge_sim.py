@@ -22,6 +22,9 @@ Readings of what the text leaves open (checked against the authors' published si
 github.com/wangc86/Adaptive-MQTT-Transmit-Policy, ``simulation/``; where the two differ the
 paper's text wins and the difference is said here):
 
+- Time step: "the time unit was assumed to be 1 s" is the simulation's step. The link
+  holds one RTT per unit, messages arrive, are decided on and leave at whole units, and
+  ``TQ`` and ``D`` count in units.
 - Burst start: "10 % probability to have an additional latency burst" is read per time
   unit while the link is not congested; bursts never overlap. Congestion therefore covers
   about two thirds of the time (mean gap 9 units, mean burst 17.5 units).
@@ -72,6 +75,19 @@ class LinkModel:
     burst_rate_per_s: float = 0.3  # λ of the exponential extra RTT of a burst
     large_latency_scale: float = 10.0  # 1 MB message over 10 KB query
     large_transmission_s: float = 0.08  # 1 MB at 100 Mbit/s (the authors' script)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.rtt_min_s <= self.rtt_max_s:
+            raise ValueError(f"rtt_min_s={self.rtt_min_s}, rtt_max_s={self.rtt_max_s}: "
+                             "need 0 < rtt_min_s <= rtt_max_s")
+        if not 0 <= self.burst_start_probability <= 1:
+            raise ValueError(f"burst_start_probability={self.burst_start_probability}: "
+                             "must be within [0, 1]")
+        if not 0 < self.burst_min_units <= self.burst_max_units:
+            raise ValueError(f"burst_min_units={self.burst_min_units}, burst_max_units="
+                             f"{self.burst_max_units}: need 0 < min <= max")
+        if self.burst_rate_per_s <= 0 or self.large_latency_scale <= 0:
+            raise ValueError("burst_rate_per_s and large_latency_scale must be positive")
 
     def rtt_trace(self, length: int, rng: np.random.Generator
                   ) -> tuple[np.ndarray, np.ndarray]:
@@ -139,11 +155,11 @@ class CloudEdgeScenario:
         rates = {"probabilistic_good": self.congestion_rate_good_per_s,
                  "probabilistic_bad": self.congestion_rate_bad_per_s}
         kind = WithholdingPolicy(policy.removesuffix("_good").removesuffix("_bad"))
+        rate = {"congestion_rate_per_s": rates[policy]} if policy in rates else {}
         return Withholding(policy=kind, threshold_l_s=threshold_l_s,
                            query_period_s=float(query_period_units),
                            starvation_s=self.starvation_s,
-                           congestion_rate_per_s=rates.get(policy, 1.0),
-                           latency_scale=self.link.large_latency_scale)
+                           latency_scale=self.link.large_latency_scale, **rate)
 
 
 class Trace:

@@ -109,12 +109,12 @@ class Withholding:
     latency_scale: float = 1.0  # the message's latency over the RTT query's
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", WithholdingPolicy(self.policy))
         for name in ("threshold_l_s", "query_period_s", "starvation_s",
                      "congestion_rate_per_s", "latency_scale"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"withholding {name}={value!r}: must be a positive number")
-        object.__setattr__(self, "policy", WithholdingPolicy(self.policy))
 
     @property
     def starvation_timer_s(self) -> float | None:

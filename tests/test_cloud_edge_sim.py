@@ -248,6 +248,8 @@ def test_bad_simulation_arguments_name_the_keyword():
         simulate(seed=-1)
     with pytest.raises(ValueError, match="tq_sweep_policies"):
         CloudEdgeScenario(tq_sweep_policies=("clairvoyant",))
+    with pytest.raises(ValueError, match="burst_min_units=30, burst_max_units=25"):
+        LinkModel(burst_min_units=30)
 
 
 def test_the_papers_reference_figures_are_the_shared_ones():
