@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 import mqttbed
 from mqttbed.api import campaigns, simulations, system, web
+from mqttbed.controller.body_limit import BodyLimit
 from mqttbed.controller.controller import Controller, create_controller
 from mqttbed.controller.worker import CampaignWorker
 from mqttbed.core.settings import Settings
@@ -55,4 +56,5 @@ def create_app(controller: Controller | Settings, controller_url: str | None = N
     app.include_router(simulations.router)
     app.include_router(controller.agent_router())
     app.include_router(web.router)
+    app.add_middleware(BodyLimit)
     return app

@@ -11,7 +11,7 @@ from starlette.background import BackgroundTask
 from mqttbed.api.deps import CoreDep, UserDep, WorkerDep
 from mqttbed.api.export import build_dataset_zip, stream_deliveries_csv
 from mqttbed.api.schemas import CampaignPublic, Progress, RunPublic, StatsPending
-from mqttbed.campaigns.spec import spec_from_text
+from mqttbed.campaigns.spec import spec_from_bytes
 from mqttbed.controller.analysis import load_results
 from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import CampaignRow, RunRow
@@ -82,9 +82,8 @@ def _public(core: Controller, row: CampaignRow, runs: list[RunRow]) -> CampaignP
                                              "field and the bad value"}})
 async def create_campaign(request: Request, core: CoreDep) -> CampaignPublic:
     """Create a campaign from a spec sent as JSON, or as YAML (``application/yaml``)."""
-    body = (await request.body()).decode("utf-8", errors="replace")
     try:
-        spec = spec_from_text(body)
+        spec = spec_from_bytes(await request.body(), "request body")
     except SpecError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
     campaign_id = core.engine.create_campaign(spec)

@@ -9,6 +9,7 @@ from mqttbed.analytics.compare import Comparison, compare_results
 from mqttbed.api.report import templates
 from mqttbed.controller.analysis import load_results
 from mqttbed.controller.storage import DataLayout
+from mqttbed.core.names import UnsafeName
 
 
 class NotComparable(LookupError):
@@ -19,7 +20,10 @@ def comparison_of(layout: DataLayout, first_id: str, second_id: str) -> Comparis
     """Compare the stored results of two campaigns; NotComparable names what is missing."""
     results = []
     for campaign_id in (first_id, second_id):
-        found = load_results(layout, campaign_id)
+        try:
+            found = load_results(layout, campaign_id)
+        except UnsafeName as exc:
+            raise NotComparable(str(exc)) from None
         if found is None:
             raise NotComparable(f"campaign {campaign_id!r} has no results in "
                                 f"{layout.root} (unknown, or not analysed yet)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -15,11 +16,16 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mqttbed.core.bounded_yaml import MAX_BYTES as MAX_SPEC_BYTES
+from mqttbed.core.bounded_yaml import YamlBoundsError, load_bounded_yaml
 from mqttbed.core.errors import SpecError
 from mqttbed.core.events import PAYLOAD_MIN_BYTES
 from mqttbed.core.ssh import SshTarget
 
 MQTT_MAX_PAYLOAD = 268_435_455 - 1024
+# Scenarios x the sweep's cross product x repetitions; past it a spec is refused before
+# anything is expanded (ten keys of ten values would be 10**10 points to validate).
+MAX_RUNS = 10_000
 
 
 class _Strict(BaseModel):
@@ -246,6 +252,19 @@ class CampaignSpec(_Strict):
                              f"backends that deploy several (mqtt-st)")
         return self
 
+    @model_validator(mode="after")
+    def _runs_within_bound(self) -> CampaignSpec:
+        factors = [len(self.scenarios) or 1, *(len(v) for v in self.sweep.values()),
+                   self.repetitions]
+        runs = math.prod(factors)
+        if runs > MAX_RUNS:
+            shown = " x ".join(f"{f:,}" for f in factors)
+            raise ValueError(
+                f"scenarios x sweep values x repetitions = {shown} = {runs:,} runs, more "
+                f"than the {MAX_RUNS:,} one campaign may have (MAX_RUNS); sweep fewer values, "
+                "or split it into several campaigns")
+        return self
+
     @field_validator("sweep")
     @classmethod
     def _sweep_paths_exist(cls, sweep: dict[str, list[Any]]) -> dict[str, list[Any]]:
@@ -334,12 +353,28 @@ def parse_spec(data: Any) -> CampaignSpec:
 
 
 def spec_from_text(text: str) -> CampaignSpec:
-    """Parse and validate a spec from YAML or JSON text (JSON is a subset of YAML)."""
+    """Parse and validate a spec from YAML or JSON text (JSON is a subset of YAML), within
+    the bounds of :mod:`mqttbed.core.bounded_yaml` (size, nesting, alias expansion)."""
     try:
-        data = yaml.safe_load(text)
+        data = load_bounded_yaml(text)
+    except YamlBoundsError as exc:
+        raise SpecError(f"campaign spec refused: {exc}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"campaign spec is not valid YAML/JSON: {exc}") from None
     return parse_spec(data)
+
+
+def spec_from_bytes(data: bytes, source: str = "campaign spec") -> CampaignSpec:
+    """Like :func:`spec_from_text`, from bytes that must be UTF-8 (a file, a request body)."""
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(f"{source} refused: {len(data):,} bytes, more than the "
+                        f"{MAX_SPEC_BYTES:,} a document may have (MAX_BYTES)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{source} is not UTF-8: byte {exc.start} is "
+                        f"0x{data[exc.start]:02x}; save it as UTF-8") from None
+    return spec_from_text(text)
 
 
 def load_spec(path: str | Path) -> CampaignSpec:
@@ -347,7 +382,11 @@ def load_spec(path: str | Path) -> CampaignSpec:
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"campaign spec file {str(path)!r} does not exist")
-    return spec_from_text(path.read_text())
+    if path.stat().st_size > MAX_SPEC_BYTES:  # never read a huge file to refuse it
+        raise SpecError(f"campaign spec file {str(path)!r} refused: {path.stat().st_size:,} "
+                        f"bytes, more than the {MAX_SPEC_BYTES:,} a document may have "
+                        "(MAX_BYTES)")
+    return spec_from_bytes(path.read_bytes(), f"campaign spec file {str(path)!r}")
 
 
 def expand_points(spec: CampaignSpec) -> list[SweepPoint]:

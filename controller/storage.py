@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mqttbed.core.events import EVENT_COLUMNS, arrow_schema
+from mqttbed.core.names import check_name
 from mqttbed.core.samples import BrokerStatsSample
 from mqttbed.core.sections import SectionRecords
 
@@ -39,17 +40,19 @@ class DataLayout:
     def broker_samples(self) -> Path:
         return self.root / "broker_samples"
 
+    # Every id is checked before it becomes a path (UnsafeName): a last line behind the
+    # checks where ids arrive (request paths, agents' messages, the command line).
     def campaign_dir(self, campaign_id: str) -> Path:
-        return self.root / "campaigns" / campaign_id
+        return self.root / "campaigns" / check_name(campaign_id, "campaign id")
 
     def run_dir(self, campaign_id: str, run_id: str) -> Path:
-        return self.campaign_dir(campaign_id) / "runs" / run_id
+        return self.campaign_dir(campaign_id) / "runs" / check_name(run_id, "run id")
 
     def run_events(self, campaign_id: str, run_id: str) -> Path:
-        return self.events / f"campaign_id={campaign_id}" / f"run_id={run_id}"
+        return self.events / _partition(campaign_id, run_id)
 
     def run_samples(self, campaign_id: str, run_id: str) -> Path:
-        return self.broker_samples / f"campaign_id={campaign_id}" / f"run_id={run_id}"
+        return self.broker_samples / _partition(campaign_id, run_id)
 
     @property
     def gpio_edges(self) -> Path:
@@ -58,6 +61,12 @@ class DataLayout:
     @property
     def backend_records(self) -> Path:
         return self.root / "backend_records"
+
+
+def _partition(campaign_id: str, run_id: str) -> Path:
+    """The hive partition of one run: ``campaign_id=C/run_id=R``."""
+    return (Path(f"campaign_id={check_name(campaign_id, 'campaign id')}")
+            / f"run_id={check_name(run_id, 'run id')}")
 
 
 def _atomic_write_table(table: Any, path: Path) -> None:
@@ -78,10 +87,11 @@ def write_event_chunk(layout: DataLayout, campaign_id: str, run_id: str, agent_i
     """
     import pyarrow as pa
 
+    agent = check_name(agent_id, "agent id")
+    path = layout.run_events(campaign_id, run_id) / f"{agent}-{seq:06d}.parquet"
     rows = len(next(iter(columns.values()), []))
     table = pa.table({name: columns[name] if name in columns else [constants[name]] * rows
                       for name in EVENT_COLUMNS}, schema=arrow_schema())
-    path = layout.run_events(campaign_id, run_id) / f"{agent_id}-{seq:06d}.parquet"
     _atomic_write_table(table, path)
     return path
 
@@ -95,8 +105,8 @@ def write_edges(layout: DataLayout, campaign_id: str, run_id: str, agent_id: str
                       "pin": pa.array(edges["pin"], pa.int32()),
                       "t_ns": pa.array(edges["t_ns"], pa.int64()),
                       "level": pa.array(edges["level"], pa.int8())})
-    path = (layout.gpio_edges / f"campaign_id={campaign_id}" / f"run_id={run_id}"
-            / f"{agent_id}-{seq:06d}.parquet")
+    path = (layout.gpio_edges / _partition(campaign_id, run_id)
+            / f"{check_name(agent_id, 'agent id')}-{seq:06d}.parquet")
     _atomic_write_table(table, path)
     return path
 
@@ -126,8 +136,8 @@ def write_backend_records(layout: DataLayout, campaign_id: str, run_id: str, sec
     table = pa.table({"section": pa.array([section] * len(figures), pa.string()),
                       "figure": pa.array([f for f, _ in figures], pa.string()),
                       "value": pa.array([float(v) for _, v in figures], pa.float64())})
-    path = (layout.backend_records / f"campaign_id={campaign_id}" / f"run_id={run_id}"
-            / f"{section}.parquet")
+    path = (layout.backend_records / _partition(campaign_id, run_id)
+            / f"{check_name(section, 'section')}.parquet")
     _atomic_write_table(table, path)
     return path
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mqttbed.core.events import EVENT_COLUMNS
+from mqttbed.core.names import MAX_NAME_CHARS, PlainName
 
 PROTOCOL_VERSION = 1
 
@@ -45,7 +46,8 @@ _COUNT = 2**62
 
 
 class Register(Message):
-    name: str = Field(min_length=1, max_length=200)
+    # The agent's id is made of it, and the id names the files of its event chunks.
+    name: PlainName = Field(min_length=1, max_length=MAX_NAME_CHARS)
     hostname: str = Field(max_length=200)
     pid: int = Field(ge=0, le=_INT32)
     cores: int = Field(ge=1, le=1 << 16)
@@ -56,7 +58,7 @@ class Register(Message):
 
 
 class Registered(Message):
-    agent_id: str
+    agent_id: PlainName
     heartbeat_interval_s: float
     controller_boot_id: str | None = None  # same as the agent's: one clock, no offset
 
@@ -78,8 +80,8 @@ class ClockEstimate(BaseModel):
 
 
 class Heartbeat(Message):
-    agent_id: str
-    state: str
+    agent_id: PlainName
+    state: str = Field(max_length=16)
     t_agent_ns: int
 
 
@@ -117,8 +119,8 @@ class ClientAssignment(BaseModel):
 
 class Assignment(Message):
     type: Literal["assignment"] = "assignment"
-    run_id: str
-    campaign_id: str
+    run_id: PlainName
+    campaign_id: PlainName
     broker: Endpoint
     clients: list[ClientAssignment]
     chunk_events: int = 5000
@@ -139,7 +141,7 @@ class Subscribe(Message):
     """
 
     type: Literal["subscribe"] = "subscribe"
-    run_id: str
+    run_id: PlainName
     ranks: list[int]
 
 
@@ -147,13 +149,13 @@ class StartAt(Message):
     """Start publishing at ``t_start_ns`` on the controller's clock."""
 
     type: Literal["start"] = "start"
-    run_id: str
+    run_id: PlainName
     t_start_ns: int
 
 
 class Abort(Message):
     type: Literal["abort"] = "abort"
-    run_id: str
+    run_id: PlainName
     reason: str
 
 
@@ -172,8 +174,8 @@ class Commands(Message):
 class Connected(Message):
     """Every client of the agent holds its CONNACK; the agent waits for its Subscribe."""
 
-    run_id: str
-    agent_id: str
+    run_id: PlainName
+    agent_id: PlainName
     clients: list[str]
     clock: ClockEstimate
 
@@ -181,8 +183,8 @@ class Connected(Message):
 class Ready(Message):
     """Every subscriber of the agent holds its SUBACK; the agent waits for its StartAt."""
 
-    run_id: str
-    agent_id: str
+    run_id: PlainName
+    agent_id: PlainName
     clients: list[str]
     clock: ClockEstimate
     gpio_backend: str
@@ -192,8 +194,8 @@ class Ready(Message):
 class Subscribed(Message):
     """The subscriber of ``rank`` holds its SUBACK (the controller hands out the next rank)."""
 
-    run_id: str
-    agent_id: str
+    run_id: PlainName
+    agent_id: PlainName
     rank: int = Field(ge=0, le=_INT32)
 
 
@@ -204,8 +206,8 @@ class ResultChunk(Message):
     into columns and dumping lists is C work; building a dict per row is not.
     """
 
-    run_id: str
-    agent_id: str = Field(max_length=48)
+    run_id: PlainName
+    agent_id: PlainName = Field(max_length=48)
     seq: int = Field(ge=0, le=_INT32)
     columns: dict[str, list[Any]]
     constants: dict[str, Any] = {}
@@ -230,14 +232,14 @@ class ResultChunk(Message):
 
 
 class Done(Message):
-    run_id: str
-    agent_id: str
+    run_id: PlainName
+    agent_id: PlainName
     chunks: int = Field(ge=0, le=_INT32)
     published: int = Field(ge=0, le=_COUNT)
     received: int = Field(ge=0, le=_COUNT)
 
 
 class AgentFailure(Message):
-    run_id: str
-    agent_id: str
+    run_id: PlainName
+    agent_id: PlainName
     reason: str
