@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 
 from mqttbed.controller.controller import Controller
+from mqttbed.controller.gateway import client_address
 from mqttbed.controller.tokens import TokenRole
 from mqttbed.controller.worker import CampaignWorker
 
@@ -36,9 +37,12 @@ def presented_token(request: Request) -> str:
 
 def require_user(request: Request, core: CoreDep) -> None:
     """401 without a valid token, 403 for an agent token: these routes are for users."""
-    role = core.token_role(presented_token(request))
+    caller = core.authenticate(presented_token(request), client_address(request))
+    role = caller.role
     if role is None:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "a user token is required",
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED,
+                            f"a user token is required ({caller.problem})" if caller.problem
+                            else "a user token is required",
                             headers={"WWW-Authenticate": "Bearer"})
     if role != TokenRole.USER:
         raise HTTPException(status.HTTP_403_FORBIDDEN,

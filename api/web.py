@@ -12,6 +12,7 @@ from mqttbed.api.compare_page import NotComparable, comparison_of, render_compar
 from mqttbed.api.deps import TOKEN_COOKIE, CoreDep, presented_token
 from mqttbed.api.report import plotly_js_path, render_report, templates
 from mqttbed.api.simulations import SeedQuery, UnitsQuery, cloud_edge_result, render_cloud_edge
+from mqttbed.controller.gateway import client_address
 from mqttbed.controller.tokens import TokenRole
 
 router = APIRouter(include_in_schema=False)
@@ -19,7 +20,7 @@ router = APIRouter(include_in_schema=False)
 
 def _user_or_login(request: Request, core: CoreDep) -> Response | None:
     """None for a user; else a redirect to the login page (or 403 for an agent token)."""
-    role = core.token_role(presented_token(request))
+    role = core.authenticate(presented_token(request), client_address(request)).role
     if role == TokenRole.USER:
         return None
     if role is not None:
@@ -34,9 +35,9 @@ def login_form(next: str = "/") -> HTMLResponse:
 
 
 @router.post("/login")
-def login(core: CoreDep, token: Annotated[str, Form()], next: Annotated[str, Form()] = "/"
-          ) -> Response:
-    if core.token_role(token) != TokenRole.USER:
+def login(request: Request, core: CoreDep, token: Annotated[str, Form()],
+          next: Annotated[str, Form()] = "/") -> Response:
+    if core.authenticate(token, client_address(request)).role != TokenRole.USER:
         page = templates().get_template("login.html").render(
             next=next, error="That is not a valid user token.", standalone=False)
         return HTMLResponse(page, status_code=401)

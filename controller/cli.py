@@ -130,16 +130,40 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _token(args: argparse.Namespace) -> int:
-    from mqttbed.controller.db import database_url, open_database
-    from mqttbed.controller.tokens import TokenRole, create_token
+    """``token create|list|revoke``: on the controller's own database, not over the API."""
+    from mqttbed.controller.db import database_url, open_database, utcnow
+    from mqttbed.controller.tokens import (
+        TokenError,
+        TokenRole,
+        create_token,
+        list_tokens,
+        parse_duration,
+        revoke_tokens,
+    )
     from mqttbed.core.settings import Settings
 
     settings = Settings.from_env(args.data_dir)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     sessions = open_database(settings.database_url or database_url(settings.data_dir))
-    token = create_token(sessions, args.name, TokenRole(args.role))
-    sessions.kw["bind"].dispose()
-    print(token)  # alone on stdout, so scripts can capture it; it is not shown again
+    try:
+        if args.action == "create":
+            token = create_token(sessions, args.name, TokenRole(args.role),
+                                 parse_duration(args.expires_in))
+            print(token)  # alone on stdout, so scripts can capture it; it is not shown again
+        elif args.action == "list":
+            now = utcnow()
+            for record in list_tokens(sessions):
+                expires = f"{record.expires_at:%Y-%m-%d %H:%M}" if record.expires_at else "never"
+                print(f"{record.id:>4}  {record.name:20} {record.role:6} "
+                      f"{record.state(now):8} created {record.created_at:%Y-%m-%d %H:%M}  "
+                      f"expires {expires}")
+        else:
+            for record in revoke_tokens(sessions, token_id=args.id, name=args.name):
+                print(f"revoked {record.id} {record.name} ({record.role})")
+    except TokenError as exc:
+        raise SystemExit(f"mqttbed token {args.action}: {exc}") from None
+    finally:
+        sessions.kw["bind"].dispose()
     return 0
 
 
@@ -298,13 +322,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--spark-master")
     serve.set_defaults(func=_serve)
 
-    token = commands.add_parser("token", help="API tokens")
+    token = commands.add_parser("token", help="API tokens (on this controller's database)")
     token_actions = token.add_subparsers(dest="action", required=True)
     create = token_actions.add_parser("create", help="create a token and print it once")
     create.add_argument("--name", required=True, help="who or what the token is for")
     create.add_argument("--role", choices=("user", "agent"), default="user")
-    create.add_argument("--data-dir")
-    create.set_defaults(func=_token)
+    create.add_argument("--expires-in", default="never", metavar="DURATION",
+                        help="e.g. 90d, 12h, 30m (default: never)")
+    listing = token_actions.add_parser("list", help="every token: id, name, role, state "
+                                                    "(active, expired, revoked), expiry")
+    revoke = token_actions.add_parser("revoke", help="revoke a token: refused from the next "
+                                                     "request on")
+    which = revoke.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", type=int, help="the token's id (token list)")
+    which.add_argument("--name", help="every unrevoked token of that name")
+    for action in (create, listing, revoke):
+        action.add_argument("--data-dir")
+        action.set_defaults(func=_token)
 
     report = commands.add_parser("report", help="write a campaign's report as one "
                                                 "self-contained HTML file")

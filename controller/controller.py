@@ -19,6 +19,7 @@ from types import TracebackType
 from fastapi import APIRouter
 from sqlalchemy.orm import sessionmaker
 
+from mqttbed.controller.auth import AuthFailureLimit, Caller, throttled
 from mqttbed.controller.db import AgentRow, database_url, open_database, utcnow
 from mqttbed.controller.documents import DocumentStream, Listener
 from mqttbed.controller.embedded import BackgroundServer, bind_socket
@@ -28,7 +29,7 @@ from mqttbed.controller.lifecycle import conduct_campaign
 from mqttbed.controller.registry import AgentRecord, AgentRegistry
 from mqttbed.controller.states import CampaignStatus
 from mqttbed.controller.storage import DataLayout
-from mqttbed.controller.tokens import TokenRole, resolve_token
+from mqttbed.controller.tokens import TokenRole, find_token
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.host import LocalHost
 from mqttbed.core.settings import Settings
@@ -80,6 +81,7 @@ class Controller:
         self.chunks = ChunkStore(self.sessions, layout, self.registry)
         # The agents this controller spawns itself get a token that lives as long as it does.
         self._local_agent_token = secrets.token_urlsafe(32)
+        self.auth_failures = AuthFailureLimit(settings.auth_failures_per_minute, 60.0)
         self.engine = RunEngine(EngineContext(
             sessions=self.sessions, layout=layout, registry=self.registry,
             host=LocalHost(settings.lab_address), controller_url=url,
@@ -133,16 +135,28 @@ class Controller:
 
     # -- agents ---------------------------------------------------------------------------
 
-    def token_role(self, token: str) -> TokenRole | None:
-        """The role of ``token``: a stored token's, AGENT for local agents, else None."""
-        if hmac.compare_digest(token.encode(), self._local_agent_token.encode()):
-            return TokenRole.AGENT
-        found = resolve_token(self.sessions, token)
-        return found[1] if found else None
+    def authenticate(self, token: str, address: str) -> Caller:
+        """Check the token ``address`` presented: a stored token's role, AGENT for local
+        agents, else None and why. Wrong tokens count against the address; one over its
+        limit gets 429 whatever it presents (:mod:`mqttbed.controller.auth`)."""
+        retry_after = self.auth_failures.retry_after_s(address)
+        if retry_after is not None:
+            raise throttled(address, retry_after, self.auth_failures)
+        if not token:
+            return Caller(None)
+        if hmac.compare_digest(token.encode("utf-8", errors="surrogatepass"),
+                               self._local_agent_token.encode()):
+            return Caller(TokenRole.AGENT)
+        record = find_token(self.sessions, token)
+        problem = "unknown token" if record is None else record.problem(utcnow())
+        if problem is None:
+            return Caller(record.role)
+        self.auth_failures.record_failure(address)
+        return Caller(None, problem)
 
     def agent_router(self) -> APIRouter:
         """The ``/agent/v1`` routes, open to agent tokens only."""
-        return agent_router(self.registry, self.chunks, self.token_role)
+        return agent_router(self.registry, self.chunks, self.authenticate)
 
     def _record_agent(self, record: AgentRecord) -> None:
         """Keep the agents table in step with registrations, losses and departures."""

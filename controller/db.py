@@ -106,6 +106,8 @@ class TokenRow(Base):
     role: Mapped[str] = mapped_column(String(16))
     token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime | None]     # None: never
+    revoked_at: Mapped[datetime | None]
 
 
 def database_url(data_dir: Path) -> str:

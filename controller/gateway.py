@@ -9,11 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, status
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, status
 from pyarrow.lib import ArrowException
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
+from mqttbed.controller.auth import Caller
+from mqttbed.controller.body_limit import BodyLimit
 from mqttbed.controller.db import ChunkRow, RunRow
 from mqttbed.controller.registry import AgentRegistry
 from mqttbed.controller.storage import DataLayout, write_edges, write_event_chunk
@@ -33,7 +35,7 @@ from mqttbed.core.protocol import (
     Subscribed,
 )
 
-RoleOf = Callable[[str], TokenRole | None]
+Authenticate = Callable[[str, str], Caller]   # (token, address) -> who is calling
 
 
 class ChunkStore:
@@ -77,14 +79,20 @@ class ChunkStore:
         return True
 
 
-def agent_router(registry: AgentRegistry, chunks: ChunkStore, role_of: RoleOf) -> APIRouter:
+def agent_router(registry: AgentRegistry, chunks: ChunkStore,
+                 authenticate: Authenticate) -> APIRouter:
     """Build the ``/agent/v1`` routes over ``registry``; every route needs an agent token."""
 
-    def require_agent(authorization: Annotated[str | None, Header()] = None) -> None:
+    def require_agent(request: Request,
+                      authorization: Annotated[str | None, Header()] = None) -> None:
         scheme, _, token = (authorization or "").partition(" ")
-        role = role_of(token) if scheme.lower() == "bearer" else None
+        caller = authenticate(token if scheme.lower() == "bearer" else "",
+                              client_address(request))
+        role = caller.role
         if role is None:
-            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "agent token missing or wrong",
+            raise HTTPException(status.HTTP_401_UNAUTHORIZED,
+                                f"an agent token is required ({caller.problem})"
+                                if caller.problem else "an agent token is required",
                                 headers={"WWW-Authenticate": "Bearer"})
         if role != TokenRole.AGENT:
             raise HTTPException(status.HTTP_403_FORBIDDEN, "this route takes agent tokens only")
@@ -150,8 +158,14 @@ def agent_router(registry: AgentRegistry, chunks: ChunkStore, role_of: RoleOf) -
     return router
 
 
+def client_address(request: Request) -> str:
+    """The TCP peer of a request (what the failed-token limit counts against)."""
+    return request.client.host if request.client is not None else "unknown"
+
+
 def agent_app(router: APIRouter) -> FastAPI:
     """A minimal app serving only the agent routes (the embedded controller of ``mqttbed run``)."""
     app = FastAPI(title="mqttbed agent gateway")
     app.include_router(router)
+    app.add_middleware(BodyLimit)
     return app

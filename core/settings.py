@@ -64,6 +64,8 @@ class Settings(_Loadable):
     spark_shuffle_partitions: int = Field(4, ge=1, description="spark.sql.shuffle.partitions")
     spark_conf: dict[str, str] = Field(default_factory=dict, description=(
         "further Spark properties as JSON, e.g. {\"spark.hadoop.fs.s3a.endpoint\": \"...\"}"))
+    auth_failures_per_minute: int = Field(10, ge=1, le=100_000, description=(
+        "wrong tokens one address may present per minute before it gets 429"))
 
     @field_validator("data_dir")
     @classmethod
