@@ -13,13 +13,23 @@ channel's stdin, so it never shows in the remote ``ps``; then the wrapper runs a
 stdin at end of file and reports its exit status (``128 + n`` for signal ``n``, the
 shell's convention, which poll turns into ``-n`` like :class:`subprocess.Popen`).
 
+Host keys, as OpenSSH's ``StrictHostKeyChecking``: a host's key must be in its entry's
+``known_hosts`` file (default ``~/.ssh/known_hosts``). An unknown key is refused, naming
+the host, its key's fingerprint and the fix, unless the entry says ``trust_new: true``
+(``accept-new``): then the key is appended to that file on first connect and checked
+against it ever after. A key that differs from the pinned one is always refused.
+
 Validated against a real OpenSSH server on this machine (tests/test_ssh_host.py and the
 remote-agent campaign test); not against a Raspberry Pi.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import fcntl
+import hashlib
+import os
 import shlex
 import signal
 import threading
@@ -35,6 +45,7 @@ WRAPPER = ('echo "mqttbed-pid $$"; '
            'while IFS= read -r kv && [ -n "$kv" ]; do export "$kv"; done; '
            '"$@" </dev/null 2>&1; exit $?')
 PID_PREFIX = b"mqttbed-pid "
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 
 class SshError(RuntimeError):
@@ -49,7 +60,11 @@ class SshTarget(BaseModel):
     ssh_port: int | None = Field(default=None, ge=1, le=65535)
     key_filename: str | None = Field(default=None, description="private key for SSH")
     known_hosts: str | None = Field(
-        default=None, description="known_hosts file; when set, unknown host keys are refused")
+        default=None, description="known_hosts file the host key must be in (default "
+                                  "~/.ssh/known_hosts); unknown keys are refused")
+    trust_new: bool = Field(
+        default=False, description="accept an unknown host key on first connect and pin it "
+                                   "in known_hosts (a changed key is always refused)")
     connect_timeout_s: float = Field(default=10.0, gt=0, le=300)
 
     @property
@@ -59,10 +74,9 @@ class SshTarget(BaseModel):
 
 
 def connect(target: SshTarget, label: str) -> Any:
-    """Open a fabric Connection to ``target`` (host keys checked when known_hosts is set)."""
+    """Open a fabric Connection to ``target``, its host key checked (module docstring)."""
     from fabric import Connection
-    from paramiko import RejectPolicy
-    from paramiko.ssh_exception import SSHException
+    from paramiko.ssh_exception import BadHostKeyException, SSHException
 
     connect_kwargs: dict[str, Any] = {}
     if target.key_filename:
@@ -70,14 +84,68 @@ def connect(target: SshTarget, label: str) -> Any:
     connection = Connection(target.host, port=target.ssh_port,
                             connect_timeout=int(target.connect_timeout_s),
                             connect_kwargs=connect_kwargs)
-    if target.known_hosts:
-        connection.client.load_host_keys(str(Path(target.known_hosts).expanduser()))
-        connection.client.set_missing_host_key_policy(RejectPolicy())
+    known_hosts = Path(target.known_hosts or DEFAULT_KNOWN_HOSTS).expanduser()
+    if known_hosts.exists():
+        connection.client.load_host_keys(str(known_hosts))
+    connection.client.set_missing_host_key_policy(_HostKeyPolicy(target, label, known_hosts))
     try:
         connection.open()
+    except _UnknownHostKey as exc:
+        raise SshError(str(exc)) from None
+    except BadHostKeyException as exc:
+        port = connection.port
+        name = exc.hostname if port == 22 else f"[{exc.hostname}]:{port}"  # as known_hosts
+        raise SshError(
+            f"SSH to {label} failed: the host key of {name} changed: it offers "
+            f"{exc.key.get_name()} {fingerprint(exc.key)}, {known_hosts} pins "
+            f"{fingerprint(exc.expected_key)}. Someone may be in between; if the machine "
+            f"was reinstalled, check the new fingerprint there, remove the old key with "
+            f"`ssh-keygen -R '{name}' -f {known_hosts}` and connect again") from exc
     except (SSHException, OSError) as exc:
         raise SshError(f"SSH to {label} failed: {type(exc).__name__}: {exc}") from exc
     return connection
+
+
+def fingerprint(key: Any) -> str:
+    """A host key's fingerprint as ``ssh-keygen -l`` prints it (SHA256:...)."""
+    digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+    return f"SHA256:{digest}"
+
+
+class _UnknownHostKey(Exception):
+    """A host key in no known_hosts file, refused (the message is the user's)."""
+
+
+class _HostKeyPolicy:
+    """paramiko's missing-host-key hook: pin when the entry trusts new keys, else refuse."""
+
+    def __init__(self, target: SshTarget, label: str, known_hosts: Path):
+        self._target = target
+        self._label = label
+        self._known_hosts = known_hosts
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        if not self._target.trust_new:
+            port = self._target.ssh_port or 22
+            raise _UnknownHostKey(
+                f"SSH to {self._label} failed: the host key of {hostname} ({key.get_name()} "
+                f"{fingerprint(key)}) is not in {self._known_hosts}, so it is refused. Check "
+                f"that fingerprint on the machine (ssh-keygen -lf on its "
+                f"/etc/ssh/ssh_host_*_key.pub) and add its key (ssh-keyscan -p {port} "
+                f"{self._target.address} >> {self._known_hosts}), or set trust_new: true in "
+                "this host's entry to pin the key it offers on first connect")
+        pin_host_key(self._known_hosts, hostname, key)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def pin_host_key(known_hosts: Path, hostname: str, key: Any) -> None:
+    """Append ``hostname``'s key to ``known_hosts`` (created 0600 in a 0700 directory),
+    under a lock so that agents connecting at once each add their line whole."""
+    known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(known_hosts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        file.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
 class SshHost:

@@ -50,13 +50,31 @@ class LocalSshd:
             "PermitRootLogin prohibit-password", "Subsystem sftp internal-sftp",
             f"SetEnv PATH={self.bin}:/usr/local/bin:/usr/bin:/bin", ""]))
         self.log = root / "sshd.log"
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-        self._wait_for_banner()
-        host_key = (root / "host_key.pub").read_text().split()
+        self._start()
         self.known_hosts = root / "known_hosts"
-        self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {host_key[0]} {host_key[1]}\n")
+        self.known_hosts.write_text(self.known_hosts_line())
+
+    def _start(self) -> None:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.root / "sshd_config")],
+                                         stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        self._wait_for_banner()
+
+    def known_hosts_line(self) -> str:
+        """The server's current host key as a known_hosts line."""
+        host_key = (self.root / "host_key.pub").read_text().split()
+        return f"[127.0.0.1]:{self.port} {host_key[0]} {host_key[1]}\n"
+
+    def rotate_host_key(self) -> None:
+        """Restart on the same port with a new host key (a reinstalled machine, or a
+        machine in between)."""
+        self.stop()
+        for name in ("host_key", "host_key.pub"):
+            (self.root / name).unlink()
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+                        str(self.root / "host_key")], check=True)
+        self._start()
 
     def _wait_for_banner(self) -> None:
         deadline = time.monotonic() + 10
