@@ -25,13 +25,15 @@ class Site:
 
     host: Host
     command: tuple[str, ...] = field(default=LOCAL_COMMAND)
+    env: dict[str, str] = field(default_factory=dict)  # over the pool's, for this site
 
 
 class AgentPool:
     """Starts one agent per site for one run and stops every one of them after it."""
 
     def __init__(self, sites: list[Site], controller_url: str, token: str, run_id: str,
-                 log_dir: Path, gpio: str = "auto", gpio_chip: str = "/dev/gpiochip0"):
+                 log_dir: Path, gpio: str = "auto", gpio_chip: str = "/dev/gpiochip0",
+                 env: dict[str, str] | None = None):
         self.names = [f"{run_id}-a{i}" for i in range(len(sites))]
         log_dir.mkdir(parents=True, exist_ok=True)
         self._logs = {name: log_dir / f"{name}.log" for name in self.names}
@@ -43,7 +45,8 @@ class AgentPool:
                         "--gpio", gpio, "--gpio-chip", gpio_chip]
                 # The token goes through the environment: argv is world-readable in ps.
                 self.processes[name] = site.host.spawn(
-                    argv, env={"MQTTBED_AGENT_TOKEN": token}, log_path=self._logs[name])
+                    argv, env={**(env or {}), **site.env, "MQTTBED_AGENT_TOKEN": token},
+                    log_path=self._logs[name])
         except BaseException:
             self.stop(grace_s=0)  # the ones already started, before the failure goes up
             raise

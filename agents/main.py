@@ -17,7 +17,8 @@ import threading
 
 import httpx
 
-from mqttbed.agents.gpio import BACKENDS, GpioUnavailable, open_gpio
+from mqttbed.agents.gpio import GpioUnavailable, open_gpio
+from mqttbed.agents.options import build_parser
 from mqttbed.agents.runner import AssignmentRunner
 from mqttbed.core.clock import CLOCK_NAME, boot_id, monotonic_ns, resolution_ns
 from mqttbed.core.protocol import (
@@ -31,7 +32,7 @@ from mqttbed.core.protocol import (
     StartAt,
     Subscribe,
 )
-from mqttbed.core.settings import AgentSettings
+from mqttbed.core.tls import CA_FILE_HINT, TlsSetupError, client_verify, is_untrusted_certificate
 
 log = logging.getLogger("mqttbed.agent")
 
@@ -40,10 +41,11 @@ class Agent:
     """One agent's life: register, heartbeat, obey commands."""
 
     def __init__(self, controller_url: str, token: str, name: str, gpio_backend: str = "auto",
-                 gpio_chip: str = "/dev/gpiochip0"):
+                 gpio_chip: str = "/dev/gpiochip0", ca_file: str | None = None):
         # httpx writes headers and body separately: without TCP_NODELAY every request
         # waits out a delayed ACK (~40 ms on Linux).
         transport = httpx.HTTPTransport(
+            verify=client_verify(ca_file),
             socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
         self._http = httpx.Client(base_url=controller_url.rstrip("/"), timeout=30.0,
                                   transport=transport,
@@ -124,21 +126,6 @@ class Agent:
         self._stop.set()
 
 
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    """Add the agent's options to ``parser`` (a subcommand of ``mqttbed``) or a new one."""
-    parser = parser or argparse.ArgumentParser(prog="mqttbed agent")
-    parser.add_argument("--controller", required=True, help="controller URL, e.g. http://host:8000")
-    parser.add_argument("--token", default=AgentSettings.load().agent_token,
-                        help="agent token (or MQTTBED_AGENT_TOKEN)")
-    parser.add_argument("--name", default=socket.gethostname(), help="name shown by the controller")
-    parser.add_argument("--gpio", default="auto", choices=BACKENDS,
-                        help="GPIO backend: auto (default: rpi on a Raspberry Pi, else "
-                             "virtual), virtual, rpi (RPi.GPIO / rpi-lgpio), gpiod")
-    parser.add_argument("--gpio-chip", default="/dev/gpiochip0",
-                        help="GPIO character device for the gpiod backend")
-    return parser
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the agent until the controller shuts it down or SIGTERM arrives."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(message)s")
@@ -150,12 +137,20 @@ def run(args: argparse.Namespace) -> int:
     # can take a timestamp. Half a millisecond bounds that wait at a small cost.
     sys.setswitchinterval(0.0005)
     try:
-        agent = Agent(args.controller, args.token, args.name, args.gpio, args.gpio_chip)
-    except GpioUnavailable as exc:
+        agent = Agent(args.controller, args.token, args.name, args.gpio, args.gpio_chip,
+                      args.ca_file)
+    except (GpioUnavailable, TlsSetupError) as exc:
         print(f"mqttbed agent: {exc}", file=sys.stderr)
         return 3
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())
-    agent.serve()
+    try:
+        agent.serve()
+    except httpx.ConnectError as exc:
+        if not is_untrusted_certificate(exc):
+            raise
+        print(f"mqttbed agent: the certificate of {args.controller} is not trusted ({exc}); "
+              f"{CA_FILE_HINT}", file=sys.stderr)
+        return 4
     return 0
 
 

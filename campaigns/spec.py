@@ -117,6 +117,9 @@ class AgentHost(SshTarget):
 
     count: int = Field(1, ge=1, le=64, description="agent processes on this machine")
     command: str = Field("mqttbed", description="the mqttbed executable there (its venv's)")
+    ca_file: str | None = Field(None, description="there: the CA or certificate its agents "
+                                                  "trust for an https controller (default: "
+                                                  "that machine's CAs)")
 
 
 class Agents(_Strict):

@@ -47,7 +47,9 @@ def open_sites(spec: CampaignSpec, local: Host, needed: int) -> AgentSites:
             opened.close()
             raise RunFailed(f"agents.hosts[{i}]: {exc}") from exc
         opened.ssh_hosts.append(host)
-        opened.sites += [Site(host, (target.command, "agent"))] * target.count
+        # The controller's own CA file means nothing there: the entry names the host's.
+        env = {"MQTTBED_CA_FILE": target.ca_file or ""}
+        opened.sites += [Site(host, (target.command, "agent"), env)] * target.count
     opened.sites = opened.sites[:needed]
     return opened
 

@@ -117,15 +117,22 @@ def _serve(args: argparse.Namespace) -> int:
     from mqttbed.controller.controller import create_controller
     from mqttbed.controller.embedded import bind_socket
     from mqttbed.core.settings import Settings
+    from mqttbed.core.tls import check_server_files
 
-    settings = Settings.from_env(args.data_dir, args.spark_master)
+    settings = Settings.load(data_dir=args.data_dir, spark_master=args.spark_master,
+                             tls_cert=args.tls_cert, tls_key=args.tls_key)
+    check_server_files(settings.tls_cert, settings.tls_key)
+    scheme = "https" if settings.tls_cert else "http"
     sock = bind_socket(args.host, args.port)
     host, port = sock.getsockname()
     # Agents reach a wildcard listener at the lab address (loopback unless one is set).
     reachable = settings.lab_address if host in ("0.0.0.0", "") else host
-    app = create_app(create_controller(settings, controller_url=f"http://{reachable}:{port}"))
-    print(f"mqttbed controller on http://{host}:{port} (API docs at /docs)", file=sys.stderr)
-    uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[sock])
+    app = create_app(create_controller(settings,
+                                       controller_url=f"{scheme}://{reachable}:{port}"))
+    print(f"mqttbed controller on {scheme}://{host}:{port} (API docs at /docs)",
+          file=sys.stderr)
+    uvicorn.Server(uvicorn.Config(app, log_level="info", ssl_certfile=settings.tls_cert,
+                                  ssl_keyfile=settings.tls_key)).run(sockets=[sock])
     return 0
 
 
@@ -320,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--data-dir")
     serve.add_argument("--spark-master")
+    serve.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate (chain); "
+                                          "agents it starts trust it (MQTTBED_TLS_CERT)")
+    serve.add_argument("--tls-key", help="the certificate's PEM private key (MQTTBED_TLS_KEY)")
     serve.set_defaults(func=_serve)
 
     token = commands.add_parser("token", help="API tokens (on this controller's database)")
@@ -367,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulations(commands)
 
     agent = commands.add_parser("agent", help="run an agent that obeys a controller")
-    from mqttbed.agents.main import build_parser as agent_options
+    from mqttbed.agents.options import build_parser as agent_options
 
     agent_options(agent)
     agent.set_defaults(func=_agent)

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from mqttbed.core.settings import ClientSettings
+from mqttbed.core.tls import CA_FILE_HINT, TlsSetupError, client_verify, is_untrusted_certificate
 
 STATUS_ENDED = ("done", "failed", "cancelled")
 
@@ -24,10 +25,15 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                        help="the controller (default: MQTTBED_URL or http://127.0.0.1:8000)")
     group.add_argument("--token", default=settings.token,
                        help="a user token (default: MQTTBED_TOKEN)")
+    group.add_argument("--ca-file", default=settings.ca_file or None,
+                       help="trust only this CA or certificate for an https controller "
+                            "(default: MQTTBED_CA_FILE, else the system's CAs)")
     # The same options after the action (`campaigns list --url …`), overriding only if given.
     connection = argparse.ArgumentParser(add_help=False)
     connection.add_argument("--url", default=argparse.SUPPRESS, help="the controller")
     connection.add_argument("--token", default=argparse.SUPPRESS, help="a user token")
+    connection.add_argument("--ca-file", default=argparse.SUPPRESS,
+                            help="CA or certificate to trust")
     actions = group.add_subparsers(dest="action", required=True, parser_class=_parser_with(
         connection))
     submit = actions.add_parser("submit", help="create a campaign from a spec and start it")
@@ -59,7 +65,11 @@ def _parser_with(parent: argparse.ArgumentParser) -> type[argparse.ArgumentParse
 def _client(args: argparse.Namespace) -> httpx.Client:
     if not args.token:
         raise SystemExit("mqttbed campaigns: a user token is needed: --token or MQTTBED_TOKEN")
-    return httpx.Client(base_url=args.url.rstrip("/"), timeout=60.0,
+    try:
+        verify = client_verify(args.ca_file)
+    except TlsSetupError as exc:
+        raise SystemExit(f"mqttbed campaigns: {exc}") from None
+    return httpx.Client(base_url=args.url.rstrip("/"), timeout=60.0, verify=verify,
                         headers={"authorization": f"Bearer {args.token}"})
 
 
@@ -78,8 +88,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except httpx.TransportError as exc:
+        hint = f"; {CA_FILE_HINT}" if is_untrusted_certificate(exc) else ""
         raise SystemExit(f"mqttbed campaigns: cannot reach the controller at {args.url}: "
-                         f"{type(exc).__name__}: {exc}") from None
+                         f"{type(exc).__name__}: {exc}{hint}") from None
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ import secrets
 import socket
 from collections.abc import Iterable
 from datetime import timedelta
+from pathlib import Path
 from types import TracebackType
 
 from fastapi import APIRouter
@@ -85,7 +86,8 @@ class Controller:
         self.engine = RunEngine(EngineContext(
             sessions=self.sessions, layout=layout, registry=self.registry,
             host=LocalHost(settings.lab_address), controller_url=url,
-            agent_token=self._local_agent_token, documents=documents))
+            agent_token=self._local_agent_token, documents=documents,
+            agent_env=_agent_env(settings, url)))
         self._agent_socket = agent_socket
         self._agent_server = (BackgroundServer(agent_app(self.agent_router()), agent_socket)
                               if agent_socket is not None else None)
@@ -171,3 +173,12 @@ class Controller:
             row.last_heartbeat = utcnow() - timedelta(
                 seconds=(monotonic_ns() - record.last_seen_ns) / 1e9)
             s.commit()
+
+
+def _agent_env(settings: Settings, url: str) -> dict[str, str]:
+    """What every agent the controller starts gets in its environment besides its token:
+    over HTTPS, the controller's certificate to trust (core.tls); an agent on a lab host
+    takes its host entry's ``ca_file`` instead (agents.deploy)."""
+    if url.startswith("https:") and settings.tls_cert:
+        return {"MQTTBED_CA_FILE": str(Path(settings.tls_cert).expanduser().resolve())}
+    return {}

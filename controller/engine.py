@@ -84,6 +84,7 @@ class EngineContext:
     controller_url: str
     agent_token: str
     documents: DocumentStream = field(default_factory=DocumentStream)
+    agent_env: dict[str, str] = field(default_factory=dict)  # e.g. the CA file over HTTPS
 
 
 def new_id(prefix: str) -> str:
@@ -281,7 +282,8 @@ class RunEngine:
         live.sites, controller_url = self._agent_sites(spec, live.backend)
         live.pool = AgentPool(live.sites.sites, controller_url, self.ctx.agent_token,
                               run.id, self.ctx.layout.run_dir(run.campaign_id, run.id) / "agents",
-                              gpio=spec.agents.gpio, gpio_chip=spec.agents.gpio_chip)
+                              gpio=spec.agents.gpio, gpio_chip=spec.agents.gpio_chip,
+                              env=self.ctx.agent_env)
         run.run_metadata["agent_hosts"] = live.pool.hosts
         agent_ids = self._await_agents(live.pool, spec)
         assignments = plan_assignments(spec, run.id, run.campaign_id, endpoint, agent_ids,

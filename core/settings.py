@@ -66,6 +66,9 @@ class Settings(_Loadable):
         "further Spark properties as JSON, e.g. {\"spark.hadoop.fs.s3a.endpoint\": \"...\"}"))
     auth_failures_per_minute: int = Field(10, ge=1, le=100_000, description=(
         "wrong tokens one address may present per minute before it gets 429"))
+    tls_cert: str | None = Field(None, description="PEM certificate (chain) `mqttbed serve` "
+                                                   "serves HTTPS with")
+    tls_key: str | None = Field(None, description="its private key (PEM)")
 
     @field_validator("data_dir")
     @classmethod
@@ -101,14 +104,21 @@ class Settings(_Loadable):
                         database_url=database_url)
 
 
-class ClientSettings(_Loadable):
+class _ControllerClient(_Loadable):
+    """What every client of a controller's HTTP(S) API needs."""
+
+    ca_file: str | None = Field(None, description="trust only this CA (or certificate) for "
+                                                  "an https controller (core.tls)")
+
+
+class ClientSettings(_ControllerClient):
     """``mqttbed campaigns ...`` against a remote controller."""
 
     url: str = "http://127.0.0.1:8000"
     token: str | None = None
 
 
-class AgentSettings(_Loadable):
+class AgentSettings(_ControllerClient):
     """``mqttbed agent``: the agent token (the controller passes it in the environment,
     never on the command line, where ``ps`` would show it)."""
 
