@@ -358,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(func=_report)
 
     compare = commands.add_parser("compare", help="two campaigns side by side per matching "
-                                                  "sweep point, with 95 % intervals")
+                                                  "sweep point, with 95 %% intervals")
     compare.add_argument("first", help="campaign id")
     compare.add_argument("second", help="campaign id, compared against the first")
     compare.add_argument("--out", type=Path, help="also write the comparison as an HTML page")
