@@ -6,7 +6,7 @@ EXTRAS := agent,controller,analytics,p4,dev
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: install system-deps test lint demo bench docs clean
+.PHONY: install system-deps test lint fuzz demo bench docs clean
 
 install: system-deps $(VENV)/.installed
 
@@ -24,6 +24,15 @@ lint: install
 
 test: install lint
 	$(PY) -m pytest -ra
+
+# Longer fuzz runs than the tests' bounded ones: random examples for the Python parsers
+# and the REST API, then libFuzzer on the fork/pipe broker's packet path for FUZZ_SECONDS.
+FUZZ_EXAMPLES ?= 20000
+FUZZ_SECONDS ?= 300
+fuzz: install
+	MQTTBED_FUZZ_RANDOM=1 MQTTBED_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q \
+		-p no:cacheprovider tests/test_fuzz_codecs.py tests/test_api_schema.py
+	$(MAKE) -C brokers/forkpipe fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
 
 demo: install
 	$(VENV)/bin/mqttbed run campaigns/quickstart.yaml --data-dir data/demo

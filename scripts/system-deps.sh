@@ -15,6 +15,17 @@ command -v make >/dev/null 2>&1 || need+=(make)
 # The p4 backend's data plane is an eBPF program built with clang -target bpf (headers from
 # libbpf-dev), attached with tc and read through bpftool, inside network namespaces (ip).
 command -v clang >/dev/null 2>&1 || need+=(clang)
+# The fork/pipe broker's parser is fuzzed with libFuzzer (clang -fsanitize=fuzzer), whose
+# runtime comes in the compiler-rt package of the installed clang's version.
+fuzzer_runtime() {
+    command -v clang >/dev/null 2>&1 || return 0
+    local rt
+    rt="$(clang -print-resource-dir)/lib/linux/libclang_rt.fuzzer-x86_64.a"
+    [ "$(uname -m)" != x86_64 ] || [ -f "$rt" ] || \
+        echo "libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev"
+}
+rt_package=$(fuzzer_runtime)
+[ -z "$rt_package" ] || need+=("$rt_package")
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 command -v bpftool >/dev/null 2>&1 || [ -x /usr/sbin/bpftool ] || need+=(bpftool)
 { command -v ip && command -v tc; } >/dev/null 2>&1 || need+=(iproute2)
@@ -37,3 +48,6 @@ echo "installing system packages: ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${need[@]}"
+# clang itself was missing: its compiler-rt package is known only now.
+rt_package=$(fuzzer_runtime)
+[ -z "$rt_package" ] || apt-get install -y -qq --no-install-recommends "$rt_package"

@@ -141,3 +141,17 @@ def test_a_frame_from_the_cpu_port_parses_to_its_datagram():
              + (20000).to_bytes(2, "big") + (10000).to_bytes(2, "big")
              + (8 + len(payload)).to_bytes(2, "big") + b"\0\0" + payload)
     assert parse_frame(frame) == PacketIn(ALICE, BROKER, MACS[ALICE], BROKER_MAC, payload)
+
+
+def test_a_subscriber_whose_mac_the_wiring_does_not_know_is_left_to_the_broker():
+    # Regression (found by tests/test_fuzz_codecs.py): a KeyError ended the controller.
+    controller, tables = make()
+    stranger, mac = ("10.77.0.9", 20009), "02:00:00:00:00:99"
+    controller.handle(PacketIn(stranger, BROKER, mac, BROKER_MAC, mqttsn.encode(
+        mqttsn.Subscribe(3, "a/b", mqttsn.TopicIdType.NORMAL))))
+    controller.handle(PacketIn(BROKER, stranger, BROKER_MAC, mac, mqttsn.encode(
+        mqttsn.Suback(0x0011, 3, mqttsn.ReturnCode.ACCEPTED))))
+    assert controller.events["subscriber behind an unknown port"] == 1
+    assert tables.entries == {}
+    subscribed(controller, ALICE, "a/b", 1, 0x0011)  # the others are still accelerated
+    assert tables.ips(AB) == [ALICE[0]]

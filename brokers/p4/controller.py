@@ -154,6 +154,12 @@ class PamsController:
         if suback.return_code != mqttsn.ReturnCode.ACCEPTED:
             self.events["subscribe rejected"] += 1
             return
+        if pending.mac not in self.switch_port_of:
+            # No port to copy to (a MAC the wiring does not know): the broker serves this
+            # subscriber unaccelerated. Found by fuzzing: it was a KeyError that ended the
+            # controller's thread, and so the run.
+            self.events["subscriber behind an unknown port"] += 1
+            return
         self.clients[client] = Subscriber(mac=pending.mac, ip=client[0], port=client[1],
                                           switch_port=self.switch_port_of[pending.mac])
         match pending.topic_id_type:
