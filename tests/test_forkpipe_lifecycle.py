@@ -171,13 +171,20 @@ def test_the_binary_is_built_when_missing_and_rebuilt_when_older_than_its_source
     assert not build.is_stale(build.ensure_built())
 
 
-def test_make_compiles_with_strict_warnings_and_the_sanitizers():
+def test_make_compiles_with_strict_warnings_and_the_sanitizers(tmp_path):
+    # A real build (make -n printed the commands and compiled nothing: it could not fail on
+    # a warning); both binaries must come out and run.
     make = shutil.which("make")
     assert make is not None
-    dry = subprocess.run([make, "-n", "-B", "-C", str(build.SOURCE_DIR), "BUILD=/nonexistent",
-                          "all", "sanitize"], capture_output=True, text=True, check=True).stdout
+    built = subprocess.run([make, "-B", "-C", str(build.SOURCE_DIR), f"BUILD={tmp_path}",
+                            "all", "sanitize"], capture_output=True, text=True, timeout=240)
+    assert built.returncode == 0, built.stderr
     for flag in ("-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined"):
-        assert flag in dry
+        assert flag in built.stdout
+    for binary in ("mqttbed-forkpipe", "mqttbed-forkpipe-asan"):
+        ran = subprocess.run([str(tmp_path / binary), "--help"], capture_output=True,
+                             text=True, timeout=30)
+        assert ran.returncode == 0 and "--port" in ran.stdout + ran.stderr, ran.stderr
 
 
 def test_a_missing_compiler_is_named_with_the_install_command(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mqttbed.controller.states import TERMINAL_STATES, RunState, check_transition
+from mqttbed.controller.states import TERMINAL_STATES, TRANSITIONS, RunState, check_transition
 from mqttbed.core.errors import IllegalTransition
 
 HAPPY_PATH = [RunState.QUEUED, RunState.DEPLOYING, RunState.RUNNING, RunState.COLLECTING,
@@ -13,7 +13,9 @@ HAPPY_PATH = [RunState.QUEUED, RunState.DEPLOYING, RunState.RUNNING, RunState.CO
 
 def test_the_happy_path_is_legal():
     for current, target in zip(HAPPY_PATH, HAPPY_PATH[1:], strict=False):
-        check_transition(current, target)
+        check_transition(current, target)  # raises IllegalTransition if not
+        assert target in TRANSITIONS[current]
+    assert HAPPY_PATH[-1] in TERMINAL_STATES
 
 
 @pytest.mark.parametrize("state", [RunState.DEPLOYING, RunState.RUNNING, RunState.COLLECTING])
