@@ -105,12 +105,20 @@ void log_line(const char *fmt, ...) {
 
 /* -- one connection per input ------------------------------------------------------------- */
 
+#define CLIENT_PID 4242
+
+static void remove_scratch(void) {
+    topicfs_remove_client_dir(CLIENT_PID);
+    rmdir(g_config.base_dir);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
     static char base[] = "/tmp/mqttbed-fuzz-XXXXXX";
     g_config.base_dir = mkdtemp(base);
     expect(g_config.base_dir != NULL, "a scratch base directory");
+    atexit(remove_scratch);
     return 0;
 }
 
@@ -118,7 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     struct client c;
     memset(&c, 0, sizeof c);
     c.sock = -1;
-    c.pid = 4242;
+    c.pid = CLIENT_PID;
     topicfs_client_dir(c.pid, c.dir);
     size_t done = 0;
     bool keep = true;
