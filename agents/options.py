@@ -11,6 +11,7 @@ import socket
 
 from mqttbed.agents.gpio import BACKENDS  # gpio imports its device libraries lazily
 from mqttbed.core.settings import AgentSettings
+from mqttbed.core.tls import add_ca_file_option
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -21,9 +22,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         help="controller URL, e.g. http://host:8000 or https://host:8443")
     parser.add_argument("--token", default=settings.agent_token,
                         help="agent token (or MQTTBED_AGENT_TOKEN)")
-    parser.add_argument("--ca-file", default=settings.ca_file or None,
-                        help="trust only this CA or certificate for an https controller "
-                             "(or MQTTBED_CA_FILE; default: the system's CAs)")
+    add_ca_file_option(parser, settings.ca_file)
     parser.add_argument("--name", default=socket.gethostname(), help="name shown by the controller")
     parser.add_argument("--gpio", default="auto", choices=BACKENDS,
                         help="GPIO backend: auto (default: rpi on a Raspberry Pi, else "

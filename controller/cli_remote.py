@@ -11,7 +11,13 @@ from typing import Any
 import httpx
 
 from mqttbed.core.settings import ClientSettings
-from mqttbed.core.tls import CA_FILE_HINT, TlsSetupError, client_verify, is_untrusted_certificate
+from mqttbed.core.tls import (
+    CA_FILE_HINT,
+    TlsSetupError,
+    add_ca_file_option,
+    client_verify,
+    is_untrusted_certificate,
+)
 
 STATUS_ENDED = ("done", "failed", "cancelled")
 
@@ -25,9 +31,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                        help="the controller (default: MQTTBED_URL or http://127.0.0.1:8000)")
     group.add_argument("--token", default=settings.token,
                        help="a user token (default: MQTTBED_TOKEN)")
-    group.add_argument("--ca-file", default=settings.ca_file or None,
-                       help="trust only this CA or certificate for an https controller "
-                            "(default: MQTTBED_CA_FILE, else the system's CAs)")
+    add_ca_file_option(group, settings.ca_file)
     # The same options after the action (`campaigns list --url …`), overriding only if given.
     connection = argparse.ArgumentParser(add_help=False)
     connection.add_argument("--url", default=argparse.SUPPRESS, help="the controller")

@@ -10,6 +10,7 @@ switched off.
 
 from __future__ import annotations
 
+import argparse
 import ssl
 from pathlib import Path
 
@@ -17,6 +18,14 @@ from mqttbed.core.errors import MqttbedError
 
 CA_FILE_HINT = ("pass the controller's certificate or its CA with --ca-file "
                 "(or MQTTBED_CA_FILE)")
+
+
+def add_ca_file_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                       default: str | None) -> None:
+    """The ``--ca-file`` option of every client command (agent, campaigns)."""
+    parser.add_argument("--ca-file", default=default or None,
+                        help="trust only this CA or certificate for an https controller "
+                             "(default: MQTTBED_CA_FILE, else the system's CAs)")
 
 
 class TlsSetupError(MqttbedError):
