@@ -87,7 +87,10 @@ class Served:
         host, port = sock.getsockname()
         self.url = f"http://{host}:{port}"
         self.updates = UpdateLog()  # every document its controller emits
-        self.controller = create_controller(Settings(data_dir=data_dir), controller_url=self.url,
+        # Tests present wrong tokens on purpose, all from 127.0.0.1, to one session-wide
+        # server: the per-address limit (its own tests: test_tokens.py) must not trip here.
+        settings = Settings(data_dir=data_dir, auth_failures_per_minute=100_000)
+        self.controller = create_controller(settings, controller_url=self.url,
                                             listeners=[self.updates.append])
         self.app = create_app(self.controller, run_campaigns=run_campaigns)
         self.user_token = create_token(self.controller.sessions, "tester", TokenRole.USER)
