@@ -18,6 +18,17 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
+# Fixtures that start a real component: every test using one is an integration test
+# (`pytest -m "not integration"` is the fast unit run), marked here so none is forgotten.
+REAL_FIXTURES = {"spark": "Spark", "served": "Mosquitto, agent processes and Spark"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if REAL_FIXTURES.keys() & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
 class UpdateLog(list[Document]):
     """Every document the controller emitted, in order."""
 

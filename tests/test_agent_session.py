@@ -52,17 +52,20 @@ def run_session(endpoint, subscribers=3):
     return events, gpio, nodelay, counts, start
 
 
+@pytest.mark.integration  # Mosquitto
 def test_every_mqtt_socket_has_tcp_nodelay(broker):
     _, _, nodelay, _, _ = run_session(broker)
     assert len(nodelay) == 4 and all(nodelay)
 
 
+@pytest.mark.integration  # Mosquitto
 def test_subscribers_subscribe_in_rank_order(broker):
     events, *_ = run_session(broker)
     subscribed = [e for e in events if e[0] == "subscribe"]
     assert [e[3] for e in sorted(subscribed, key=lambda e: e[10])] == ["sub-0", "sub-1", "sub-2"]
 
 
+@pytest.mark.integration  # Mosquitto
 def test_publishes_follow_the_open_loop_schedule(broker):
     events, _, _, counts, start = run_session(broker)
     published = [e for e in events if e[0] == "publish"]
@@ -74,6 +77,7 @@ def test_publishes_follow_the_open_loop_schedule(broker):
     assert counts == (MESSAGES, 3 * MESSAGES)
 
 
+@pytest.mark.integration  # Mosquitto
 def test_every_delivery_carries_the_send_time_of_its_publish(broker):
     events, gpio, *_ = run_session(broker)
     sent = {e[2]: e[9] for e in events if e[0] == "publish"}
@@ -97,6 +101,7 @@ def test_payload_round_trips_and_has_the_requested_size():
         decode_payload(b"hello world, not ours at all....")
 
 
+@pytest.mark.integration  # Mosquitto
 def test_subscribe_takes_the_ranks_it_is_given_in_that_order_only(broker):
     events, gpio = [], VirtualGpio()
     session = MqttSession(broker, clients(3), gpio, events.append)
@@ -115,6 +120,7 @@ def test_subscribe_takes_the_ranks_it_is_given_in_that_order_only(broker):
     assert [name for _, name in sorted(subacks)] == ["sub-2", "sub-0", "sub-1"]
 
 
+@pytest.mark.integration  # Mosquitto
 def test_waiting_between_barriers_keeps_the_clients_served(broker):
     events, gpio = [], VirtualGpio()
     session = MqttSession(broker, clients(2), gpio, events.append)
@@ -136,6 +142,7 @@ def test_waiting_between_barriers_keeps_the_clients_served(broker):
     assert received == 2 * published > 0  # still subscribed and delivering after the wait
 
 
+@pytest.mark.integration  # Mosquitto
 def test_closed_loop_publishes_each_message_after_the_last_is_acknowledged(broker):
     pub = ClientAssignment(client_id="pub-0", role=Role.PUBLISHER, topic="t/cl", qos=2,
                            gpio_pin=2, payload_bytes=64, rate_hz=100_000, messages=200,
@@ -162,6 +169,7 @@ def test_closed_loop_publishes_each_message_after_the_last_is_acknowledged(broke
     assert len([e for e in events if e[0] == "delivery"]) == 200
 
 
+@pytest.mark.integration  # Mosquitto
 def test_each_client_uses_the_broker_its_assignment_names(broker):
     other = MosquittoBackend()
     elsewhere = other.deploy(Options(), LocalHost())

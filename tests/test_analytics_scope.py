@@ -73,6 +73,7 @@ def stats(tmp_path_factory):
     return results.model_dump(mode="json")
 
 
+@pytest.mark.integration  # Spark (through the stats fixture)
 def test_scope_figures_come_from_the_scope_rows(stats):
     point = stats["points"][0]
     delays = [d for _, _, d in SCOPE_DELAYS]

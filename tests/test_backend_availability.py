@@ -9,6 +9,7 @@ from mqttbed.brokers.forkpipe import backend as forkpipe
 from mqttbed.brokers.registry import backend_names, unavailable_reason
 
 
+@pytest.mark.integration  # Mosquitto, a C compiler, clang and bpftool installed
 def test_every_backend_here_is_available_after_make_install():
     # make install puts mosquitto and a C toolchain on this machine
     assert {name: unavailable_reason(name) for name in backend_names()} == {

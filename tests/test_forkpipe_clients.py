@@ -12,7 +12,8 @@ import pytest
 
 from tests.test_forkpipe_protocol import Deployed, assert_clean_teardown, deploy, eventually
 
-pytestmark = pytest.mark.timeout(60)
+# integration: the C broker, mosquitto_pub/sub
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 needs_mosquitto_clients = pytest.mark.skipif(
     shutil.which("mosquitto_sub") is None or shutil.which("mosquitto_pub") is None,

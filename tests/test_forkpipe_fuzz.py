@@ -28,7 +28,8 @@ from tests.test_forkpipe_protocol import (
     unsubscribe,
 )
 
-pytestmark = pytest.mark.timeout(90)
+# integration: the C broker
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 SEED = 20240521
 CASES = 600

@@ -39,6 +39,7 @@ def fifos_under(path: Path) -> list[Path]:
     return [p for p in path.rglob("*") if stat.S_ISFIFO(p.lstat().st_mode)]
 
 
+@pytest.mark.integration  # the C broker
 @pytest.mark.parametrize("sanitizers", [False, True], ids=["release", "sanitized"])
 def test_kill_9_of_the_listener_leaves_no_process_and_no_pipe(sanitizers):
     deployed = deploy(sanitizers)
@@ -65,6 +66,7 @@ def test_kill_9_of_the_listener_leaves_no_process_and_no_pipe(sanitizers):
         assert_clean_teardown(deployed)
 
 
+@pytest.mark.integration  # the C broker
 def test_the_binary_alone_cleans_up_after_kill_9(tmp_path):
     """The same without the backend: `mqttbed-forkpipe --port N --base-dir DIR`."""
     binary = build.ensure_built()
@@ -98,6 +100,7 @@ def _answers(port: int) -> bool:
     return True
 
 
+@pytest.mark.integration  # the C broker
 def test_teardown_with_connected_subscribers_leaves_no_process_no_pipe_no_directory():
     deployed = deploy(sanitizers=False)
     listener = deployed.backend.metadata()["pid"]
@@ -113,6 +116,7 @@ def test_teardown_with_connected_subscribers_leaves_no_process_no_pipe_no_direct
     deployed.backend.teardown()  # a second teardown is harmless
 
 
+@pytest.mark.integration  # the C broker
 def test_metadata_records_version_binary_hash_command_line_and_build():
     deployed = deploy(sanitizers=False)
     try:
@@ -127,6 +131,7 @@ def test_metadata_records_version_binary_hash_command_line_and_build():
         assert_clean_teardown(deployed)
 
 
+@pytest.mark.integration  # the C broker
 def test_stats_count_every_forked_process_of_the_broker():
     deployed = deploy(sanitizers=False, stats_interval_s=0.05)
     try:
@@ -139,6 +144,7 @@ def test_stats_count_every_forked_process_of_the_broker():
         assert_clean_teardown(deployed)
 
 
+@pytest.mark.integration  # the C broker
 def test_a_refused_fork_fails_health_with_the_reason():
     deployed = deploy(sanitizers=False)
     try:
@@ -158,6 +164,7 @@ def test_a_refused_fork_fails_health_with_the_reason():
 
 # -- building -----------------------------------------------------------------------------
 
+@pytest.mark.integration  # the C broker
 def test_the_binary_is_built_when_missing_and_rebuilt_when_older_than_its_sources(
         tmp_path, monkeypatch):
     monkeypatch.setattr(build, "build_dir", lambda: tmp_path)
@@ -171,6 +178,7 @@ def test_the_binary_is_built_when_missing_and_rebuilt_when_older_than_its_source
     assert not build.is_stale(build.ensure_built())
 
 
+@pytest.mark.integration  # the C broker
 def test_make_compiles_with_strict_warnings_and_the_sanitizers(tmp_path):
     # A real build (make -n printed the commands and compiled nothing: it could not fail on
     # a warning); both binaries must come out and run.
@@ -231,6 +239,7 @@ def test_the_comparison_campaign_runs_the_seed_scenarios_on_both_backends():
     assert points[("idle", "forkpipe")].broker.backend == "forkpipe"
 
 
+@pytest.mark.integration  # the C broker
 def test_io_of_ended_client_processes_is_counted_once():
     """Bytes a client's processes wrote stay counted, once, after those processes end.
 
@@ -262,6 +271,7 @@ def test_io_of_ended_client_processes_is_counted_once():
     assert written == delivered + 4 + 4 + 5, f"{written} B written for {delivered}"
 
 
+@pytest.mark.integration  # the C broker
 def test_teardown_right_after_clients_leave_still_counts_every_byte_once():
     """Like a run's end: clients disconnect, the backend is torn down at once."""
     deployed = deploy(sanitizers=False, stats_interval_s=0.05)

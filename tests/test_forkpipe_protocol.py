@@ -28,7 +28,8 @@ from mqttbed.core.host import LocalHost
 from mqttbed.core.protocol import Endpoint
 from tests.conftest import eventually
 
-pytestmark = pytest.mark.timeout(60)
+# integration: the C broker
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 CONNACK, PUBLISH, PUBACK, PUBREC, PUBCOMP = 0x20, 0x30, 0x40, 0x50, 0x70
 SUBACK, UNSUBACK, PINGRESP = 0x90, 0xB0, 0xD0

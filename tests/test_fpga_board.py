@@ -23,7 +23,8 @@ from mqttbed.core.errors import BackendError
 from mqttbed.core.host import LocalHost
 from tests.sshd import LocalSshd
 
-pytestmark = pytest.mark.timeout(60)
+# integration: a real sshd
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 STAND_IN_FPGAUTIL = """#!/bin/sh
 # Stand-in for Xilinx fpgautil: records its arguments, one per line.

@@ -75,6 +75,7 @@ class Client:
         self.paho.loop_stop()
 
 
+@pytest.mark.integration  # Mosquitto
 def test_deployed_broker_relays_a_message_between_two_real_clients(deployed):
     _, endpoint = deployed
     assert endpoint.transport is Transport.MQTT_TCP
@@ -91,6 +92,7 @@ def test_deployed_broker_relays_a_message_between_two_real_clients(deployed):
         publisher.close()
 
 
+@pytest.mark.integration  # Mosquitto
 def test_deploy_accepts_the_spec_as_a_plain_mapping():
     backend = MosquittoBackend()
     try:
@@ -104,6 +106,7 @@ def test_deploy_accepts_the_spec_as_a_plain_mapping():
         backend.teardown()
 
 
+@pytest.mark.integration  # Mosquitto
 def test_teardown_leaves_no_broker_process():
     backend = MosquittoBackend()
     backend.deploy(Options(), LocalHost())
@@ -120,6 +123,7 @@ def test_teardown_leaves_no_broker_process():
     assert "mqttbed-mosquitto-" in str(conf_dir)
 
 
+@pytest.mark.integration  # Mosquitto
 def test_metadata_records_version_config_hash_and_queue_limits():
     backend = MosquittoBackend()
     try:
@@ -146,6 +150,7 @@ def test_metadata_records_version_config_hash_and_queue_limits():
     assert backend.metadata()["config"] == meta["config"]
 
 
+@pytest.mark.integration  # Mosquitto
 def test_queue_limit_is_in_force_for_an_offline_subscriber():
     # Proves the recorded limit is the one the broker applies: messages beyond it vanish.
     backend = MosquittoBackend()
@@ -166,6 +171,7 @@ def test_queue_limit_is_in_force_for_an_offline_subscriber():
         backend.teardown()
 
 
+@pytest.mark.integration  # Mosquitto
 def test_health_reports_reason_when_broker_is_killed(deployed):
     backend, _ = deployed
     assert backend.health() is None
@@ -182,6 +188,7 @@ def test_health_reports_reason_when_broker_is_killed(deployed):
     assert "exited with code -9" in reason and "SIGKILL" in reason
 
 
+@pytest.mark.integration  # Mosquitto
 def test_stats_sample_the_running_broker(deployed):
     backend, _ = deployed
     deadline = time.monotonic() + 3
@@ -193,6 +200,7 @@ def test_stats_sample_the_running_broker(deployed):
     assert samples[0].t_ns < samples[-1].t_ns
 
 
+@pytest.mark.integration  # Mosquitto
 def test_deploy_moves_to_a_new_port_when_the_offered_one_is_taken():
     # Another program grabs the port between free_port() and Mosquitto's bind: the
     # backend must notice (even though the port answers) and retry elsewhere.

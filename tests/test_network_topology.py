@@ -28,6 +28,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.integration  # network namespaces (root)
 def test_hosts_reach_each_other_over_the_switch():
     with Topology(["a", "b"]) as topology:
         a, b = topology.hosts["a"], topology.hosts["b"]
@@ -43,6 +44,7 @@ def test_hosts_reach_each_other_over_the_switch():
     assert leftovers(topology.prefix) == []
 
 
+@pytest.mark.integration  # network namespaces (root)
 def test_a_process_in_a_host_namespace_reaches_an_http_server_in_the_root_namespace(tmp_path):
     server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), http.server.SimpleHTTPRequestHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -67,6 +69,7 @@ def test_a_process_in_a_host_namespace_reaches_an_http_server_in_the_root_namesp
         server.shutdown()
 
 
+@pytest.mark.integration  # network namespaces (root)
 @pytest.mark.parametrize("kill_after", ["built", 0.4], ids=["after-build", "mid-build"])
 def test_reap_removes_everything_of_a_builder_killed_with_sigkill(kill_after):
     prefix = new_prefix()

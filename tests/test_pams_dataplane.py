@@ -27,6 +27,9 @@ from tests.pams_net import (
     subscribe,
 )
 
+# integration: network namespaces, eBPF (root, clang, bpftool)
+pytestmark = pytest.mark.integration
+
 TOPIC = TopicKey(TopicIdType.NORMAL, 0x0101)
 
 

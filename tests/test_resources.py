@@ -136,6 +136,7 @@ def test_sampler_of_a_missing_process_fails_at_start():
         ProcessTreeSampler(gone.pid).start()
 
 
+@pytest.mark.integration  # Mosquitto
 def test_sampler_bytes_grow_with_traffic():
     messages, payload = 2000, b"p" * 100
     backend = MosquittoBackend()

@@ -14,7 +14,8 @@ from mqttbed.core.ssh import SshError, SshHost, SshTarget
 from tests.conftest import eventually
 from tests.sshd import LocalSshd
 
-pytestmark = pytest.mark.timeout(60)
+# integration: a real sshd
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
 @pytest.fixture(scope="module")

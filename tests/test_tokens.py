@@ -32,7 +32,7 @@ def cli(capsys, *args: str) -> str:
 
 
 @pytest.fixture
-def served(tmp_path):
+def app_client(tmp_path):
     app = create_app(Settings(data_dir=tmp_path / "data"), "http://127.0.0.1:9",
                      run_campaigns=False)
     with TestClient(app) as client:
@@ -71,53 +71,53 @@ def test_a_bad_expiry_names_the_value_and_the_form(tmp_path):
               "--data-dir", str(tmp_path)])
 
 
-def test_a_revoked_token_is_refused_at_the_next_request_saying_so(served, capsys):
-    token = create_token(served.controller.sessions, "bob", TokenRole.USER)
-    assert served.get("/api/v1/campaigns", headers=bearer(token)).status_code == 200
-    cli(capsys, "token", "revoke", "--name", "bob", "--data-dir", str(served.data_dir))
-    refused = served.get("/api/v1/campaigns", headers=bearer(token))
+def test_a_revoked_token_is_refused_at_the_next_request_saying_so(app_client, capsys):
+    token = create_token(app_client.controller.sessions, "bob", TokenRole.USER)
+    assert app_client.get("/api/v1/campaigns", headers=bearer(token)).status_code == 200
+    cli(capsys, "token", "revoke", "--name", "bob", "--data-dir", str(app_client.data_dir))
+    refused = app_client.get("/api/v1/campaigns", headers=bearer(token))
     assert refused.status_code == 401
     assert "token 'bob' was revoked at" in refused.json()["detail"]
 
 
-def test_an_expired_token_is_refused_saying_when_it_expired(served):
-    sessions = served.controller.sessions
+def test_an_expired_token_is_refused_saying_when_it_expired(app_client):
+    sessions = app_client.controller.sessions
     token = create_token(sessions, "brief", TokenRole.AGENT, expires_in=timedelta(hours=1))
-    assert served.post("/agent/v1/clock", headers=bearer(token)).status_code == 200
+    assert app_client.post("/agent/v1/clock", headers=bearer(token)).status_code == 200
     with sessions() as s:
         row = s.query(TokenRow).filter_by(name="brief").one()
         row.expires_at = row.expires_at - timedelta(hours=2)
         s.commit()
-    refused = served.post("/agent/v1/clock", headers=bearer(token))
+    refused = app_client.post("/agent/v1/clock", headers=bearer(token))
     assert refused.status_code == 401
     assert "token 'brief' expired at" in refused.json()["detail"]
     assert [t.state(utcnow()) for t in list_tokens(sessions)] == ["expired"]
 
 
-def test_wrong_tokens_from_one_address_get_429_with_retry_after_then_are_let_in_again(served):
+def test_wrong_tokens_from_one_address_get_429_with_retry_after_then_are_let_in_again(app_client):
     clock = FakeClock()
-    served.controller.auth_failures = AuthFailureLimit(3, 60.0, clock=clock)
-    good = create_token(served.controller.sessions, "carol", TokenRole.USER)
+    app_client.controller.auth_failures = AuthFailureLimit(3, 60.0, clock=clock)
+    good = create_token(app_client.controller.sessions, "carol", TokenRole.USER)
     for n in range(3):
-        assert served.get("/api/v1/campaigns", headers=bearer(f"mqb_guess{n}")
+        assert app_client.get("/api/v1/campaigns", headers=bearer(f"mqb_guess{n}")
                           ).status_code == 401
         clock.now += 10
-    throttled = served.get("/api/v1/campaigns", headers=bearer(good))
+    throttled = app_client.get("/api/v1/campaigns", headers=bearer(good))
     assert throttled.status_code == 429  # even the right token: guessing must not pay
     assert throttled.headers["retry-after"] == "30"
     assert "3 wrong tokens from testclient within 60 s" in throttled.json()["detail"]
-    assert served.post("/agent/v1/clock", headers=bearer(good)).status_code == 429
-    assert served.post("/login", data={"token": good}).status_code == 429
+    assert app_client.post("/agent/v1/clock", headers=bearer(good)).status_code == 429
+    assert app_client.post("/login", data={"token": good}).status_code == 429
     clock.now += 30  # the first failure leaves the window
-    assert served.get("/api/v1/campaigns", headers=bearer(good)).status_code == 200
+    assert app_client.get("/api/v1/campaigns", headers=bearer(good)).status_code == 200
 
 
-def test_requests_without_a_token_are_not_counted_as_failures(served):
-    served.controller.auth_failures = AuthFailureLimit(2, 60.0, clock=FakeClock())
+def test_requests_without_a_token_are_not_counted_as_failures(app_client):
+    app_client.controller.auth_failures = AuthFailureLimit(2, 60.0, clock=FakeClock())
     for _ in range(5):
-        assert served.get("/api/v1/campaigns").status_code == 401
-        assert served.get("/", follow_redirects=False).status_code == 303
-    assert served.get("/api/v1/health").status_code == 200
+        assert app_client.get("/api/v1/campaigns").status_code == 401
+        assert app_client.get("/", follow_redirects=False).status_code == 303
+    assert app_client.get("/api/v1/health").status_code == 200
 
 
 def test_tokens_of_a_database_from_before_expiry_keep_working(tmp_path):
