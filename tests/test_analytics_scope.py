@@ -12,6 +12,9 @@ from mqttbed.analytics.spark import get_spark
 from mqttbed.analytics.stats import RunInfo, compute_campaign_stats
 from mqttbed.core.events import EVENT_COLUMNS, arrow_schema
 
+# integration: every test reads the figures Spark computed (the stats fixture)
+pytestmark = pytest.mark.integration
+
 US = 1000
 
 
@@ -73,7 +76,6 @@ def stats(tmp_path_factory):
     return results.model_dump(mode="json")
 
 
-@pytest.mark.integration  # Spark (through the stats fixture)
 def test_scope_figures_come_from_the_scope_rows(stats):
     point = stats["points"][0]
     delays = [d for _, _, d in SCOPE_DELAYS]
