@@ -88,7 +88,9 @@ def test_stop_kills_the_whole_group_even_when_term_is_ignored(host, tmp_path):
 
 def test_a_process_killed_there_reads_as_killed_by_its_signal(host, tmp_path):
     proc = host.spawn(["sleep", "60"], log_path=tmp_path / "l")
-    sleeper = next(p for p in psutil.Process(proc.pid).children())
+    # The wrapper prints its pid before it reads the environment and starts sleep.
+    assert eventually(lambda: psutil.Process(proc.pid).children() != [])
+    sleeper = psutil.Process(proc.pid).children()[0]
     sleeper.send_signal(signal.SIGINT)
     assert eventually(lambda: proc.poll() is not None)
     assert proc.poll() == -signal.SIGINT
