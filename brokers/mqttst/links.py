@@ -66,6 +66,8 @@ class LinkOwner(Protocol):
 
     def count_signalling(self, sent: int, received: int) -> None: ...
 
+    def count_protocol_error(self, link: Link, reason: str) -> None: ...
+
 
 def client_id_of(broker: BrokerId) -> str:
     return f"{CLIENT_ID_PREFIX}{broker}"
@@ -169,12 +171,13 @@ class Link(MqttConnection):
             elif isinstance(packet, ConnAck) and self.dialed is not None:
                 self._take_connack(packet)
             else:
-                self.abort(f"{type(packet).__name__} before the link handshake ended")
+                self.protocol_error(f"{type(packet).__name__} before the link handshake ended")
             return
         match packet:
             case Publish():
                 if packet.qos != 2:
-                    self.abort(f"QoS {packet.qos} PUBLISH on a link (forwarding is QoS 2)")
+                    self.protocol_error(f"QoS {packet.qos} PUBLISH on a link (forwarding is "
+                                        "QoS 2)")
                 elif self.accept_publish(packet):
                     self.node.on_link_publish(self, packet)
             case PingReq():
@@ -188,7 +191,11 @@ class Link(MqttConnection):
                 self.close(f"{self.peer} disconnected (reason {packet.reason_code:#x})",
                            disconnect=False)
             case _:
-                self.abort(f"{type(packet).__name__} on an established link")
+                self.protocol_error(f"{type(packet).__name__} on an established link")
+
+    def protocol_error(self, reason: str) -> None:
+        self.node.count_protocol_error(self, reason)
+        self.abort(reason)
 
     def on_lost(self, reason: str) -> None:
         logger.info("link to %s ended: %s", self.peer or "an unknown peer", reason)

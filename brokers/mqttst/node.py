@@ -128,6 +128,7 @@ class NodeCounters:
     links_established: int = 0
     links_failed: int = 0
     links_refused: int = 0
+    protocol_errors: int = 0
     malformed_by_reason: Counter[str] = field(default_factory=Counter)
 
 
@@ -251,6 +252,7 @@ class Node:
             return   # a refused, duplicate or never-established link: the tree never used it
         del self.links[peer]
         self.claims.pop(peer, None)
+        self.peer_capability.pop(peer, None)   # a broker restarted there may have a new C
         self._last_bpdu.pop(peer, None)
         if self._stopping:
             return
@@ -288,6 +290,12 @@ class Node:
         self.counters.signalling_bytes_sent += sent
         self.counters.signalling_bytes_received += received
 
+    def count_protocol_error(self, link: Link, reason: str) -> None:
+        self.counters.protocol_errors += 1
+        self.version += 1
+        self._log_limited("protocol", "closing the link from %s: %s",
+                          link.peer or "an unknown peer", reason)
+
     def _check_forgery(self, link: Link, bpdu: Bpdu) -> None:
         """Raise MalformedBpdu for a BPDU no correct neighbour on this link would send."""
         members = self.config.members
@@ -301,6 +309,10 @@ class Node:
         if bpdu.root == self.me and bpdu.root_capability != self.capability:
             raise MalformedBpdu("forged-root", f"names this node root with C "
                                 f"{bpdu.root_capability!r}, not {self.capability!r}")
+        said = self.peer_capability.get(bpdu.root)
+        if bpdu.root != bpdu.sender and said is not None and said != bpdu.root_capability:
+            raise MalformedBpdu("forged-root", f"names {bpdu.root} root with C "
+                                f"{bpdu.root_capability!r}; {bpdu.root} itself says {said!r}")
         if members is not None and bpdu.root not in members:
             raise MalformedBpdu("unknown-root", f"names {bpdu.root} root, not a member")
 

@@ -73,7 +73,7 @@ class MqttConnection(asyncio.Protocol):
                     return
                 self._dispatch(mqtt5.decode(first, body), wire_size(body))
         except MalformedPacket as exc:
-            self.abort(f"malformed packet: {exc}")
+            self.protocol_error(f"malformed packet: {exc}")
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.close_reason is None:
@@ -91,6 +91,10 @@ class MqttConnection(asyncio.Protocol):
 
     def on_lost(self, reason: str) -> None:
         """The connection ended (called once)."""
+
+    def protocol_error(self, reason: str) -> None:
+        """The peer broke the protocol: drop the connection (MQTT 5 section 4.13)."""
+        self.abort(reason)
 
     # -- sending ------------------------------------------------------------------------
 

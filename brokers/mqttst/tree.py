@@ -179,7 +179,8 @@ def compute_tree(me: BrokerId, capability: float, neighbours: Mapping[BrokerId, 
             roles[peer] = Role.DOWN
         elif peer == root_link:
             roles[peer] = Role.ROOT
-        elif root_link is None or _designated(me, capability, cost, root, peer, info):
+        elif root_link is None or _designated(me, capability, cost, root, root_capability,
+                                                 peer, info):
             roles[peer] = Role.DESIGNATED
         else:
             roles[peer] = Role.BLOCKED
@@ -196,11 +197,15 @@ def _within(kept: int, new: int, hysteresis: float) -> bool:
 
 
 def _designated(me: BrokerId, capability: float, cost: int, root: BrokerId,
-                peer: BrokerId, info: Neighbour) -> bool:
+                root_capability: float, peer: BrokerId, info: Neighbour) -> bool:
     """Whether this node's end of a non-root link forwards: the better advertised path."""
     claim = info.claim
-    if claim is None or claim.root != root or info.capability is None:
-        return True   # the neighbour has no (or a worse) root: our information is better
+    if claim is None or info.capability is None or claim.root != root \
+            or claim.root_capability != root_capability:
+        # The neighbour has no root yet, a worse one, or a different story about ours
+        # (a forged C): forward. Blocking needs both ends to agree on the root; while
+        # they do not, both forwarding costs duplicates (dropped), never a split.
+        return True
     if cost != claim.cost_us:
         return cost < claim.cost_us
     if capability != info.capability:
