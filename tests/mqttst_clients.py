@@ -1,0 +1,98 @@
+"""Helpers for MQTT-ST tests: Debian's mosquitto_pub/mosquitto_sub as the clients, free ports."""
+
+from __future__ import annotations
+
+import random
+import socket
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+Endpoint = tuple[str, int]
+
+
+def free_port_range(count: int, address: str = "127.0.0.1") -> int:
+    """A base port such that base..base+count-1 were all free a moment ago."""
+    for _ in range(200):
+        base = random.randrange(20_000, 40_000)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind((address, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+def publish(endpoint: Endpoint, topic: str, payload: str, qos: int = 1) -> None:
+    """Publish one message with mosquitto_pub (which waits for the QoS handshake)."""
+    host, port = endpoint
+    subprocess.run(["mosquitto_pub", "-h", host, "-p", str(port), "-t", topic, "-m", payload,
+                    "-q", str(qos)], check=True, timeout=10, capture_output=True)
+
+
+class Subscribers:
+    """One mosquitto_sub per endpoint on ``topic/#``, each printing ``topic payload`` lines."""
+
+    def __init__(self, endpoints: list[Endpoint], topic: str, directory: Path):
+        self.endpoints = endpoints
+        self.topic = topic
+        self.files = [directory / f"sub-{topic.replace('/', '_')}-{i}.txt"
+                      for i in range(len(endpoints))]
+        self._procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> Subscribers:
+        for (host, port), path in zip(self.endpoints, self.files, strict=True):
+            with path.open("wb") as out:
+                self._procs.append(subprocess.Popen(
+                    ["mosquitto_sub", "-h", host, "-p", str(port), "-t", f"{self.topic}/#",
+                     "-q", "2", "-v"], stdout=out, stderr=subprocess.STDOUT))
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for proc in self._procs:
+            proc.terminate()
+        for proc in self._procs:
+            proc.wait(timeout=5)
+
+    def payloads(self, index: int) -> Counter[str]:
+        """How often subscriber ``index`` received each payload."""
+        lines = self.files[index].read_text(errors="replace").splitlines()
+        return Counter(line.partition(" ")[2] for line in lines
+                       if line.startswith(f"{self.topic}/"))
+
+    def wait_ready(self, via: Endpoint, timeout_s: float = 15.0) -> None:
+        """Publish warm-up messages at ``via`` until every subscriber has received one."""
+        deadline = time.monotonic() + timeout_s
+        attempt = 0
+        while time.monotonic() < deadline:
+            attempt += 1
+            publish(via, f"{self.topic}/warmup", f"warmup-{attempt}")
+            end = time.monotonic() + 0.5
+            while time.monotonic() < end:
+                if all(any(p.startswith("warmup-") for p in self.payloads(i))
+                       for i in range(len(self.endpoints))):
+                    return
+                time.sleep(0.02)
+        raise AssertionError(f"subscribers not all ready within {timeout_s} s: "
+                             f"{[dict(self.payloads(i)) for i in range(len(self.endpoints))]}")
+
+    def wait_for(self, expected: set[str], timeout_s: float = 10.0,
+                 settle_s: float = 0.5) -> list[Counter[str]]:
+        """Wait until every subscriber has every payload of ``expected`` (then ``settle_s``
+        more, for duplicates); return each subscriber's counts of those payloads."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(expected <= set(self.payloads(i)) for i in range(len(self.endpoints))):
+                break
+            time.sleep(0.02)
+        time.sleep(settle_s)
+        return [Counter({payload: count for payload, count in self.payloads(i).items()
+                         if payload in expected}) for i in range(len(self.endpoints))]
