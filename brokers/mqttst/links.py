@@ -50,9 +50,11 @@ class LinkOwner(Protocol):
     me: BrokerId
     keepalive_s: float
 
-    def admit(self, link: Link, peer: BrokerId) -> int:
-        """The CONNACK reason code for ``peer`` dialing in (0: welcome)."""
+    def admit(self, link: Link, peer: BrokerId) -> tuple[int, str]:
+        """The CONNACK reason code for ``peer`` dialing in (0: welcome), and why."""
         ...
+
+    def link_refused(self, client_id: str, reason_code: int, why: str) -> None: ...
 
     def link_up(self, link: Link) -> None: ...
 
@@ -122,25 +124,27 @@ class Link(MqttConnection):
                                          max(1, round(self.node.keepalive_s)), bridge=True))
 
     def _answer_connect(self, connect: Connect) -> None:
-        reason = mqtt5.SUCCESS
         peer: BrokerId | None = None
         if not connect.bridge:
-            reason = mqtt5.NOT_AUTHORIZED            # a client, not a node: wrong port
+            reason, why = mqtt5.NOT_AUTHORIZED, "no bridge bit: a client, not a node"
         elif connect.protocol_level != mqtt5.PROTOCOL_LEVEL:
-            reason = mqtt5.UNSUPPORTED_PROTOCOL_VERSION
+            reason, why = mqtt5.UNSUPPORTED_PROTOCOL_VERSION, \
+                f"protocol level {connect.protocol_level}, links speak 5"
         else:
             try:
                 if not connect.client_id.startswith(CLIENT_ID_PREFIX):
                     raise ValueError(connect.client_id)
                 peer = BrokerId.parse(connect.client_id.removeprefix(CLIENT_ID_PREFIX))
             except ValueError:
-                reason = mqtt5.CLIENT_ID_NOT_VALID
+                reason, why = mqtt5.CLIENT_ID_NOT_VALID, \
+                    f"client id is not {CLIENT_ID_PREFIX}ADDRESS:PORT"
         if peer is not None:
-            reason = self.node.admit(self, peer)
+            reason, why = self.node.admit(self, peer)
         self.send_signalling(ConnAck(reason, properties=(
             (Property.USER_PROPERTY, (ID_PROPERTY, str(self.node.me))),)))
         if reason != mqtt5.SUCCESS:
-            self.close(f"refused {connect.client_id!r}: reason {reason:#x}", disconnect=False)
+            self.node.link_refused(connect.client_id, reason, why)
+            self.close(f"refused {connect.client_id!r}: {why}", disconnect=False)
             return
         self.peer = peer
         self._established()

@@ -217,20 +217,22 @@ class Node:
 
     # -- links (LinkOwner) --------------------------------------------------------------
 
-    def admit(self, link: Link, peer: BrokerId) -> int:
+    def admit(self, link: Link, peer: BrokerId) -> tuple[int, str]:
         """Welcome ``peer`` unless it is outside ``members``, is us, or is linked already."""
         members = self.config.members
         if members is not None and peer not in members:
-            reason, code = "not a member of this cluster", mqtt5.NOT_AUTHORIZED
-        elif peer == self.me:
-            reason, code = "it claims this node's own id", mqtt5.CLIENT_ID_NOT_VALID
-        elif peer in self.links:
-            reason, code = "a link to it is up already", mqtt5.CLIENT_ID_NOT_VALID
-        else:
-            return mqtt5.SUCCESS
+            return mqtt5.NOT_AUTHORIZED, "not a member of this cluster"
+        if peer == self.me:
+            return mqtt5.CLIENT_ID_NOT_VALID, "it claims this node's own id"
+        if peer in self.links:
+            return mqtt5.CLIENT_ID_NOT_VALID, "a link to it is up already"
+        return mqtt5.SUCCESS, ""
+
+    def link_refused(self, client_id: str, reason_code: int, why: str) -> None:
         self.counters.links_refused += 1
-        self._log_limited("refused", "refused a link from %s: %s", peer, reason)
-        return code
+        self.version += 1
+        self._log_limited("refused", "refused a link from %r (CONNACK %#x): %s", client_id,
+                          reason_code, why)
 
     def link_up(self, link: Link) -> None:
         assert link.peer is not None
