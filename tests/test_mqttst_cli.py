@@ -9,24 +9,13 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from mqttbed.brokers.mqttst.signalling import measure_frame_sizes, pingreq_sizes
-from tests.mqttst_clients import Subscribers, free_port_range, publish
+from tests.conftest import processes_mentioning
+from tests.mqttst_support import Subscribers, free_port_range, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
-
-
-def processes_mentioning(text: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if text in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
 
 
 def read_line(proc: subprocess.Popen[str], timeout_s: float) -> str:

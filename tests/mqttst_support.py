@@ -1,4 +1,5 @@
-"""Helpers for MQTT-ST tests: Debian's mosquitto_pub/mosquitto_sub as the clients, free ports."""
+"""Helpers for MQTT-ST tests: clusters that clean up after themselves, Debian's
+mosquitto_pub/mosquitto_sub as the clients, free ports."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ import socket
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import pytest
+
+from mqttbed.brokers.mqttst.cluster import Cluster, TreeOptions
+from mqttbed.brokers.processes import processes_in_group
 
 Endpoint = tuple[str, int]
 
@@ -96,3 +103,55 @@ class Subscribers:
         time.sleep(settle_s)
         return [Counter({payload: count for payload, count in self.payloads(i).items()
                          if payload in expected}) for i in range(len(self.endpoints))]
+
+
+FAST = dict(keepalive_s=0.5, reconnect_s=0.2)
+
+
+def start_cluster(workdir: Path, brokers: int, topology="full-mesh",
+                  capabilities: dict[int, float] | None = None) -> Cluster:
+    """A started cluster on free ports with a short keep-alive, its files in ``workdir``."""
+    cluster = Cluster(brokers, free_port_range(brokers), topology,
+                      TreeOptions(capabilities=capabilities, **FAST), workdir)
+    cluster.start()
+    return cluster
+
+
+@pytest.fixture(name="cluster_of")
+def cluster_of_fixture(tmp_path) -> Iterator[Callable[..., Cluster]]:
+    """Start clusters with :func:`start_cluster`; afterwards, stop them and check that
+    nothing of them is left in any of their process groups."""
+    started: list[Cluster] = []
+
+    def start(brokers: int, topology="full-mesh",
+              capabilities: dict[int, float] | None = None) -> Cluster:
+        workdir = tmp_path / f"cluster-{len(started)}"
+        started.append(start_cluster(workdir, brokers, topology, capabilities))
+        return started[-1]
+
+    yield start
+    for cluster in started:
+        assert_nothing_left(cluster)
+
+
+def assert_exactly_once_everywhere(cluster: Cluster, tmp_path, topic: str,
+                                   publishers: list[int], live: list[int]) -> None:
+    """Each broker in ``publishers`` publishes once; every ``live`` broker's subscriber
+    gets each of those messages exactly once."""
+    endpoints = cluster.endpoints()
+    with Subscribers([endpoints[i] for i in live], topic, tmp_path) as subs:
+        subs.wait_ready(endpoints[publishers[0]])
+        sent = set()
+        for qos, i in enumerate(publishers):
+            payload = f"from-{i}-{time.monotonic_ns()}"
+            publish(endpoints[i], f"{topic}/b{i}", payload, qos=qos % 3)
+            sent.add(payload)
+        received = subs.wait_for(sent)
+    assert received == [Counter(dict.fromkeys(sent, 1))] * len(live), cluster.describe_states()
+
+
+def assert_nothing_left(cluster: Cluster) -> None:
+    groups = cluster.process_groups()
+    cluster.stop()
+    assert groups and all(processes_in_group(group) == [] for group in groups)
+    assert cluster.processes() == {}
