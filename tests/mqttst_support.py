@@ -3,8 +3,6 @@ mosquitto_pub/mosquitto_sub as the clients, free ports."""
 
 from __future__ import annotations
 
-import random
-import socket
 import subprocess
 import time
 from collections import Counter
@@ -13,29 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from mqttbed.brokers.mqttst.cluster import Cluster, TreeOptions
+from mqttbed.brokers.mqttst.cluster import Cluster, TreeOptions, free_port_range
 from mqttbed.brokers.processes import processes_in_group
 
 Endpoint = tuple[str, int]
-
-
-def free_port_range(count: int, address: str = "127.0.0.1") -> int:
-    """A base port such that base..base+count-1 were all free a moment ago."""
-    for _ in range(200):
-        base = random.randrange(20_000, 40_000)
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind((address, port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def publish(endpoint: Endpoint, topic: str, payload: str, qos: int = 1) -> None:

@@ -11,9 +11,10 @@ import time
 
 import pytest
 
+from mqttbed.brokers.mqttst.cluster import free_port_range
 from mqttbed.brokers.mqttst.signalling import measure_frame_sizes, pingreq_sizes
 from tests.conftest import processes_mentioning
-from tests.mqttst_support import Subscribers, free_port_range, publish
+from tests.mqttst_support import Subscribers, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 import pytest
 
 from mqttbed.brokers.mqttst.cluster import ClusterNotConverged
 from mqttbed.core.errors import BackendError
+from tests.conftest import eventually
 from tests.mqttst_support import (  # noqa: F401 - cluster_of_fixture is a fixture
     assert_exactly_once_everywhere,
     cluster_of_fixture,
@@ -31,6 +33,21 @@ def test_full_mesh_of_three_delivers_every_message_once_at_every_broker(cluster_
     counters = [state["counters"] for state in cluster.states()]
     assert sum(c["injected"] for c in counters) >= 6    # 3 messages x 2 other brokers
     assert counters[0]["pingreq_bytes"] == {"bpdu": 42, "plain": 2}
+
+
+def test_retain_flag_and_qos_of_a_publication_survive_forwarding(cluster_of):
+    cluster = cluster_of(3, "chain", {0: 10, 1: 30, 2: 20})
+    cluster.wait_converged(20)
+    (host0, port0), _, (host2, port2) = cluster.endpoints()
+    subprocess.run(["mosquitto_pub", "-h", host0, "-p", str(port0), "-t", "kept/x", "-m",
+                    "hello", "-q", "1", "-r"], check=True, timeout=10)
+    # Once broker 2's node injected it, a subscriber arriving there later gets it from
+    # that Mosquitto's retained store: retained, at QoS 1 (its subscription allows 2).
+    assert eventually(lambda: cluster.states()[2]["counters"]["injected"] == 1, timeout_s=10)
+    got = subprocess.run(["mosquitto_sub", "-h", host2, "-p", str(port2), "-t", "kept/#",
+                          "-q", "2", "-C", "1", "-W", "5", "-F", "%r %q %t %p"],
+                         capture_output=True, text=True, timeout=10).stdout.strip()
+    assert got == "1 1 kept/x hello"
 
 
 def test_killing_the_root_elects_the_next_capability_and_delivery_resumes(cluster_of, tmp_path):

@@ -18,8 +18,10 @@ import contextlib
 import json
 import math
 import os
+import random
 import shutil
 import signal
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -37,12 +39,36 @@ from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host, LocalHost, ProcessHandle, describe_exit, wait_for_tcp
 
-__all__ = ["TOPOLOGIES", "Cluster", "ClusterNotConverged", "TreeOptions", "topology_edges"]
+__all__ = ["TOPOLOGIES", "Cluster", "ClusterNotConverged", "TreeOptions", "free_port_range",
+           "topology_edges"]
 
 START_ATTEMPTS = 3
 MOSQUITTO_STARTUP_S = 5.0
 STOP_TIMEOUT_S = 3.0
 POLL_S = 0.05
+
+
+def free_port_range(count: int, address: str = "127.0.0.1") -> int:
+    """A base port such that base..base+count-1 were all free on ``address`` a moment ago
+    (for ``Cluster(count, free_port_range(count))``; as with any free port, another
+    process can take one before the Mosquittos bind: :meth:`Cluster.start` then fails
+    naming the port)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    for _ in range(200):
+        base = random.randrange(20_000, 40_000)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket(family)
+                sockets.append(sock)
+                sock.bind((address, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise BackendError(f"found no {count} consecutive free ports on {address}")
 
 
 class ClusterNotConverged(BackendError):

@@ -66,6 +66,7 @@ from mqttbed.core.clock import monotonic_ns
 logger = logging.getLogger("mqttbed.mqtt-st")
 
 TICK_S = 0.02
+FIRST_REDIAL_S = 0.05
 HISTORY_LENGTH = 256
 LOG_INTERVAL_S = 1.0
 STATS_FORMAT = 1
@@ -158,7 +159,8 @@ class Node:
         self._topology_change = False
         self._last_bpdu: dict[BrokerId, float] = {}
         self._dialing: set[BrokerId] = set()
-        self._last_dial: dict[BrokerId, float] = {}
+        self._next_dial: dict[BrokerId, float] = {}       # monotonic time of the next attempt
+        self._failed_dials: dict[BrokerId, int] = {}
         self._logged_at: dict[str, float] = {}
         self._stopping = False
 
@@ -183,8 +185,13 @@ class Node:
         for peer in self.config.peers:
             if (peer.broker not in self.links and peer.broker not in self._dialing
                     and self.me.key < peer.broker.key
-                    and now - self._last_dial.get(peer.broker, -1e9) >= self.config.reconnect_s):
-                self._last_dial[peer.broker] = now
+                    and now >= self._next_dial.get(peer.broker, 0.0)):
+                # 50 ms, 100 ms, ... up to reconnect_s: peers started together find each
+                # other within their start-up spread, a dead one costs one dial per period
+                failures = self._failed_dials.get(peer.broker, 0)
+                self._next_dial[peer.broker] = now + min(self.config.reconnect_s,
+                                                         FIRST_REDIAL_S * 2 ** failures)
+                self._failed_dials[peer.broker] = failures + 1
                 self._dialing.add(peer.broker)
                 asyncio.get_running_loop().create_task(self._dial(peer))
         for broker, link in list(self.links.items()):
@@ -237,6 +244,7 @@ class Node:
     def link_up(self, link: Link) -> None:
         assert link.peer is not None
         self._dialing.discard(link.peer)
+        self._failed_dials.pop(link.peer, None)
         if link.peer in self.links:   # both ends dialed at once: keep the first
             link.close("duplicate link")
             return
