@@ -134,10 +134,10 @@ class Cluster:
                  "full-mesh", options: TreeOptions | None = None, workdir: Path | None = None,
                  address: str = "127.0.0.1", mosquitto_conf_extra: str = "", *,
                  host: Host | None = None):
-        if not isinstance(port, int) or not 1 <= port <= 0xFFFF - max(brokers, 1) + 1:
+        self.edges = topology_edges(topology, brokers)   # checks brokers too
+        if not isinstance(port, int) or not 1 <= port <= 0xFFFF - brokers + 1:
             raise ValueError(f"port={port!r}: brokers listen on port..port+{brokers - 1}, "
                              "which must all lie in 1..65535")
-        self.edges = topology_edges(topology, brokers)
         self.topology = topology
         self.options = options or TreeOptions()
         for index in self.options.capabilities or {}:

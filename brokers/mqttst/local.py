@@ -104,6 +104,7 @@ async def connect_local(host: str, port: int, client_id: str,
     deadline = loop.time() + timeout_s
     last_error: Exception | None = None
     while loop.time() < deadline:
+        client: LocalClient | None = None
         try:
             _, client = await asyncio.wait_for(loop.create_connection(
                 lambda: LocalClient(client_id, on_message, on_lost), host, port),
@@ -112,6 +113,8 @@ async def connect_local(host: str, port: int, client_id: str,
             return client
         except (OSError, ConnectionError, TimeoutError) as exc:
             last_error = exc
+            if client is not None:
+                client.abort(f"not subscribed: {exc}")
             await asyncio.sleep(0.05)
     raise ConnectionError(f"no Mosquitto to subscribe to at {host}:{port} within "
                           f"{timeout_s:.1f} s: {last_error}")

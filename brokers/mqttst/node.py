@@ -159,6 +159,7 @@ class Node:
         self._topology_change = False
         self._last_bpdu: dict[BrokerId, float] = {}
         self._dialing: set[BrokerId] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._next_dial: dict[BrokerId, float] = {}       # monotonic time of the next attempt
         self._failed_dials: dict[BrokerId, int] = {}
         self._logged_at: dict[str, float] = {}
@@ -193,7 +194,9 @@ class Node:
                                                          FIRST_REDIAL_S * 2 ** failures)
                 self._failed_dials[peer.broker] = failures + 1
                 self._dialing.add(peer.broker)
-                asyncio.get_running_loop().create_task(self._dial(peer))
+                task = asyncio.get_running_loop().create_task(self._dial(peer))
+                self._tasks.add(task)               # the loop keeps only a weak reference
+                task.add_done_callback(self._tasks.discard)
         for broker, link in list(self.links.items()):
             if link.silent_for() > SILENCE_KEEPALIVES * self.keepalive_s:
                 link.abort(f"silent for {link.silent_for():.1f} s "
