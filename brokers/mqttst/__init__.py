@@ -10,5 +10,6 @@ a spanning tree over their links and forward every publication along it, once.
 - :mod:`.forwarding`: origin marks and duplicate suppression; :mod:`.capability`: C.
 - :mod:`.node`: one node; :mod:`.run_node`: its command line and stats file.
 - :mod:`.cluster`: K brokers on one host, the API the ``mqtt-st`` backend uses;
+  :mod:`.topology`: cluster shapes and the converged-tree check, pure;
   :mod:`.cli`: ``mqttbed broker run mqtt-st``; :mod:`.signalling`: PINGREQ sizes.
 """
