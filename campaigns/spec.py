@@ -231,6 +231,9 @@ class Network(_Strict):
 
     impairments: list[Impairment] = Field(
         default_factory=list, description="impaired links, one per group of clients")
+    mechanism: Literal["auto", "user-space", "netem"] = Field(
+        "auto", description="auto: netem where the kernel has it, else a user-space delay "
+                            "proxy with htb and iptables drops")
 
     @field_validator("impairments")
     @classmethod

@@ -26,9 +26,10 @@ from mqttbed.core.errors import RunFailed
 from mqttbed.core.host import Host
 from mqttbed.core.protocol import Endpoint, Transport
 from mqttbed.network.impairment import (
-    MECHANISM,
+    MECHANISMS,
     ImpairedPath,
     LinkImpairment,
+    Mechanism,
     iptables_version,
     netem_available,
 )
@@ -81,6 +82,7 @@ class ImpairedLinks:
         self.paths: dict[str, ImpairedPath] = {}
         self._relay: TcpRelay | None = None
         self._netem: bool | None = None
+        self.mechanism: Mechanism | None = None
 
     def open(self) -> tuple[AgentSites, ClientPlacement]:
         """Build every impaired group's host and path; return the agents' sites and which
@@ -96,6 +98,7 @@ class ImpairedLinks:
         impaired = [g for g in self.groups if g.impairment is not None]
         topology = self.topology = Topology([_host_name(g) for g in impaired])
         topology.build()
+        self.mechanism = self._mechanism(topology.hosts[_host_name(impaired[0])].netns)
         url = urlsplit(self.controller_url)
         if url.hostname is None or url.port is None:
             raise RunFailed(f"controller URL {self.controller_url!r} has no host and port")
@@ -112,13 +115,22 @@ class ImpairedLinks:
             name = _host_name(group)
             path = self.paths[name] = ImpairedPath(
                 topology.prefix, topology.hosts[name], _link(group.impairment),
-                (self.endpoint.host, self.endpoint.port), transport, self.work_dir, seed=seed)
+                (self.endpoint.host, self.endpoint.port), transport, self.work_dir, seed=seed,
+                mechanism=self.mechanism)
             host, port = path.open()
             agent_of.update(dict.fromkeys(group.clients, len(sites)))
             sites.append(Site(topology.namespace_host(name), controller_url=relayed))
             endpoints.append(Endpoint(host=host, port=port, transport=self.endpoint.transport))
-        self._netem = netem_available(topology.hosts[_host_name(impaired[0])].netns)
         return AgentSites(sites), ClientPlacement(agent_of, endpoints)
+
+    def _mechanism(self, netns: str) -> Mechanism:
+        """netem where the kernel has it (unless the spec says user-space), else user-space."""
+        self._netem = netem_available(netns)
+        asked = self.spec.network.mechanism
+        if asked == "netem" and not self._netem:
+            raise RunFailed("network.mechanism is netem but this kernel has no netem (`tc "
+                            "qdisc add ... netem` fails); use auto or user-space")
+        return "netem" if self._netem and asked != "user-space" else "user-space"
 
     def health(self) -> str | None:
         """None while every delay proxy runs, else why not."""
@@ -140,7 +152,8 @@ class ImpairedLinks:
                 "commands": [] if path is None else path.commands,
                 **({"proxy_stats": path.proxy_stats() if path else None}
                    if with_proxy_stats else {})}
-        return {"mechanism": MECHANISM, "netem_available": self._netem,
+        return {"mechanism": None if self.mechanism is None else MECHANISMS[self.mechanism],
+                "netem_available": self._netem,
                 "iptables": iptables_version(),
                 "semantics": "delay_ms one way, added in each direction; loss_percent and "
                              "rate_kbit apply to each direction on its own",

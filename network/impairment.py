@@ -1,8 +1,8 @@
 """Link impairment: delay, jitter, loss and a rate cap on the path of one host to the broker.
 
 This kernel has no netem (``tc qdisc add … netem`` fails: unknown qdisc kind), so each
-impairment is built from parts that work here, all on the real path of the host's
-packets to the broker:
+impairment is built from parts that work here (mechanism ``user-space``), all on the
+real path of the host's packets to the broker:
 
 - **delay and jitter**: the user-space delay proxy (:mod:`.delay_proxy`), one process
   per impaired host, in the root namespace on :data:`~.topology.ROOT_ADDRESS`, forwarding
@@ -12,6 +12,11 @@ packets to the broker:
   in the capped class; the agent's controller traffic on the same link is not shaped.
 - **loss**: iptables ``-m statistic --mode random`` drops inside the host's namespace,
   OUTPUT for upstream and INPUT for downstream, again only on the proxy's port.
+
+On a kernel with netem (mechanism ``netem``, detected per run), netem does delay, jitter
+and loss as the leaf of the same htb class on both ends, and the proxy forwards without
+delay (it is still how a namespace reaches a broker on the root's loopback). That path
+is not exercised on this machine; only its commands are tested.
 
 Every value applies to **each direction** of the link on its own: 50 ms delay adds 50 ms
 upstream and 50 ms downstream; 20 % loss drops 20 % of the packets either way. A
@@ -40,7 +45,15 @@ from mqttbed.core.host import LocalHost, LocalProcess
 from mqttbed.network.commands import NetworkCommandError, run, tc
 from mqttbed.network.topology import MGMT_IFACE, ROOT_ADDRESS, TOPOLOGY_FLAG, HostPort
 
-MECHANISM = "user-space delay proxy + htb + iptables statistic"
+# What each mechanism is, as the run's metadata records it. netem is used where the
+# kernel has it (detected per run); this machine's kernel does not.
+MECHANISMS = {
+    "user-space": "user-space delay proxy + htb + iptables statistic",
+    "netem": "netem (delay, jitter, loss) under htb (rate cap), both ends of the link; a "
+             "proxy without delay forwards to the broker",
+}
+Mechanism = Literal["user-space", "netem"]
+NETEM_LIMIT = 100_000  # packets held at once (the default 1000 drops at delay x rate)
 PROXY_MODULE = "mqttbed.network.delay_proxy"
 IP_PROTOCOL = {"tcp": 6, "udp": 17}
 UNSHAPED_RATE = "10gbit"
@@ -81,9 +94,10 @@ class ImpairedPath:
 
     def __init__(self, prefix: str, host: HostPort, impairment: LinkImpairment,
                  upstream: tuple[str, int], transport: Literal["tcp", "udp"], work_dir: Path,
-                 seed: int = 0):
+                 seed: int = 0, mechanism: Mechanism = "user-space"):
         self.prefix, self.host, self.impairment = prefix, host, impairment
         self.upstream, self.transport, self.seed = upstream, transport, seed
+        self.mechanism = mechanism
         self.work_dir = work_dir
         self.port: int | None = None
         self.commands: list[str] = []
@@ -101,18 +115,29 @@ class ImpairedPath:
         """Start the proxy, cap and drop on the link; return where clients connect."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.port = self._start_proxy()
+        if self.mechanism == "netem":
+            self._shape(self.impairment.rate_kbit, self._netem_args())
+            return ROOT_ADDRESS, self.port
         if self.impairment.rate_kbit is not None:
             self._shape(self.impairment.rate_kbit)
         if self.impairment.loss_percent > 0:
             self._drop(self.impairment.loss_percent / 100)
         return ROOT_ADDRESS, self.port
 
+    def _netem_args(self) -> list[str]:
+        """netem's delay, jitter and loss for this link (each end gets the same)."""
+        i = self.impairment
+        return ["netem", "limit", str(NETEM_LIMIT), "delay", f"{i.delay_ms}ms",
+                *([f"{i.jitter_ms}ms"] if i.jitter_ms else []),
+                *(["loss", f"{i.loss_percent}%"] if i.loss_percent else [])]
+
     def _start_proxy(self) -> int:
         self._ready_file.unlink(missing_ok=True)
+        in_proxy = self.impairment if self.mechanism == "user-space" else LinkImpairment()
         argv = [sys.executable, "-m", PROXY_MODULE, TOPOLOGY_FLAG, self.prefix,
                 "--listen", f"{ROOT_ADDRESS}:0", "--upstream", "{}:{}".format(*self.upstream),
-                "--transport", self.transport, "--delay-ms", str(self.impairment.delay_ms),
-                "--jitter-ms", str(self.impairment.jitter_ms), "--seed", str(self.seed),
+                "--transport", self.transport, "--delay-ms", str(in_proxy.delay_ms),
+                "--jitter-ms", str(in_proxy.jitter_ms), "--seed", str(self.seed),
                 "--ready-file", str(self._ready_file), "--stats-file", str(self._stats_file)]
         self._proxy = LocalHost().spawn(argv, log_path=self.work_dir / f"proxy-{self.host.name}"
                                         ".log")
@@ -124,20 +149,25 @@ class ImpairedPath:
             time.sleep(0.01)
         return json.loads(self._ready_file.read_text())["port"]
 
-    def _shape(self, rate_kbit: int) -> None:
-        """htb on both ends of the management link; only the proxy's port is capped."""
+    def _shape(self, rate_kbit: int | None, leaf: list[str] | None = None) -> None:
+        """htb on both ends of the management link: the proxy's port in class 1:1 (capped
+        at ``rate_kbit``, with qdisc ``leaf`` under it), everything else in 1:2."""
+        rate = UNSHAPED_RATE if rate_kbit is None else f"{rate_kbit}kbit"
         for netns, link, match in ((self.host.netns, MGMT_IFACE, "dport"),
                                    (None, self.host.mgmt_link, "sport")):
             self._tc(netns, "qdisc", "add", "dev", link, "root", "handle", "1:", "htb",
                      "default", "2")
             self._tc(netns, "class", "add", "dev", link, "parent", "1:", "classid", "1:1",
-                     "htb", "rate", f"{rate_kbit}kbit", "ceil", f"{rate_kbit}kbit")
+                     "htb", "rate", rate, "ceil", rate)
             self._tc(netns, "class", "add", "dev", link, "parent", "1:", "classid", "1:2",
                      "htb", "rate", UNSHAPED_RATE, "quantum", "60000")
             self._tc(netns, "filter", "add", "dev", link, "parent", "1:", "protocol", "ip",
                      "prio", "1", "u32", "match", "ip", "protocol",
                      str(IP_PROTOCOL[self.transport]), "0xff", "match", "ip", match,
                      str(self.port), "0xffff", "flowid", "1:1")
+            if leaf:
+                self._tc(netns, "qdisc", "add", "dev", link, "parent", "1:1", "handle", "10:",
+                         *leaf)
 
     def _drop(self, probability: float) -> None:
         """iptables random drops in the host's namespace, each direction on its own."""

@@ -299,3 +299,45 @@ def test_a_sigkilled_run_leaves_nothing_once_reaped(tmp_path):
         for proc in started:  # the broker and the unimpaired agent: not this test's subject
             if proc.is_running():
                 proc.kill()
+
+
+def test_on_a_kernel_with_netem_netem_delays_drops_and_the_proxy_only_forwards(
+        monkeypatch, tmp_path):
+    """No netem here: the commands of that path are checked, not their effect."""
+    from mqttbed.network import impairment
+    from mqttbed.network.topology import HostPort
+
+    issued: list[tuple[str | None, tuple[str, ...]]] = []
+    monkeypatch.setattr(impairment, "tc", lambda *a, netns=None: issued.append((netns, a)))
+    monkeypatch.setattr(impairment.ImpairedPath, "_start_proxy", lambda self: 40000)
+    host = HostPort(name="subscribers-link", netns="mbabcde-h0", address="10.77.0.1",
+                    mac="02:00:00:00:00:01", port="p0", port_ifindex=2,
+                    mgmt_address="10.77.128.2", mgmt_link="mbabcdem0")
+    path = impairment.ImpairedPath(
+        "mbabcde", host, impairment.LinkImpairment(delay_ms=100, jitter_ms=5, loss_percent=20),
+        ("127.0.0.1", 1883), "tcp", tmp_path, mechanism="netem")
+    assert path.open() == ("10.77.255.254", 40000)
+    leaves = [(netns, a) for netns, a in issued if "netem" in a]
+    netem = ("netem", "limit", "100000", "delay", "100ms", "5ms", "loss", "20%")
+    assert leaves == [("mbabcde-h0", ("qdisc", "add", "dev", "mgmt0", "parent", "1:1",
+                                      "handle", "10:", *netem)),
+                      (None, ("qdisc", "add", "dev", "mbabcdem0", "parent", "1:1",
+                              "handle", "10:", *netem))]
+    assert not any("iptables" in c for c in path.commands)  # netem drops, not iptables
+
+
+@pytest.mark.timeout(60)
+def test_asking_for_netem_on_a_kernel_without_it_fails_the_run_saying_so(controller):
+    from mqttbed.network.impairment import netem_available
+    from mqttbed.network.topology import Topology
+
+    with Topology(["probe"]) as probe:
+        if netem_available(probe.hosts["probe"].netns):
+            pytest.skip("this kernel has netem")
+    spec = spec_with("mosquitto", [{"group": "sub-1", "delay_ms": 5}])
+    spec["network"]["mechanism"] = "netem"
+    campaign_id = controller.engine.create_campaign(parse_spec(spec))
+    controller.engine.run_campaign(campaign_id)
+    with controller.sessions() as s:
+        (row,) = s.query(RunRow).filter_by(campaign_id=campaign_id).all()
+    assert row.state == "failed" and "this kernel has no netem" in row.reason
