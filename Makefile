@@ -31,6 +31,7 @@ demo: install
 
 bench: install
 	$(PY) bench/latency_floor.py
+	$(PY) bench/analysis.py
 
 docs: install   # the published JSON schema of the results document
 	$(VENV)/bin/mqttbed schema stats > docs/stats.schema.json

@@ -84,23 +84,29 @@ class _Client:
         return self.conn
 
 
+def _check_transport(spec: ClientAssignment, endpoint: Endpoint) -> None:
+    """Refuse a QoS the client's transport cannot carry, naming the client and the fix."""
+    if endpoint.transport == Transport.MQTT_SN_UDP and spec.qos not in (0, 1):
+        raise ValueError(f"transport mqtt-sn-udp carries QoS 0 and 1 here (the gateway has "
+                         f"no QoS 2); {spec.client_id} asks for QoS {spec.qos}: set "
+                         f"workload.qos to 0 or 1")
+    if endpoint.transport == Transport.MQTT_UDP and spec.qos != 0:
+        raise ValueError(f"transport mqtt-udp carries QoS 0 only (the FPGA broker has no "
+                         f"QoS 1/2); {spec.client_id} asks for QoS {spec.qos}: set "
+                         f"workload.qos to 0")
+
+
 class MqttSession:
-    """Connects, subscribes, publishes and receives for one agent during one run."""
+    """Connects, subscribes, publishes and receives for one agent during one run.
+
+    Each client talks to its own broker when the assignment names one
+    (``ClientAssignment.broker``, a backend that deploys several), else to ``endpoint``.
+    """
 
     def __init__(self, endpoint: Endpoint, clients: list[ClientAssignment], gpio: GpioLines,
                  record: Callable[[RawEvent], None], gpio_pulses: bool = False):
-        if endpoint.transport == Transport.MQTT_SN_UDP:
-            for spec in clients:
-                if spec.qos not in (0, 1):
-                    raise ValueError(f"transport mqtt-sn-udp carries QoS 0 and 1 here (the "
-                                     f"gateway has no QoS 2); {spec.client_id} asks for QoS "
-                                     f"{spec.qos}: set workload.qos to 0 or 1")
-        if endpoint.transport == Transport.MQTT_UDP:
-            for spec in clients:
-                if spec.qos != 0:
-                    raise ValueError(f"transport mqtt-udp carries QoS 0 only (the FPGA broker "
-                                     f"has no QoS 1/2); {spec.client_id} asks for QoS "
-                                     f"{spec.qos}: set workload.qos to 0")
+        for spec in clients:
+            _check_transport(spec, spec.broker or endpoint)
         self._endpoint = endpoint
         self._gpio = gpio
         self._record = record
@@ -114,11 +120,19 @@ class MqttSession:
         self._clients = [self._make_client(c) for c in ordered]
         gpio.setup([c.spec.gpio_pin for c in self._clients])
         gpio.pulse_mode = gpio_pulses
+        # the publishing schedule while run() runs (closed-loop acks add to it)
+        self._publishers: list[_Client] = []
+        self._position: dict[str, int] = {}
+        self._due: list[tuple[int, int, int]] | None = None
+        self._t_start_ns = 0
 
     # -- set-up -----------------------------------------------------------------------
 
+    def _endpoint_of(self, spec: ClientAssignment) -> Endpoint:
+        return spec.broker or self._endpoint
+
     def _make_client(self, spec: ClientAssignment) -> _Client:
-        if self._endpoint.transport in (Transport.MQTT_UDP, Transport.MQTT_SN_UDP):
+        if self._endpoint_of(spec).transport in (Transport.MQTT_UDP, Transport.MQTT_SN_UDP):
             return self._make_udp_client(spec)
         paho = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=spec.client_id,
                            protocol=mqtt.MQTTv311, clean_session=True)
@@ -142,7 +156,7 @@ class MqttSession:
         def on_failure(reason: str) -> None:
             client.failure = reason
 
-        sn = self._endpoint.transport == Transport.MQTT_SN_UDP
+        sn = self._endpoint_of(spec).transport == Transport.MQTT_SN_UDP
         sn_options: dict[str, Any] = {} if not sn else {
             "publish_topic": spec.topic if spec.role == Role.PUBLISHER else None,
             "on_puback": lambda: self._on_puback(client),
@@ -169,7 +183,8 @@ class MqttSession:
     def open(self, timeout_s: float) -> None:
         """Connect every client; returns once each holds its CONNACK, raises otherwise."""
         for client in self._clients:
-            client.conn.connect(self._endpoint.host, self._endpoint.port, KEEPALIVE_S)
+            endpoint = self._endpoint_of(client.spec)
+            client.conn.connect(endpoint.host, endpoint.port, KEEPALIVE_S)
             self._selector.register(client.conn.socket(), selectors.EVENT_READ, client)
         deadline = monotonic_ns() + int(timeout_s * 1e9)
         while not all(c.connected for c in self._clients):
@@ -225,12 +240,14 @@ class MqttSession:
             raise RuntimeError("; ".join(failed))
         if monotonic_ns() > deadline_ns:
             if waiting_for == "CONNACK":
-                missing = [c.spec.client_id for c in self._clients if not c.connected]
+                missing = [c.spec for c in self._clients if not c.connected]
             else:
-                missing = [c.spec.client_id for c in self._clients
+                missing = [c.spec for c in self._clients
                            if c.spec.role == Role.SUBSCRIBER and not c.subscribed]
-            raise RuntimeError(f"no {waiting_for} for {', '.join(missing[:5])} "
-                               f"from {self._endpoint.host}:{self._endpoint.port}")
+            brokers = sorted({f"{e.host}:{e.port}" for e in map(self._endpoint_of, missing)})
+            raise RuntimeError(f"no {waiting_for} for "
+                               f"{', '.join(c.client_id for c in missing[:5])} "
+                               f"from {', '.join(brokers)}")
 
     # -- callbacks (run on the loop thread) ---------------------------------------------
 
@@ -270,6 +287,11 @@ class MqttSession:
 
     def _on_puback(self, client: _Client) -> None:
         client.acked += 1
+        spec = client.spec
+        if spec.closed_loop and self._due is not None and client.sent < spec.messages:
+            # the next message is due now, or at its place in the schedule if that is later
+            heapq.heappush(self._due, (max(monotonic_ns(), self._due_ns(spec, client.sent)),
+                                       self._position[client.spec.client_id], client.sent))
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -287,42 +309,57 @@ class MqttSession:
             if client.conn.want_write():
                 client.conn.loop_write()
 
-    def run(self, t_start_ns: int, t_deadline_ns: int, abort: Callable[[], bool]) -> None:
-        """Publish on schedule from ``t_start_ns`` and receive until done or the deadline.
+    def run(self, t_start_ns: int, t_deadline_ns: int, abort: Callable[[], bool],
+            t_publish_end_ns: int | None = None) -> None:
+        """Publish on schedule from ``t_start_ns`` and receive until done or the deadline;
+        nothing is published after ``t_publish_end_ns`` (default: the deadline).
 
-        Publishers are open loop: message k is due at ``t_start + offset + k / rate``;
-        a late send goes out at once and keeps its
-        intended time, so coordinated omission stays visible in the data.
+        Open-loop publishers: message k is due at ``t_start + offset + k / rate``; a late
+        send goes out at once and keeps its intended time, so coordinated omission stays
+        visible in the data. Closed-loop publishers (``ClientAssignment.closed_loop``, the
+        QoS 2 publication throughput of the MQTT-ST paper): message k + 1 is due when
+        message k is acknowledged, or at its schedule if that is later; its intended time
+        is that moment.
         """
-        publishers = [c for c in self._clients if c.spec.role == Role.PUBLISHER]
-
-        def due_ns(spec: ClientAssignment, k: int) -> int:
-            return t_start_ns + spec.start_offset_ns + int(k * 1e9 / spec.rate_hz)
-
-        due = [(due_ns(c.spec, 0), pos, 0) for pos, c in enumerate(publishers)]
+        self._t_start_ns = t_start_ns
+        publish_end = t_deadline_ns if t_publish_end_ns is None else t_publish_end_ns
+        self._publishers = [c for c in self._clients if c.spec.role == Role.PUBLISHER]
+        self._position = {c.spec.client_id: pos for pos, c in enumerate(self._publishers)}
+        due = self._due = [(self._due_ns(c.spec, 0), pos, 0)
+                           for pos, c in enumerate(self._publishers)]
         heapq.heapify(due)
         last_misc = monotonic_ns()
-        while not abort():
-            now = monotonic_ns()
-            while due and due[0][0] <= now:
-                t_intended, pos, k = heapq.heappop(due)
-                client = publishers[pos]
-                self._publish(client, k, t_intended)
-                self._gpio.settle()
-                if k + 1 < client.spec.messages:
-                    heapq.heappush(due, (due_ns(client.spec, k + 1), pos, k + 1))
+        try:
+            while not abort():
                 now = monotonic_ns()
-            if self._finished(due) or now > t_deadline_ns:
-                return
-            wait_ns = (due[0][0] - now) if due else 50_000_000
-            self.pump(min(wait_ns, 50_000_000) / 1e9)
-            if now - last_misc > 1_000_000_000:
-                for client in self._clients:
-                    client.conn.loop_misc()
-                last_misc = now
-            failed = [f"{c.spec.client_id}: {c.failure}" for c in self._clients if c.failure]
-            if failed:
-                raise RuntimeError("; ".join(failed))
+                while due and due[0][0] <= now and now <= publish_end:
+                    t_intended, pos, k = heapq.heappop(due)
+                    client = self._publishers[pos]
+                    self._publish(client, k, t_intended)
+                    self._gpio.settle()
+                    if not client.spec.closed_loop and k + 1 < client.spec.messages:
+                        heapq.heappush(due, (self._due_ns(client.spec, k + 1), pos, k + 1))
+                    now = monotonic_ns()
+                if now > publish_end:
+                    due.clear()  # the publishing window is over: acks and drain only
+                if self._finished(due, now > publish_end) or now > t_deadline_ns:
+                    return
+                wait_ns = (due[0][0] - now) if due else 50_000_000
+                self.pump(min(wait_ns, 50_000_000) / 1e9)
+                if now - last_misc > 1_000_000_000:
+                    for client in self._clients:
+                        client.conn.loop_misc()
+                    last_misc = now
+                failed = [f"{c.spec.client_id}: {c.failure}" for c in self._clients
+                          if c.failure]
+                if failed:
+                    raise RuntimeError("; ".join(failed))
+        finally:
+            self._due = None
+
+    def _due_ns(self, spec: ClientAssignment, k: int) -> int:
+        """When message ``k`` of a publisher is due on its open-loop schedule."""
+        return self._t_start_ns + spec.start_offset_ns + int(k * 1e9 / spec.rate_hz)
 
     def _publish(self, client: _Client, seq: int, t_intended_ns: int) -> None:
         spec = client.spec
@@ -336,11 +373,13 @@ class MqttSession:
         self._record((EventKind.PUBLISH, spec.client_id, seq, None, spec.topic, spec.payload_bytes,
                       spec.qos, seq < spec.warmup_messages, t_intended_ns, t_pub, None))
 
-    def _finished(self, due: list[tuple[int, int, int]]) -> bool:
+    def _finished(self, due: list[tuple[int, int, int]], window_over: bool = False) -> bool:
         if due:
             return False
         for client in self._clients:
             spec = client.spec
+            if spec.role == Role.PUBLISHER and client.sent < spec.messages and not window_over:
+                return False  # a closed-loop publisher waits for its acknowledgements
             if spec.role == Role.PUBLISHER and spec.qos > 0 and client.acked < client.sent:
                 return False
             if spec.role == Role.SUBSCRIBER and len(client.received) < spec.expected_messages:

@@ -136,7 +136,11 @@ class AssignmentRunner:
                 return
             assert self._start_ns is not None
             session.run(self._start_ns, self._deadline_ns(self._start_ns),
-                        abort=lambda: self._aborted.is_set() or uploader.error is not None)
+                        abort=lambda: self._aborted.is_set() or uploader.error is not None,
+                        # closed loop: publish for the window, then drain (open loop keeps
+                        # sending late messages until the deadline: they are measured)
+                        t_publish_end_ns=self._start_ns + a.window_ns
+                        if any(c.closed_loop for c in a.clients) else None)
             if uploader.error is not None:
                 raise RuntimeError(uploader.error)
             published, received = session.counts()

@@ -46,7 +46,7 @@ NS_PER_US = 1000.0
 RFC3550_GAIN = 16
 
 COUNT_FIGURES = ("messages_sent", "deliveries_expected", "delivery_rows", "unique_deliveries",
-                 "deliveries_received", "reordered")
+                 "deliveries_received", "reordered", "receivers_not_resumed")
 _MESSAGE_KEY = ("run_id", "publisher", "seq")
 _DELIVERY_KEY = ("run_id", "publisher", "seq", "receiver")
 
@@ -76,11 +76,13 @@ class LevelFigures:
     sketches: dict[tuple[str, str], QuantileSketch]
 
 
-def compute_level_figures(events: DataFrame, samples: DataFrame,
-                          levels: DataFrame) -> LevelFigures:
+def compute_level_figures(events: DataFrame, samples: DataFrame, levels: DataFrame,
+                          faults: DataFrame | None = None) -> LevelFigures:
     """Aggregate ``events`` and broker ``samples`` per level.
 
     ``levels`` has columns run_id, level, key: one row per level a run belongs to.
+    ``faults`` (run_id, fault_ns: on the controller's clock) are the runs in which a
+    backend caused a fault on purpose, for the recovery figures (:func:`_fault_rows`).
     """
     from pyspark.sql import functions as F
 
@@ -88,9 +90,18 @@ def compute_level_figures(events: DataFrame, samples: DataFrame,
     deliveries = deliveries.cache()
     pairs = _expected_pairs(publishes, subscriptions).distinct().cache()
     unique = _unique_deliveries(deliveries, publishes, pairs).cache()
-    values = _distribution_rows(unique, subscriptions, publishes).cache()
+    values = _distribution_rows(unique, subscriptions, publishes)
+    recovery: DataFrame | None = None
+    if faults is not None:
+        recovery = _fault_rows(unique, faults).cache()
+        values = values.unionByName(recovery.where(F.col("figure") != "receivers_not_resumed"))
+    values = values.cache()
     try:
-        counts_rows = _per_level(_count_rows(publishes, pairs, deliveries, unique), levels)
+        counted = _count_rows(publishes, pairs, deliveries, unique)
+        if recovery is not None:  # one row per receiver that got nothing sent after it
+            counted = counted.unionByName(recovery.where(
+                F.col("figure") == "receivers_not_resumed").select("run_id", "figure"))
+        counts_rows = _per_level(counted, levels)
         counts = (counts_rows.groupBy("level", "key").pivot("figure", list(COUNT_FIGURES))
                   .count().collect())
         distributions = (
@@ -108,14 +119,15 @@ def compute_level_figures(events: DataFrame, samples: DataFrame,
                  F.percentile("value", SKETCH_LEVELS).alias("quantiles"))
             .collect())
         items = (
-            _per_level(_item_rows(unique, samples), levels)
+            _per_level(_item_rows(unique, samples, publishes), levels)
             .groupBy("level", "key", "figure")
             .agg(F.avg("value").alias("mean"), F.stddev_samp("value").alias("std"),
                  F.max("value").alias("max"), F.sum("value").alias("sum"))
             .collect())
     finally:
-        for frame in (values, unique, pairs, deliveries):
-            frame.unpersist()
+        for frame in (values, recovery, unique, pairs, deliveries):
+            if frame is not None:
+                frame.unpersist()
     return LevelFigures(
         counts={(r["level"], r["key"]): {f: int(r[f] or 0) for f in COUNT_FIGURES}
                 for r in counts},
@@ -214,9 +226,9 @@ def _unique_deliveries(deliveries: DataFrame, publishes: DataFrame,
     """Return the first arrival of each (run, publisher, seq, receiver), with its figures.
 
     ``pairs`` are the distinct expected (run_id, publisher, seq, receiver).
-    Columns: the delivery key, t_pub_ns (payload), t_recv_ns, arrival_ns (offset
-    corrected), latency_us, intended_latency_us (from the open-loop intended send time)
-    and ``expected`` (a subscription of the receiver matches).
+    Columns: the delivery key, t_pub_ns (payload), t_recv_ns, arrival_ns and
+    departure_ns (offset corrected), latency_us, intended_latency_us (from the open-loop
+    intended send time) and ``expected`` (a subscription of the receiver matches).
     """
     from pyspark.sql import functions as F
 
@@ -238,6 +250,7 @@ def _unique_deliveries(deliveries: DataFrame, publishes: DataFrame,
     return (first.join(sent, list(_MESSAGE_KEY), "left")
             .join(expected, list(_DELIVERY_KEY), "left")
             .select(*_DELIVERY_KEY, "t_pub_ns", "t_recv_ns", arrival.alias("arrival_ns"),
+                    departure.alias("departure_ns"),
                     ((arrival - departure).cast("double") / NS_PER_US).alias("latency_us"),
                     ((arrival - intended).cast("double") / NS_PER_US)
                     .alias("intended_latency_us"),
@@ -311,8 +324,34 @@ def _distribution_rows(unique: DataFrame, subscriptions: DataFrame,
             (first_last_ns / NS_PER_US).alias("value"))))
 
 
-def _item_rows(unique: DataFrame, samples: DataFrame) -> DataFrame:
-    """Return (run_id, figure, value): per-receiver, per-stream and per-run values."""
+def _fault_rows(unique: DataFrame, faults: DataFrame) -> DataFrame:
+    """Return (run_id, figure, value): how delivery came back after a run's fault.
+
+    ``delivery_resumed_s``: per run, the longest time from the fault until a receiver got
+    its first message sent after the fault (delivery has resumed everywhere then);
+    ``receivers_not_resumed``: one row per receiver that received nothing sent after it.
+    Receivers without any delivery in the run are not among either.
+    """
+    from pyspark.sql import functions as F
+
+    after = F.col("departure_ns") > F.col("fault_ns")
+    per_receiver = (unique.where("expected").join(F.broadcast(faults), "run_id")
+                    .groupBy("run_id", "receiver", "fault_ns")
+                    .agg(F.min(F.when(after, F.col("arrival_ns"))).alias("resumed_ns")))
+    resumed = (per_receiver.groupBy("run_id", "fault_ns")
+               .agg(F.max("resumed_ns").alias("resumed_ns"))
+               .where(F.col("resumed_ns").isNotNull())
+               .select("run_id", F.lit("delivery_resumed_s").alias("figure"),
+                       ((F.col("resumed_ns") - F.col("fault_ns")) / 1e9).alias("value")))
+    not_resumed = (per_receiver.where(F.col("resumed_ns").isNull())
+                   .select("run_id", F.lit("receivers_not_resumed").alias("figure"),
+                           F.lit(None).cast("double").alias("value")))
+    return resumed.unionByName(not_resumed)
+
+
+def _item_rows(unique: DataFrame, samples: DataFrame, publishes: DataFrame) -> DataFrame:
+    """Return (run_id, figure, value): per-receiver, per-publisher, per-stream and per-run
+    values."""
     from pyspark.sql import functions as F
 
     jitter_std = (unique.groupBy("run_id", "receiver")
@@ -323,7 +362,16 @@ def _item_rows(unique: DataFrame, samples: DataFrame) -> DataFrame:
     throughput = (unique.groupBy("run_id")
                   .agg(F.try_divide(F.sum(F.col("expected").cast("long")), span_s).alias("value"))
                   .select("run_id", F.lit("throughput_msgs_per_s").alias("figure"), "value"))
+    # Per publisher: its measured publishes over their first-to-last send time; with
+    # closed-loop pacing at QoS 2, the MQTT-ST paper's publication throughput.
+    sent_span_s = (F.max("t_pub_ns") - F.min("t_pub_ns")) / 1e9
+    publication = (publishes.groupBy("run_id", "publisher")
+                   .agg(F.count("*").alias("n"), sent_span_s.alias("span_s"))
+                   .where(F.col("n") >= 2)
+                   .select("run_id", F.lit("publication_msgs_per_s").alias("figure"),
+                           F.try_divide(F.col("n") - 1, F.col("span_s")).alias("value")))
     return (jitter_std.unionByName(_rfc3550_rows(unique)).unionByName(throughput)
+            .unionByName(publication)
             .unionByName(_broker_rows(samples)).where(F.col("value").isNotNull()))
 
 

@@ -117,6 +117,19 @@ class RunClock(_Block):
     flagged: bool
 
 
+class FaultRecovery(_Block):
+    """A fault a backend caused during the run(s) on purpose, and how delivery came back."""
+
+    faults: list[str] = Field(default_factory=list, description="what was done, per run")
+    at_s: float | None = Field(None, description="when, since the run's start (mean)")
+    delivery_resumed_s: Distribution = Field(
+        default_factory=Distribution,
+        description="per run: from the fault until every receiver had received a message "
+                    "sent after it (the longest receiver's wait)")
+    receivers_not_resumed: int = Field(
+        0, description="receivers that received nothing sent after the fault")
+
+
 class BackendSections(_Block):
     """The sections backends add; :func:`sections_model` makes one field per section."""
 
@@ -151,9 +164,15 @@ class Figures(_Block, Generic[SectionsT]):
         description="per message: arrival at the last subscribed minus the first subscribed")
     throughput_msgs_per_s: float | None = None
     throughput_msgs_per_s_std: float | None = None
+    publication_msgs_per_s: float | None = Field(
+        None, description="per publisher: measured publishes over their first-to-last send "
+                          "time, mean over publishers; with closed-loop pacing at QoS 2, the "
+                          "publication throughput of the MQTT-ST paper")
+    publication_msgs_per_s_std: float | None = Field(None, description="std over publishers")
     broker: BrokerResources = Field(default_factory=BrokerResources)
     scope: ScopeFigures | None = None
     time_sync: TimeSync | None = None
+    fault: FaultRecovery | None = None
     sections: SectionsT
 
 

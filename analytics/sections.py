@@ -33,13 +33,14 @@ def section_statistics(records: DataFrame, levels: DataFrame) -> SectionStats:
             .agg(F.count("value").alias("count"), F.sum("value").alias("sum"),
                  F.avg("value").alias("mean"), F.stddev_samp("value").alias("std"),
                  F.percentile("value", list(PERCENTILES.values())).alias("percentiles"),
-                 F.max("value").alias("max"))
+                 F.max("value").alias("max"), F.min("value").alias("min"))
             .collect())
     result: SectionStats = {}
     for row in rows:
         figures = result.setdefault((row["level"], row["key"]), {}).setdefault(
             row["section"], {})
-        figures[row["figure"]] = {**_distribution(row), "sum": _number(row["sum"])}
+        figures[row["figure"]] = {**_distribution(row), "sum": _number(row["sum"]),
+                                  "min": _number(row["min"])}
     return result
 
 
@@ -52,16 +53,30 @@ def build_sections(stats: SectionStats, level: LevelKey,
         figures = found.get(section_type.key)
         if figures is None:
             continue
+        kinds = section_type.figure_kinds()
         values: dict[str, Any] = {}
-        for name, kind in section_type.figure_kinds().items():
-            figure = figures.get(name)
-            if figure is None:
-                continue
+        for name, figure in figures.items():
+            kind = kinds.get(name) or kinds.get(_keyed_pattern(name, kinds))
+            if kind is None:
+                continue  # a figure this version's section no longer has
             if kind is FigureKind.DISTRIBUTION:
-                values[name] = Distribution(**{k: v for k, v in figure.items() if k != "sum"})
+                values[name] = Distribution(**{k: v for k, v in figure.items()
+                                               if k in Distribution.model_fields})
             elif kind is FigureKind.SUM:
                 values[name] = int(figure["sum"] or 0)
+            elif kind is FigureKind.AGREED:
+                agreed = figure["min"] is not None and figure["min"] == figure["max"]
+                values[name] = int(figure["min"]) if agreed else None
             else:
                 values[name] = figure["mean"]
-        sections[section_type.key] = section_type(**values)
+        sections[section_type.key] = section_type.from_figures(values)
     return sections
+
+
+def _keyed_pattern(name: str, kinds: dict[str, FigureKind]) -> str | None:
+    """The ``field.*.figure`` pattern a ``field.key.figure`` name belongs to, if any."""
+    parts = name.split(".")
+    if len(parts) == 3:
+        pattern = f"{parts[0]}.*.{parts[2]}"
+        return pattern if pattern in kinds else None
+    return None

@@ -64,6 +64,11 @@ class RunInfo:
     mode: str = "pubsub"
     # What the scope recorder did in this run, if a scope watched it.
     scope: ScopeRun | None = None
+    # A fault the backend caused on purpose: when (controller's CLOCK_MONOTONIC), how
+    # long after the run's start, and what it was.
+    fault_at_ns: int | None = None
+    fault_at_s: float | None = None
+    fault: str | None = None
 
 
 @dataclass(frozen=True)
@@ -105,9 +110,13 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
     section_types = tuple(section_types)
     records = (read_runs(spark, records_path, campaign_id, run_ids, RECORDS_DDL)
                if records_path is not None and section_types else None)
+    faulted = [(run.run_id, run.fault_at_ns) for run in runs if run.fault_at_ns is not None]
+    faults = (spark.createDataFrame(faulted, "run_id string, fault_ns long") if faulted
+              else None)
     inputs = _Inputs(
         figures=compute_level_figures(
-            events, read_runs(spark, samples_path, campaign_id, run_ids, SAMPLES_DDL), levels),
+            events, read_runs(spark, samples_path, campaign_id, run_ids, SAMPLES_DDL), levels,
+            faults),
         scope=scope_figures(scope_events, levels),
         sync_errors=time_sync_errors(events, levels) if any(
             run.mode == "time-sync" for run in runs) else {},
@@ -219,6 +228,8 @@ def _level_figures(inputs: _Inputs, level: LevelKey, runs: list[RunInfo]) -> dic
         "first_last_spread_us": distribution("first_last_spread_us"),
         "throughput_msgs_per_s": item("throughput_msgs_per_s"),
         "throughput_msgs_per_s_std": item("throughput_msgs_per_s", "std"),
+        "publication_msgs_per_s": item("publication_msgs_per_s"),
+        "publication_msgs_per_s_std": item("publication_msgs_per_s", "std"),
         "broker": {
             "samples": int(item("samples", "sum") or 0),
             "cpu_percent_mean": item("cpu_percent_mean"),
@@ -236,9 +247,23 @@ def _level_figures(inputs: _Inputs, level: LevelKey, runs: list[RunInfo]) -> dic
                        distribution("sync_spread_us").get("p99")}
                       if level in inputs.sync_errors and runs
                       and runs[0].mode == "time-sync" else None),
+        "fault": _fault_entry(runs, count("receivers_not_resumed"),
+                              distribution("delivery_resumed_s")),
         "sections": build_sections(inputs.sections, level, inputs.section_types),
     }
     return entry
+
+
+def _fault_entry(runs: list[RunInfo], not_resumed: int,
+                 resumed: dict[str, Any]) -> dict[str, Any] | None:
+    """The recovery figures of a level whose runs had a fault, else None."""
+    faulted = [run for run in runs if run.fault is not None]
+    if not faulted:
+        return None
+    times = [run.fault_at_s for run in faulted if run.fault_at_s is not None]
+    return {"faults": [f"{run.run_id}: {run.fault}" for run in faulted],
+            "at_s": sum(times) / len(times) if times else None,
+            "delivery_resumed_s": resumed, "receivers_not_resumed": not_resumed}
 
 
 def _scope_entry(figures: dict[str, Any] | None, runs: list[RunInfo]) -> dict[str, Any] | None:

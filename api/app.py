@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 import mqttbed
-from mqttbed.api import campaigns, system, web
+from mqttbed.api import campaigns, simulations, system, web
 from mqttbed.controller.controller import Controller, create_controller
 from mqttbed.controller.worker import CampaignWorker
 from mqttbed.core.settings import Settings
@@ -52,6 +52,7 @@ def create_app(controller: Controller | Settings, controller_url: str | None = N
     app.include_router(system.public)
     app.include_router(system.router)
     app.include_router(campaigns.router)
+    app.include_router(simulations.router)
     app.include_router(controller.agent_router())
     app.include_router(web.router)
     return app

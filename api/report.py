@@ -25,7 +25,7 @@ from mqttbed.controller.analysis import load_results
 from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import CampaignRow, RunRow
 from mqttbed.controller.states import CampaignStatus
-from mqttbed.core.sections import Distribution, FigureKind
+from mqttbed.core.sections import Distribution
 
 TEMPLATES = Path(__file__).with_name("templates")
 MAX_TIMELINE_RUNS = 40
@@ -133,6 +133,31 @@ def _versus_parameter(points: list[PointStats],
         "xaxis": {"title": {"text": x_key or "sweep point"}}}}
 
 
+def _scalar_versus_parameter(points: list[PointStats],
+                             value: Callable[[PointStats], float | None],
+                             spread: Callable[[PointStats], float | None],
+                             title: str, unit: str) -> dict[str, Any]:
+    """A per-point number (± its spread) against the swept parameter; a curve per the
+    rest of the point's parameters (e.g. one per placement and publisher count)."""
+    x_key = _numeric_axis(points)
+    curves: dict[str, list[PointStats]] = {}
+    for point in points:
+        if value(point) is not None:
+            curves.setdefault(_series_key(point, x_key), []).append(point)
+    data = []
+    for name, members in curves.items():
+        if x_key:
+            members.sort(key=lambda m: m.params[x_key])
+        data.append({"type": "scatter", "mode": "lines+markers", "name": name,
+                     "x": [m.params[x_key] if x_key else point_label(m, False)
+                           for m in members],
+                     "y": [value(m) for m in members],
+                     "error_y": {"type": "data", "array": [spread(m) or 0 for m in members]}})
+    return {"data": data, "layout": {"title": {"text": title},
+                                     "yaxis": {"title": {"text": unit}},
+                                     "xaxis": {"title": {"text": x_key or "sweep point"}}}}
+
+
 def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Every plot of the report as a Plotly figure (data + layout), keyed by element id."""
     points = stats.points
@@ -156,6 +181,23 @@ def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[
     figures["plot-latency"] = _versus_parameter(
         points, lambda p: p.latency_us, "Publisher → subscriber latency",
         [r for r in references if r["plot"] == "latency"])
+
+    if any(p.publication_msgs_per_s is not None for p in points) and spec.get(
+            "workload", {}).get("pacing") == "closed-loop":
+        # The MQTT-ST paper's Figs. 3-5: QoS 2 publication throughput and mean delay.
+        figures["plot-publication"] = _scalar_versus_parameter(
+            points, lambda p: p.publication_msgs_per_s, lambda p: p.publication_msgs_per_s_std,
+            "Publication throughput per publisher, closed loop (mean ± std over publishers)",
+            "messages/s")
+        figures["plot-mean-delay"] = _scalar_versus_parameter(
+            points, lambda p: p.latency_us.mean, lambda p: None,
+            "End-to-end delay (mean over deliveries)", "µs")
+    if any(p.fault is not None for p in points):
+        figures["plot-fault"] = _scalar_versus_parameter(
+            points, lambda p: p.fault.delivery_resumed_s.mean if p.fault else None,
+            lambda p: p.fault.delivery_resumed_s.std if p.fault else None,
+            "After the fault: until every subscriber received again (mean ± std over runs)",
+            "s")
 
     run_label = {r.run_id: f"{labels.get(r.point_index, '?')} #{r.repetition}"
                  for r in stats.runs}
@@ -229,19 +271,19 @@ def section_tables(points: list[PointStats], show_backend: bool) -> list[dict[st
     tables: dict[str, dict[str, Any]] = {}
     for point in points:
         for key, section in present_sections(point.sections).items():
-            table = tables.get(key)
-            if table is None:
-                kinds = type(section).figure_kinds()
-                table = tables[key] = {
-                    "key": key, "title": type(section).title, "note": type(section).note,
-                    "columns": [name + (" p50" if kind is FigureKind.DISTRIBUTION else "")
-                                for name, kind in kinds.items()],
-                    "fields": list(kinds), "rows": []}
-            cells = []
-            for name in table["fields"]:
-                value = getattr(section, name)
-                cells.append(value.p50 if isinstance(value, Distribution) else value)
-            table["rows"].append({"label": point_label(point, show_backend), "cells": cells})
+            table = tables.setdefault(key, {
+                "key": key, "title": type(section).title, "note": type(section).note,
+                "fields": [], "rows": []})
+            flat = section.flat_figures()
+            table["fields"] += [name for name in flat if name not in table["fields"]]
+            table["rows"].append({"label": point_label(point, show_backend), "flat": flat})
+    for table in tables.values():
+        table["columns"] = [name + (" p50" if any(
+            isinstance(row["flat"].get(name), Distribution) for row in table["rows"]) else "")
+            for name in table["fields"]]
+        for row in table["rows"]:
+            values = [row["flat"].get(name) for name in table["fields"]]
+            row["cells"] = [v.p50 if isinstance(v, Distribution) else v for v in values]
     return list(tables.values())
 
 

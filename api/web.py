@@ -1,4 +1,4 @@
-"""Server-rendered pages: log in, the campaign list, a campaign's report."""
+"""Server-rendered pages: log in, the campaign list, a campaign's report, simulations."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Resp
 from mqttbed.api.compare_page import NotComparable, comparison_of, render_comparison
 from mqttbed.api.deps import TOKEN_COOKIE, CoreDep, presented_token
 from mqttbed.api.report import plotly_js_path, render_report, templates
+from mqttbed.api.simulations import SeedQuery, UnitsQuery, cloud_edge_result, render_cloud_edge
 from mqttbed.controller.tokens import TokenRole
 
 router = APIRouter(include_in_schema=False)
@@ -82,6 +83,15 @@ def compare_page(ids: str, request: Request, core: CoreDep) -> Response:
     except NotComparable as exc:
         raise HTTPException(404, str(exc)) from None
     return HTMLResponse(render_comparison(comparison, standalone=False))
+
+
+@router.get("/simulations/cloud-edge")
+def cloud_edge_page(request: Request, core: CoreDep, seed: SeedQuery = 0,
+                    units: UnitsQuery = 5000) -> Response:
+    """The cloud-edge paper's policy simulation: Figs. 8 and 9 beside the paper's."""
+    if (redirect := _user_or_login(request, core)) is not None:
+        return redirect
+    return HTMLResponse(render_cloud_edge(cloud_edge_result(seed, units)))
 
 
 @router.get("/static/plotly.min.js")

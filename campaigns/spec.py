@@ -68,7 +68,18 @@ class Workload(_Strict):
     qos: Literal[0, 1, 2] = 0
     warmup_messages: int = Field(20, ge=0)
     min_window_s: float = Field(0.0, ge=0, le=86_400,
-                                description="measure at least this long (e.g. an idle broker)")
+                                description="measure at least this long (e.g. an idle broker); "
+                                            "closed loop: the time publishers are given")
+    pacing: Literal["open-loop", "closed-loop"] = Field(
+        "open-loop", description="open-loop: on the rate_hz schedule, late sends keep their "
+                                 "intended time; closed-loop: the next PUBLISH once the last "
+                                 "is acknowledged (PUBACK/PUBCOMP), at most rate_hz, for "
+                                 "publication throughput")
+    placement: Literal["benchmark", "distributed", "locality"] | None = Field(
+        None, description="how clients are spread over the brokers of a backend that "
+                          "deploys several (mqtt-st): benchmark = one plain broker, "
+                          "distributed = evenly over all, locality = all on one; "
+                          "None = the backend's default")
 
     @field_validator("topic")
     @classmethod
@@ -82,6 +93,16 @@ class Workload(_Strict):
         if self.warmup_messages >= self.messages:
             raise ValueError(f"warmup_messages ({self.warmup_messages}) must be less than "
                              f"messages ({self.messages}), or nothing is measured")
+        return self
+
+    @model_validator(mode="after")
+    def _closed_loop_needs_acks(self) -> Workload:
+        if self.pacing == "closed-loop" and self.qos == 0:
+            raise ValueError("pacing 'closed-loop' waits for each PUBLISH's acknowledgement: "
+                             "QoS 0 has none; set qos to 1 or 2")
+        if self.pacing == "closed-loop" and self.min_window_s <= 0:
+            raise ValueError("pacing 'closed-loop' needs min_window_s > 0: the time the "
+                             "publishers are given (they stop then, or when all is sent)")
         return self
 
 
@@ -263,6 +284,18 @@ class CampaignSpec(_Strict):
         default_factory=list,
         description="named sets of overrides; each is crossed with the sweep")
 
+    @model_validator(mode="after")
+    def _placement_fits_backend(self) -> CampaignSpec:
+        from mqttbed.brokers.registry import backend_class
+
+        placement = self.workload.placement
+        supported = getattr(backend_class(self.broker.backend), "placements", ())
+        if placement is not None and placement not in supported:
+            raise ValueError(f"workload.placement {placement!r}: backend "
+                             f"{self.broker.backend} deploys one broker; placements are for "
+                             f"backends that deploy several (mqtt-st)")
+        return self
+
     @field_validator("sweep")
     @classmethod
     def _sweep_paths_exist(cls, sweep: dict[str, list[Any]]) -> dict[str, list[Any]]:
@@ -368,14 +401,15 @@ def _format_errors(exc: ValidationError, prefix: str = "") -> str:
     lines = []
     for err in exc.errors():
         loc = prefix + ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
-        if err["type"] == "extra_forbidden":
+        if not loc:  # a check across sections names its fields in its message
+            lines.append(err["msg"].removeprefix("Value error, "))
+        elif err["type"] == "extra_forbidden":
             lines.append(f"{loc}: unknown key (value {err['input']!r})")
         elif err["type"] == "missing":
             lines.append(f"{loc}: required field is missing")
         else:
             msg = err["msg"].removeprefix("Value error, ")
-            # a check across sections names its fields itself; the input is the whole spec
-            lines.append(f"{loc}: bad value {err['input']!r}: {msg}" if loc else msg)
+            lines.append(f"{loc}: bad value {err['input']!r}: {msg}")
     return "; ".join(lines)
 
 

@@ -8,6 +8,7 @@ in :mod:`mqttbed.analytics`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.orm import sessionmaker
 
@@ -61,7 +62,7 @@ def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: st
                     max_clock_uncertainty_fraction=r.spec.get("measurement", {}).get(
                         "max_clock_uncertainty_fraction", 0.1),
                     mode=r.spec["workload"].get("mode", "pubsub"),
-                    scope=_scope_run(r)) for r in rows]
+                    scope=_scope_run(r), **_fault(r)) for r in rows]
     stats = compute_campaign_stats(
         get_spark(settings), events_path=layout.events, samples_path=layout.broker_samples,
         records_path=layout.backend_records, section_types=section_types(),
@@ -96,3 +97,14 @@ def _scope_run(row: RunRow) -> ScopeRun | None:
         return None
     return ScopeRun(run_id=row.id, acquisitions=scope.get("acquisitions"),
                     timeouts=scope.get("timeouts"), error=scope.get("error"))
+
+
+def _fault(run: RunRow) -> dict[str, Any]:
+    """RunInfo's fault fields from what the run's backend reported (the first fault)."""
+    faults = (run.run_metadata or {}).get("faults") or []
+    if not faults:
+        return {}
+    first = faults[0]
+    t_start = (run.run_metadata or {}).get("t_start_ns")
+    return {"fault_at_ns": first["at_ns"], "fault": first["what"],
+            "fault_at_s": None if t_start is None else (first["at_ns"] - t_start) / 1e9}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from mqttbed.campaigns.spec import CampaignSpec
@@ -28,6 +29,8 @@ def run_window_ns(spec: CampaignSpec) -> int:
     """The run's measured window from the start time: sending time, or min_window_s."""
     w = spec.workload
     sending_ns = 0
+    if w.pacing == "closed-loop":
+        return int(w.min_window_s * 1e9)  # as fast as acknowledged, for this long
     if w.publishers:
         # The last publisher starts up to one period late (staggered start).
         period_ns = 1e9 / w.rate_hz
@@ -66,7 +69,8 @@ def _clients(spec: CampaignSpec) -> list[ClientAssignment]:
             client_id=publisher_client_id(i), role=Role.PUBLISHER, topic=w.topic, qos=w.qos,
             gpio_pin=0, publisher_index=i, payload_bytes=w.payload_bytes, rate_hz=w.rate_hz,
             messages=w.messages, warmup_messages=w.warmup_messages,
-            start_offset_ns=int(i * period_ns / w.publishers)))
+            start_offset_ns=int(i * period_ns / w.publishers),
+            closed_loop=w.pacing == "closed-loop"))
     for j in range(w.subscribers):
         clients.append(ClientAssignment(
             client_id=subscriber_client_id(j), role=Role.SUBSCRIBER, topic=w.topic, qos=w.qos,
@@ -76,10 +80,15 @@ def _clients(spec: CampaignSpec) -> list[ClientAssignment]:
 
 
 def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint: Endpoint,
-                     agent_ids: list[str], placement: ClientPlacement | None = None
-                     ) -> dict[str, Assignment]:
+                     agent_ids: list[str],
+                     broker_of: Callable[[ClientAssignment], Endpoint] | None = None,
+                     placement: ClientPlacement | None = None) -> dict[str, Assignment]:
     """Spread the run's clients round-robin over the agents (publishers first), or as
-    ``placement`` says."""
+    ``placement`` says.
+
+    ``broker_of`` gives each client its own broker (a backend that deploys several);
+    without it every client uses ``endpoint``, or its agent's in ``placement``.
+    """
     window_ns = run_window_ns(spec)
     per_agent: dict[str, list[ClientAssignment]] = {a: [] for a in agent_ids}
     broker = dict.fromkeys(agent_ids, endpoint)
@@ -88,8 +97,10 @@ def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint
     for n, client in enumerate(_clients(spec)):
         index = n % len(agent_ids) if placement is None else placement.agent_of[client.client_id]
         agent = agent_ids[index]
-        pin = FIRST_GPIO_PIN + len(per_agent[agent])
-        per_agent[agent].append(client.model_copy(update={"gpio_pin": pin}))
+        update = {"gpio_pin": FIRST_GPIO_PIN + len(per_agent[agent])}
+        if broker_of is not None:
+            update["broker"] = broker_of(client)
+        per_agent[agent].append(client.model_copy(update=update))
     return {agent: Assignment(run_id=run_id, campaign_id=campaign_id, broker=broker[agent],
                               clients=mine, window_ns=window_ns, drain_s=spec.timing.drain_s,
                               connect_timeout_s=spec.timing.setup_timeout_s,

@@ -327,8 +327,10 @@ def build_parser() -> argparse.ArgumentParser:
     schema.set_defaults(func=_schema)
 
     from mqttbed.controller.cli_remote import add_commands
+    from mqttbed.controller.cli_simulate import add_commands as add_simulations
 
     add_commands(commands)
+    add_simulations(commands)
 
     agent = commands.add_parser("agent", help="run an agent that obeys a controller")
     from mqttbed.agents.main import build_parser as agent_options

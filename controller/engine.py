@@ -276,6 +276,8 @@ class RunEngine:
         """Broker up, agents registered and assigned, every subscriber holding its SUBACK."""
         spec, registry = live.spec, self.ctx.registry
         live.backend = create_backend(spec.broker.backend)
+        if (prepare := getattr(live.backend, "prepare", None)) is not None:
+            prepare(spec.workload)
         endpoint = live.backend.deploy(spec.broker.options(), self.ctx.host)
         run.run_metadata = {"broker": live.backend.metadata(),
                             "endpoint": endpoint.model_dump(), "host": self.ctx.host.name}
@@ -291,7 +293,7 @@ class RunEngine:
         run.run_metadata["agent_hosts"] = live.pool.hosts
         agent_ids = self._await_agents(live.pool, spec)
         assignments = plan_assignments(spec, run.id, run.campaign_id, endpoint, agent_ids,
-                                       placement)
+                                       getattr(live.backend, "broker_of", None), placement)
         if spec.measurement.scope is not None:
             live.recorder = ScopeRecorder(spec.measurement.scope, assignments)
             live.recorder.open()
@@ -342,6 +344,9 @@ class RunEngine:
         if getattr(backend, "agent_placement", None) is not None:
             raise RunFailed(f"backend {spec.broker.backend} places the agents in its own "
                             "network: network.impairments are not supported with it")
+        if getattr(backend, "broker_of", None) is not None:
+            raise RunFailed(f"backend {spec.broker.backend} deploys several brokers: "
+                            "network.impairments are not supported with it yet")
         if spec.agents.hosts:
             raise RunFailed("network.impairments put impaired agents in namespaces on this "
                             "machine: leave agents.hosts empty")
@@ -360,9 +365,13 @@ class RunEngine:
             self.ctx.registry.send(agent_id, StartAt(run_id=run.id, t_start_ns=t_start))
         if live.recorder is not None:
             live.recorder.start(t_start)
+        if (started := getattr(live.backend, "started", None)) is not None:
+            started(t_start)  # e.g. arms a fault at a time of the run
         window_ns = run_window_ns(spec)
+        # closed loop: the window is what publishers are given, not a schedule to wait out
+        closed_loop = spec.workload.pacing == "closed-loop"
         self._wait(live, until=lambda: len(live.inbox.done) == len(live.active)
-                   and monotonic_ns() >= t_start + window_ns,
+                   and (closed_loop or monotonic_ns() >= t_start + window_ns),
                    timeout_s=spec.timing.start_lead_s + window_ns / 1e9 + spec.timing.drain_s
                    + RUN_GRACE_S, waiting_for="agents done")
 
@@ -433,6 +442,8 @@ class RunEngine:
         backend.teardown()  # its sampler takes one last sample on the way down
         samples = backend.stats()
         run.run_metadata["broker"] = backend.metadata()
+        if (faults := getattr(backend, "faults", None)) is not None:
+            run.run_metadata["faults"] = [fault.model_dump() for fault in faults()]
         write_broker_samples(self.ctx.layout, run.campaign_id, run.id, samples)
         if backend.results_section is not None:
             write_backend_records(self.ctx.layout, run.campaign_id, run.id,

@@ -108,6 +108,11 @@ class ClientAssignment(BaseModel):
     expected_messages: int = 0
     # subscription order: 0 subscribes first
     subscribe_rank: int = 0
+    # the broker this client uses when a backend deploys several (else the assignment's)
+    broker: Endpoint | None = None
+    # publisher pacing: open loop on the schedule, or the next PUBLISH once the last one
+    # is acknowledged (PUBACK / PUBCOMP), never faster than rate_hz
+    closed_loop: bool = False
 
 
 class Assignment(Message):

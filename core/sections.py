@@ -9,7 +9,13 @@ medians of per-run percentiles), by the type of each field of the section:
 
 - :class:`Distribution` field: the distribution of the figure of the same name;
 - ``int`` field: the sum of that figure's values (e.g. one value per run: its count);
-- ``float`` field: the mean of that figure's values.
+- ``float`` field: the mean of that figure's values;
+- :data:`Agreed` field (an int): the value every record gave, None where they differ
+  (e.g. the index of a tree's root: one per run, the same in each run of a point);
+- a :class:`SectionBlock` field: a group of such figures, named ``field.figure`` in the
+  records (e.g. ``links.blocked``);
+- a ``dict[str, SectionBlock]`` field: one group per key, named ``field.key.figure``
+  (e.g. ``brokers.0.cpu_percent_mean``, a block per broker of the run).
 
 Units go in the field names (``_ns``, ``_us``, ``_bytes``), as everywhere in the results.
 """
@@ -19,7 +25,7 @@ from __future__ import annotations
 import types
 import typing
 from enum import StrEnum
-from typing import ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -50,6 +56,17 @@ class FigureKind(StrEnum):
     DISTRIBUTION = "distribution"
     SUM = "sum"
     MEAN = "mean"
+    AGREED = "agreed"
+
+
+# An int every record of the level agrees on (None where they differ, or none was kept).
+Agreed = Annotated[int | None, FigureKind.AGREED]
+
+
+class SectionBlock(BaseModel):
+    """A named group of figures inside a section (one level deep)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class BackendSection(BaseModel):
@@ -64,14 +81,84 @@ class BackendSection(BaseModel):
 
     @classmethod
     def figure_kinds(cls) -> dict[str, FigureKind]:
-        """Each field's figure and how it is aggregated, from the field's type."""
-        kinds = {}
-        for name, field in cls.model_fields.items():
-            kinds[name] = _kind_of(field.annotation, f"{cls.__name__}.{name}")
-        return kinds
+        """Each figure (dotted below a block; ``*`` for a dict's keys) and how it is
+        aggregated, from the field's type."""
+        return _figure_kinds(cls, "")
+
+    @classmethod
+    def from_figures(cls, figures: dict[str, Any]) -> BackendSection:
+        """The section from its aggregated figures by dotted name (missing ones default)."""
+        return cls(**_nest(cls, figures, ""))
+
+    def flat_figures(self) -> dict[str, Any]:
+        """Every figure's value by dotted name (a dict's keys in place of ``*``)."""
+        return _flatten(self, "")
 
 
-def _kind_of(annotation: object, where: str) -> FigureKind:
+def _figure_kinds(model: type[BaseModel], prefix: str) -> dict[str, FigureKind]:
+    kinds: dict[str, FigureKind] = {}
+    for name, field in model.model_fields.items():
+        where = f"{model.__name__}.{name}"
+        block, keyed = _block_of(field.annotation)
+        if block is not None:
+            kinds |= _figure_kinds(block, f"{prefix}{name}.{'*.' if keyed else ''}")
+        else:
+            kinds[prefix + name] = _kind_of(field.annotation, field.metadata, where)
+    return kinds
+
+
+def _block_of(annotation: object) -> tuple[type[SectionBlock] | None, bool]:
+    """(the block type, whether keyed by a dict) of a field, or (None, False)."""
+    target = _unoptional(annotation)
+    if isinstance(target, type) and issubclass(target, SectionBlock):
+        return target, False
+    if typing.get_origin(target) is dict:
+        value = typing.get_args(target)[1]
+        if isinstance(value, type) and issubclass(value, SectionBlock):
+            return value, True
+    return None, False
+
+
+def _nest(model: type[BaseModel], figures: dict[str, Any], prefix: str) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        block, keyed = _block_of(field.annotation)
+        if block is None:
+            if prefix + name in figures:
+                values[name] = figures[prefix + name]
+        elif keyed:
+            head = f"{prefix}{name}."
+            keys = sorted({k[len(head):].split(".", 1)[0] for k in figures if k.startswith(head)},
+                          key=lambda k: (len(k), k))
+            values[name] = {key: block(**_nest(block, figures, f"{head}{key}."))
+                            for key in keys}
+        elif any(k.startswith(f"{prefix}{name}.") for k in figures):
+            values[name] = block(**_nest(block, figures, f"{prefix}{name}."))
+    return values
+
+
+def _flatten(model: BaseModel, prefix: str) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, SectionBlock):
+            flat |= _flatten(value, f"{prefix}{name}.")
+        elif isinstance(value, dict):
+            for key, block in value.items():
+                flat |= _flatten(block, f"{prefix}{name}.{key}.")
+        else:
+            flat[prefix + name] = value
+    return flat
+
+
+def _unoptional(annotation: object) -> object:
+    args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else ()
+    return next((a for a in args if a is not type(None)), annotation) if args else annotation
+
+
+def _kind_of(annotation: object, metadata: list[Any], where: str) -> FigureKind:
+    if FigureKind.AGREED in metadata:
+        return FigureKind.AGREED
     args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else ()
     target = next((a for a in args if a is not type(None)), annotation) if args else annotation
     if isinstance(target, type) and issubclass(target, Distribution):
@@ -80,5 +167,6 @@ def _kind_of(annotation: object, where: str) -> FigureKind:
         return FigureKind.SUM
     if target is float:
         return FigureKind.MEAN
-    raise TypeError(f"{where}: a section field is a Distribution, an int (sum) or a float "
-                    f"(mean), not {annotation!r}")
+    raise TypeError(f"{where}: a section field is a Distribution, an int (sum), a float "
+                    f"(mean), Agreed, or a SectionBlock (or a dict of them), not "
+                    f"{annotation!r}")

@@ -134,3 +134,55 @@ def test_waiting_between_barriers_keeps_the_clients_served(broker):
         session.close()
     assert 1.2 <= waited_s < 3.0  # returns once the event is set (polled every 50 ms)
     assert received == 2 * published > 0  # still subscribed and delivering after the wait
+
+
+def test_closed_loop_publishes_each_message_after_the_last_is_acknowledged(broker):
+    pub = ClientAssignment(client_id="pub-0", role=Role.PUBLISHER, topic="t/cl", qos=2,
+                           gpio_pin=2, payload_bytes=64, rate_hz=100_000, messages=200,
+                           closed_loop=True)
+    sub = ClientAssignment(client_id="sub-0", role=Role.SUBSCRIBER, topic="t/cl", qos=2,
+                           gpio_pin=3, expected_messages=200)
+    events: list = []
+    session = MqttSession(broker, [pub, sub], VirtualGpio(), events.append)
+    try:
+        session.connect(timeout_s=10)
+        start = monotonic_ns() + 20_000_000
+        session.run(start, start + 10_000_000_000, abort=lambda: False)
+        acked = session._clients[-1].acked
+    finally:
+        session.close()
+    published = [e for e in events if e[0] == "publish"]
+    assert [e[2] for e in published] == list(range(200)) and acked == 200
+    # Message k + 1 became due only when k's PUBCOMP came back: after k was sent, and
+    # later than its place on the 100 kHz schedule would have put it.
+    for before, after in zip(published, published[1:], strict=False):
+        assert after[8] > before[9]
+    slower = sum(after[8] > start + after[2] * 10_000 for after in published[1:])
+    assert slower >= 150, "a QoS 2 handshake over loopback takes longer than 10 us"
+    assert len([e for e in events if e[0] == "delivery"]) == 200
+
+
+def test_each_client_uses_the_broker_its_assignment_names(broker):
+    other = MosquittoBackend()
+    elsewhere = other.deploy(Options(), LocalHost())
+    try:
+        pub, *_ = clients(0)
+        subs = [ClientAssignment(client_id=f"sub-{j}", role=Role.SUBSCRIBER, topic="t/x",
+                                 qos=0, gpio_pin=3 + j, warmup_messages=5,
+                                 expected_messages=MESSAGES, subscribe_rank=j,
+                                 broker=elsewhere if j == 1 else None) for j in range(2)]
+        events: list = []
+        session = MqttSession(broker, [pub, *subs], VirtualGpio(), events.append)
+        try:
+            session.connect(timeout_s=10)
+            peers = {c.spec.client_id: c.paho.socket().getpeername()[1]
+                     for c in session._clients}
+            start = monotonic_ns() + 20_000_000
+            session.run(start, start + 500_000_000, abort=lambda: False)
+        finally:
+            session.close()
+    finally:
+        other.teardown()
+    assert peers == {"pub-0": broker.port, "sub-0": broker.port, "sub-1": elsewhere.port}
+    receivers = {e[3] for e in events if e[0] == "delivery"}
+    assert receivers == {"sub-0"}   # two unbridged brokers: sub-1 hears nothing

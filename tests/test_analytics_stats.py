@@ -29,7 +29,13 @@ from mqttbed.analytics.spark import get_spark, stop_spark  # noqa: E402
 from mqttbed.analytics.stats import RunInfo, compute_campaign_stats  # noqa: E402
 from mqttbed.analytics.topics import topic_filter_regex  # noqa: E402
 from mqttbed.core.events import EVENT_COLUMNS, arrow_schema  # noqa: E402
-from mqttbed.core.sections import BackendSection, Distribution  # noqa: E402
+from mqttbed.core.sections import (  # noqa: E402
+    Agreed,
+    BackendSection,
+    Distribution,
+    SectionBlock,
+)
+from mqttbed.core.settings import Settings  # noqa: E402
 
 CAMPAIGN = "camp-1"
 T0 = 5_000_000_000_000
@@ -242,6 +248,11 @@ def _reference_run(rows: list[dict]) -> dict[str, Any]:
 
     received = sum(key in expected for key in unique)
     span_s = (max(arrival.values()) - min(arrival.values())) / 1e9 if arrival else 0
+    publication = []
+    for publisher in {p["publisher"] for p in pubs}:
+        times = [p["t_pub_ns"] for p in pubs if p["publisher"] == publisher]
+        if len(times) >= 2:
+            publication.append((len(times) - 1) / ((max(times) - min(times)) / 1e9))
     return {
         "counts": {"messages_sent": len(pubs), "deliveries_expected": len(expected),
                    "deliveries_received": received,
@@ -252,6 +263,7 @@ def _reference_run(rows: list[dict]) -> dict[str, Any]:
         "from_intended": from_intended, "send_lag": send_lag,
         "spread": spread, "first_last": first_last,
         "throughput": [received / span_s] if span_s > 0 else [],
+        "publication": publication,
     }
 
 
@@ -312,6 +324,8 @@ def _reference_figures(parts: list[dict], samples_by_run: list[list[dict]]) -> d
         "first_last_spread_us": _summary(pooled("first_last"), ("p50", "p99")),
         "throughput_msgs_per_s": _mean(pooled("throughput")),
         "throughput_msgs_per_s_std": _std(pooled("throughput")),
+        "publication_msgs_per_s": _mean(pooled("publication")),
+        "publication_msgs_per_s_std": _std(pooled("publication")),
         "broker": _reference_broker(samples_by_run),
     }
 
@@ -342,7 +356,7 @@ def _assert_figures(actual: dict[str, Any], expected: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def spark():
-    session = get_spark("local[2]")
+    session = get_spark(Settings.load(spark_master="local[2]"))
     yield session
     stop_spark()
 
@@ -363,6 +377,15 @@ def dataset(tmp_path_factory):
     return root, events, samples
 
 
+class ProbeLinks(SectionBlock):
+    up: Agreed = None
+    flaps: int = 0
+
+
+class ProbeNode(SectionBlock):
+    cpu: float | None = None
+
+
 class ProbeSection(BackendSection):
     """A backend's own figures, as a test backend declares them."""
 
@@ -371,10 +394,17 @@ class ProbeSection(BackendSection):
     packets: int = 0
     load: float | None = None
     delay_ns: Distribution = Distribution()
+    root: Agreed = None
+    links: ProbeLinks | None = None
+    nodes: dict[str, ProbeNode] = {}
 
 
-PROBE_RECORDS = {"r1": {"packets": [40.0], "load": [0.5, 1.5], "delay_ns": [10.0, 20.0, 30.0]},
-                 "r2": {"packets": [60.0], "load": [4.0], "delay_ns": [100.0, 5.0]},
+PROBE_RECORDS = {"r1": {"packets": [40.0], "load": [0.5, 1.5], "delay_ns": [10.0, 20.0, 30.0],
+                        "root": [2.0], "links.up": [3.0], "links.flaps": [1.0],
+                        "nodes.0.cpu": [10.0], "nodes.10.cpu": [30.0]},
+                 "r2": {"packets": [60.0], "load": [4.0], "delay_ns": [100.0, 5.0],
+                        "root": [1.0], "links.up": [3.0], "links.flaps": [2.0],
+                        "nodes.0.cpu": [20.0], "gone.figure": [1.0]},
                  "r4": {"packets": [7.0], "delay_ns": [1.0]}}
 
 
@@ -529,8 +559,15 @@ def test_a_backend_section_pools_its_records_per_run_and_point(results):
     assert point0.delay_ns.p50 == pytest.approx(np.percentile(pooled, 50))
     assert point0.delay_ns.p99 == pytest.approx(np.percentile(pooled, 99))
     assert point0.delay_ns.std == pytest.approx(np.std(pooled, ddof=1))
+    # Agreed: the value of every run, none where they differ; blocks pool like fields.
+    assert r1.root == 2 and point0.root is None
+    assert r1.links == ProbeLinks(up=3, flaps=1) and point0.links == ProbeLinks(up=3, flaps=3)
+    assert point0.nodes == {"0": ProbeNode(cpu=15.0), "10": ProbeNode(cpu=30.0)}
+    assert list(point0.nodes) == ["0", "10"]   # keys in numeric order
+    assert point0.flat_figures()["nodes.10.cpu"] == 30.0
     # r4 failed: its records are in its run entry, not in its point.
     assert runs["r4"].sections.probe.packets == 7
+    assert runs["r4"].sections.probe.links is None and runs["r4"].sections.probe.nodes == {}
     assert results.points[1].sections.probe is None
     assert runs["r3"].sections.probe is None
 
@@ -580,3 +617,46 @@ def test_latency_timeline_counts_every_unique_delivery_of_the_run(stats, dataset
         assert series["t_s"] == sorted(series["t_s"]) and series["t_s"][0] == 0
         assert all(p50 <= p99 for p50, p99 in zip(series["p50_us"], series["p99_us"],
                                                  strict=True))
+
+
+def test_delivery_resumption_after_a_fault_by_the_definition(spark, dataset):
+    root, events, _ = dataset
+    fault_ns = T0 + 100 * MS + 45 * MS   # controller clock, between messages 4 and 5
+    runs = [RunInfo("r1", 0, {}, 0, "done", "mqtt-st", warmup_messages=WARMUP,
+                    fault_at_ns=fault_ns, fault_at_s=1.5, fault="killed broker 0"),
+            RunInfo("r3", 1, {}, 0, "done", "mqtt-st", warmup_messages=WARMUP)]
+    stats = compute_campaign_stats(spark, events_path=root / "events",
+                                   samples_path=root / "samples",
+                                   campaign={"id": CAMPAIGN}, runs=runs)
+    # By hand: each receiver's first arrival of a message sent after the fault.
+    rows = [r for r in events["r1"] if not r["warmup"]]
+    sent = {(r["publisher"], r["seq"]): r["t_pub_ns"] - r["clock_offset_ns"]
+            for r in rows if r["kind"] == "publish"}
+    first_after: dict[str, int] = {}
+    for d in (r for r in rows if r["kind"] == "delivery"):
+        if sent[(d["publisher"], d["seq"])] > fault_ns:
+            arrival = d["t_recv_ns"] - d["clock_offset_ns"]
+            first_after[d["receiver"]] = min(arrival, first_after.get(d["receiver"], arrival))
+    expected_s = (max(first_after.values()) - fault_ns) / 1e9
+    run1, run3 = stats.runs
+    assert run1.fault.faults == ["r1: killed broker 0"] and run1.fault.at_s == 1.5
+    assert run1.fault.delivery_resumed_s.count == 1
+    assert run1.fault.delivery_resumed_s.max == pytest.approx(expected_s, rel=1e-9)
+    assert run1.fault.receivers_not_resumed == 0 and len(first_after) == 3
+    assert run3.fault is None and stats.points[1].fault is None
+    assert stats.points[0].fault.delivery_resumed_s.p50 == pytest.approx(expected_s, rel=1e-9)
+
+
+def test_a_receiver_cut_off_by_the_fault_is_counted(spark, dataset):
+    root, events, _ = dataset
+    last_sent = max(r["t_pub_ns"] - r["clock_offset_ns"] for r in events["r3"]
+                    if r["kind"] == "publish")
+    stats = compute_campaign_stats(
+        spark, events_path=root / "events", samples_path=root / "samples",
+        campaign={"id": CAMPAIGN},
+        runs=[RunInfo("r3", 0, {}, 0, "done", "mqtt-st", warmup_messages=WARMUP,
+                      fault_at_ns=last_sent, fault="killed broker 1")])
+    run = stats.runs[0]
+    # Nothing was sent after the fault: nobody resumed, and no resumption time is made up.
+    assert run.fault.receivers_not_resumed == 2
+    assert run.fault.delivery_resumed_s.count == 0 and run.fault.delivery_resumed_s.max is None

@@ -110,3 +110,28 @@ def test_a_wrong_token_does_not_log_in(served, browser):
     page.click("button[type=submit]")
     assert "not a valid user token" in page.inner_text("body")
     page.close()
+
+
+def test_cloud_edge_simulation_page_draws_figs_8_and_9_with_the_paper_beside(served, browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.add_cookies([{"name": "mqttbed_token", "value": served.user_token,
+                          "url": served.url}])
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(f"{served.url}/simulations/cloud-edge?seed=1&units=1000")
+    page.wait_for_function("document.querySelectorAll('.plot .main-svg').length >= 3")
+    plots = page.eval_on_selector_all(
+        ".plot", "divs => divs.map(d => ({id: d.id, names: (d.data || []).map(t => t.name)}))")
+    assert [p["id"] for p in plots] == ["plot-policies", "plot-threshold-sweep",
+                                        "plot-tq-sweep"]
+    assert "paper: historic ≈ baseline − 3.5 s" in plots[0]["names"]
+    assert "conservative (TQ 5 s)" in plots[2]["names"]
+    assert page.locator("#claims tbody tr").count() == 9 and errors == []
+    page.fill("input[name=seed]", "2")
+    page.click("button[type=submit]")
+    page.wait_for_url("**/simulations/cloud-edge?seed=2&units=1000")
+    assert "seed 2, 1000 units" in page.inner_text("h1")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "cloud-edge-simulation.png"), full_page=True)
+    context.close()

@@ -1,0 +1,453 @@
+"""The ``mqtt-st`` broker backend: K brokers that build a spanning tree (seed 001).
+
+Per run it deploys a :class:`~mqttbed.brokers.mqttst.cluster.Cluster` (K Mosquittos, each
+with its tree node) on consecutive free ports, waits until the tree has converged, and
+spreads the clients over the brokers as ``workload.placement`` says:
+
+- ``benchmark``: one plain Mosquitto, no tree (the paper's centralised broker);
+- ``distributed`` (the default): publisher i on broker i mod K, subscriber j on broker
+  j mod K;
+- ``locality``: every client on broker ``locality_broker``.
+
+``fail: {broker: root | <index>, at_s}`` kills that broker (its Mosquitto and its node,
+SIGKILL) at ``at_s`` after the run's start; its clients would lose their broker with it,
+so clients are placed on the other brokers only (``distributed`` over K - 1). The run
+then reports the fault (analytics measures when delivery resumed at every subscriber)
+and, from the nodes' state files, how long the tree took to re-converge.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import socket
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from mqttbed.brokers.base import Fault
+from mqttbed.brokers.mosquitto import MosquittoBackend
+from mqttbed.brokers.mosquitto import Options as MosquittoOptions
+from mqttbed.brokers.mosquitto import unavailable as mosquitto_unavailable
+from mqttbed.brokers.mqttst.cluster import Cluster, TreeOptions, topology_edges
+from mqttbed.brokers.mqttst.section import MqttSt
+from mqttbed.core.clock import monotonic_ns
+from mqttbed.core.errors import BackendError
+from mqttbed.core.host import Host, LocalHost
+from mqttbed.core.protocol import ClientAssignment, Endpoint, Role, Transport
+from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.sections import SectionRecords
+from mqttbed.instruments.resources import ProcessTreeSampler
+
+NODE_SOURCES = ("cluster.py", "node.py", "tree.py", "bpdu.py")
+PORT_RANGE = (20000, 40000)
+DEPLOY_ATTEMPTS = 3
+
+
+class Failure(BaseModel):
+    """Kill one broker of the tree during the run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    broker: Literal["root"] | int = Field(description="'root' (as elected) or an index")
+    at_s: float = Field(gt=0, le=3600, description="seconds after the run's start")
+
+
+class Options(BaseModel):
+    """The broker section of a campaign spec for the ``mqtt-st`` backend."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    backend: Literal["mqtt-st"] = "mqtt-st"
+    brokers: int = Field(3, ge=2, le=32, description="K, the brokers of the tree")
+    topology: str | list[tuple[int, int]] = Field(
+        "full-mesh", description="full-mesh, ring, chain, or edges such as '0-1,1-2'")
+    keepalive_s: float = Field(10.0, gt=0, le=3600,
+                               description="BPDU interval (the paper: 10 s)")
+    alpha: float | None = Field(None, description="C = alpha L + beta M; default: the nodes'")
+    beta: float | None = None
+    capabilities: dict[int, float] = Field(
+        default_factory=dict, description="C per broker index, overriding alpha L + beta M; "
+                                          "indexes >= brokers are left unused (one map "
+                                          "serves a sweep over brokers)")
+    locality_broker: int = Field(0, ge=0, description="where placement 'locality' puts "
+                                                      "every client")
+    fail: Failure | None = None
+    converge_timeout_s: float = Field(30.0, gt=0, le=600)
+    max_queued_messages: int = Field(1000, ge=0, description="per Mosquitto, as mosquitto's")
+    max_inflight_messages: int = Field(20, ge=0)
+    stats_interval_s: float = Field(0.2, gt=0)
+
+    @model_validator(mode="after")
+    def _indexes_in_range(self) -> Options:
+        topology_edges(self.topology, self.brokers)
+        bad = sorted(i for i, c in self.capabilities.items()
+                     if i < 0 or not math.isfinite(c) or c < 0)
+        if bad:
+            raise ValueError(f"capabilities[{bad[0]}] = {self.capabilities[bad[0]]!r}: an "
+                             f"index >= 0 and a finite capability >= 0")
+        if self.locality_broker >= self.brokers:
+            raise ValueError(f"locality_broker {self.locality_broker} is not one of the "
+                             f"brokers 0..{self.brokers - 1}")
+        if self.fail is not None and isinstance(self.fail.broker, int) and not (
+                0 <= self.fail.broker < self.brokers):
+            raise ValueError(f"fail.broker {self.fail.broker} is not one of the brokers "
+                             f"0..{self.brokers - 1}")
+        return self
+
+    def tree_options(self) -> TreeOptions:
+        extra = {k: v for k, v in (("alpha", self.alpha), ("beta", self.beta)) if v is not None}
+        used = {i: c for i, c in self.capabilities.items() if i < self.brokers}
+        return TreeOptions(keepalive_s=self.keepalive_s, capabilities=used or None, **extra)
+
+
+class MqttStBackend:
+    """K Mosquittos with tree nodes, clients spread over them, a broker killed on demand."""
+
+    name = "mqtt-st"
+    results_section = MqttSt
+    placements: ClassVar[tuple[str, ...]] = ("benchmark", "distributed", "locality")
+
+    def __init__(self) -> None:
+        self._placement = "distributed"
+        self._options: Options | None = None
+        self._cluster: Cluster | None = None
+        self._single: MosquittoBackend | None = None
+        self._endpoints: list[Endpoint] = []
+        self._serving: list[int] = []         # broker indexes clients are placed on
+        self._samplers: dict[str, ProcessTreeSampler] = {}
+        self._started_ns = 0
+        self._converged_ns: int | None = None
+        self._root: int | None = None
+        self._first_states: list[dict[str, Any] | None] = []
+        self._final_states: list[dict[str, Any] | None] = []
+        self._faults: list[Fault] = []
+        self._kill_index: int | None = None
+        self._fault_timer: threading.Thread | None = None
+        self._stop_timer = threading.Event()
+        self._fault_error: str | None = None
+        self._torn_down = False
+
+    # -- deploy -------------------------------------------------------------------------
+
+    def prepare(self, workload: Any) -> None:
+        """Take the run's placement (None: distributed)."""
+        self._placement = workload.placement or "distributed"
+
+    def deploy(self, spec: Options | Mapping[str, Any], host: Host) -> Endpoint:
+        if self._cluster is not None or self._single is not None or self._torn_down:
+            raise BackendError("this MqttStBackend was already deployed; create a new one "
+                               "per run (mqttbed.brokers.registry.create_backend)")
+        if not isinstance(host, LocalHost):
+            raise BackendError("the mqtt-st backend deploys its brokers on this machine only")
+        options = spec if isinstance(spec, Options) else Options.model_validate(spec)
+        self._options = options
+        try:
+            if self._placement == "benchmark":
+                self._single = MosquittoBackend()
+                endpoint = self._single.deploy(self._mosquitto_options(options), host)
+                self._endpoints, self._serving = [endpoint], [0]
+                return endpoint
+            self._start_cluster(options, host)
+        except BaseException:
+            self.teardown()
+            raise
+        return self._endpoints[self._serving[0]]
+
+    @staticmethod
+    def _mosquitto_options(options: Options) -> MosquittoOptions:
+        return MosquittoOptions(max_queued_messages=options.max_queued_messages,
+                                max_inflight_messages=options.max_inflight_messages,
+                                stats_interval_s=options.stats_interval_s)
+
+    def _start_cluster(self, options: Options, host: Host) -> None:
+        conf = (f"max_queued_messages {options.max_queued_messages}\n"
+                f"max_inflight_messages {options.max_inflight_messages}\n")
+        last: Exception | None = None
+        for _ in range(DEPLOY_ATTEMPTS):
+            port = _free_port_range(options.brokers)
+            self._workdir = host.make_dir("mqttbed-mqttst-")
+            cluster = Cluster(brokers=options.brokers, port=port, topology=options.topology,
+                              options=options.tree_options(), workdir=self._workdir,
+                              address=host.address, mosquitto_conf_extra=conf)
+            self._started_ns = monotonic_ns()
+            try:
+                cluster.start()
+            except OSError as exc:  # a port taken between the probe and the bind
+                cluster.stop()
+                last = exc
+                continue
+            self._cluster = cluster
+            break
+        else:
+            raise BackendError(f"mqtt-st: could not start {options.brokers} brokers on free "
+                               f"ports in {DEPLOY_ATTEMPTS} attempts: {last}")
+        self._root = self._cluster.wait_converged(options.converge_timeout_s)
+        self._converged_ns = monotonic_ns()
+        self._first_states = self._cluster.states()
+        self._endpoints = [Endpoint(host=h, port=p, transport=Transport.MQTT_TCP)
+                           for h, p in self._cluster.endpoints()]
+        if options.fail is not None:
+            self._kill_index = self._root if options.fail.broker == "root" else options.fail.broker
+        if self._placement == "locality":
+            if options.locality_broker == self._kill_index:
+                raise BackendError(f"fail.broker {self._kill_index} is the locality broker: "
+                                   "its clients would lose their broker with it; kill another")
+            self._serving = [options.locality_broker]
+        else:
+            self._serving = [i for i in range(options.brokers) if i != self._kill_index]
+        for name, pid in self._cluster.processes().items():
+            sampler = ProcessTreeSampler(pid, options.stats_interval_s)
+            sampler.start()
+            self._samplers[name] = sampler
+
+    def broker_of(self, client: ClientAssignment) -> Endpoint:
+        """The broker ``client`` uses under the run's placement."""
+        index = client.publisher_index if client.role == Role.PUBLISHER else client.subscribe_rank
+        return self._endpoints[self._serving[index % len(self._serving)]]
+
+    # -- the run ------------------------------------------------------------------------
+
+    def started(self, t_start_ns: int) -> None:
+        """Arm the failure, if the spec has one, at its time after ``t_start_ns``."""
+        options = self._options
+        if options is None or options.fail is None or self._cluster is None:
+            return
+        due_ns = t_start_ns + int(options.fail.at_s * 1e9)
+
+        def fail_then() -> None:
+            while not self._stop_timer.is_set():
+                left_ns = due_ns - monotonic_ns()
+                if left_ns <= 0:
+                    break
+                self._stop_timer.wait(min(left_ns / 1e9, 0.05))
+            if self._stop_timer.is_set() or self._cluster is None:
+                return
+            index = self._kill_index
+            assert index is not None
+            try:
+                at_ns = self._cluster.kill(index)
+            except Exception as exc:  # noqa: BLE001 - the run fails with this reason
+                self._fault_error = f"mqtt-st: killing broker {index} failed: {exc}"
+                return
+            role = " (the root)" if index == self._root else ""
+            self._faults.append(Fault(at_ns=at_ns, what=f"killed broker {index}{role}"))
+
+        self._fault_timer = threading.Thread(target=fail_then, name="mqtt-st-fault",
+                                             daemon=True)
+        self._fault_timer.start()
+
+    def faults(self) -> list[Fault]:
+        return list(self._faults)
+
+    def health(self) -> str | None:
+        if self._fault_error is not None:
+            return self._fault_error
+        if self._single is not None:
+            return self._single.health()
+        if self._cluster is None:
+            return "broker mqtt-st is not deployed"
+        if self._torn_down:
+            return "broker mqtt-st was torn down"
+        return self._cluster.health()
+
+    def stats(self) -> list[BrokerStatsSample]:
+        """The brokers' processes summed, sample by sample (a killed broker adds nothing
+        after it died, its cumulative bytes stay)."""
+        if self._single is not None:
+            return self._single.stats()
+        series = [sampler.samples for sampler in self._samplers.values()]
+        total: list[BrokerStatsSample] = []
+        for k in range(max((len(s) for s in series), default=0)):
+            alive = [s[k] for s in series if k < len(s)]
+            last = [s[min(k, len(s) - 1)] for s in series if s]
+            total.append(BrokerStatsSample(
+                t_ns=max(x.t_ns for x in alive), cpu_percent=sum(x.cpu_percent for x in alive),
+                rss_bytes=sum(x.rss_bytes for x in alive),
+                bytes_recv=sum(x.bytes_recv for x in last),
+                bytes_sent=sum(x.bytes_sent for x in last),
+                processes=sum(x.processes for x in alive)))
+        return total
+
+    def metadata(self) -> dict[str, Any]:
+        options = self._options or Options()
+        meta: dict[str, Any] = {
+            "backend": self.name,
+            "placement": self._placement,
+            "options": options.model_dump(mode="json"),
+            "serving_brokers": self._serving,
+            "limits": {"max_queued_messages": options.max_queued_messages,
+                       "max_inflight_messages": options.max_inflight_messages},
+            "node_sources_sha256": _sources_sha256(),
+        }
+        if self._single is not None:
+            meta["benchmark_broker"] = self._single.metadata()
+            return meta
+        meta |= {
+            "endpoints": [e.model_dump() for e in self._endpoints],
+            "edges": topology_edges(options.topology, options.brokers),
+            "root": self._root,
+            "convergence_s": (None if self._converged_ns is None
+                              else (self._converged_ns - self._started_ns) / 1e9),
+            "faults": [f.model_dump() for f in self._faults],
+            "states_at_convergence": self._first_states,
+            "states_at_end": self._final_states,
+        }
+        return meta
+
+    # -- teardown -----------------------------------------------------------------------
+
+    def section_records(self) -> SectionRecords:
+        if self._single is not None or self._options is None or not self._first_states:
+            return {}
+        options = self._options
+        records: SectionRecords = {
+            "brokers_deployed": [float(options.brokers)],
+            "root": [float(self._root)] if self._root is not None else [],
+            "convergence_s": [(self._converged_ns - self._started_ns) / 1e9]
+            if self._converged_ns is not None else [],
+            **{f"links.{role}": [float(n)] for role, n in link_counts(self._first_states).items()},
+            **signalling_records(self._final_states or self._first_states, options.keepalive_s),
+            **self._load_records(),
+        }
+        if self._faults:
+            after = reconvergence(self._final_states, self._faults[0].at_ns)
+            if after is not None:
+                root, seconds = after
+                records["root_after_failure"] = [float(root)]
+                records["reconvergence_s"] = [seconds]
+        return {name: values for name, values in records.items() if values}
+
+    def _load_records(self) -> SectionRecords:
+        """Per broker: CPU of its Mosquitto + node (and the node alone), their RSS."""
+        records: SectionRecords = {}
+        by_broker: dict[str, dict[str, list[BrokerStatsSample]]] = {}
+        for name, sampler in self._samplers.items():
+            kind, _, index = name.rpartition("-")
+            by_broker.setdefault(index, {})[kind] = sampler.samples
+        for index, kinds in sorted(by_broker.items()):
+            cpu = [sum(s.cpu_percent for s in samples) / len(samples)
+                   for samples in kinds.values() if samples]
+            rss = [max(s.rss_bytes for s in samples) for samples in kinds.values() if samples]
+            node = kinds.get("node") or []
+            if cpu:
+                records[f"brokers.{index}.cpu_percent_mean"] = [sum(cpu)]
+                records[f"brokers.{index}.rss_bytes_max"] = [float(sum(rss))]
+            if node:
+                records[f"brokers.{index}.node_cpu_percent_mean"] = [
+                    sum(s.cpu_percent for s in node) / len(node)]
+        return records
+
+    def teardown(self) -> None:
+        if self._torn_down:
+            return
+        self._torn_down = True
+        self._stop_timer.set()
+        if self._fault_timer is not None:
+            self._fault_timer.join(timeout=5)
+        for sampler in self._samplers.values():
+            sampler.stop()
+        if self._cluster is not None:
+            self._final_states = self._cluster.states()
+            self._cluster.stop()
+        if self._single is not None:
+            self._single.teardown()
+        workdir = getattr(self, "_workdir", None)
+        if workdir is not None:
+            import shutil
+
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+# -- reading the nodes' state files ------------------------------------------------------
+
+
+def link_counts(states: list[dict[str, Any] | None]) -> dict[str, int]:
+    """Links by role, each counted once: root (some node's root link), designated (the
+    parent end of an active link), blocked (blocked at either end)."""
+    roles: dict[frozenset[int], list[str]] = {}
+    for state in states:
+        if state is None:
+            continue
+        for link in state["links"]:
+            roles.setdefault(frozenset((state["index"], link["peer"])), []).append(link["role"])
+    counts = {"root": 0, "designated": 0, "blocked": 0}
+    for ends in roles.values():
+        if "blocked" in ends:
+            counts["blocked"] += 1
+        else:
+            counts["root"] += "root" in ends
+            counts["designated"] += "designated" in ends
+    return counts
+
+
+def signalling_records(states: list[dict[str, Any] | None], keepalive_s: float
+                       ) -> SectionRecords:
+    """BPDU bytes all nodes sent per keep-alive over their lifetime, and PINGREQ sizes."""
+    live = [s for s in states if s is not None]
+    if not live:
+        return {}
+    sent = sum(s["counters"]["signalling_bytes_sent"] for s in live)
+    lifetime_s = max(s["uptime_s"] for s in live)
+    first = live[0]["pingreq_bytes"]
+    return {"signalling_bytes_per_keepalive": [sent / (lifetime_s / keepalive_s)]
+            if lifetime_s > 0 else [],
+            "pingreq_bytes_plain": [float(first["plain"])],
+            "pingreq_bytes_mqtt_st": [float(first["mqtt_st"])],
+            "forwarded": [float(sum(s["counters"]["forwarded"] for s in live))],
+            "discarded_blocked": [float(sum(s["counters"]["discarded_blocked"] for s in live))],
+            "deduplicated": [float(sum(s["counters"]["deduplicated"] for s in live))]}
+
+
+def reconvergence(states: list[dict[str, Any] | None], kill_ns: int
+                  ) -> tuple[int, float] | None:
+    """(new root, seconds from the kill until the last live node settled on it), from
+    the nodes' histories; None if the live nodes never agreed after the kill."""
+    live = [s for s in states if s is not None]
+    roots = {s["root"] for s in live}
+    if not live or len(roots) != 1:
+        return None
+    (root,) = roots
+    settled = []
+    for state in live:
+        # the node's last change of tree state after the kill is when it settled
+        after = [h["t_ns"] for h in state["history"] if h["t_ns"] >= kill_ns]
+        settled.append(max(after) if after else kill_ns)
+    return root, (max(settled) - kill_ns) / 1e9
+
+
+def _free_port_range(count: int) -> int:
+    """A base port P with P..P+count-1 free on loopback right now (bound, then released)."""
+    import random
+
+    for _ in range(200):
+        base = random.randrange(PORT_RANGE[0], PORT_RANGE[1] - 2 * count)
+        probes = []
+        try:
+            for port in range(base, base + 2 * count):  # client ports and link ports
+                probe = socket.socket()
+                probes.append(probe)
+                probe.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+    raise BackendError(f"no {count} consecutive free ports in {PORT_RANGE}")
+
+
+def _sources_sha256() -> str:
+    digest = hashlib.sha256()
+    here = Path(__file__).parent
+    for name in NODE_SOURCES:
+        path = here / name
+        if path.exists():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def unavailable() -> str | None:
+    """Why the mqtt-st backend cannot deploy here: it needs Mosquitto."""
+    return mosquitto_unavailable()
