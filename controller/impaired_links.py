@@ -150,7 +150,8 @@ class ImpairedLinks:
                 "proxy": None if path is None or path.port is None
                 else f"{ROOT_ADDRESS}:{path.port}",
                 "commands": [] if path is None else path.commands,
-                **({"proxy_stats": path.proxy_stats() if path else None}
+                **({"proxy_stats": path.proxy_stats() if path else None,
+                    "packets_dropped": path.packets_dropped() if path else None}
                    if with_proxy_stats else {})}
         return {"mechanism": None if self.mechanism is None else MECHANISMS[self.mechanism],
                 "netem_available": self._netem,

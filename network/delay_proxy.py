@@ -35,6 +35,7 @@ import random
 import select
 import signal
 import socket
+import struct
 import sys
 import threading
 from pathlib import Path
@@ -47,6 +48,8 @@ MAX_DATAGRAM = 65_535
 MAX_QUEUED_BYTES = 16 << 20    # per direction: stop reading (TCP backpressure) past this
 LATENESS_SAMPLES = 200_000     # kept for the percentiles; older ones are dropped
 PR_SET_TIMERSLACK = 29
+TCP_INFO_BYTES = 104
+TCPI_TOTAL_RETRANS_OFFSET = 100  # after 8 one-byte fields and 23 32-bit ones
 PROXY_NICE = -10
 
 
@@ -94,6 +97,41 @@ class Lateness:
 
         return {"releases": self.releases, "bytes": self.bytes, "lateness_p50_us": pct(0.5),
                 "lateness_p99_us": pct(0.99), "lateness_max_us": pct(1.0)}
+
+
+class Retransmits:
+    """Segments the kernel sent again towards the clients (TCP_INFO), over all connections.
+
+    What link loss does to a TCP path: a dropped segment is sent again, not lost.
+    """
+
+    def __init__(self) -> None:
+        self._live: set[socket.socket] = set()
+        self._closed = 0
+        self._lock = threading.Lock()
+
+    def track(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._live.add(sock)
+
+    def closing(self, sock: socket.socket) -> None:
+        """Keep the count of ``sock``, about to be closed."""
+        with self._lock:
+            self._live.discard(sock)
+            self._closed += _total_retrans(sock)
+
+    def total(self) -> int:
+        with self._lock:
+            return self._closed + sum(_total_retrans(sock) for sock in self._live)
+
+
+def _total_retrans(sock: socket.socket) -> int:
+    """``tcpi_total_retrans`` of struct tcp_info (linux/tcp.h); 0 once the socket is gone."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_BYTES)
+    except OSError:
+        return 0
+    return struct.unpack_from("I", info, TCPI_TOTAL_RETRANS_OFFSET)[0]
 
 
 def _nodelay(sock: socket.socket) -> socket.socket:
@@ -155,8 +193,10 @@ class TcpConnection:
     """One relayed client: its own upstream connection, one thread per direction."""
 
     def __init__(self, client: socket.socket, server: socket.socket, schedule: Schedule,
-                 lateness: Lateness):
+                 lateness: Lateness, retransmits: Retransmits):
         self._sockets = (client, server)
+        self._retransmits = retransmits
+        retransmits.track(client)
         self._running = 2
         self._lock = threading.Lock()
         for source, sink in ((client, server), (server, client)):
@@ -169,12 +209,13 @@ class TcpConnection:
             self._running -= 1
             last = self._running == 0
         if last:
+            self._retransmits.closing(self._sockets[0])
             for sock in self._sockets:
                 sock.close()
 
 
 def serve_tcp(listener: socket.socket, upstream: tuple[str, int], schedule: Schedule,
-              lateness: Lateness) -> None:
+              lateness: Lateness, retransmits: Retransmits) -> None:
     """Accept clients forever, each relayed on its own upstream connection."""
     while True:
         client, _ = listener.accept()
@@ -184,7 +225,7 @@ def serve_tcp(listener: socket.socket, upstream: tuple[str, int], schedule: Sche
         except OSError:
             client.close()
             continue
-        TcpConnection(_nodelay(client), server, schedule, lateness)
+        TcpConnection(_nodelay(client), server, schedule, lateness, retransmits)
 
 
 class UdpRelay:
@@ -284,9 +325,20 @@ def main(argv: list[str] | None = None) -> int:
         listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         listener.bind((host, port))
 
+    upstream = _parse_address(args.upstream)
+    retransmits = Retransmits() if args.transport == "tcp" else None
+
+    def relay() -> None:
+        if retransmits is not None:
+            serve_tcp(listener, upstream, schedule, lateness, retransmits)
+        else:
+            UdpRelay(listener, upstream, schedule, lateness).serve()
+
     def write_stats(*_: object) -> None:
-        _write_json(args.stats_file, {"transport": args.transport, "delay_ms": args.delay_ms,
-                                      "jitter_ms": args.jitter_ms, **lateness.summary()})
+        _write_json(args.stats_file, {
+            "transport": args.transport, "delay_ms": args.delay_ms,
+            "jitter_ms": args.jitter_ms, **lateness.summary(),
+            "tcp_retransmits_to_clients": None if retransmits is None else retransmits.total()})
 
     def stop(*_: object) -> None:
         write_stats()
@@ -294,14 +346,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGUSR1, write_stats)
     signal.signal(signal.SIGTERM, stop)
-    upstream = _parse_address(args.upstream)
-    if args.transport == "tcp":
-        target = serve_tcp
-    else:
-        def target(*a: Any) -> None:
-            UdpRelay(*a).serve()
-    threading.Thread(target=target, args=(listener, upstream, schedule, lateness),
-                     name="relay", daemon=True).start()
+    threading.Thread(target=relay, name="relay", daemon=True).start()
     bound = listener.getsockname()
     _write_json(args.ready_file, {"host": bound[0], "port": bound[1], "pid": os.getpid()})
     threading.Event().wait()  # signals arrive on this (the main) thread

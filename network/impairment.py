@@ -178,6 +178,19 @@ class ImpairedPath:
             self.commands.append(" ".join(argv))
             run(["ip", "netns", "exec", self.host.netns, *argv])
 
+    def packets_dropped(self) -> dict[str, int] | None:
+        """Packets the iptables rules dropped so far, upstream and downstream (None: none
+        set: no loss, or netem drops)."""
+        if not any(c.startswith("iptables") for c in self.commands):
+            return None
+        dropped = {}
+        for chain, direction in (("OUTPUT", "upstream"), ("INPUT", "downstream")):
+            listing = run(["ip", "netns", "exec", self.host.netns, "iptables", "-w", "-L",
+                           chain, "-v", "-x", "-n"], check=False)
+            dropped[direction] = sum(int(line.split()[0]) for line in listing.splitlines()
+                                     if "statistic" in line and "DROP" in line)
+        return dropped
+
     def _tc(self, netns: str | None, *args: str) -> None:
         self.commands.append(" ".join(("tc", *args)) + (f"  (in {netns})" if netns else ""))
         tc(*args, netns=netns)
