@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import itertools
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -216,6 +217,54 @@ class ReportOptions(_Strict):
     source: str = Field("", description="where the reference figures come from")
 
 
+CLIENT_GROUPS = ("publishers", "subscribers")
+CLIENT_NAME = re.compile(r"(pub|sub)-(0|[1-9][0-9]*)")
+IMPAIRMENT_PATH = "network.impairments."
+
+
+class Impairment(_Strict):
+    """What the link of a group of clients does to its packets, in each direction on its own.
+
+    Delay is one way: 50 ms adds 50 ms upstream and 50 ms downstream (a round trip gains
+    100 ms), as on a link with that delay; loss drops that share of the packets each way.
+    """
+
+    group: str = Field(description="publishers, subscribers, or one client by name "
+                                   "(pub-0, sub-3); a named client leaves its role's group")
+    delay_ms: float = Field(0.0, ge=0, le=60_000, description="one way, in each direction")
+    jitter_ms: float = Field(0.0, ge=0, le=60_000,
+                             description="each packet's delay drawn in delay ± jitter (≥ 0)")
+    loss_percent: float = Field(0.0, ge=0, le=100, description="of the packets, each direction")
+    rate_kbit: int | None = Field(None, gt=0, le=100_000_000,
+                                  description="rate cap in kbit/s, each direction; none: no cap")
+
+    @field_validator("group")
+    @classmethod
+    def _known_group(cls, group: str) -> str:
+        if group not in CLIENT_GROUPS and not CLIENT_NAME.fullmatch(group):
+            raise ValueError("a group is publishers, subscribers, or a client name such as "
+                             "pub-0 or sub-3")
+        return group
+
+
+class Network(_Strict):
+    """The network between the clients and the broker (default: none in the way)."""
+
+    impairments: list[Impairment] = Field(
+        default_factory=list, description="impaired links, one per group of clients")
+    mechanism: Literal["auto", "user-space", "netem"] = Field(
+        "auto", description="auto: netem where the kernel has it, else a user-space delay "
+                            "proxy with htb and iptables drops")
+
+    @field_validator("impairments")
+    @classmethod
+    def _one_impairment_per_group(cls, impairments: list[Impairment]) -> list[Impairment]:
+        groups = [i.group for i in impairments]
+        if repeated := sorted({g for g in groups if groups.count(g) > 1}):
+            raise ValueError(f"group {', '.join(repeated)} is impaired twice; merge the entries")
+        return impairments
+
+
 class CampaignSpec(_Strict):
     """A whole campaign: base settings, the sweep over them, and repetitions."""
 
@@ -226,6 +275,7 @@ class CampaignSpec(_Strict):
     agents: Agents = Field(default_factory=Agents)
     timing: Timing = Field(default_factory=Timing)
     measurement: Measurement = Field(default_factory=Measurement)
+    network: Network = Field(default_factory=Network)
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
     repetitions: int = Field(1, ge=1, le=10_000)
     report: ReportOptions = Field(default_factory=ReportOptions)
@@ -272,9 +322,25 @@ class CampaignSpec(_Strict):
             raise ValueError(f"scenario names repeat: {names}")
         return scenarios
 
+    @model_validator(mode="after")
+    def _impaired_clients_exist(self) -> CampaignSpec:
+        for n, impairment in enumerate(self.network.impairments):
+            if match := CLIENT_NAME.fullmatch(impairment.group):
+                role, index = match[1], int(match[2])
+                count = self.workload.publishers if role == "pub" else self.workload.subscribers
+                if index >= count:
+                    raise ValueError(f"network.impairments.{n}.group: no client "
+                                     f"{impairment.group!r}: the workload has {count} "
+                                     f"{'publishers' if role == 'pub' else 'subscribers'}")
+        return self
+
 
 def _check_override_path(path: str, what: str) -> None:
-    """Raise ValueError unless ``path`` is a 'section.field' the spec has."""
+    """Raise ValueError unless ``path`` is a 'section.field' the spec has, or
+    'network.impairments.GROUP.FIELD' (one field of one group's impairment)."""
+    if path.startswith(IMPAIRMENT_PATH):
+        _impairment_target(path, what)
+        return
     section, _, field = path.partition(".")
     if section in ("sweep", "scenarios", "repetitions", "name", "description", "report"):
         raise ValueError(f"{what} {path!r}: {section} cannot be overridden")
@@ -286,6 +352,32 @@ def _check_override_path(path: str, what: str) -> None:
     if section != "broker" and field not in fields:
         raise ValueError(f"{what} {path!r}: {section} has no field {field!r} "
                          f"(fields: {', '.join(fields)})")
+
+
+def _impairment_target(path: str, what: str) -> tuple[str, str]:
+    """The (group, field) of an override path 'network.impairments.GROUP.FIELD'."""
+    group, _, field = path.removeprefix(IMPAIRMENT_PATH).partition(".")
+    fields = [name for name in Impairment.model_fields if name != "group"]
+    if field not in fields or (group not in CLIENT_GROUPS and not CLIENT_NAME.fullmatch(group)):
+        raise ValueError(f"{what} {path!r}: use {IMPAIRMENT_PATH}GROUP.FIELD with GROUP "
+                         f"publishers, subscribers or a client (sub-0) and FIELD one of "
+                         f"{', '.join(fields)}")
+    return group, field
+
+
+def _apply_override(data: dict[str, Any], path: str, value: Any) -> None:
+    """Set ``path`` to ``value`` in a spec's dict; an impairment path adds its group."""
+    if path.startswith(IMPAIRMENT_PATH):
+        group, field = _impairment_target(path, "override")
+        impairments = data["network"]["impairments"]
+        entry = next((i for i in impairments if i["group"] == group), None)
+        if entry is None:
+            entry = {"group": group}
+            impairments.append(entry)
+        entry[field] = value
+        return
+    section, _, field = path.partition(".")
+    data[section][field] = value
 
 
 class SweepPoint(BaseModel):
@@ -369,8 +461,7 @@ def expand_points(spec: CampaignSpec) -> list[SweepPoint]:
         overrides.update(zip(keys, combo, strict=True))
         data = copy.deepcopy(base)
         for key, value in overrides.items():
-            section, _, field = key.partition(".")
-            data[section][field] = value
+            _apply_override(data, key, value)
         if backend_varies:
             # options of one backend do not carry over to another
             data["broker"] = {k: v for k, v in data["broker"].items()

@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from mqttbed.campaigns.spec import CampaignSpec
 from mqttbed.core.events import publisher_client_id, subscriber_client_id
 from mqttbed.core.protocol import Assignment, ClientAssignment, Endpoint, Role
 
 FIRST_GPIO_PIN = 2  # BCM 2 is the first general-purpose line on a Raspberry Pi header
+
+
+@dataclass(frozen=True)
+class ClientPlacement:
+    """Which agent plays each client, and where each agent reaches the broker.
+
+    For runs whose clients do not all share one path to the broker (impaired groups):
+    ``agent_of`` maps client id to agent index; ``endpoints[i]`` is agent i's way to the
+    broker, None for the broker's own endpoint.
+    """
+
+    agent_of: dict[str, int]
+    endpoints: list[Endpoint | None]
 
 
 def run_window_ns(spec: CampaignSpec) -> int:
@@ -40,6 +54,11 @@ def agent_roles(spec: CampaignSpec, agents: int) -> list[frozenset[str]]:
     return [frozenset(r) for r in roles]
 
 
+def client_ids(spec: CampaignSpec) -> list[str]:
+    """Every client's id, publishers first (the order agents are dealt them in)."""
+    return [client.client_id for client in _clients(spec)]
+
+
 def _clients(spec: CampaignSpec) -> list[ClientAssignment]:
     """Every client of the run, publishers first (the order agents are dealt them in)."""
     w = spec.workload
@@ -62,22 +81,27 @@ def _clients(spec: CampaignSpec) -> list[ClientAssignment]:
 
 def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint: Endpoint,
                      agent_ids: list[str],
-                     broker_of: Callable[[ClientAssignment], Endpoint] | None = None
-                     ) -> dict[str, Assignment]:
-    """Spread the run's clients round-robin over the agents (publishers first).
+                     broker_of: Callable[[ClientAssignment], Endpoint] | None = None,
+                     placement: ClientPlacement | None = None) -> dict[str, Assignment]:
+    """Spread the run's clients round-robin over the agents (publishers first), or as
+    ``placement`` says.
 
     ``broker_of`` gives each client its own broker (a backend that deploys several);
-    without it every client uses ``endpoint``.
+    without it every client uses ``endpoint``, or its agent's in ``placement``.
     """
     window_ns = run_window_ns(spec)
     per_agent: dict[str, list[ClientAssignment]] = {a: [] for a in agent_ids}
+    broker = dict.fromkeys(agent_ids, endpoint)
+    if placement is not None:
+        broker.update({agent_ids[i]: e for i, e in enumerate(placement.endpoints) if e})
     for n, client in enumerate(_clients(spec)):
-        agent = agent_ids[n % len(agent_ids)]
+        index = n % len(agent_ids) if placement is None else placement.agent_of[client.client_id]
+        agent = agent_ids[index]
         update = {"gpio_pin": FIRST_GPIO_PIN + len(per_agent[agent])}
         if broker_of is not None:
             update["broker"] = broker_of(client)
         per_agent[agent].append(client.model_copy(update=update))
-    return {agent: Assignment(run_id=run_id, campaign_id=campaign_id, broker=endpoint,
+    return {agent: Assignment(run_id=run_id, campaign_id=campaign_id, broker=broker[agent],
                               clients=mine, window_ns=window_ns, drain_s=spec.timing.drain_s,
                               connect_timeout_s=spec.timing.setup_timeout_s,
                               force_clock_probe=spec.agents.force_clock_probe,
