@@ -186,7 +186,7 @@ def _point_entry(point_index: int, runs: list[RunInfo], inputs: _Inputs) -> dict
         "runs": len(done),
         "runs_failed": len(runs) - len(done),
         "run_ids": [run.run_id for run in done],
-        **_level_figures(inputs, (POINT_LEVEL, str(point_index)), done),
+        **_level_figures(inputs, (POINT_LEVEL, str(point_index)), done, runs[0].streams),
         "clock_flagged_runs": flagged,
     }
     _add_intervals(entry, done, inputs.figures.sketches, lambda run_id, figure: (run_id, figure))
@@ -222,14 +222,16 @@ def _run_entry(run: RunInfo, inputs: _Inputs) -> dict[str, Any]:
         "state": run.state,
         "reason": run.reason,
         "warmup_messages": run.warmup_messages,
-        **_level_figures(inputs, (RUN_LEVEL, run.run_id), [run]),
+        **_level_figures(inputs, (RUN_LEVEL, run.run_id), [run], run.streams),
         "clock": _clock_entry(run, inputs.uncertainty.get(run.run_id),
                               _spread_p50(inputs, run)),
     }
 
 
-def _level_figures(inputs: _Inputs, level: LevelKey, runs: list[RunInfo]) -> dict[str, Any]:
-    """The figures of one run or point; zero counts and None where there is no data."""
+def _level_figures(inputs: _Inputs, level: LevelKey, runs: list[RunInfo],
+                   streams: tuple[StreamInfo, ...]) -> dict[str, Any]:
+    """The figures of one run or point (of ``runs`` pooled, with the ``streams`` of its
+    message mix); zero counts and None where there is no data."""
     figures = inputs.figures
     counts = figures.counts.get(level, {})
 
@@ -275,8 +277,7 @@ def _level_figures(inputs: _Inputs, level: LevelKey, runs: list[RunInfo]) -> dic
         "fault": _fault_entry(runs, count("receivers_not_resumed"),
                               distribution("delivery_resumed_s")),
         "sections": build_sections(inputs.sections, level, inputs.section_types),
-        "streams": {stream.name: _stream_entry(figures, level, stream)
-                    for stream in (runs[0].streams if runs else ())},
+        "streams": {stream.name: _stream_entry(figures, level, stream) for stream in streams},
     }
     return entry
 
