@@ -98,5 +98,14 @@ def test_a_two_stream_mix_is_measured_and_reported_per_stream(tmp_path):
     assert warmup == {("pub-0", k) for k in range(10)} | {
         (p, k) for p in ("pub-1", "pub-2") for k in range(2)}
 
+    # the report: a table row and a CDF per stream
+    report = tmp_path / "report.html"
+    made = subprocess.run([str(cli), "report", "latest", "--data-dir", str(data_dir),
+                           "--out", str(report)], capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr[-3000:]
+    html = report.read_text()
+    assert 'id="streams"' in html and html.count("<td class=\"l\">mix/") == 2
+    assert "plot-stream-latency-cdf" in html and "small, 100 B" in html
+
     after = processes_matching("mqttbed.agents") | processes_matching("mosquitto")
     assert after <= before
