@@ -12,7 +12,6 @@ import pytest
 
 from mqttbed.agents.gpio import VirtualGpio
 from mqttbed.agents.mqtt_session import UDP_MAX_PAYLOAD, MqttSession
-from mqttbed.brokers.mosquitto import MosquittoBackend, Options
 from mqttbed.campaigns.spec import expand_points, load_spec, parse_spec
 from mqttbed.controller.assignments import (
     agents_needed,
@@ -23,7 +22,6 @@ from mqttbed.controller.assignments import (
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.errors import SpecError
 from mqttbed.core.events import decode_payload
-from mqttbed.core.host import LocalHost
 from mqttbed.core.protocol import (
     ClientAssignment,
     Endpoint,
@@ -220,14 +218,6 @@ def test_a_single_stream_workload_is_assigned_as_before():
 
 
 # -- the agent's session ---------------------------------------------------------------------
-
-
-@pytest.fixture
-def broker():
-    backend = MosquittoBackend()
-    endpoint = backend.deploy(Options(), LocalHost())
-    yield endpoint
-    backend.teardown()
 
 
 def test_a_session_carries_100_byte_and_1_mb_messages_side_by_side(broker):

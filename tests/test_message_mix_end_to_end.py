@@ -4,17 +4,15 @@ real Spark; the results break delivery and latency down per stream, exactly."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
-import yaml
 
 from mqttbed.analytics.results_files import read_stats_parquet
-from tests.test_spine_end_to_end import processes_matching
+from tests.test_spine_end_to_end import processes_matching, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -33,17 +31,9 @@ SPEC = {
 
 
 def test_a_two_stream_mix_is_measured_and_reported_per_stream(tmp_path):
-    spec_path = tmp_path / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump(SPEC))
     data_dir = tmp_path / "data"
     before = processes_matching("mqttbed.agents") | processes_matching("mosquitto")
-    cli = Path(sys.executable).with_name("mqttbed")
-    done = subprocess.run([str(cli), "run", str(spec_path), "--data-dir", str(data_dir)],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "COLUMNS": "200"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    stats_line = next(line for line in done.stdout.splitlines() if line.startswith("stats:"))
-    stats_path = Path(stats_line.split(":", 1)[1].strip())
+    done, stats_path = run_cli(SPEC, tmp_path)
     stats = json.loads(stats_path.read_text())
 
     # the whole run: both streams' measured messages, every one to every subscriber
@@ -100,6 +90,7 @@ def test_a_two_stream_mix_is_measured_and_reported_per_stream(tmp_path):
 
     # the report: a table row and a CDF per stream
     report = tmp_path / "report.html"
+    cli = Path(sys.executable).with_name("mqttbed")
     made = subprocess.run([str(cli), "report", "latest", "--data-dir", str(data_dir),
                            "--out", str(report)], capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr[-3000:]
