@@ -44,6 +44,19 @@ def controller(tmp_path, updates) -> Iterator[Controller]:
         yield ctl
 
 
+@pytest.fixture
+def broker():
+    """A Mosquitto on this machine for one test: its endpoint (test modules of other
+    brokers define their own ``broker``)."""
+    from mqttbed.brokers.mosquitto import MosquittoBackend, Options
+    from mqttbed.core.host import LocalHost
+
+    backend = MosquittoBackend()
+    endpoint = backend.deploy(Options(), LocalHost())
+    yield endpoint
+    backend.teardown()
+
+
 @pytest.fixture(scope="session")
 def spark():
     from mqttbed.analytics.spark import get_spark, stop_spark
