@@ -21,10 +21,13 @@ LOCAL_COMMAND = (sys.executable, "-m", "mqttbed.agents")
 
 @dataclass(frozen=True)
 class Site:
-    """Where one agent runs: its host, and the argv prefix that starts the agent there."""
+    """Where one agent runs: its host, the argv prefix that starts the agent there, and
+    the controller's URL as seen from there when it differs from the pool's (a host in a
+    network namespace reaches it through a relay)."""
 
     host: Host
     command: tuple[str, ...] = field(default=LOCAL_COMMAND)
+    controller_url: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # over the pool's, for this site
 
 
@@ -41,7 +44,8 @@ class AgentPool:
         self.hosts = {name: site.host.name for name, site in zip(self.names, sites, strict=True)}
         try:
             for name, site in zip(self.names, sites, strict=True):
-                argv = [*site.command, "--controller", controller_url, "--name", name,
+                argv = [*site.command, "--controller", site.controller_url or controller_url,
+                        "--name", name,
                         "--gpio", gpio, "--gpio-chip", gpio_chip]
                 # The token goes through the environment: argv is world-readable in ps.
                 self.processes[name] = site.host.spawn(

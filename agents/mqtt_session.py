@@ -36,7 +36,9 @@ from mqttbed.core.events import (
     encode_payload,
     publisher_client_id,
 )
-from mqttbed.core.mqtt_codec import Publish
+from mqttbed.core.mqtt_codec import Publish, encode_publish
+from mqttbed.core.mqttsn import Publish as SnPublish
+from mqttbed.core.mqttsn import encode as encode_sn
 from mqttbed.core.protocol import ClientAssignment, Endpoint, Role, Transport
 
 # (kind, publisher, seq, receiver, topic, payload_bytes, qos, warmup,
@@ -46,6 +48,7 @@ RawEvent = tuple[str, str | None, int | None, str | None, str, int, int, bool,
                  int | None, int | None, int | None]
 
 KEEPALIVE_S = 30
+UDP_MAX_PAYLOAD = 65_507  # IPv4: 65,535 - 20 (IP header) - 8 (UDP header)
 SN_RECEIVE_BUFFER_BYTES = 1 << 20
 
 
@@ -77,6 +80,16 @@ class _Client:
     acked: int = 0
     received: set[tuple[int, int]] = field(default_factory=set)
     failure: str | None = None
+    subscribing: str = ""  # the topic whose SUBACK a subscriber waits for
+    # (first publisher index, end, warm-up messages) per stream of a message mix
+    warmup_ranges: tuple[tuple[int, int, int], ...] = ()
+
+    def warmup_of(self, publisher_index: int) -> int:
+        """How many of a publisher's first messages are warm-up for this subscriber."""
+        for first, end, warmup in self.warmup_ranges:
+            if first <= publisher_index < end:
+                return warmup
+        return self.spec.warmup_messages
 
     @property
     def paho(self) -> ClientConnection:
@@ -84,8 +97,25 @@ class _Client:
         return self.conn
 
 
+def _datagram_overhead(transport: Transport, topic: str, qos: int) -> int:
+    """Bytes a PUBLISH datagram adds to a large payload (beyond 16 KiB) on a UDP transport."""
+    probe = bytes(20_000)
+    if transport == Transport.MQTT_UDP:
+        return len(encode_publish(topic, probe)) - len(probe)
+    return len(encode_sn(SnPublish(1, 1 if qos else 0, probe, qos))) - len(probe)
+
+
 def _check_transport(spec: ClientAssignment, endpoint: Endpoint) -> None:
-    """Refuse a QoS the client's transport cannot carry, naming the client and the fix."""
+    """Refuse a QoS or a payload the client's transport cannot carry, naming the client
+    and the fix."""
+    if spec.role == Role.PUBLISHER and endpoint.transport != Transport.MQTT_TCP:
+        # One PUBLISH per datagram, and a datagram ends at UDP's limit.
+        most = UDP_MAX_PAYLOAD - _datagram_overhead(endpoint.transport, spec.topic, spec.qos)
+        if spec.payload_bytes > most:
+            raise ValueError(f"transport {endpoint.transport} carries one PUBLISH per UDP "
+                             f"datagram (at most {UDP_MAX_PAYLOAD} bytes); {spec.client_id} "
+                             f"publishes {spec.payload_bytes}-byte payloads on "
+                             f"{spec.topic!r}: set its payload_bytes to at most {most}")
     if endpoint.transport == Transport.MQTT_SN_UDP and spec.qos not in (0, 1):
         raise ValueError(f"transport mqtt-sn-udp carries QoS 0 and 1 here (the gateway has "
                          f"no QoS 2); {spec.client_id} asks for QoS {spec.qos}: set "
@@ -94,6 +124,11 @@ def _check_transport(spec: ClientAssignment, endpoint: Endpoint) -> None:
         raise ValueError(f"transport mqtt-udp carries QoS 0 only (the FPGA broker has no "
                          f"QoS 1/2); {spec.client_id} asks for QoS {spec.qos}: set "
                          f"workload.qos to 0")
+
+
+def _warmup_ranges(spec: ClientAssignment) -> tuple[tuple[int, int, int], ...]:
+    return tuple((s.first_publisher, s.first_publisher + s.publishers, s.warmup_messages)
+                 for s in spec.streams)
 
 
 class MqttSession:
@@ -136,7 +171,7 @@ class MqttSession:
             return self._make_udp_client(spec)
         paho = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=spec.client_id,
                            protocol=mqtt.MQTTv311, clean_session=True)
-        client = _Client(spec=spec, conn=paho)
+        client = _Client(spec=spec, conn=paho, warmup_ranges=_warmup_ranges(spec))
         paho.on_socket_open = _set_nodelay
         paho.on_connect = lambda _c, _u, _f, rc, _p: self._on_connect(
             client, f"CONNACK refused: {rc}" if rc.is_failure else None)
@@ -172,7 +207,7 @@ class MqttSession:
                 client, [f"return code {code:#04x}" for code in codes if code == 0x80]),
             on_message=lambda msg: self._on_message(client, msg),
             on_failure=on_failure)
-        client = _Client(spec=spec, conn=udp)
+        client = _Client(spec=spec, conn=udp, warmup_ranges=_warmup_ranges(spec))
         return client
 
     def connect(self, timeout_s: float) -> None:
@@ -200,7 +235,8 @@ class MqttSession:
         """Subscribe the subscribers of ``ranks`` (default: all), one at a time, in order.
 
         Each SUBSCRIBE leaves only once the one before holds its SUBACK, so the broker
-        sees them in this order. Raises RuntimeError when a SUBACK does not come.
+        sees them in this order; a subscriber of several topics (a message mix) sends one
+        SUBSCRIBE per topic the same way. Raises RuntimeError when a SUBACK does not come.
         """
         by_rank = {c.spec.subscribe_rank: c for c in self._clients
                    if c.spec.role == Role.SUBSCRIBER}
@@ -209,10 +245,12 @@ class MqttSession:
             client = by_rank.get(rank)
             if client is None:
                 raise RuntimeError(f"no subscriber of rank {rank} in this session")
-            client.conn.subscribe(client.spec.topic, qos=client.spec.qos)
-            while not client.subscribed:
-                self._check_deadline(deadline, "SUBACK")
-                self.pump(0.05)
+            for topic, qos in client.spec.subscriptions():
+                client.subscribed, client.subscribing = False, topic
+                client.conn.subscribe(topic, qos=qos)
+                while not client.subscribed:
+                    self._check_deadline(deadline, "SUBACK")
+                    self.pump(0.05)
 
     def wake(self) -> None:
         """Make a pump() blocked in another thread return now (after setting an event)."""
@@ -264,12 +302,14 @@ class MqttSession:
 
     def _on_suback(self, client: _Client, refused: list[str]) -> None:
         t_suback = monotonic_ns()
+        topic = client.subscribing or client.spec.topic
         if refused:
-            client.failure = f"SUBACK refused {client.spec.topic!r}: {', '.join(refused)}"
+            client.failure = f"SUBACK refused {topic!r}: {', '.join(refused)}"
             return
         client.subscribed = True
         spec = client.spec
-        self._record((EventKind.SUBSCRIBE, None, None, spec.client_id, spec.topic, 0, spec.qos,
+        qos = dict(spec.subscriptions()).get(topic, spec.qos)
+        self._record((EventKind.SUBSCRIBE, None, None, spec.client_id, topic, 0, qos,
                       False, None, None, t_suback))
 
     def _on_message(self, client: _Client, msg: mqtt.MQTTMessage | Publish | SnMessage) -> None:
@@ -282,7 +322,7 @@ class MqttSession:
         client.received.add((pub_index, seq))
         spec = client.spec
         self._record((EventKind.DELIVERY, publisher_client_id(pub_index), seq, spec.client_id,
-                      msg.topic, len(msg.payload), msg.qos, seq < spec.warmup_messages,
+                      msg.topic, len(msg.payload), msg.qos, seq < client.warmup_of(pub_index),
                       t_intended, t_pub, t_recv))
 
     def _on_puback(self, client: _Client) -> None:

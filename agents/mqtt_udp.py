@@ -208,8 +208,10 @@ class UdpMqttClient:
             self._sock.send(packet)
         except ConnectionRefusedError:
             self._on_failure(f"broker {self._peer()} unreachable (ICMP port unreachable)")
-        except BlockingIOError:
-            # The socket buffer is full: the datagram is lost, as on a congested line.
+        except (BlockingIOError, PermissionError):
+            # The socket buffer is full, or a firewall rule dropped the datagram on its way
+            # out (an impaired link's loss: iptables answers a local sender with EPERM):
+            # the datagram is lost, as on a congested or lossy line.
             self.send_errors += 1
         self._last_sent_ns = monotonic_ns()
 

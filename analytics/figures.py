@@ -12,6 +12,14 @@ per-run percentiles. Figures come out in three long-format families:
 - items: one value per run or per run's sub-group (a receiver's jitter, a stream's RFC
   3550 jitter, a run's throughput or broker figure); mean, sample std, max and sum.
 
+A run of a message mix (``workload.streams``) also has its figures per stream: the
+counts and distributions of its rows whose publisher belongs to the stream (``streams``:
+run_id, publisher, stream). Those rows are tagged with their stream and aggregated in the
+same pass as the level's own rows (tagged with a null stream), grouped by level, key and
+stream; items stay per level. (A *stream* here is a stream of the mix; the per-publisher
+sequences that reordering and RFC 3550 jitter follow are each receiver's stream from one
+publisher.)
+
 Only Spark SQL functions are used (no Python UDFs). Warm-up rows are dropped up front,
 except subscribe rows: a subscription is not a message, and it must still count when
 an agent marks everything before the measured window as warm-up.
@@ -25,7 +33,7 @@ timestamps of one stream, whose offsets cancel.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mqttbed.analytics.topics import is_wildcard, topic_filter_regex
@@ -36,6 +44,8 @@ if TYPE_CHECKING:
 
 LevelKey = tuple[str, str]
 FigureKey = tuple[str, str, str]
+StreamKey = tuple[str, str, str]              # (level, key, stream)
+StreamFigureKey = tuple[str, str, str, str]   # (level, key, stream, figure)
 
 RUN_LEVEL = "run"
 POINT_LEVEL = "point"
@@ -45,6 +55,9 @@ NS_PER_US = 1000.0
 # RFC 3550 section 6.4.1: J += (|D| - J) / 16.
 RFC3550_GAIN = 16
 
+# Distributions a stream of a message mix has of its own (counts: all but the fault's).
+STREAM_DISTRIBUTIONS = ("latency_us", "latency_from_intended_us", "send_lag_us",
+                        "sync_spread_us")
 COUNT_FIGURES = ("messages_sent", "deliveries_expected", "delivery_rows", "unique_deliveries",
                  "deliveries_received", "reordered", "receivers_not_resumed")
 _MESSAGE_KEY = ("run_id", "publisher", "seq")
@@ -74,15 +87,23 @@ class LevelFigures:
     items: dict[FigureKey, dict[str, float | None]]
     # (run_id, figure) -> the run's sketch, for SKETCHED_FIGURES
     sketches: dict[tuple[str, str], QuantileSketch]
+    # the same per stream of a message mix (empty without one)
+    stream_counts: dict[StreamKey, dict[str, int]] = field(default_factory=dict)
+    stream_distributions: dict[StreamFigureKey, dict[str, float | None]] = field(
+        default_factory=dict)
+    stream_sketches: dict[tuple[str, str, str], QuantileSketch] = field(default_factory=dict)
 
 
 def compute_level_figures(events: DataFrame, samples: DataFrame, levels: DataFrame,
-                          faults: DataFrame | None = None) -> LevelFigures:
+                          faults: DataFrame | None = None,
+                          streams: DataFrame | None = None) -> LevelFigures:
     """Aggregate ``events`` and broker ``samples`` per level.
 
     ``levels`` has columns run_id, level, key: one row per level a run belongs to.
     ``faults`` (run_id, fault_ns: on the controller's clock) are the runs in which a
     backend caused a fault on purpose, for the recovery figures (:func:`_fault_rows`).
+    ``streams`` (run_id, publisher, stream) name the stream of a message mix each
+    publisher of a run belongs to; their figures come out per stream too.
     """
     from pyspark.sql import functions as F
 
@@ -95,18 +116,22 @@ def compute_level_figures(events: DataFrame, samples: DataFrame, levels: DataFra
     if faults is not None:
         recovery = _fault_rows(unique, faults).cache()
         values = values.unionByName(recovery.where(F.col("figure") != "receivers_not_resumed"))
+    values = _by_stream(values, streams, F.col("figure").isin(list(STREAM_DISTRIBUTIONS)))
     values = values.cache()
     try:
         counted = _count_rows(publishes, pairs, deliveries, unique)
         if recovery is not None:  # one row per receiver that got nothing sent after it
             counted = counted.unionByName(recovery.where(
-                F.col("figure") == "receivers_not_resumed").select("run_id", "figure"))
-        counts_rows = _per_level(counted, levels)
-        counts = (counts_rows.groupBy("level", "key").pivot("figure", list(COUNT_FIGURES))
-                  .count().collect())
+                F.col("figure") == "receivers_not_resumed").select("run_id", "publisher",
+                                                                   "figure"))
+        counts_rows = _per_level(_by_stream(counted, streams,
+                                            F.col("figure") != "receivers_not_resumed"),
+                                 levels)
+        counts = (counts_rows.groupBy("level", "key", "stream")
+                  .pivot("figure", list(COUNT_FIGURES)).count().collect())
         distributions = (
             _per_level(values, levels)
-            .groupBy("level", "key", "figure")
+            .groupBy("level", "key", "stream", "figure")
             .agg(F.count("value").alias("count"), F.avg("value").alias("mean"),
                  F.stddev_samp("value").alias("std"),
                  F.percentile("value", list(PERCENTILES.values())).alias("percentiles"),
@@ -114,7 +139,7 @@ def compute_level_figures(events: DataFrame, samples: DataFrame, levels: DataFra
             .collect())
         sketches = (
             values.where(F.col("figure").isin(list(SKETCHED_FIGURES)))
-            .groupBy("run_id", "figure")
+            .groupBy("run_id", "stream", "figure")
             .agg(F.count("value").alias("count"),
                  F.percentile("value", SKETCH_LEVELS).alias("quantiles"))
             .collect())
@@ -128,18 +153,44 @@ def compute_level_figures(events: DataFrame, samples: DataFrame, levels: DataFra
         for frame in (values, recovery, unique, pairs, deliveries):
             if frame is not None:
                 frame.unpersist()
+    whole = [r for r in counts if r["stream"] is None]
+    whole_distributions = [r for r in distributions if r["stream"] is None]
+    whole_sketches = [r for r in sketches if r["stream"] is None and r["count"]]
     return LevelFigures(
-        counts={(r["level"], r["key"]): {f: int(r[f] or 0) for f in COUNT_FIGURES}
-                for r in counts},
+        counts={(r["level"], r["key"]): _counts(r) for r in whole},
         distributions={(r["level"], r["key"], r["figure"]): _distribution(r)
-                       for r in distributions},
+                       for r in whole_distributions},
         items={(r["level"], r["key"], r["figure"]): {s: _number(r[s]) for s in
                                                      ("mean", "std", "max", "sum")}
                for r in items},
-        sketches={(r["run_id"], r["figure"]): QuantileSketch(int(r["count"]),
-                                                             [float(q) for q in r["quantiles"]])
-                  for r in sketches if r["count"]},
+        sketches={(r["run_id"], r["figure"]): _sketch(r) for r in whole_sketches},
+        stream_counts={(r["level"], r["key"], r["stream"]): _counts(r)
+                       for r in counts if r["stream"] is not None},
+        stream_distributions={(r["level"], r["key"], r["stream"], r["figure"]): _distribution(r)
+                              for r in distributions if r["stream"] is not None},
+        stream_sketches={(r["run_id"], r["stream"], r["figure"]): _sketch(r)
+                         for r in sketches if r["stream"] is not None and r["count"]},
     )
+
+
+def _counts(row: Any) -> dict[str, int]:
+    return {f: int(row[f] or 0) for f in COUNT_FIGURES}
+
+
+def _sketch(row: Any) -> QuantileSketch:
+    return QuantileSketch(int(row["count"]), [float(q) for q in row["quantiles"]])
+
+
+def _by_stream(frame: DataFrame, streams: DataFrame | None, per_stream: Column) -> DataFrame:
+    """``frame`` (with run_id, publisher) tagged with a null ``stream`` (the level's own
+    rows), plus a copy of its ``per_stream`` rows tagged with their publisher's stream."""
+    from pyspark.sql import functions as F
+
+    whole = frame.withColumn("stream", F.lit(None).cast("string"))
+    if streams is None:
+        return whole
+    tagged = frame.where(per_stream).join(F.broadcast(streams), ["run_id", "publisher"])
+    return whole.unionByName(tagged)
 
 
 def _number(value: Any) -> float | None:
@@ -262,7 +313,7 @@ def _unique_deliveries(deliveries: DataFrame, publishes: DataFrame,
 
 def _count_rows(publishes: DataFrame, pairs: DataFrame, deliveries: DataFrame,
                 unique: DataFrame) -> DataFrame:
-    """Return (run_id, figure): one row per thing counted under ``figure``."""
+    """Return (run_id, publisher, figure): one row per thing counted under ``figure``."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -276,7 +327,7 @@ def _count_rows(publishes: DataFrame, pairs: DataFrame, deliveries: DataFrame,
         "unique_deliveries": unique, "deliveries_received": unique.where("expected"),
         "reordered": reordered,
     }
-    frames = [frame.select("run_id", F.lit(figure).alias("figure"))
+    frames = [frame.select("run_id", "publisher", F.lit(figure).alias("figure"))
               for figure, frame in counted.items()]
     rows = frames[0]
     for frame in frames[1:]:
@@ -286,8 +337,8 @@ def _count_rows(publishes: DataFrame, pairs: DataFrame, deliveries: DataFrame,
 
 def _distribution_rows(unique: DataFrame, subscriptions: DataFrame,
                        publishes: DataFrame) -> DataFrame:
-    """Return (run_id, figure, value) in us: latencies per delivery (from the actual and
-    from the intended send time), spreads per message, send lag per publish."""
+    """Return (run_id, publisher, figure, value) in us: latencies per delivery (from the
+    actual and from the intended send time), spreads per message, send lag per publish."""
     from pyspark.sql import functions as F
 
     # First and last subscribed receiver of each run, by (offset-corrected) SUBACK time.
@@ -308,24 +359,25 @@ def _distribution_rows(unique: DataFrame, subscriptions: DataFrame,
     first_last_ns = F.col("last_ns") - F.col("first_ns")   # null unless both received it
     send_lag_ns = F.col("t_pub_ns") - F.col("t_intended_ns")
     return (
-        unique.select("run_id", F.lit("latency_us").alias("figure"),
+        unique.select("run_id", "publisher", F.lit("latency_us").alias("figure"),
                       F.col("latency_us").alias("value"))
         .unionByName(unique.where(F.col("intended_latency_us").isNotNull()).select(
-            "run_id", F.lit("latency_from_intended_us").alias("figure"),
+            "run_id", "publisher", F.lit("latency_from_intended_us").alias("figure"),
             F.col("intended_latency_us").alias("value")))
         .unionByName(publishes.where(send_lag_ns.isNotNull()).select(
-            "run_id", F.lit("send_lag_us").alias("figure"),
+            "run_id", "publisher", F.lit("send_lag_us").alias("figure"),
             (send_lag_ns.cast("double") / NS_PER_US).alias("value")))
         .unionByName(messages.where(F.col("receivers") >= 2).select(
-            "run_id", F.lit("sync_spread_us").alias("figure"),
+            "run_id", "publisher", F.lit("sync_spread_us").alias("figure"),
             (F.col("spread_ns") / NS_PER_US).alias("value")))
         .unionByName(messages.where(first_last_ns.isNotNull()).select(
-            "run_id", F.lit("first_last_spread_us").alias("figure"),
+            "run_id", "publisher", F.lit("first_last_spread_us").alias("figure"),
             (first_last_ns / NS_PER_US).alias("value"))))
 
 
 def _fault_rows(unique: DataFrame, faults: DataFrame) -> DataFrame:
-    """Return (run_id, figure, value): how delivery came back after a run's fault.
+    """Return (run_id, publisher (null), figure, value): how delivery came back after a
+    run's fault.
 
     ``delivery_resumed_s``: per run, the longest time from the fault until a receiver got
     its first message sent after the fault (delivery has resumed everywhere then);
@@ -334,6 +386,7 @@ def _fault_rows(unique: DataFrame, faults: DataFrame) -> DataFrame:
     """
     from pyspark.sql import functions as F
 
+    no_publisher = F.lit(None).cast("string").alias("publisher")
     after = F.col("departure_ns") > F.col("fault_ns")
     per_receiver = (unique.where("expected").join(F.broadcast(faults), "run_id")
                     .groupBy("run_id", "receiver", "fault_ns")
@@ -341,10 +394,11 @@ def _fault_rows(unique: DataFrame, faults: DataFrame) -> DataFrame:
     resumed = (per_receiver.groupBy("run_id", "fault_ns")
                .agg(F.max("resumed_ns").alias("resumed_ns"))
                .where(F.col("resumed_ns").isNotNull())
-               .select("run_id", F.lit("delivery_resumed_s").alias("figure"),
+               .select("run_id", no_publisher, F.lit("delivery_resumed_s").alias("figure"),
                        ((F.col("resumed_ns") - F.col("fault_ns")) / 1e9).alias("value")))
     not_resumed = (per_receiver.where(F.col("resumed_ns").isNull())
-                   .select("run_id", F.lit("receivers_not_resumed").alias("figure"),
+                   .select("run_id", no_publisher,
+                           F.lit("receivers_not_resumed").alias("figure"),
                            F.lit(None).cast("double").alias("value")))
     return resumed.unionByName(not_resumed)
 

@@ -130,6 +130,25 @@ class FaultRecovery(_Block):
         0, description="receivers that received nothing sent after the fault")
 
 
+class StreamFigures(_Block):
+    """One stream of a message mix (``workload.streams``): the figures of its publishers'
+    messages only, counted and pooled as the level's own (warm-up excluded)."""
+
+    topic: str
+    payload_bytes: int
+    messages_sent: int = 0
+    deliveries_expected: int = 0
+    deliveries_received: int = 0
+    deliveries_unexpected: int = 0
+    lost: int = 0
+    duplicates: int = 0
+    reordered: int = 0
+    latency_us: LatencyDistribution = Field(default_factory=LatencyDistribution)
+    latency_from_intended_us: Distribution = Field(default_factory=Distribution)
+    send_lag_us: Distribution = Field(default_factory=Distribution)
+    sync_spread_us: SpreadDistribution = Field(default_factory=SpreadDistribution)
+
+
 class BackendSections(_Block):
     """The sections backends add; :func:`sections_model` makes one field per section."""
 
@@ -173,6 +192,9 @@ class Figures(_Block, Generic[SectionsT]):
     scope: ScopeFigures | None = None
     time_sync: TimeSync | None = None
     fault: FaultRecovery | None = None
+    streams: dict[str, StreamFigures] = Field(
+        default_factory=dict, description="per stream of a message mix, by stream name in "
+                                          "the spec's order; empty without workload.streams")
     sections: SectionsT
 
 
@@ -217,6 +239,9 @@ class Series(_Block):
     """Plot series: a latency CDF per point index (101 quantiles), a timeline per run."""
 
     latency_cdf_us: dict[str, list[float]] = Field(default_factory=dict)
+    stream_latency_cdf_us: dict[str, dict[str, list[float]]] = Field(
+        default_factory=dict, description="point index -> stream of a message mix -> its "
+                                          "latency CDF (101 quantiles)")
     latency_timeline: dict[str, Timeline] = Field(default_factory=dict)
 
 

@@ -6,6 +6,11 @@ one flat row per point and per run (column ``level``): nested blocks are joined 
 columns (``latency_us_p50_ci_lo``, ``_hi``), and mappings and lists are JSON text. Every
 column's type comes from the model's field types, not from the values, so a column has
 the same type in every campaign whether or not it holds any value.
+
+The streams of a message mix are rows of their own (level ``point_stream`` or
+``run_stream``, the stream's name in column ``stream``) with their point's or run's
+identifying columns and the stream's figures under the same column names as a level's
+(``latency_us_p99``, ``lost``; ``topic`` and ``payload_bytes`` besides).
 """
 
 from __future__ import annotations
@@ -20,11 +25,16 @@ from typing import Any
 from pydantic import BaseModel
 
 from mqttbed.analytics.figures import POINT_LEVEL, RUN_LEVEL
-from mqttbed.analytics.results import CampaignStats
+from mqttbed.analytics.results import CampaignStats, StreamFigures
 
 STATS_JSON = "stats.json"
 STATS_PARQUET = "stats.parquet"
-_LEADING = (("level", "string"), ("campaign_id", "string"))
+STREAM_LEVEL_SUFFIX = "_stream"
+_LEADING = (("level", "string"), ("campaign_id", "string"), ("stream", "string"))
+# A level's streams are rows of their own, not a JSON column.
+_STREAMS_FIELD = "streams"
+# What a stream row repeats of its point or run, to be found by.
+_STREAM_ROW_KEYS = ("point_index", "run_id", "repetition")
 
 
 def write_stats(stats: CampaignStats, out_dir: Path) -> tuple[Path, Path]:
@@ -39,19 +49,29 @@ def write_stats(stats: CampaignStats, out_dir: Path) -> tuple[Path, Path]:
     point_type = _item_type(type(stats), "points")
     run_type = _item_type(type(stats), "runs")
     columns = dict(_LEADING)
-    for model in (point_type, run_type):
+    for model in (point_type, run_type, StreamFigures):
         for name, kind in _columns(model):
             columns.setdefault(name, kind)
     arrow = {"string": pa.string(), "int": pa.int64(), "float": pa.float64(),
              "bool": pa.bool_()}
     schema = pa.schema([(name, arrow[kind]) for name, kind in columns.items()])
-    campaign_id = stats.campaign.id
-    rows = ([{"level": POINT_LEVEL, "campaign_id": campaign_id, **_flat(p)} for p in stats.points]
-            + [{"level": RUN_LEVEL, "campaign_id": campaign_id, **_flat(r)} for r in stats.runs])
+    rows = []
+    for level, entries in ((POINT_LEVEL, stats.points), (RUN_LEVEL, stats.runs)):
+        for entry in entries:
+            rows += _level_rows(level, stats.campaign.id, entry)
     tmp = parquet_path.with_name(f".{parquet_path.name}.tmp")
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp)
     tmp.replace(parquet_path)
     return json_path, parquet_path
+
+
+def _level_rows(level: str, campaign_id: str, entry: BaseModel) -> list[dict[str, Any]]:
+    """The row of a point or run, then one row per stream of its message mix."""
+    head = {"level": level, "campaign_id": campaign_id}
+    keys = {key: getattr(entry, key) for key in _STREAM_ROW_KEYS if hasattr(entry, key)}
+    return [{**head, **_flat(entry)}] + [
+        {**head, "level": level + STREAM_LEVEL_SUFFIX, "stream": name, **keys, **_flat(figures)}
+        for name, figures in getattr(entry, _STREAMS_FIELD).items()]
 
 
 def read_stats_parquet(path: Path) -> list[dict[str, Any]]:
@@ -88,6 +108,8 @@ def _is_interval(annotation: Any) -> bool:
 def _columns(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, str]]:
     """(column, kind) of every leaf field of ``model``, in field order."""
     for name, field in model.model_fields.items():
+        if name == _STREAMS_FIELD and not prefix:
+            continue
         annotation = _unwrap(field.annotation)
         column = prefix + name
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
@@ -111,6 +133,8 @@ def _flat(model: BaseModel | None, model_type: type[BaseModel] | None = None,
     model_type = model_type or type(model)
     flat: dict[str, Any] = {}
     for name, field in model_type.model_fields.items():
+        if name == _STREAMS_FIELD and not prefix:
+            continue
         annotation = _unwrap(field.annotation)
         column = prefix + name
         value = None if model is None else getattr(model, name)

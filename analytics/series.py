@@ -22,7 +22,7 @@ _KEY = ("run_id", "publisher", "seq", "receiver")
 
 
 def _unique_latencies(events: DataFrame) -> DataFrame:
-    """run_id, t_send_ns (offset-corrected), latency_us of each first arrival."""
+    """run_id, publisher, t_send_ns (offset-corrected), latency_us of each first arrival."""
     from pyspark.sql import functions as F
 
     kind = F.col("kind")
@@ -38,12 +38,15 @@ def _unique_latencies(events: DataFrame) -> DataFrame:
                      F.col("d.t_pub_ns").alias("payload_t_pub_ns")))
     joined = first.join(sent, ["run_id", "publisher", "seq"], "left")
     t_send = F.coalesce(F.col("t_send_ns"), F.col("payload_t_pub_ns"))
-    return joined.select("run_id", t_send.alias("t_send_ns"),
+    return joined.select("run_id", "publisher", t_send.alias("t_send_ns"),
                          ((F.col("arrival_ns") - t_send) / 1000.0).alias("latency_us"))
 
 
-def compute_series(events: DataFrame, point_of_done_run: dict[str, int]) -> dict[str, Any]:
-    """Return ``{"latency_cdf_us": {point: [101 quantiles]}, "latency_timeline": {run: ...}}``.
+def compute_series(events: DataFrame, point_of_done_run: dict[str, int],
+                   streams: DataFrame | None = None) -> dict[str, Any]:
+    """Return ``{"latency_cdf_us": {point: [101 quantiles]}, "latency_timeline": {run: ...}}``,
+    and with ``streams`` (run_id, publisher, stream of a message mix) each point's CDF per
+    stream under ``stream_latency_cdf_us``.
 
     ``point_of_done_run`` maps each done run to its point index; the CDF pools those.
     """
@@ -53,8 +56,13 @@ def compute_series(events: DataFrame, point_of_done_run: dict[str, int]) -> dict
     try:
         points = events.sparkSession.createDataFrame(
             list(point_of_done_run.items()) or [("", -1)], "run_id string, point int")
-        cdf_rows = (latencies.join(F.broadcast(points), "run_id").groupBy("point")
+        pooled = latencies.join(F.broadcast(points), "run_id")
+        cdf_rows = (pooled.groupBy("point")
                     .agg(F.percentile("latency_us", CDF_LEVELS).alias("q")).collect())
+        stream_rows = [] if streams is None else (
+            pooled.join(F.broadcast(streams), ["run_id", "publisher"])
+            .groupBy("point", "stream")
+            .agg(F.percentile("latency_us", CDF_LEVELS).alias("q")).collect())
         start = latencies.groupBy("run_id").agg(F.min("t_send_ns").alias("t0"))
         bins = (latencies.join(start, "run_id")
                 .withColumn("bin", F.floor((F.col("t_send_ns") - F.col("t0"))
@@ -73,5 +81,8 @@ def compute_series(events: DataFrame, point_of_done_run: dict[str, int]) -> dict
         series["p50_us"].append(float(row["q"][0]))
         series["p99_us"].append(float(row["q"][1]))
         series["deliveries"].append(int(row["n"]))
+    by_stream: dict[str, dict[str, list[float]]] = {}
+    for row in sorted(stream_rows, key=lambda r: (r["point"], r["stream"])):
+        by_stream.setdefault(str(row["point"]), {})[row["stream"]] = [float(v) for v in row["q"]]
     return {"latency_cdf_us": {str(r["point"]): [float(v) for v in r["q"]] for r in cdf_rows},
-            "latency_timeline": timeline}
+            "stream_latency_cdf_us": by_stream, "latency_timeline": timeline}

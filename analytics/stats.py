@@ -10,7 +10,7 @@ are in :mod:`mqttbed.analytics.figures`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +21,7 @@ from mqttbed.analytics.datasets import EVENTS_DDL, SAMPLES_DDL, read_runs
 from mqttbed.analytics.figures import (
     POINT_LEVEL,
     RUN_LEVEL,
+    STREAM_DISTRIBUTIONS,
     LevelFigures,
     LevelKey,
     compute_level_figures,
@@ -48,6 +49,16 @@ DONE = "done"
 
 
 @dataclass(frozen=True)
+class StreamInfo:
+    """A stream of a run's message mix: its name, what it sends, and its publishers."""
+
+    name: str
+    topic: str
+    payload_bytes: int
+    publishers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class RunInfo:
     """What the controller knows of one run: its sweep point, outcome and parameters."""
 
@@ -69,6 +80,8 @@ class RunInfo:
     fault_at_ns: int | None = None
     fault_at_s: float | None = None
     fault: str | None = None
+    # The streams of a message mix (workload.streams), in the spec's order; none without.
+    streams: tuple[StreamInfo, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -113,10 +126,15 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
     faulted = [(run.run_id, run.fault_at_ns) for run in runs if run.fault_at_ns is not None]
     faults = (spark.createDataFrame(faulted, "run_id string, fault_ns long") if faulted
               else None)
+    publisher_streams = [(run.run_id, publisher, stream.name) for run in runs
+                         for stream in run.streams for publisher in stream.publishers]
+    streams = (spark.createDataFrame(publisher_streams,
+                                     "run_id string, publisher string, stream string")
+               if publisher_streams else None)
     inputs = _Inputs(
         figures=compute_level_figures(
             events, read_runs(spark, samples_path, campaign_id, run_ids, SAMPLES_DDL), levels,
-            faults),
+            faults, streams),
         scope=scope_figures(scope_events, levels),
         sync_errors=time_sync_errors(events, levels) if any(
             run.mode == "time-sync" for run in runs) else {},
@@ -124,7 +142,7 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
         sections=section_statistics(records, levels) if records is not None else {},
         section_types=section_types)
     series = compute_series(events, {run.run_id: run.point_index for run in runs
-                                     if run.state == DONE})
+                                     if run.state == DONE}, streams)
     ordered = sorted(runs, key=lambda run: (run.point_index, run.repetition, run.run_id))
     by_point: dict[int, list[RunInfo]] = {}
     for run in ordered:
@@ -168,17 +186,30 @@ def _point_entry(point_index: int, runs: list[RunInfo], inputs: _Inputs) -> dict
         "runs": len(done),
         "runs_failed": len(runs) - len(done),
         "run_ids": [run.run_id for run in done],
-        **_level_figures(inputs, (POINT_LEVEL, str(point_index)), done),
+        **_level_figures(inputs, (POINT_LEVEL, str(point_index)), done, runs[0].streams),
         "clock_flagged_runs": flagged,
     }
-    sketches = inputs.figures.sketches
-    for figure, quantiles in (("latency_us", (("p50_ci", 0.5), ("p99_ci", 0.99))),
-                              ("sync_spread_us", (("p50_ci", 0.5),))):
-        per_run = [sketches[(run.run_id, figure)] for run in done
-                   if (run.run_id, figure) in sketches]
+    _add_intervals(entry, done, inputs.figures.sketches, lambda run_id, figure: (run_id, figure))
+    stream_sketches = inputs.figures.stream_sketches
+    for name, stream_entry in entry["streams"].items():
+        _add_intervals(stream_entry, done, stream_sketches,
+                       lambda run_id, figure, name=name: (run_id, name, figure))
+    return entry
+
+
+_INTERVALS = (("latency_us", (("p50_ci", 0.5), ("p99_ci", 0.99))),
+              ("sync_spread_us", (("p50_ci", 0.5),)))
+
+
+def _add_intervals(entry: dict[str, Any], done: list[RunInfo], sketches: dict[Any, Any],
+                   key: Callable[[str, str], Any]) -> None:
+    """Set the bootstrap intervals over ``done`` runs of a point's (or its stream's)
+    distributions; ``key(run_id, figure)`` finds a run's sketch."""
+    for figure, quantiles in _INTERVALS:
+        per_run = [sketches[key(run.run_id, figure)] for run in done
+                   if key(run.run_id, figure) in sketches]
         for name, quantile in quantiles:
             entry[figure][name] = bootstrap_interval(per_run, quantile)
-    return entry
 
 
 def _run_entry(run: RunInfo, inputs: _Inputs) -> dict[str, Any]:
@@ -191,14 +222,16 @@ def _run_entry(run: RunInfo, inputs: _Inputs) -> dict[str, Any]:
         "state": run.state,
         "reason": run.reason,
         "warmup_messages": run.warmup_messages,
-        **_level_figures(inputs, (RUN_LEVEL, run.run_id), [run]),
+        **_level_figures(inputs, (RUN_LEVEL, run.run_id), [run], run.streams),
         "clock": _clock_entry(run, inputs.uncertainty.get(run.run_id),
                               _spread_p50(inputs, run)),
     }
 
 
-def _level_figures(inputs: _Inputs, level: LevelKey, runs: list[RunInfo]) -> dict[str, Any]:
-    """The figures of one run or point; zero counts and None where there is no data."""
+def _level_figures(inputs: _Inputs, level: LevelKey, runs: list[RunInfo],
+                   streams: tuple[StreamInfo, ...]) -> dict[str, Any]:
+    """The figures of one run or point (of ``runs`` pooled, with the ``streams`` of its
+    message mix); zero counts and None where there is no data."""
     figures = inputs.figures
     counts = figures.counts.get(level, {})
 
@@ -213,13 +246,7 @@ def _level_figures(inputs: _Inputs, level: LevelKey, runs: list[RunInfo]) -> dic
 
     rss_max = item("rss_bytes_max", "max")
     entry: dict[str, Any] = {
-        "messages_sent": count("messages_sent"),
-        "deliveries_expected": count("deliveries_expected"),
-        "deliveries_received": count("deliveries_received"),
-        "deliveries_unexpected": count("unique_deliveries") - count("deliveries_received"),
-        "lost": count("deliveries_expected") - count("deliveries_received"),
-        "duplicates": count("delivery_rows") - count("unique_deliveries"),
-        "reordered": count("reordered"),
+        **_delivery_counts(counts),
         "latency_us": distribution("latency_us"),
         "latency_from_intended_us": distribution("latency_from_intended_us"),
         "send_lag_us": distribution("send_lag_us"),
@@ -250,8 +277,36 @@ def _level_figures(inputs: _Inputs, level: LevelKey, runs: list[RunInfo]) -> dic
         "fault": _fault_entry(runs, count("receivers_not_resumed"),
                               distribution("delivery_resumed_s")),
         "sections": build_sections(inputs.sections, level, inputs.section_types),
+        "streams": {stream.name: _stream_entry(figures, level, stream) for stream in streams},
     }
     return entry
+
+
+def _delivery_counts(counts: dict[str, int]) -> dict[str, int]:
+    """Sent, expected, received, unexpected, lost, duplicated and reordered, from the
+    counted figures of a level or a stream."""
+    def count(name: str) -> int:
+        return counts.get(name, 0)
+
+    return {
+        "messages_sent": count("messages_sent"),
+        "deliveries_expected": count("deliveries_expected"),
+        "deliveries_received": count("deliveries_received"),
+        "deliveries_unexpected": count("unique_deliveries") - count("deliveries_received"),
+        "lost": count("deliveries_expected") - count("deliveries_received"),
+        "duplicates": count("delivery_rows") - count("unique_deliveries"),
+        "reordered": count("reordered"),
+    }
+
+
+def _stream_entry(figures: LevelFigures, level: LevelKey, stream: StreamInfo
+                  ) -> dict[str, Any]:
+    """The figures of one stream of a message mix in one run or point."""
+    key = (*level, stream.name)
+    return {"topic": stream.topic, "payload_bytes": stream.payload_bytes,
+            **_delivery_counts(figures.stream_counts.get(key, {})),
+            **{figure: dict(figures.stream_distributions.get((*key, figure), {}))
+               for figure in STREAM_DISTRIBUTIONS}}
 
 
 def _fault_entry(runs: list[RunInfo], not_resumed: int,

@@ -21,6 +21,7 @@ from mqttbed.analytics.results import (
     SpreadDistribution,
     present_sections,
 )
+from mqttbed.api.report_streams import stream_latency_cdf, stream_rows
 from mqttbed.controller.analysis import load_results
 from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import CampaignRow, RunRow
@@ -175,6 +176,9 @@ def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[
                    "xaxis": {"title": {"text": "latency (µs)"}, "type": "log"},
                    "yaxis": {"title": {"text": "fraction of deliveries"}}}}
 
+    if (streams := stream_latency_cdf(stats, labels)) is not None:
+        figures["plot-stream-latency-cdf"] = streams
+
     figures["plot-sync-spread"] = _versus_parameter(
         points, lambda p: p.sync_spread_us, "Sync spread (max − min arrival over subscribers)",
         [r for r in references if r["plot"] == "sync_spread"], first_last=True)
@@ -310,6 +314,7 @@ def report_context(controller: Controller, campaign_id: str) -> dict[str, Any]:
         "campaign": campaign, "runs": runs, "stats": stats,
         "spec_yaml": yaml.safe_dump(campaign.spec, sort_keys=False),
         "points": [(point_label(p, show_backend), p) for p in points],
+        "stream_rows": stream_rows([(point_label(p, show_backend), p) for p in points]),
         "figures": build_figures(stats, campaign.spec) if stats else {},
         "live": not (ended and stats),
         "finished": sum(r.state in ("done", "failed", "interrupted") for r in runs),

@@ -23,6 +23,7 @@ BACKENDS: dict[str, str] = {
     "forkpipe": "mqttbed.brokers.forkpipe.backend:ForkPipeBackend",
     "mqtt-sn": "mqttbed.brokers.mqttsn.backend:MqttSnBackend",
     "p4": "mqttbed.brokers.p4.backend:P4Backend",
+    "mqtt-st": "mqttbed.brokers.mqttst.backend:MqttStBackend",
 }
 
 

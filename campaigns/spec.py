@@ -10,11 +10,23 @@ import copy
 import itertools
 import math
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from mqttbed.core.bounded_yaml import MAX_BYTES as MAX_SPEC_BYTES
 from mqttbed.core.bounded_yaml import YamlBoundsError, load_bounded_yaml
@@ -56,8 +68,82 @@ class BrokerSection(BaseModel):
         return options_model(self.backend).model_validate(self.model_dump())
 
 
+def _publishable(topic: str) -> str:
+    if not topic or "+" in topic or "#" in topic or "\x00" in topic:
+        raise ValueError("a publish topic must be non-empty without wildcards (+, #) or NUL")
+    return topic
+
+
+PublishTopic = Annotated[str, AfterValidator(_publishable)]
+
+
+class Stream(_Strict):
+    """One stream of a message mix: its own publishers, topic, payload size and rate.
+
+    ``rate_hz`` and ``period_s`` are two spellings of one thing: give exactly one.
+    ``messages`` and ``warmup_messages`` default to the workload's.
+    """
+
+    name: str | None = Field(None, min_length=1, max_length=200,
+                             description="how the results name the stream; default: its topic")
+    topic: PublishTopic
+    payload_bytes: int = Field(ge=PAYLOAD_MIN_BYTES, le=MQTT_MAX_PAYLOAD,
+                               description="at least the timestamp header")
+    rate_hz: float | None = Field(None, gt=0, le=100_000, description="per publisher, open loop")
+    period_s: float | None = Field(None, gt=0, le=86_400, description="1 / rate_hz")
+    publishers: int = Field(1, ge=1, le=10_000, description="publisher clients of its own")
+    qos: Literal[0, 1, 2] = 0
+    messages: int | None = Field(None, ge=1, le=10_000_000,
+                                 description="per publisher, incl. warm-up; default: "
+                                             "workload.messages")
+    warmup_messages: int | None = Field(None, ge=0,
+                                        description="default: workload.warmup_messages")
+    offset_s: float = Field(0.0, ge=0, le=86_400,
+                            description="its first message this long after the run's start "
+                                        "(default: every stream starts at once)")
+
+    @model_validator(mode="after")
+    def _one_spelling_of_the_rate(self) -> Stream:
+        if (self.rate_hz is None) == (self.period_s is None):
+            given = (f"both rate_hz ({self.rate_hz}) and period_s ({self.period_s})"
+                     if self.rate_hz is not None else "neither rate_hz nor period_s")
+            raise ValueError(f"{given}: give exactly one (period_s = 1 / rate_hz)")
+        return self
+
+
+@dataclass(frozen=True)
+class ResolvedStream:
+    """A stream with every default filled in, and the publisher indexes it owns."""
+
+    name: str
+    topic: str
+    payload_bytes: int
+    rate_hz: float
+    publishers: int
+    qos: int
+    messages: int
+    warmup_messages: int
+    offset_s: float
+    first_publisher: int  # its publishers are first_publisher ... + publishers - 1
+
+    @property
+    def period_ns(self) -> float:
+        return 1e9 / self.rate_hz
+
+
+# What ``workload.streams`` replaces: giving both is an error.
+STREAM_REPLACES = ("publishers", "topic", "payload_bytes", "rate_hz", "qos")
+STREAMS_PATH = "workload.streams."
+RATE_SPELLINGS = ("rate_hz", "period_s")
+
+
 class Workload(_Strict):
-    """Who publishes what, how fast, to how many subscribers."""
+    """Who publishes what, how fast, to how many subscribers.
+
+    One stream by default (``publishers`` ... ``qos``); ``streams`` makes it a message mix
+    instead: each stream has publishers of its own, and every subscriber subscribes to
+    every stream's topic.
+    """
 
     # time-sync: the publisher is a time server (seed 000, section 4.2, MQTT-TS): each
     # PUBLISH carries its clock, each subscriber sets its clock from it on receipt, and the
@@ -65,7 +151,7 @@ class Workload(_Strict):
     mode: Literal["pubsub", "time-sync"] = "pubsub"
     publishers: int = Field(1, ge=0, le=10_000)
     subscribers: int = Field(1, ge=0, le=10_000)
-    topic: str = "bench/sync"
+    topic: PublishTopic = "bench/sync"
     payload_bytes: int = Field(64, ge=PAYLOAD_MIN_BYTES, le=MQTT_MAX_PAYLOAD,
                                description="at least the timestamp header")
     rate_hz: float = Field(100.0, gt=0, le=100_000, description="per publisher, open loop")
@@ -86,30 +172,93 @@ class Workload(_Strict):
                           "distributed = evenly over all, locality = all on one; "
                           "None = the backend's default")
 
-    @field_validator("topic")
+    streams: list[Stream] | None = Field(
+        None, min_length=1,
+        description="a message mix: replaces publishers, topic, payload_bytes, rate_hz and "
+                    "qos; every subscriber subscribes to every stream's topic")
+
+    @model_validator(mode="before")
     @classmethod
-    def _publishable_topic(cls, topic: str) -> str:
-        if not topic or "+" in topic or "#" in topic or "\x00" in topic:
-            raise ValueError("a publish topic must be non-empty without wildcards (+, #) or NUL")
-        return topic
+    def _streams_or_one_stream(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("streams"):
+            given = [key for key in STREAM_REPLACES if key in data]
+            if given:
+                raise ValueError(f"streams replaces {', '.join(given)} (each stream has its "
+                                 f"own); drop {', '.join(given)} or drop streams")
+        return data
+
+    @model_serializer(mode="wrap")
+    def _without_replaced_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A dumped mix must load again: it leaves out the single-stream fields it replaces.
+        data = handler(self)
+        if self.streams:
+            for key in STREAM_REPLACES:
+                data.pop(key, None)
+        return data
 
     @model_validator(mode="after")
     def _warmup_leaves_messages(self) -> Workload:
-        if self.warmup_messages >= self.messages:
+        if self.warmup_messages >= self.messages and not self.streams:
             raise ValueError(f"warmup_messages ({self.warmup_messages}) must be less than "
                              f"messages ({self.messages}), or nothing is measured")
+        for n, stream in enumerate(self.streams or ()):
+            warmup = self.warmup_messages if stream.warmup_messages is None \
+                else stream.warmup_messages
+            messages = self.messages if stream.messages is None else stream.messages
+            if warmup >= messages:
+                raise ValueError(
+                    f"streams.{n}.warmup_messages ({warmup}) must be less than its messages "
+                    f"({messages}), or nothing of it is measured (a stream without either "
+                    f"takes workload.warmup_messages / workload.messages)")
+        return self
+
+    @model_validator(mode="after")
+    def _streams_are_told_apart(self) -> Workload:
+        names = [stream.name or stream.topic for stream in self.streams or ()]
+        if repeated := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(f"streams share the name {', '.join(map(repr, repeated))} (a "
+                             f"stream is named by its topic unless it has a name): give "
+                             f"each stream a distinct name")
         return self
 
     @model_validator(mode="after")
     def _closed_loop_needs_acks(self) -> Workload:
-        if self.pacing == "closed-loop" and self.qos == 0:
-            raise ValueError("pacing 'closed-loop' waits for each PUBLISH's acknowledgement: "
-                             "QoS 0 has none; set qos to 1 or 2")
+        at_qos0 = [s.name for s in self.resolved_streams() if s.qos == 0]
+        if self.pacing == "closed-loop" and at_qos0:
+            where = f" (streams {', '.join(at_qos0)})" if self.streams else ""
+            raise ValueError(f"pacing 'closed-loop' waits for each PUBLISH's acknowledgement: "
+                             f"QoS 0 has none{where}; set qos to 1 or 2")
         if self.pacing == "closed-loop" and self.min_window_s <= 0:
             raise ValueError("pacing 'closed-loop' needs min_window_s > 0: the time the "
                              "publishers are given (they stop then, or when all is sent)")
         return self
 
+    def resolved_streams(self) -> list[ResolvedStream]:
+        """Every stream with its defaults filled in: ``streams``, or the single stream of
+        ``publishers`` ... ``qos``. Publisher indexes run on across streams."""
+        if not self.streams:
+            return [ResolvedStream(
+                name=self.topic, topic=self.topic, payload_bytes=self.payload_bytes,
+                rate_hz=self.rate_hz, publishers=self.publishers, qos=self.qos,
+                messages=self.messages, warmup_messages=self.warmup_messages, offset_s=0.0,
+                first_publisher=0)]
+        resolved, first = [], 0
+        for stream in self.streams:
+            resolved.append(ResolvedStream(
+                name=stream.name or stream.topic, topic=stream.topic,
+                payload_bytes=stream.payload_bytes,
+                rate_hz=stream.rate_hz if stream.rate_hz is not None else 1 / stream.period_s,
+                publishers=stream.publishers, qos=stream.qos,
+                messages=self.messages if stream.messages is None else stream.messages,
+                warmup_messages=(self.warmup_messages if stream.warmup_messages is None
+                                 else stream.warmup_messages),
+                offset_s=stream.offset_s, first_publisher=first))
+            first += stream.publishers
+        return resolved
+
+    def total_publishers(self) -> int:
+        """Publisher clients over every stream."""
+        return sum(stream.publishers for stream in self.resolved_streams())
 
 
 class AgentHost(SshTarget):
@@ -225,6 +374,54 @@ class ReportOptions(_Strict):
     source: str = Field("", description="where the reference figures come from")
 
 
+CLIENT_GROUPS = ("publishers", "subscribers")
+CLIENT_NAME = re.compile(r"(pub|sub)-(0|[1-9][0-9]*)")
+IMPAIRMENT_PATH = "network.impairments."
+
+
+class Impairment(_Strict):
+    """What the link of a group of clients does to its packets, in each direction on its own.
+
+    Delay is one way: 50 ms adds 50 ms upstream and 50 ms downstream (a round trip gains
+    100 ms), as on a link with that delay; loss drops that share of the packets each way.
+    """
+
+    group: str = Field(description="publishers, subscribers, or one client by name "
+                                   "(pub-0, sub-3); a named client leaves its role's group")
+    delay_ms: float = Field(0.0, ge=0, le=60_000, description="one way, in each direction")
+    jitter_ms: float = Field(0.0, ge=0, le=60_000,
+                             description="each packet's delay drawn in delay ± jitter (≥ 0)")
+    loss_percent: float = Field(0.0, ge=0, le=100, description="of the packets, each direction")
+    rate_kbit: int | None = Field(None, gt=0, le=100_000_000,
+                                  description="rate cap in kbit/s, each direction; none: no cap")
+
+    @field_validator("group")
+    @classmethod
+    def _known_group(cls, group: str) -> str:
+        if group not in CLIENT_GROUPS and not CLIENT_NAME.fullmatch(group):
+            raise ValueError("a group is publishers, subscribers, or a client name such as "
+                             "pub-0 or sub-3")
+        return group
+
+
+class Network(_Strict):
+    """The network between the clients and the broker (default: none in the way)."""
+
+    impairments: list[Impairment] = Field(
+        default_factory=list, description="impaired links, one per group of clients")
+    mechanism: Literal["auto", "user-space", "netem"] = Field(
+        "auto", description="auto: netem where the kernel has it, else a user-space delay "
+                            "proxy with htb and iptables drops")
+
+    @field_validator("impairments")
+    @classmethod
+    def _one_impairment_per_group(cls, impairments: list[Impairment]) -> list[Impairment]:
+        groups = [i.group for i in impairments]
+        if repeated := sorted({g for g in groups if groups.count(g) > 1}):
+            raise ValueError(f"group {', '.join(repeated)} is impaired twice; merge the entries")
+        return impairments
+
+
 class CampaignSpec(_Strict):
     """A whole campaign: base settings, the sweep over them, and repetitions."""
 
@@ -235,6 +432,7 @@ class CampaignSpec(_Strict):
     agents: Agents = Field(default_factory=Agents)
     timing: Timing = Field(default_factory=Timing)
     measurement: Measurement = Field(default_factory=Measurement)
+    network: Network = Field(default_factory=Network)
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
     repetitions: int = Field(1, ge=1, le=10_000)
     report: ReportOptions = Field(default_factory=ReportOptions)
@@ -294,9 +492,30 @@ class CampaignSpec(_Strict):
             raise ValueError(f"scenario names repeat: {names}")
         return scenarios
 
+    @model_validator(mode="after")
+    def _impaired_clients_exist(self) -> CampaignSpec:
+        for n, impairment in enumerate(self.network.impairments):
+            if match := CLIENT_NAME.fullmatch(impairment.group):
+                role, index = match[1], int(match[2])
+                count = (self.workload.total_publishers() if role == "pub"
+                         else self.workload.subscribers)
+                if index >= count:
+                    raise ValueError(f"network.impairments.{n}.group: no client "
+                                     f"{impairment.group!r}: the workload has {count} "
+                                     f"{'publishers' if role == 'pub' else 'subscribers'}")
+        return self
+
 
 def _check_override_path(path: str, what: str) -> None:
-    """Raise ValueError unless ``path`` is a 'section.field' the spec has."""
+    """Raise ValueError unless ``path`` is a 'section.field' the spec has,
+    'network.impairments.GROUP.FIELD' (one field of one group's impairment) or
+    'workload.streams.N.FIELD' (one field of stream N, counted from 0)."""
+    if path.startswith(IMPAIRMENT_PATH):
+        _impairment_target(path, what)
+        return
+    if path.startswith(STREAMS_PATH):
+        _stream_target(path, what)
+        return
     section, _, field = path.partition(".")
     if section in ("sweep", "scenarios", "repetitions", "name", "description", "report"):
         raise ValueError(f"{what} {path!r}: {section} cannot be overridden")
@@ -308,6 +527,58 @@ def _check_override_path(path: str, what: str) -> None:
     if section != "broker" and field not in fields:
         raise ValueError(f"{what} {path!r}: {section} has no field {field!r} "
                          f"(fields: {', '.join(fields)})")
+
+
+def _impairment_target(path: str, what: str) -> tuple[str, str]:
+    """The (group, field) of an override path 'network.impairments.GROUP.FIELD'."""
+    group, _, field = path.removeprefix(IMPAIRMENT_PATH).partition(".")
+    fields = [name for name in Impairment.model_fields if name != "group"]
+    if field not in fields or (group not in CLIENT_GROUPS and not CLIENT_NAME.fullmatch(group)):
+        raise ValueError(f"{what} {path!r}: use {IMPAIRMENT_PATH}GROUP.FIELD with GROUP "
+                         f"publishers, subscribers or a client (sub-0) and FIELD one of "
+                         f"{', '.join(fields)}")
+    return group, field
+
+
+def _apply_override(data: dict[str, Any], path: str, value: Any) -> None:
+    """Set ``path`` to ``value`` in a spec's dict; an impairment path adds its group."""
+    if path.startswith(IMPAIRMENT_PATH):
+        group, field = _impairment_target(path, "override")
+        impairments = data["network"]["impairments"]
+        entry = next((i for i in impairments if i["group"] == group), None)
+        if entry is None:
+            entry = {"group": group}
+            impairments.append(entry)
+        entry[field] = value
+        return
+    if path.startswith(STREAMS_PATH):
+        index, field = _stream_target(path, "override")
+        streams = data["workload"].get("streams") or []
+        if index >= len(streams):
+            raise SpecError(f"{path}: the workload has {len(streams)} streams (indexes from "
+                            f"0); a stream's field is overridden as "
+                            f"{STREAMS_PATH}N.FIELD")
+        streams[index][field] = value
+        if field in RATE_SPELLINGS:  # the new rate replaces the stream's other spelling
+            streams[index][next(f for f in RATE_SPELLINGS if f != field)] = None
+        return
+    section, _, field = path.partition(".")
+    if (section, field) == ("workload", "streams") and value:
+        # a whole mix replaces the single stream the spec had
+        for key in STREAM_REPLACES:
+            data[section].pop(key, None)
+    data[section][field] = value
+
+
+def _stream_target(path: str, what: str) -> tuple[int, str]:
+    """The (index, field) of an override path 'workload.streams.N.FIELD'."""
+    index, _, field = path.removeprefix(STREAMS_PATH).partition(".")
+    if not index.isdigit() or field not in Stream.model_fields:
+        raise ValueError(f"{what} {path!r}: use {STREAMS_PATH}N.FIELD with N a stream's "
+                         f"index (0 is the first) and FIELD one of "
+                         f"{', '.join(Stream.model_fields)}; or override the whole list "
+                         f"as workload.streams")
+    return int(index), field
 
 
 class SweepPoint(BaseModel):
@@ -333,6 +604,9 @@ def _format_errors(exc: ValidationError, prefix: str = "") -> str:
         loc = prefix + ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
         if not loc:  # a check across sections names its fields in its message
             lines.append(err["msg"].removeprefix("Value error, "))
+        elif err["type"] == "value_error" and isinstance(err["input"], dict):
+            # a check across a section's fields names them (and their values) itself
+            lines.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
         elif err["type"] == "extra_forbidden":
             lines.append(f"{loc}: unknown key (value {err['input']!r})")
         elif err["type"] == "missing":
@@ -411,8 +685,7 @@ def expand_points(spec: CampaignSpec) -> list[SweepPoint]:
         overrides.update(zip(keys, combo, strict=True))
         data = copy.deepcopy(base)
         for key, value in overrides.items():
-            section, _, field = key.partition(".")
-            data[section][field] = value
+            _apply_override(data, key, value)
         if backend_varies:
             # options of one backend do not carry over to another
             data["broker"] = {k: v for k, v in data["broker"].items()

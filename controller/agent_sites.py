@@ -49,7 +49,7 @@ def open_sites(spec: CampaignSpec, local: Host, needed: int) -> AgentSites:
         opened.ssh_hosts.append(host)
         # The controller's own CA file means nothing there: the entry names the host's.
         env = {"MQTTBED_CA_FILE": target.ca_file or ""}
-        opened.sites += [Site(host, (target.command, "agent"), env)] * target.count
+        opened.sites += [Site(host, (target.command, "agent"), env=env)] * target.count
     opened.sites = opened.sites[:needed]
     return opened
 

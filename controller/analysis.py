@@ -8,19 +8,24 @@ in :mod:`mqttbed.analytics`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import sessionmaker
 
 from mqttbed.analytics.results import CampaignStats, ScopeRun, results_model
 from mqttbed.analytics.results_files import STATS_JSON
 from mqttbed.brokers.registry import section_types
+from mqttbed.campaigns.spec import Workload
 from mqttbed.controller.db import CampaignRow, RunRow
 from mqttbed.controller.engine import RunEngine
 from mqttbed.controller.states import CAMPAIGN_UNDER_WAY, CampaignStatus
 from mqttbed.controller.storage import DataLayout
 from mqttbed.core.errors import MqttbedError
+from mqttbed.core.events import publisher_client_id
 from mqttbed.core.settings import Settings
+
+if TYPE_CHECKING:
+    from mqttbed.analytics.stats import StreamInfo
 
 # How the reason of a campaign whose analysis failed begins (``controller.lifecycle``).
 ANALYSIS_FAILED = "analysis failed"
@@ -62,7 +67,7 @@ def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: st
                     max_clock_uncertainty_fraction=r.spec.get("measurement", {}).get(
                         "max_clock_uncertainty_fraction", 0.1),
                     mode=r.spec["workload"].get("mode", "pubsub"),
-                    scope=_scope_run(r), **_fault(r)) for r in rows]
+                    scope=_scope_run(r), streams=_streams(r.spec), **_fault(r)) for r in rows]
     stats = compute_campaign_stats(
         get_spark(settings), events_path=layout.events, samples_path=layout.broker_samples,
         records_path=layout.backend_records, section_types=section_types(),
@@ -97,6 +102,20 @@ def _scope_run(row: RunRow) -> ScopeRun | None:
         return None
     return ScopeRun(run_id=row.id, acquisitions=scope.get("acquisitions"),
                     timeouts=scope.get("timeouts"), error=scope.get("error"))
+
+
+def _streams(spec: dict[str, Any]) -> tuple[StreamInfo, ...]:
+    """The streams of a run's message mix, with their publishers' client ids (none
+    without ``workload.streams``)."""
+    from mqttbed.analytics.stats import StreamInfo
+
+    if not spec["workload"].get("streams"):
+        return ()
+    return tuple(
+        StreamInfo(name=stream.name, topic=stream.topic, payload_bytes=stream.payload_bytes,
+                   publishers=tuple(publisher_client_id(stream.first_publisher + k)
+                                    for k in range(stream.publishers)))
+        for stream in Workload.model_validate(spec["workload"]).resolved_streams())
 
 
 def _fault(run: RunRow) -> dict[str, Any]:

@@ -3,12 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from mqttbed.campaigns.spec import CampaignSpec
 from mqttbed.core.events import publisher_client_id, subscriber_client_id
-from mqttbed.core.protocol import Assignment, ClientAssignment, Endpoint, Role
+from mqttbed.core.protocol import (
+    Assignment,
+    ClientAssignment,
+    Endpoint,
+    Role,
+    SubscribedStream,
+)
 
 FIRST_GPIO_PIN = 2  # BCM 2 is the first general-purpose line on a Raspberry Pi header
+
+
+@dataclass(frozen=True)
+class ClientPlacement:
+    """Which agent plays each client, and where each agent reaches the broker.
+
+    For runs whose clients do not all share one path to the broker (impaired groups):
+    ``agent_of`` maps client id to agent index; ``endpoints[i]`` is agent i's way to the
+    broker, None for the broker's own endpoint.
+    """
+
+    agent_of: dict[str, int]
+    endpoints: list[Endpoint | None]
 
 
 def run_window_ns(spec: CampaignSpec) -> int:
@@ -17,17 +37,18 @@ def run_window_ns(spec: CampaignSpec) -> int:
     sending_ns = 0
     if w.pacing == "closed-loop":
         return int(w.min_window_s * 1e9)  # as fast as acknowledged, for this long
-    if w.publishers:
-        # The last publisher starts up to one period late (staggered start).
-        period_ns = 1e9 / w.rate_hz
-        sending_ns = int((w.publishers - 1) * period_ns / w.publishers) + int(
-            w.messages * period_ns)
+    for stream in (s for s in w.resolved_streams() if s.publishers):
+        # The stream's last publisher starts up to one period late (staggered start).
+        period_ns = stream.period_ns
+        sending_ns = max(sending_ns, int(stream.offset_s * 1e9) + int(
+            (stream.publishers - 1) * period_ns / stream.publishers) + int(
+            stream.messages * period_ns))
     return max(sending_ns, int(w.min_window_s * 1e9))
 
 
 def agents_needed(spec: CampaignSpec) -> int:
     """How many agent processes the run needs (none when it has no clients)."""
-    clients = spec.workload.publishers + spec.workload.subscribers
+    clients = spec.workload.total_publishers() + spec.workload.subscribers
     return min(spec.agents.resolved_count(), clients)
 
 
@@ -40,44 +61,68 @@ def agent_roles(spec: CampaignSpec, agents: int) -> list[frozenset[str]]:
     return [frozenset(r) for r in roles]
 
 
+def client_ids(spec: CampaignSpec) -> list[str]:
+    """Every client's id, publishers first (the order agents are dealt them in)."""
+    return [client.client_id for client in _clients(spec)]
+
+
 def _clients(spec: CampaignSpec) -> list[ClientAssignment]:
-    """Every client of the run, publishers first (the order agents are dealt them in)."""
+    """Every client of the run, publishers first (the order agents are dealt them in).
+
+    Each stream's publishers are clients of their own, numbered on across the streams
+    (pub-0 ... of the first stream, then the next's), staggered over the stream's period
+    from its offset. Every subscriber subscribes to every stream's topic and expects every
+    message of every stream: topics are names, never filters, so the count is exact.
+    """
     w = spec.workload
-    period_ns = 1e9 / w.rate_hz
+    streams = w.resolved_streams()
     clients: list[ClientAssignment] = []
-    for i in range(w.publishers):
-        clients.append(ClientAssignment(
-            client_id=publisher_client_id(i), role=Role.PUBLISHER, topic=w.topic, qos=w.qos,
-            gpio_pin=0, publisher_index=i, payload_bytes=w.payload_bytes, rate_hz=w.rate_hz,
-            messages=w.messages, warmup_messages=w.warmup_messages,
-            start_offset_ns=int(i * period_ns / w.publishers),
-            closed_loop=w.pacing == "closed-loop"))
+    for stream in streams:
+        period_ns, offset_ns = stream.period_ns, int(stream.offset_s * 1e9)
+        for k in range(stream.publishers):
+            i = stream.first_publisher + k
+            clients.append(ClientAssignment(
+                client_id=publisher_client_id(i), role=Role.PUBLISHER, topic=stream.topic,
+                qos=stream.qos, gpio_pin=0, publisher_index=i,
+                payload_bytes=stream.payload_bytes, rate_hz=stream.rate_hz,
+                messages=stream.messages, warmup_messages=stream.warmup_messages,
+                start_offset_ns=offset_ns + int(k * period_ns / stream.publishers),
+                closed_loop=w.pacing == "closed-loop"))
+    subscribed = [SubscribedStream(topic=s.topic, qos=s.qos, first_publisher=s.first_publisher,
+                                   publishers=s.publishers, warmup_messages=s.warmup_messages)
+                  for s in streams] if w.streams else []
     for j in range(w.subscribers):
         clients.append(ClientAssignment(
-            client_id=subscriber_client_id(j), role=Role.SUBSCRIBER, topic=w.topic, qos=w.qos,
-            gpio_pin=0, warmup_messages=w.warmup_messages,
-            expected_messages=w.publishers * w.messages, subscribe_rank=j))
+            client_id=subscriber_client_id(j), role=Role.SUBSCRIBER, topic=streams[0].topic,
+            qos=streams[0].qos, gpio_pin=0, warmup_messages=streams[0].warmup_messages,
+            expected_messages=sum(s.publishers * s.messages for s in streams),
+            subscribe_rank=j, streams=subscribed))
     return clients
 
 
 def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint: Endpoint,
                      agent_ids: list[str],
-                     broker_of: Callable[[ClientAssignment], Endpoint] | None = None
-                     ) -> dict[str, Assignment]:
-    """Spread the run's clients round-robin over the agents (publishers first).
+                     broker_of: Callable[[ClientAssignment], Endpoint] | None = None,
+                     placement: ClientPlacement | None = None) -> dict[str, Assignment]:
+    """Spread the run's clients round-robin over the agents (publishers first), or as
+    ``placement`` says.
 
     ``broker_of`` gives each client its own broker (a backend that deploys several);
-    without it every client uses ``endpoint``.
+    without it every client uses ``endpoint``, or its agent's in ``placement``.
     """
     window_ns = run_window_ns(spec)
     per_agent: dict[str, list[ClientAssignment]] = {a: [] for a in agent_ids}
+    broker = dict.fromkeys(agent_ids, endpoint)
+    if placement is not None:
+        broker.update({agent_ids[i]: e for i, e in enumerate(placement.endpoints) if e})
     for n, client in enumerate(_clients(spec)):
-        agent = agent_ids[n % len(agent_ids)]
+        index = n % len(agent_ids) if placement is None else placement.agent_of[client.client_id]
+        agent = agent_ids[index]
         update = {"gpio_pin": FIRST_GPIO_PIN + len(per_agent[agent])}
         if broker_of is not None:
             update["broker"] = broker_of(client)
         per_agent[agent].append(client.model_copy(update=update))
-    return {agent: Assignment(run_id=run_id, campaign_id=campaign_id, broker=endpoint,
+    return {agent: Assignment(run_id=run_id, campaign_id=campaign_id, broker=broker[agent],
                               clients=mine, window_ns=window_ns, drain_s=spec.timing.drain_s,
                               connect_timeout_s=spec.timing.setup_timeout_s,
                               force_clock_probe=spec.agents.force_clock_probe,

@@ -108,6 +108,28 @@ def print_points(stats: CampaignStats) -> None:
                       f"{point.deliveries_received}/{point.deliveries_expected}",
                       str(point.lost), _us(point.broker.cpu_percent_mean))
     Console(width=170).print(table)
+    if any(point.streams for point in stats.points):
+        _print_streams(stats)
+
+
+def _print_streams(stats: CampaignStats) -> None:
+    """Print one row per stream of each sweep point's message mix."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="per stream")
+    for column in ("point", "stream", "payload B", "sent", "received", "lost", "dup",
+                   "latency p50 µs", "p50 95% CI", "latency p99 µs", "latency max µs"):
+        table.add_column(column, justify="left" if column in ("point", "stream") else "right")
+    for point in stats.points:
+        params = ", ".join(f"{k}={v}" for k, v in point.params.items()) or "(no sweep)"
+        for name, stream in point.streams.items():
+            latency = stream.latency_us
+            table.add_row(params, name, f"{stream.payload_bytes:,}", str(stream.messages_sent),
+                          f"{stream.deliveries_received}/{stream.deliveries_expected}",
+                          str(stream.lost), str(stream.duplicates), _us(latency.p50),
+                          _ci(latency.p50_ci), _us(latency.p99), _us(latency.max))
+    Console(width=170).print(table)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -295,8 +317,9 @@ def _broker_run(args: argparse.Namespace) -> int:
     """Run a broker model in the foreground; its own options follow its name."""
     from mqttbed.brokers.fpga.server import main as fpga_model
     from mqttbed.brokers.mqttsn.server import main as mqtt_sn
+    from mqttbed.brokers.mqttst.cli import main as mqtt_st
 
-    models = {"fpga-model": fpga_model, "mqtt-sn": mqtt_sn}
+    models = {"fpga-model": fpga_model, "mqtt-sn": mqtt_sn, "mqtt-st": mqtt_st}
     return models[args.model](args.model_options)
 
 
@@ -387,8 +410,10 @@ def build_parser() -> argparse.ArgumentParser:
     broker_run = broker_commands.add_parser(
         "run", help="run a broker model in the foreground until Ctrl-C or SIGTERM",
         description="e.g. `mqttbed broker run fpga-model --port 1883`, `mqttbed broker run "
-                    "mqtt-sn --port 1884`; `mqttbed broker run MODEL --help` lists its options")
-    broker_run.add_argument("model", choices=["fpga-model", "mqtt-sn"], help="which model")
+                    "mqtt-sn --port 1884`, `mqttbed broker run mqtt-st --brokers 3 --port "
+                    "1883`; `mqttbed broker run MODEL --help` lists its options")
+    broker_run.add_argument("model", choices=["fpga-model", "mqtt-sn", "mqtt-st"],
+                            help="which model")
     broker_run.add_argument("model_options", nargs=argparse.REMAINDER,
                             help="the model's own options (--port N, ...)")
     broker_run.set_defaults(func=_broker_run)

@@ -24,6 +24,7 @@ from mqttbed.brokers.registry import create_backend
 from mqttbed.campaigns.spec import CampaignSpec, plan_runs
 from mqttbed.controller.agent_sites import AgentSites, open_sites
 from mqttbed.controller.assignments import (
+    ClientPlacement,
     agent_roles,
     agents_needed,
     plan_assignments,
@@ -32,6 +33,7 @@ from mqttbed.controller.assignments import (
 )
 from mqttbed.controller.db import CampaignRow, RunRow, TransitionRow, utcnow
 from mqttbed.controller.documents import CampaignUpdate, DocumentStream, RunUpdate
+from mqttbed.controller.impaired_links import ImpairedLinks, has_impaired_clients
 from mqttbed.controller.registry import AgentRegistry, RunInbox
 from mqttbed.controller.scope_recorder import ScopeRecorder
 from mqttbed.controller.states import (
@@ -49,7 +51,7 @@ from mqttbed.controller.storage import (
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.errors import RunFailed
 from mqttbed.core.host import Host
-from mqttbed.core.protocol import Shutdown, StartAt, Subscribe
+from mqttbed.core.protocol import Endpoint, Shutdown, StartAt, Subscribe
 from mqttbed.network.topology import reap_stale
 
 COLLECT_TIMEOUT_S = 30.0
@@ -70,6 +72,7 @@ class _LiveRun:
     sites: AgentSites | None = None
     pool: AgentPool | None = None
     recorder: ScopeRecorder | None = None
+    links: ImpairedLinks | None = None
     active: list[str] = field(default_factory=list)
 
 
@@ -264,7 +267,7 @@ class RunEngine:
         finally:
             if live.recorder is not None:
                 live.recorder.stop()
-            self._teardown(live.pool, live.sites, live.backend)
+            self._teardown(live.pool, live.sites, live.backend, live.links)
             self.ctx.registry.close_inbox(run.id)
             if live.recorder is not None:
                 # A failed run keeps the acquisitions it made, like every other event.
@@ -279,7 +282,12 @@ class RunEngine:
         endpoint = live.backend.deploy(spec.broker.options(), self.ctx.host)
         run.run_metadata = {"broker": live.backend.metadata(),
                             "endpoint": endpoint.model_dump(), "host": self.ctx.host.name}
-        live.sites, controller_url = self._agent_sites(spec, live.backend)
+        placement = None
+        if has_impaired_clients(spec):
+            live.sites, placement = self._impaired_sites(run, live, endpoint)
+            controller_url = self.ctx.controller_url
+        else:
+            live.sites, controller_url = self._agent_sites(spec, live.backend)
         live.pool = AgentPool(live.sites.sites, controller_url, self.ctx.agent_token,
                               run.id, self.ctx.layout.run_dir(run.campaign_id, run.id) / "agents",
                               gpio=spec.agents.gpio, gpio_chip=spec.agents.gpio_chip,
@@ -287,7 +295,7 @@ class RunEngine:
         run.run_metadata["agent_hosts"] = live.pool.hosts
         agent_ids = self._await_agents(live.pool, spec)
         assignments = plan_assignments(spec, run.id, run.campaign_id, endpoint, agent_ids,
-                                       getattr(live.backend, "broker_of", None))
+                                       getattr(live.backend, "broker_of", None), placement)
         if spec.measurement.scope is not None:
             live.recorder = ScopeRecorder(spec.measurement.scope, assignments)
             live.recorder.open()
@@ -331,6 +339,25 @@ class RunEngine:
                             "leave agents.hosts empty")
         return AgentSites([Site(host) for host in placement.hosts]), placement.controller_url
 
+    def _impaired_sites(self, run: RunRow, live: _LiveRun, endpoint: Endpoint
+                        ) -> tuple[AgentSites, ClientPlacement]:
+        """Agents of impaired groups in namespaces behind their links; the rest as usual."""
+        spec, backend = live.spec, live.backend
+        if getattr(backend, "agent_placement", None) is not None:
+            raise RunFailed(f"backend {spec.broker.backend} places the agents in its own "
+                            "network: network.impairments are not supported with it")
+        if getattr(backend, "broker_of", None) is not None:
+            raise RunFailed(f"backend {spec.broker.backend} deploys several brokers: "
+                            "network.impairments are not supported with it yet")
+        if spec.agents.hosts:
+            raise RunFailed("network.impairments put impaired agents in namespaces on this "
+                            "machine: leave agents.hosts empty")
+        live.links = ImpairedLinks(spec, endpoint, self.ctx.host, self.ctx.controller_url,
+                                   self.ctx.layout.run_dir(run.campaign_id, run.id) / "network")
+        sites, placement = live.links.open()
+        run.run_metadata["network"] = live.links.metadata()
+        return sites, placement
+
     def _measure(self, run: RunRow, live: _LiveRun) -> None:
         """Hand out one start time and wait out the window (an idle broker too)."""
         spec = live.spec
@@ -360,6 +387,8 @@ class RunEngine:
                    timeout_s=COLLECT_TIMEOUT_S, waiting_for="event chunks")
         run.run_metadata["delivery_counts"] = {
             a: {"published": d.published, "received": d.received} for a, d in inbox.done.items()}
+        if live.links is not None:
+            run.run_metadata["network"] = live.links.metadata(with_proxy_stats=True)
         if live.recorder is not None:
             live.recorder.write(self.ctx.layout, run.campaign_id, run.id)
             run.run_metadata["scope"] |= {"acquisitions": live.recorder.acquisitions,
@@ -394,6 +423,8 @@ class RunEngine:
             # The broker first: its death is why the agents then lose their connections,
             # and their reports can reach the controller before this loop sees it.
             if live.backend is not None and (broken := live.backend.health()) is not None:
+                raise RunFailed(broken)
+            if live.links is not None and (broken := live.links.health()) is not None:
                 raise RunFailed(broken)
             if inbox.errors:
                 raise RunFailed("; ".join(e.reason for e in inbox.errors.values()))
@@ -434,7 +465,7 @@ class RunEngine:
             self._transition(run, total, state, reason)
 
     def _teardown(self, pool: AgentPool | None, sites: AgentSites | None,
-                  backend: BrokerBackend | None) -> None:
+                  backend: BrokerBackend | None, links: ImpairedLinks | None = None) -> None:
         if pool is not None:
             agents = self.ctx.registry.wait_for_agents(set(pool.names), 0).values()
             for agent_id in agents:
@@ -444,5 +475,7 @@ class RunEngine:
                 self.ctx.registry.forget(agent_id)
         if sites is not None:
             sites.close()
+        if links is not None:
+            links.close()
         if backend is not None:
             backend.teardown()

@@ -160,18 +160,21 @@ def encode_remaining_length(length: int) -> bytes:
             return bytes(out)
 
 
-def _string(text: str) -> bytes:
+def encode_string(text: str) -> bytes:
+    """A UTF-8 string field: two length bytes, then the text (section 1.5.3)."""
     raw = text.encode("utf-8")
-    return _binary(raw)
+    return encode_binary(raw)
 
 
-def _binary(raw: bytes) -> bytes:
+def encode_binary(raw: bytes) -> bytes:
+    """A binary field: two length bytes, then ``raw`` (section 1.5.6)."""
     if len(raw) > 0xFFFF:
         raise ValueError(f"field of {len(raw)} bytes exceeds the 65535-byte limit")
     return _U16.pack(len(raw)) + raw
 
 
-def _packet(first_byte: int, body: bytes) -> bytes:
+def encode_packet(first_byte: int, body: bytes) -> bytes:
+    """A whole packet: ``first_byte``, the remaining length, then ``body``."""
     return bytes((first_byte,)) + encode_remaining_length(len(body)) + body
 
 
@@ -186,13 +189,13 @@ def encode_publish(topic: str, payload: bytes, qos: int = 0, retain: bool = Fals
     if qos not in (0, 1, 2):
         raise ValueError(f"QoS {qos} is not 0, 1 or 2")
     first = (PacketType.PUBLISH << 4) | (dup << 3) | (qos << 1) | retain
-    variable = _string(topic)
+    variable = encode_string(topic)
     if qos:
         if packet_id is None:
             raise ValueError("a QoS 1/2 PUBLISH needs a packet identifier")
         _check_packet_id(packet_id)
         variable += _U16.pack(packet_id)
-    return _packet(first, variable + payload)
+    return encode_packet(first, variable + payload)
 
 
 def encode(packet: Packet) -> bytes:
@@ -203,43 +206,43 @@ def encode(packet: Packet) -> bytes:
                                   packet.dup, packet.packet_id)
         case Connect():
             flags = (packet.clean_session << 1)
-            payload = _string(packet.client_id)
+            payload = encode_string(packet.client_id)
             if packet.will is not None:
                 flags |= 0x04 | (packet.will.qos << 3) | (packet.will.retain << 5)
-                payload += _string(packet.will.topic) + _binary(packet.will.message)
+                payload += encode_string(packet.will.topic) + encode_binary(packet.will.message)
             if packet.username is not None:
                 flags |= 0x80
-                payload += _string(packet.username)
+                payload += encode_string(packet.username)
             if packet.password is not None:
                 flags |= 0x40
-                payload += _binary(packet.password)
-            variable = (_string(packet.protocol_name) + bytes((packet.protocol_level, flags))
+                payload += encode_binary(packet.password)
+            variable = (encode_string(packet.protocol_name) + bytes((packet.protocol_level, flags))
                         + _U16.pack(packet.keepalive_s))
-            return _packet(PacketType.CONNECT << 4, variable + payload)
+            return encode_packet(PacketType.CONNECT << 4, variable + payload)
         case ConnAck():
-            return _packet(PacketType.CONNACK << 4,
+            return encode_packet(PacketType.CONNACK << 4,
                            bytes((int(packet.session_present), packet.return_code)))
         case PacketIdAck():
             flags = 0x02 if packet.packet_type == PacketType.PUBREL else 0
-            return _packet((packet.packet_type << 4) | flags, _U16.pack(packet.packet_id))
+            return encode_packet((packet.packet_type << 4) | flags, _U16.pack(packet.packet_id))
         case Subscribe():
             _check_packet_id(packet.packet_id)
             if not packet.filters:
                 raise ValueError("a SUBSCRIBE needs at least one topic filter (section 3.8.3)")
             body = _U16.pack(packet.packet_id) + b"".join(
-                _string(topic) + bytes((qos,)) for topic, qos in packet.filters)
-            return _packet((PacketType.SUBSCRIBE << 4) | 0x02, body)
+                encode_string(topic) + bytes((qos,)) for topic, qos in packet.filters)
+            return encode_packet((PacketType.SUBSCRIBE << 4) | 0x02, body)
         case SubAck():
-            return _packet(PacketType.SUBACK << 4,
+            return encode_packet(PacketType.SUBACK << 4,
                            _U16.pack(packet.packet_id) + bytes(packet.return_codes))
         case Unsubscribe():
             _check_packet_id(packet.packet_id)
             if not packet.filters:
                 raise ValueError("an UNSUBSCRIBE needs at least one topic filter (section 3.10.3)")
-            body = _U16.pack(packet.packet_id) + b"".join(_string(t) for t in packet.filters)
-            return _packet((PacketType.UNSUBSCRIBE << 4) | 0x02, body)
+            body = _U16.pack(packet.packet_id) + b"".join(encode_string(t) for t in packet.filters)
+            return encode_packet((PacketType.UNSUBSCRIBE << 4) | 0x02, body)
         case UnsubAck():
-            return _packet(PacketType.UNSUBACK << 4, _U16.pack(packet.packet_id))
+            return encode_packet(PacketType.UNSUBACK << 4, _U16.pack(packet.packet_id))
         case PingReq():
             return bytes((PacketType.PINGREQ << 4, 0))
         case PingResp():
@@ -252,8 +255,13 @@ def encode(packet: Packet) -> bytes:
 # -- decoding ---------------------------------------------------------------------------
 
 
-class _Reader:
-    """Reads MQTT fields from the variable header and payload of one packet."""
+class FieldReader:
+    """Reads MQTT fields from the variable header and payload of one packet.
+
+    Every read past ``end`` raises :class:`MalformedPacket` naming the field, so a
+    decoder built on it (this module's, the MQTT 5 one of :mod:`mqttbed.brokers.mqttst`)
+    never indexes out of a packet.
+    """
 
     __slots__ = ("data", "pos", "end")
 
@@ -335,13 +343,13 @@ def decode(datagram: bytes) -> Packet:
     if kind != PacketType.PUBLISH and flags != _FIXED_FLAGS.get(kind, 0):
         raise MalformedPacket(f"{kind.name} fixed-header flags {flags:#x} are reserved "
                               f"(section 2.2.2)")
-    reader = _Reader(datagram, start, len(datagram))
+    reader = FieldReader(datagram, start, len(datagram))
     packet = _DECODERS[kind](reader, flags)
     reader.done(kind.name)
     return packet
 
 
-def _decode_publish(r: _Reader, flags: int) -> Publish:
+def _decode_publish(r: FieldReader, flags: int) -> Publish:
     qos = (flags >> 1) & 0x03
     if qos == 3:
         raise MalformedPacket("PUBLISH QoS 3 is not allowed (section 3.3.1.2)")
@@ -358,7 +366,7 @@ def _decode_publish(r: _Reader, flags: int) -> Publish:
     return Publish(topic, payload, qos, bool(flags & 0x01), dup, packet_id)
 
 
-def _decode_connect(r: _Reader, _flags: int) -> Connect:
+def _decode_connect(r: FieldReader, _flags: int) -> Connect:
     protocol_name = r.string("CONNECT protocol name")
     protocol_level = r.u8("CONNECT protocol level")
     connect_flags = r.u8("CONNECT flags")
@@ -387,7 +395,7 @@ def _decode_connect(r: _Reader, _flags: int) -> Connect:
                    protocol_name, protocol_level)
 
 
-def _decode_connack(r: _Reader, _flags: int) -> ConnAck:
+def _decode_connack(r: FieldReader, _flags: int) -> ConnAck:
     ack_flags = r.u8("CONNACK flags")
     if ack_flags & 0xFE:
         raise MalformedPacket("CONNACK reserved flags are set (section 3.2.2.1)")
@@ -395,12 +403,12 @@ def _decode_connack(r: _Reader, _flags: int) -> ConnAck:
 
 
 def _decode_ack(kind: PacketType):
-    def decode_ack(r: _Reader, _flags: int) -> PacketIdAck:
+    def decode_ack(r: FieldReader, _flags: int) -> PacketIdAck:
         return PacketIdAck(kind, r.packet_id(kind.name))
     return decode_ack
 
 
-def _decode_subscribe(r: _Reader, _flags: int) -> Subscribe:
+def _decode_subscribe(r: FieldReader, _flags: int) -> Subscribe:
     packet_id = r.packet_id("SUBSCRIBE")
     filters = []
     while r.remaining():
@@ -414,7 +422,7 @@ def _decode_subscribe(r: _Reader, _flags: int) -> Subscribe:
     return Subscribe(packet_id, tuple(filters))
 
 
-def _decode_suback(r: _Reader, _flags: int) -> SubAck:
+def _decode_suback(r: FieldReader, _flags: int) -> SubAck:
     packet_id = r.packet_id("SUBACK")
     codes = tuple(r.take(r.remaining(), "SUBACK return codes"))
     if not codes or any(code not in (0, 1, 2, SUBACK_FAILURE) for code in codes):
@@ -422,7 +430,7 @@ def _decode_suback(r: _Reader, _flags: int) -> SubAck:
     return SubAck(packet_id, codes)
 
 
-def _decode_unsubscribe(r: _Reader, _flags: int) -> Unsubscribe:
+def _decode_unsubscribe(r: FieldReader, _flags: int) -> Unsubscribe:
     packet_id = r.packet_id("UNSUBSCRIBE")
     filters = []
     while r.remaining():
@@ -432,7 +440,7 @@ def _decode_unsubscribe(r: _Reader, _flags: int) -> Unsubscribe:
     return Unsubscribe(packet_id, tuple(filters))
 
 
-def _decode_unsuback(r: _Reader, _flags: int) -> UnsubAck:
+def _decode_unsuback(r: FieldReader, _flags: int) -> UnsubAck:
     return UnsubAck(r.packet_id("UNSUBACK"))
 
 

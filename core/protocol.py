@@ -90,6 +90,19 @@ class Role(StrEnum):
     SUBSCRIBER = "subscriber"
 
 
+class SubscribedStream(BaseModel):
+    """A stream of a message mix as its subscribers see it: the topic to subscribe to, at
+    which QoS, and whose messages are warm-up (publisher indexes first_publisher ...
+    first_publisher + publishers - 1, sequence numbers below warmup_messages)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    topic: str
+    qos: int
+    first_publisher: int
+    publishers: int
+    warmup_messages: int
+
+
 class ClientAssignment(BaseModel):
     """One MQTT client an agent runs during a run."""
 
@@ -106,8 +119,13 @@ class ClientAssignment(BaseModel):
     messages: int = 0
     warmup_messages: int = 0
     start_offset_ns: int = 0  # staggers publishers over one period instead of a burst
-    # subscriber: deliveries it expects (sum over the publishers of its topic)
+    # subscriber: deliveries it expects (sum over the publishers of its topic(s))
     expected_messages: int = 0
+    # subscriber of a message mix: every stream's topic, subscribed once per distinct
+    # topic (at the highest QoS of its streams), one after the other in stream order; a
+    # delivery's warm-up is its publisher's stream's. Empty: ``topic`` at ``qos``, with
+    # ``warmup_messages``.
+    streams: list[SubscribedStream] = []
     # subscription order: 0 subscribes first
     subscribe_rank: int = 0
     # the broker this client uses when a backend deploys several (else the assignment's)
@@ -115,6 +133,16 @@ class ClientAssignment(BaseModel):
     # publisher pacing: open loop on the schedule, or the next PUBLISH once the last one
     # is acknowledged (PUBACK / PUBCOMP), never faster than rate_hz
     closed_loop: bool = False
+
+    def subscriptions(self) -> list[tuple[str, int]]:
+        """The (topic, QoS) a subscriber subscribes to, in order: its streams' distinct
+        topics, each at the highest QoS of its streams; or its one topic."""
+        if not self.streams:
+            return [(self.topic, self.qos)]
+        qos: dict[str, int] = {}
+        for stream in self.streams:
+            qos[stream.topic] = max(qos.get(stream.topic, 0), stream.qos)
+        return list(qos.items())
 
 
 class Assignment(Message):

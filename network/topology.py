@@ -17,11 +17,13 @@ Every name starts with the prefix and every creation is journalled before it hap
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
 import secrets
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +41,9 @@ HOST_IFACE = "sw0"
 MGMT_IFACE = "mgmt0"
 BRIDGE = "br0"
 CPU_PORT = "cpu"
+# A helper process a run starts in the root namespace (the delay proxy) carries
+# ``--topology PREFIX`` in its argv: that is how reap finds it after a crash.
+TOPOLOGY_FLAG = "--topology"
 
 
 def new_prefix() -> str:
@@ -62,6 +67,7 @@ class HostPort:
     port: str             # the switch-side veth, in the switch namespace
     port_ifindex: int     # ... and its ifindex there (what the data plane redirects to)
     mgmt_address: str     # its end of the management /30
+    mgmt_link: str = ""   # the root-side veth of that /30 (traffic towards the host leaves it)
 
 
 class Topology:
@@ -140,7 +146,7 @@ class Topology:
         return HostPort(name=name, netns=host_ns, address=address,
                         mac=link_info(HOST_IFACE, host_ns)["address"], port=port,
                         port_ifindex=link_info(port, self.switch_ns)["ifindex"],
-                        mgmt_address=mgmt_address)
+                        mgmt_address=mgmt_address, mgmt_link=f"{self.prefix}m{index}")
 
     def _management(self, index: int, host_ns: str, mgmt: ipaddress.IPv4Network) -> str:
         """A /30 between the host and the root namespace; return the host's end."""
@@ -227,8 +233,12 @@ def reap(prefix: str) -> None:
     """Remove every namespace, root-side link, pin and journal of the run with ``prefix``.
 
     Found by name as well as through the journal, so it works for a builder that died
-    before journalling its last step, and it is safe to call twice.
+    before journalling its last step, and it is safe to call twice. Root-namespace
+    helpers tagged with the prefix (:data:`TOPOLOGY_FLAG`) are killed first.
     """
+    for pid in tagged_processes(prefix):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     for name in netns.names():
         if name.startswith(f"{prefix}-"):
             netns.delete(name)
@@ -242,9 +252,26 @@ def reap(prefix: str) -> None:
 def leftovers(prefix: str) -> list[str]:
     """Whatever of the run with ``prefix`` still exists (empty once reaped)."""
     found = [f"netns {n}" for n in netns.names() if n.startswith(f"{prefix}-")]
+    found += [f"process {pid}" for pid in tagged_processes(prefix)]
     found += [f"link {link}" for link in _root_links(prefix)]
     if pin_dir(prefix).exists():
         found.append(f"pins {pin_dir(prefix)}")
+    return found
+
+
+def tagged_processes(prefix: str) -> list[int]:
+    """Pids of live processes whose argv holds ``--topology PREFIX`` (zombies excluded)."""
+    tag = [TOPOLOGY_FLAG.encode(), prefix.encode()]
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # ended meanwhile
+        if any(argv[i:i + 2] == tag for i in range(len(argv) - 1)):
+            found.append(int(entry.name))
     return found
 
 

@@ -29,6 +29,9 @@ rt_package=$(fuzzer_runtime)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 command -v bpftool >/dev/null 2>&1 || [ -x /usr/sbin/bpftool ] || need+=(bpftool)
 { command -v ip && command -v tc; } >/dev/null 2>&1 || need+=(iproute2)
+# Link impairment (network/impairment.py) drops packets at random with iptables'
+# statistic match inside namespaces; iptables-legacy is used where nf_tables is missing.
+command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || need+=(iptables)
 # Spark 4 needs Java 17 or newer.
 if ! java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])'; then
     need+=(default-jre-headless)

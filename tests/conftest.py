@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import psutil
 import pytest
@@ -55,6 +55,19 @@ def controller(tmp_path, updates) -> Iterator[Controller]:
         yield ctl
 
 
+@pytest.fixture
+def broker():
+    """A Mosquitto on this machine for one test: its endpoint (test modules of other
+    brokers define their own ``broker``)."""
+    from mqttbed.brokers.mosquitto import MosquittoBackend, Options
+    from mqttbed.core.host import LocalHost
+
+    backend = MosquittoBackend()
+    endpoint = backend.deploy(Options(), LocalHost())
+    yield endpoint
+    backend.teardown()
+
+
 @pytest.fixture(scope="session")
 def spark():
     from mqttbed.analytics.spark import get_spark, stop_spark
@@ -76,12 +89,19 @@ def eventually(check: Callable[[], bool], timeout_s: float = 3.0) -> bool:
 
 def child_processes(name_part: str) -> list[psutil.Process]:
     """Descendants of this test process whose command line contains ``name_part``."""
+    return processes_mentioning(name_part, psutil.Process().children(recursive=True))
+
+
+def processes_mentioning(name_part: str, among: Iterable[psutil.Process] | None = None,
+                         ) -> list[psutil.Process]:
+    """Live processes (``among``, default: all on the machine, orphans included) whose
+    command line contains ``name_part``."""
     found = []
-    for proc in psutil.Process().children(recursive=True):
+    for proc in psutil.process_iter() if among is None else among:
         try:
             if name_part in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
-        except psutil.NoSuchProcess:
+        except psutil.Error:
             continue
     return found
 

@@ -19,14 +19,6 @@ RATE_HZ = 500
 MESSAGES = 50
 
 
-@pytest.fixture
-def broker():
-    backend = MosquittoBackend()
-    endpoint = backend.deploy(Options(), LocalHost())
-    yield endpoint
-    backend.teardown()
-
-
 def clients(subscribers: int) -> list[ClientAssignment]:
     pub = ClientAssignment(client_id="pub-0", role=Role.PUBLISHER, topic="t/x", qos=0,
                            gpio_pin=2, payload_bytes=64, rate_hz=RATE_HZ, messages=MESSAGES,

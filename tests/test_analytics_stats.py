@@ -6,6 +6,8 @@ a point whose only run failed, two publishers, three subscribers with exact, ``+
 agents, a delivery whose publish record is missing, plus another campaign and an
 unlisted run that must not leak in. The reference figures below are computed from the
 same rows with loops and numpy, following the definitions in mqttbed.analytics.figures.
+Each publisher is a stream of a message mix of its own: a stream's reference figures are
+those of the rows of its publishers (and every subscription).
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ from mqttbed.analytics.confidence import bootstrap_interval  # noqa: E402
 from mqttbed.analytics.figures import SKETCH_LEVELS, QuantileSketch  # noqa: E402
 from mqttbed.analytics.results_files import write_stats  # noqa: E402
 from mqttbed.analytics.spark import get_spark, stop_spark  # noqa: E402
-from mqttbed.analytics.stats import RunInfo, compute_campaign_stats  # noqa: E402
+from mqttbed.analytics.stats import (  # noqa: E402
+    RunInfo,
+    StreamInfo,
+    compute_campaign_stats,
+)
 from mqttbed.analytics.topics import topic_filter_regex  # noqa: E402
 from mqttbed.core.events import EVENT_COLUMNS, arrow_schema  # noqa: E402
 from mqttbed.core.sections import (  # noqa: E402
@@ -48,13 +54,21 @@ OFFSETS = {"pub-0": 0, "pub-1": -40_000, "sub-0": 0, "sub-1": 2_500_000, "sub-2"
 SUBSCRIPTIONS = [("sub-0", "plant/line1/temp"), ("sub-1", "plant/+/temp"), ("sub-2", "plant/#"),
                  ("sub-0", "other/#")]
 
+# The message mix: a stream per publisher, named apart from its topic.
+STREAMS = (StreamInfo("line1", TOPICS["pub-0"], 100, ("pub-0",)),
+           StreamInfo("line2", TOPICS["pub-1"], 65_536, ("pub-1",)))
+
 RUNS = [
-    RunInfo("r1", 0, {"qos": 1}, 0, "done", "mosquitto", warmup_messages=WARMUP),
-    RunInfo("r2", 0, {"qos": 1}, 1, "done", "mosquitto", warmup_messages=WARMUP),
-    RunInfo("r3", 1, {"qos": 2}, 0, "done", "mosquitto", warmup_messages=WARMUP),
+    RunInfo("r1", 0, {"qos": 1}, 0, "done", "mosquitto", warmup_messages=WARMUP,
+            streams=STREAMS),
+    RunInfo("r2", 0, {"qos": 1}, 1, "done", "mosquitto", warmup_messages=WARMUP,
+            streams=STREAMS),
+    RunInfo("r3", 1, {"qos": 2}, 0, "done", "mosquitto", warmup_messages=WARMUP,
+            streams=STREAMS),
     RunInfo("r4", 1, {"qos": 2}, 1, "failed", "mosquitto", reason="agent sub-1 lost",
-            warmup_messages=WARMUP),
-    RunInfo("r5", 2, {"qos": 0}, 0, "failed", "mosquitto", reason="broker did not start"),
+            warmup_messages=WARMUP, streams=STREAMS),
+    RunInfo("r5", 2, {"qos": 0}, 0, "failed", "mosquitto", reason="broker did not start",
+            streams=STREAMS),
 ]
 
 
@@ -267,6 +281,10 @@ def _reference_run(rows: list[dict]) -> dict[str, Any]:
     }
 
 
+COUNTS = ("messages_sent", "deliveries_expected", "deliveries_received",
+          "deliveries_unexpected", "lost", "duplicates", "reordered")
+
+
 def _reference_broker(samples_by_run: list[list[dict]]) -> dict[str, Any]:
     cpu_mean, cpu_max, rss, recv, sent = [], [], [], [], []
     for samples in samples_by_run:
@@ -310,9 +328,7 @@ def _reference_figures(parts: list[dict], samples_by_run: list[list[dict]]) -> d
     def pooled(name: str) -> list[float]:
         return [v for part in parts for v in part[name]]
 
-    counts = {name: sum(part["counts"][name] for part in parts)
-              for name in ("messages_sent", "deliveries_expected", "deliveries_received",
-                           "deliveries_unexpected", "lost", "duplicates", "reordered")}
+    counts = {name: sum(part["counts"][name] for part in parts) for name in COUNTS}
     return {
         **counts,
         "latency_us": _summary(pooled("latency"), ("p50", "p90", "p99", "p999")),
@@ -328,6 +344,25 @@ def _reference_figures(parts: list[dict], samples_by_run: list[list[dict]]) -> d
         "publication_msgs_per_s_std": _std(pooled("publication")),
         "broker": _reference_broker(samples_by_run),
     }
+
+
+def _stream_rows(rows: list[dict], stream: StreamInfo) -> list[dict]:
+    """The rows a stream's figures come from: its publishers' messages, every subscription."""
+    return [r for r in rows if r["kind"] == "subscribe" or r["publisher"] in stream.publishers]
+
+
+def _reference_stream(parts: list[dict], stream: StreamInfo) -> dict[str, Any]:
+    """Pool the reference parts (of one stream's rows) into the stream's figures."""
+    def pooled(name: str) -> list[float]:
+        return [v for part in parts for v in part[name]]
+
+    everything = ("p50", "p90", "p99", "p999")
+    return {"payload_bytes": stream.payload_bytes,
+            **{name: sum(part["counts"][name] for part in parts) for name in COUNTS},
+            "latency_us": _summary(pooled("latency"), everything),
+            "latency_from_intended_us": _summary(pooled("from_intended"), everything),
+            "send_lag_us": _summary(pooled("send_lag"), everything),
+            "sync_spread_us": _summary(pooled("spread"), ("p50", "p99"))}
 
 
 def _flat(document: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -481,6 +516,59 @@ def test_points_pool_done_runs_only(stats, dataset):
     assert points[0]["params"] == {"qos": 1}
 
 
+def test_each_stream_of_the_mix_matches_the_reference_of_its_publishers_rows(stats, dataset):
+    _, events, _ = dataset
+    runs = {run["run_id"]: run for run in stats["runs"]}
+    for info in RUNS:
+        assert list(runs[info.run_id]["streams"]) == ["line1", "line2"]
+        for stream in STREAMS:
+            part = _reference_run(_stream_rows(events.get(info.run_id, []), stream))
+            _assert_figures(runs[info.run_id]["streams"][stream.name],
+                            _reference_stream([part], stream))
+            assert runs[info.run_id]["streams"][stream.name]["topic"] == stream.topic
+    for point in stats["points"]:
+        for stream in STREAMS:
+            parts = [_reference_run(_stream_rows(events[run_id], stream))
+                     for run_id in point["run_ids"]]
+            _assert_figures(point["streams"][stream.name], _reference_stream(parts, stream))
+
+
+def test_the_streams_add_up_to_their_run_and_the_planted_anomalies_land_in_theirs(stats):
+    runs = {run["run_id"]: run for run in stats["runs"]}
+    for run in runs.values():
+        for count in ("messages_sent", "deliveries_expected", "deliveries_received", "lost",
+                      "duplicates", "reordered", "deliveries_unexpected"):
+            assert sum(s[count] for s in run["streams"].values()) == run[count]
+        assert sum(s["latency_us"]["count"] for s in run["streams"].values()) == \
+            run["latency_us"]["count"]
+    line1, line2 = runs["r1"]["streams"]["line1"], runs["r1"]["streams"]["line2"]
+    # r1: pub-0 (line1) lost two measured deliveries and duplicated one; pub-1 lost one.
+    assert (line1["lost"], line1["duplicates"], line2["lost"], line2["duplicates"]) == \
+        (2, 1, 1, 0)
+    assert (line1["topic"], line2["payload_bytes"]) == ("plant/line1/temp", 65_536)
+    # r2: the unrecorded publish of (pub-1, 7) is line2's.
+    assert runs["r2"]["streams"]["line2"]["deliveries_unexpected"] == 2
+
+
+def test_stream_intervals_and_cdfs_pool_the_streams_rows_of_the_points_runs(results, dataset):
+    _, events, _ = dataset
+    point0 = results.points[0]
+    for stream in STREAMS:
+        per_run = [_reference_run(_stream_rows(events[run_id], stream))
+                   for run_id in point0.run_ids]
+        sketches = [QuantileSketch(len(part["latency"]),
+                                   list(np.quantile(part["latency"], SKETCH_LEVELS)))
+                    for part in per_run]
+        figures = point0.streams[stream.name]
+        assert figures.latency_us.p50_ci == pytest.approx(bootstrap_interval(sketches, 0.5))
+        assert figures.latency_us.p99_ci == pytest.approx(bootstrap_interval(sketches, 0.99))
+        latencies = [v for part in per_run for v in part["latency"]]
+        assert results.series.stream_latency_cdf_us["0"][stream.name] == pytest.approx(
+            list(np.percentile(latencies, np.arange(101))))
+    assert results.points[1].streams["line1"].latency_us.p50_ci is None   # one done run
+    assert "2" not in results.series.stream_latency_cdf_us   # no done run
+
+
 def test_anomalies_are_counted_where_they_were_planted(stats):
     runs = {run["run_id"]: run for run in stats["runs"]}
     r1, r2, r3 = runs["r1"], runs["r2"], runs["r3"]
@@ -545,6 +633,20 @@ def test_stats_json_is_the_model_and_parquet_columns_come_from_its_types(results
     assert types["clock_flagged"] == "bool" and types["scope_acquisitions"] == "int64"
     assert types["time_sync_worst_max_abs_error_us"] == "double"
     assert types["sections_probe_delay_ns_p50"] == "double"
+    # The streams of the mix are rows of their own, typed like a level's figures.
+    assert "streams" not in types and types["stream"] == "string"
+    assert types["payload_bytes"] == "int64" and types["topic"] == "string"
+    streams = [row for row in rows if row["level"] == "run_stream" and row["run_id"] == "r1"]
+    assert [row["stream"] for row in streams] == ["line1", "line2"]
+    line1 = results.runs[0].streams["line1"]
+    assert streams[0]["latency_us_p99"] == pytest.approx(line1.latency_us.p99)
+    assert (streams[0]["lost"], streams[0]["payload_bytes"]) == (line1.lost, 100)
+    assert streams[0]["point_index"] == 0 and streams[0]["repetition"] == 0
+    point_streams = [row for row in rows if row["level"] == "point_stream"]
+    assert len(point_streams) == 2 * len(results.points)
+    assert point_streams[0]["latency_us_p50_ci_lo"] == \
+        results.points[0].streams["line1"].latency_us.p50_ci[0]
+    assert all(row["stream"] is None for row in rows if row["level"] in ("point", "run"))
 
 
 def test_a_backend_section_pools_its_records_per_run_and_point(results):
@@ -623,7 +725,8 @@ def test_delivery_resumption_after_a_fault_by_the_definition(spark, dataset):
     root, events, _ = dataset
     fault_ns = T0 + 100 * MS + 45 * MS   # controller clock, between messages 4 and 5
     runs = [RunInfo("r1", 0, {}, 0, "done", "mqtt-st", warmup_messages=WARMUP,
-                    fault_at_ns=fault_ns, fault_at_s=1.5, fault="killed broker 0"),
+                    fault_at_ns=fault_ns, fault_at_s=1.5, fault="killed broker 0",
+                    streams=STREAMS),
             RunInfo("r3", 1, {}, 0, "done", "mqtt-st", warmup_messages=WARMUP)]
     stats = compute_campaign_stats(spark, events_path=root / "events",
                                    samples_path=root / "samples",

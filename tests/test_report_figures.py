@@ -83,3 +83,26 @@ def test_first_to_last_bars_never_reach_below_zero():
     (dotted,) = [c for c in build_figures(stats([skewed]), {})["plot-sync-spread"]["data"]
                  if "first→last" in c["name"]]
     assert dotted["error_y"]["array"] == [8.0] and dotted["error_y"]["arrayminus"] == [3.0]
+
+
+def test_a_message_mix_gets_a_latency_cdf_per_stream_of_each_point():
+    points = [point(0, "mosquitto", 2, 1.0, 0.1), point(1, "mosquitto", 10, 1.0, 0.1)]
+    for p in points:
+        p["streams"] = {"small": {"topic": "m/s", "payload_bytes": 100},
+                        "large": {"topic": "m/l", "payload_bytes": 1_000_000}}
+    document = stats(points).model_dump()
+    quantiles = [float(q) for q in range(101)]
+    document["series"]["stream_latency_cdf_us"] = {
+        "0": {"small": quantiles, "large": quantiles}, "1": {"small": quantiles}}
+    figures = build_figures(type(stats([])).model_validate(document), {})
+    curves = figures["plot-stream-latency-cdf"]["data"]
+    assert [c["name"] for c in curves] == [
+        "subscribers=2: small, 100 B", "subscribers=2: large, 1,000,000 B",
+        "subscribers=10: small, 100 B"]
+    assert [c["line"]["dash"] for c in curves] == ["solid", "dash", "solid"]
+    assert curves[0]["x"] == quantiles and curves[0]["y"][-1] == 1.0
+
+
+def test_a_campaign_without_streams_has_no_stream_plot():
+    figures = build_figures(stats([point(0, "mosquitto", 2, 1.0, 0.1)]), {})
+    assert "plot-stream-latency-cdf" not in figures

@@ -33,24 +33,29 @@ def processes_matching(part: str) -> set[int]:
     return found
 
 
-def test_mqttbed_run_measures_a_two_point_sweep(tmp_path):
+def run_cli(spec: dict, tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """Run ``mqttbed run`` on ``spec`` into ``tmp_path/data``; return it and its stats.json."""
     spec_path = tmp_path / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump(SPEC))
-    data_dir = tmp_path / "data"
-    before = processes_matching("mqttbed.agents") | processes_matching("mosquitto")
+    spec_path.write_text(yaml.safe_dump(spec))
     cli = Path(sys.executable).with_name("mqttbed")
-    done = subprocess.run([str(cli), "run", str(spec_path), "--data-dir", str(data_dir)],
-                          capture_output=True, text=True, timeout=300,
+    done = subprocess.run([str(cli), "run", str(spec_path), "--data-dir",
+                           str(tmp_path / "data")], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr[-3000:]
+    stats_line = next(line for line in done.stdout.splitlines() if line.startswith("stats:"))
+    return done, Path(stats_line.split(":", 1)[1].strip())
+
+
+def test_mqttbed_run_measures_a_two_point_sweep(tmp_path):
+    data_dir = tmp_path / "data"
+    before = processes_matching("mqttbed.agents") | processes_matching("mosquitto")
+    done, stats_path = run_cli(SPEC, tmp_path)
     # the statistics are computed before the campaign is done, as under `mqttbed serve`
     assert "runs ended; computing statistics with Spark" in done.stderr
 
     # one table row per sweep point, then the paths
     rows = [line for line in done.stdout.splitlines() if "workload.subscribers=" in line]
     assert len(rows) == 2 and "mosquitto" in rows[0]
-    stats_line = next(line for line in done.stdout.splitlines() if line.startswith("stats:"))
-    stats_path = Path(stats_line.split(":", 1)[1].strip())
     stats = json.loads(stats_path.read_text())
     assert (stats_path.parent / "stats.parquet").exists()
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import socket
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,7 +31,7 @@ from mqttbed.brokers.base import Fault
 from mqttbed.brokers.mosquitto import MosquittoBackend
 from mqttbed.brokers.mosquitto import Options as MosquittoOptions
 from mqttbed.brokers.mosquitto import unavailable as mosquitto_unavailable
-from mqttbed.brokers.mqttst.cluster import Cluster, TreeOptions, topology_edges
+from mqttbed.brokers.mqttst.cluster import Cluster, TreeOptions, free_port_range, topology_edges
 from mqttbed.brokers.mqttst.section import MqttSt
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.errors import BackendError
@@ -42,8 +41,6 @@ from mqttbed.core.samples import BrokerStatsSample
 from mqttbed.core.sections import SectionRecords
 from mqttbed.instruments.resources import ProcessTreeSampler
 
-NODE_SOURCES = ("cluster.py", "node.py", "tree.py", "bpdu.py")
-PORT_RANGE = (20000, 40000)
 DEPLOY_ATTEMPTS = 3
 
 
@@ -122,6 +119,8 @@ class MqttStBackend:
         self._root: int | None = None
         self._first_states: list[dict[str, Any] | None] = []
         self._final_states: list[dict[str, Any] | None] = []
+        self._final_root: int | None = None
+        self._final_converged_ns: int | None = None
         self._faults: list[Fault] = []
         self._kill_index: int | None = None
         self._fault_timer: threading.Thread | None = None
@@ -166,25 +165,24 @@ class MqttStBackend:
                 f"max_inflight_messages {options.max_inflight_messages}\n")
         last: Exception | None = None
         for _ in range(DEPLOY_ATTEMPTS):
-            port = _free_port_range(options.brokers)
-            self._workdir = host.make_dir("mqttbed-mqttst-")
-            cluster = Cluster(brokers=options.brokers, port=port, topology=options.topology,
-                              options=options.tree_options(), workdir=self._workdir,
-                              address=host.address, mosquitto_conf_extra=conf)
+            cluster = Cluster(brokers=options.brokers,
+                              port=free_port_range(options.brokers, host.address),
+                              topology=options.topology, options=options.tree_options(),
+                              address=host.address, mosquitto_conf_extra=conf, host=host)
             self._started_ns = monotonic_ns()
             try:
                 cluster.start()
-            except OSError as exc:  # a port taken between the probe and the bind
+            except (OSError, BackendError) as exc:  # e.g. a port taken since it was probed
                 cluster.stop()
                 last = exc
                 continue
             self._cluster = cluster
             break
         else:
-            raise BackendError(f"mqtt-st: could not start {options.brokers} brokers on free "
-                               f"ports in {DEPLOY_ATTEMPTS} attempts: {last}")
+            raise BackendError(f"mqtt-st: could not start {options.brokers} brokers in "
+                               f"{DEPLOY_ATTEMPTS} attempts: {last}")
         self._root = self._cluster.wait_converged(options.converge_timeout_s)
-        self._converged_ns = monotonic_ns()
+        self._converged_ns = self._cluster.converged_at_ns() or monotonic_ns()
         self._first_states = self._cluster.states()
         self._endpoints = [Endpoint(host=h, port=p, transport=Transport.MQTT_TCP)
                            for h, p in self._cluster.endpoints()]
@@ -279,7 +277,7 @@ class MqttStBackend:
             "serving_brokers": self._serving,
             "limits": {"max_queued_messages": options.max_queued_messages,
                        "max_inflight_messages": options.max_inflight_messages},
-            "node_sources_sha256": _sources_sha256(),
+            "tree_node_sources_sha256": _sources_sha256(),
         }
         if self._single is not None:
             meta["benchmark_broker"] = self._single.metadata()
@@ -291,6 +289,8 @@ class MqttStBackend:
             "convergence_s": (None if self._converged_ns is None
                               else (self._converged_ns - self._started_ns) / 1e9),
             "faults": [f.model_dump() for f in self._faults],
+            "root_at_end": self._final_root,
+            "cluster": self._cluster.metadata() if self._cluster is not None else None,
             "states_at_convergence": self._first_states,
             "states_at_end": self._final_states,
         }
@@ -304,19 +304,18 @@ class MqttStBackend:
         options = self._options
         records: SectionRecords = {
             "brokers_deployed": [float(options.brokers)],
-            "root": [float(self._root)] if self._root is not None else [],
-            "convergence_s": [(self._converged_ns - self._started_ns) / 1e9]
-            if self._converged_ns is not None else [],
+            "root": [] if self._root is None else [float(self._root)],
+            "convergence_s": [] if self._converged_ns is None
+            else [(self._converged_ns - self._started_ns) / 1e9],
             **{f"links.{role}": [float(n)] for role, n in link_counts(self._first_states).items()},
-            **signalling_records(self._final_states or self._first_states, options.keepalive_s),
+            **node_counter_records(self._final_states or self._first_states, options.keepalive_s),
             **self._load_records(),
         }
-        if self._faults:
-            after = reconvergence(self._final_states, self._faults[0].at_ns)
-            if after is not None:
-                root, seconds = after
-                records["root_after_failure"] = [float(root)]
-                records["reconvergence_s"] = [seconds]
+        if self._faults and self._final_root is not None and self._final_converged_ns:
+            # the live nodes agreed on a tree again: when the last of them settled on it
+            records["root_after_failure"] = [float(self._final_root)]
+            records["reconvergence_s"] = [
+                max(self._final_converged_ns - self._faults[0].at_ns, 0) / 1e9]
         return {name: values for name, values in records.items() if values}
 
     def _load_records(self) -> SectionRecords:
@@ -350,14 +349,11 @@ class MqttStBackend:
             sampler.stop()
         if self._cluster is not None:
             self._final_states = self._cluster.states()
+            self._final_root = self._cluster.converged_root()
+            self._final_converged_ns = self._cluster.converged_at_ns()
             self._cluster.stop()
         if self._single is not None:
             self._single.teardown()
-        workdir = getattr(self, "_workdir", None)
-        if workdir is not None:
-            import shutil
-
-            shutil.rmtree(workdir, ignore_errors=True)
 
 
 # -- reading the nodes' state files ------------------------------------------------------
@@ -365,13 +361,14 @@ class MqttStBackend:
 
 def link_counts(states: list[dict[str, Any] | None]) -> dict[str, int]:
     """Links by role, each counted once: root (some node's root link), designated (the
-    parent end of an active link), blocked (blocked at either end)."""
-    roles: dict[frozenset[int], list[str]] = {}
+    parent end of an active link), blocked (blocked at either end); links down at both
+    ends are not counted."""
+    roles: dict[frozenset[str], list[str]] = {}
     for state in states:
         if state is None:
             continue
         for link in state["links"]:
-            roles.setdefault(frozenset((state["index"], link["peer"])), []).append(link["role"])
+            roles.setdefault(frozenset((state["id"], link["peer"])), []).append(link["role"])
     counts = {"root": 0, "designated": 0, "blocked": 0}
     for ends in roles.values():
         if "blocked" in ends:
@@ -382,69 +379,34 @@ def link_counts(states: list[dict[str, Any] | None]) -> dict[str, int]:
     return counts
 
 
-def signalling_records(states: list[dict[str, Any] | None], keepalive_s: float
-                       ) -> SectionRecords:
-    """BPDU bytes all nodes sent per keep-alive over their lifetime, and PINGREQ sizes."""
+def node_counter_records(states: list[dict[str, Any] | None], keepalive_s: float
+                         ) -> SectionRecords:
+    """BPDU bytes all nodes sent per keep-alive over their lifetime, PINGREQ sizes, and
+    what the nodes forwarded and dropped (nodes alive at the end: a killed node's last
+    counters are lost with it)."""
     live = [s for s in states if s is not None]
     if not live:
         return {}
-    sent = sum(s["counters"]["signalling_bytes_sent"] for s in live)
-    lifetime_s = max(s["uptime_s"] for s in live)
-    first = live[0]["pingreq_bytes"]
-    return {"signalling_bytes_per_keepalive": [sent / (lifetime_s / keepalive_s)]
+
+    def total(counter: str) -> list[float]:
+        return [float(sum(s["counters"][counter] for s in live))]
+
+    lifetime_s = max(s["written_at_ns"] - s["started_at_ns"] for s in live) / 1e9
+    sizes = live[0]["counters"]["pingreq_bytes"]
+    return {"signalling_bytes_per_keepalive": [
+                total("signalling_bytes_sent")[0] * keepalive_s / lifetime_s]
             if lifetime_s > 0 else [],
-            "pingreq_bytes_plain": [float(first["plain"])],
-            "pingreq_bytes_mqtt_st": [float(first["mqtt_st"])],
-            "forwarded": [float(sum(s["counters"]["forwarded"] for s in live))],
-            "discarded_blocked": [float(sum(s["counters"]["discarded_blocked"] for s in live))],
-            "deduplicated": [float(sum(s["counters"]["deduplicated"] for s in live))]}
-
-
-def reconvergence(states: list[dict[str, Any] | None], kill_ns: int
-                  ) -> tuple[int, float] | None:
-    """(new root, seconds from the kill until the last live node settled on it), from
-    the nodes' histories; None if the live nodes never agreed after the kill."""
-    live = [s for s in states if s is not None]
-    roots = {s["root"] for s in live}
-    if not live or len(roots) != 1:
-        return None
-    (root,) = roots
-    settled = []
-    for state in live:
-        # the node's last change of tree state after the kill is when it settled
-        after = [h["t_ns"] for h in state["history"] if h["t_ns"] >= kill_ns]
-        settled.append(max(after) if after else kill_ns)
-    return root, (max(settled) - kill_ns) / 1e9
-
-
-def _free_port_range(count: int) -> int:
-    """A base port P with P..P+count-1 free on loopback right now (bound, then released)."""
-    import random
-
-    for _ in range(200):
-        base = random.randrange(PORT_RANGE[0], PORT_RANGE[1] - 2 * count)
-        probes = []
-        try:
-            for port in range(base, base + 2 * count):  # client ports and link ports
-                probe = socket.socket()
-                probes.append(probe)
-                probe.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for probe in probes:
-                probe.close()
-    raise BackendError(f"no {count} consecutive free ports in {PORT_RANGE}")
+            "pingreq_bytes_plain": [float(sizes["plain"])],
+            "pingreq_bytes_mqtt_st": [float(sizes["bpdu"])],
+            "forwarded": total("forwarded"), "discarded_blocked": total("discarded_blocked"),
+            "deduplicated": total("deduplicated")}
 
 
 def _sources_sha256() -> str:
+    """One hash over the tree node's sources (what ran beside each Mosquitto)."""
     digest = hashlib.sha256()
-    here = Path(__file__).parent
-    for name in NODE_SOURCES:
-        path = here / name
-        if path.exists():
-            digest.update(path.read_bytes())
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
