@@ -220,6 +220,7 @@ def test_a_single_stream_workload_is_assigned_as_before():
 # -- the agent's session ---------------------------------------------------------------------
 
 
+@pytest.mark.integration  # Mosquitto
 def test_a_session_carries_100_byte_and_1_mb_messages_side_by_side(broker):
     data = mix(subscribers=2, streams=[
         {"name": "small", "topic": "msg/small", "payload_bytes": 100, "rate_hz": 50,
