@@ -1,5 +1,6 @@
 """Fuzzed parsers of every wire format mqttbed speaks in Python: the MQTT 3.1.1 codec,
-the FPGA broker model, the MQTT-SN gateway and the PAMS switch controller.
+the FPGA broker model, the MQTT-SN gateway, the PAMS switch controller, and the MQTT-ST
+nodes' MQTT 5 framing and BPDUs.
 
 Each takes mutated valid packets and noise (tests/fuzzing.py: bounded and derandomized
 in CI, ``make fuzz`` for a longer random run) and must answer every input without an
@@ -17,6 +18,9 @@ from hypothesis import strategies as st
 from mqttbed.brokers.fpga.model import BrokerModel
 from mqttbed.brokers.fpga.tables import TopicTables
 from mqttbed.brokers.mqttsn.gateway import Gateway
+from mqttbed.brokers.mqttst import mqtt5
+from mqttbed.brokers.mqttst.bpdu import Bpdu, MalformedBpdu, decode_bpdu, encode_bpdu
+from mqttbed.brokers.mqttst.tree import BrokerId
 from mqttbed.brokers.p4.controller import PacketIn, PamsController, parse_frame
 from mqttbed.core import mqtt_codec, mqttsn
 from mqttbed.core.mqtt_codec import (
@@ -109,3 +113,44 @@ def test_any_frame_from_the_cpu_port_is_a_packet_in_or_none(frame):
     packet_in = parse_frame(b"\x00" * 12 + b"\x08\x00\x45" + frame)
     assert packet_in is None or isinstance(packet_in.payload, bytes)
     assert parse_frame(frame) is None or len(frame) >= 42
+
+
+MQTT5_SEEDS = [mqtt5.encode(p) for p in (
+    mqtt5.Connect("mqttst/127.0.0.1:1883", 10, bridge=True),
+    mqtt5.ConnAck(0, properties=((mqtt5.Property.RECEIVE_MAXIMUM, 20),
+                                 (mqtt5.Property.USER_PROPERTY, ("mqttst-id", "10.0.0.2:1884")))),
+    mqtt5.Publish("a/b", b"x" * 40, 2, True, False, 7,
+                  ((mqtt5.Property.CONTENT_TYPE, "text/plain"), (mqtt5.Property.TOPIC_ALIAS, 3))),
+    mqtt5.Ack(PacketType.PUBREL, 9), mqtt5.Subscribe(3, (("a/#", 0x06),)),
+    mqtt5.PingReq(b"\x01" * 40), mqtt5.PingReq(), mqtt5.Disconnect())]
+BPDU_SEEDS = [encode_bpdu(Bpdu(BrokerId("10.0.0.2", 1884), 2.5, BrokerId("10.0.0.1", 1883), 4.0,
+                               1200, 3, topology_change=flag)) for flag in (False, True)]
+
+
+@FUZZ
+@given(st.lists(datagrams(MQTT5_SEEDS), max_size=6))
+def test_an_mqttst_node_frames_any_stream_and_decodes_or_refuses_each_packet(chunks):
+    frames = mqtt5.FrameBuffer(max_packet_bytes=4096)
+    for chunk in chunks:
+        try:
+            packets = frames.feed(chunk)
+        except MalformedPacket:
+            return  # a node closes that link
+        for first, body in packets:
+            try:
+                packet = mqtt5.decode(first, body)
+            except MalformedPacket:
+                continue
+            [(again_first, again_body)] = mqtt5.FrameBuffer().feed(mqtt5.encode(packet))
+            assert mqtt5.decode(again_first, again_body) == packet
+
+
+@FUZZ
+@given(datagrams(BPDU_SEEDS))
+def test_a_bpdu_decodes_and_encodes_back_or_is_refused_with_a_counter_reason(payload):
+    try:
+        bpdu = decode_bpdu(payload)
+    except MalformedBpdu as exc:
+        assert exc.reason and " " not in exc.reason.strip("_")
+        return
+    assert decode_bpdu(encode_bpdu(bpdu)) == bpdu
