@@ -59,8 +59,9 @@ def wan_delays(table: dict[str, float]) -> dict[frozenset[str], float]:
             raise ValueError(f"wan_delay_ms[{key!r}] = {ms!r}: a one-way delay in 0..10000 ms")
         pair = frozenset((a, b))
         if pair in delays and delays[pair] != ms:
-            raise ValueError(f"wan_delay_ms gives {a} and {b} two delays ({delays[pair]} and "
-                             f"{ms}); one-way delays are the same both ways: give one")
+            raise ValueError(f"wan_delay_ms gives {' and '.join(sorted(pair))} two delays "
+                             f"({delays[pair]} and {ms}); one-way delays are the same both "
+                             "ways: give one")
         delays[pair] = ms
     return delays
 
