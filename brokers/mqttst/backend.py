@@ -42,7 +42,7 @@ from mqttbed.brokers.mosquitto import Options as MosquittoOptions
 from mqttbed.brokers.mosquitto import unavailable as mosquitto_unavailable
 from mqttbed.brokers.mqttst.cluster import Cluster, TreeOptions, free_port_range, topology_edges
 from mqttbed.brokers.mqttst.section import MqttSt
-from mqttbed.brokers.mqttst.wan import LOCALITIES, DelayProxies, Geography, pair_key, wan_delays
+from mqttbed.brokers.mqttst.wan import DelayProxies, Geography, check_geography, wan_delays
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host, LocalHost
@@ -118,36 +118,9 @@ class Options(BaseModel):
         return self
 
     def _check_geography(self) -> None:
-        if self.locality_percent not in LOCALITIES:
-            raise ValueError(f"locality_percent {self.locality_percent}: the paper's setups "
-                             "are 0, 50 and 100")
-        placed = {"publisher_region": self.publisher_region, "cloud_region": self.cloud_region,
-                  "subscriber_region": self.subscriber_region}
-        if self.regions is None:
-            given = [name for name, value in placed.items() if value is not None]
-            if given or self.wan_delay_ms:
-                raise ValueError(f"{(given or ['wan_delay_ms'])[0]} needs regions (one per "
-                                 "broker, e.g. regions: [us-west, us-east, eu])")
-            return
-        if len(self.regions) < self.brokers:
-            raise ValueError(f"regions {self.regions} names {len(self.regions)} regions for "
-                             f"{self.brokers} brokers: give one per broker")
-        if not all(name and "/" not in name for name in self.regions):
-            raise ValueError(f"regions {self.regions}: names must be non-empty, without '/'")
-        for name in ("publisher_region", "subscriber_region"):
-            if placed[name] is None:
-                raise ValueError(f"regions need {name} (where those clients sit)")
-        if self.cloud_region is not None and self.cloud_region not in self.regions[:self.brokers]:
-            raise ValueError(f"cloud_region {self.cloud_region!r} is not a broker's region "
-                             f"{sorted(set(self.regions[:self.brokers]))}")
-        delays = wan_delays(self.wan_delay_ms)
-        broker_regions = set(self.regions[:self.brokers])
-        clients = {self.publisher_region, self.subscriber_region}
-        for a in sorted(broker_regions | clients):
-            for b in sorted(broker_regions):
-                if a != b and frozenset((a, b)) not in delays:
-                    raise ValueError(f"wan_delay_ms has no delay between {a} and {b}: add "
-                                     f"'{pair_key(a, b)}: MS'")
+        check_geography(self.brokers, self.regions, self.wan_delay_ms, self.locality_percent,
+                        publisher_region=self.publisher_region,
+                        subscriber_region=self.subscriber_region, cloud_region=self.cloud_region)
 
     def geography(self) -> Geography | None:
         """The regions and delays of the networked environment, or None (all local)."""

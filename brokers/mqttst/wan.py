@@ -66,6 +66,43 @@ def wan_delays(table: dict[str, float]) -> dict[frozenset[str], float]:
     return delays
 
 
+def check_geography(brokers: int, regions: list[str] | None, wan_delay_ms: dict[str, float],
+                    locality_percent: int, **placed: str | None) -> None:
+    """Raise ValueError naming the field and value of a geography that cannot be built.
+
+    ``placed``: publisher_region, subscriber_region, cloud_region (None: not given).
+    """
+    if locality_percent not in LOCALITIES:
+        raise ValueError(f"locality_percent {locality_percent}: the paper's setups are 0, 50 "
+                         "and 100")
+    if regions is None:
+        given = [name for name, value in placed.items() if value is not None]
+        if given or wan_delay_ms:
+            raise ValueError(f"{(given or ['wan_delay_ms'])[0]} needs regions (one per "
+                             "broker, e.g. regions: [us-west, us-east, eu])")
+        return
+    if len(regions) < brokers:
+        raise ValueError(f"regions {regions} names {len(regions)} regions for {brokers} "
+                         "brokers: give one per broker")
+    if not all(name and "/" not in name for name in regions):
+        raise ValueError(f"regions {regions}: names must be non-empty, without '/'")
+    for name in ("publisher_region", "subscriber_region"):
+        if placed.get(name) is None:
+            raise ValueError(f"regions need {name} (where those clients sit)")
+    broker_regions = set(regions[:brokers])
+    cloud = placed.get("cloud_region")
+    if cloud is not None and cloud not in broker_regions:
+        raise ValueError(f"cloud_region {cloud!r} is not a broker's region "
+                         f"{sorted(broker_regions)}")
+    delays = wan_delays(wan_delay_ms)
+    clients = {placed["publisher_region"], placed["subscriber_region"]}
+    for a in sorted(broker_regions | clients):
+        for b in sorted(broker_regions):
+            if a != b and frozenset((a, b)) not in delays:
+                raise ValueError(f"wan_delay_ms has no delay between {a} and {b}: add "
+                                 f"'{pair_key(a, b)}: MS'")
+
+
 @dataclass(frozen=True)
 class Geography:
     """Where the brokers and clients of a run sit, and the one-way delays between regions."""
