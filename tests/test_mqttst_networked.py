@@ -12,7 +12,6 @@ SIGKILLed owner once its journal is reaped.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from mqttbed.brokers.mqttst.wan import Geography
 from mqttbed.campaigns.spec import builtin_spec_path, expand_points, load_spec, parse_spec
@@ -28,9 +26,8 @@ from mqttbed.core.errors import SpecError
 from mqttbed.core.protocol import Role
 from mqttbed.network.topology import JOURNAL_DIR, reap, tagged_processes
 from tests.conftest import processes_mentioning
+from tests.mqttst_support import CLI_ENV, run_campaign
 
-CLI = Path(sys.executable).with_name("mqttbed")
-ENV = {**os.environ, "COLUMNS": "200", "PYSPARK_PYTHON": sys.executable}
 PROXY = "mqttbed.network.delay_proxy"
 GEOGRAPHY = {"regions": ["a", "b", "c"], "wan_delay_ms": {"a/b": 20, "b/c": 20, "a/c": 60},
              "publisher_region": "a", "subscriber_region": "c"}
@@ -59,14 +56,8 @@ def proxies() -> set[int]:
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_wan_delays_land_where_the_regions_put_them_and_no_proxy_is_left(tmp_path):
-    spec_path = tmp_path / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump(NETWORKED))
     before = proxies()
-    done = subprocess.run([str(CLI), "run", str(spec_path), "--data-dir", str(tmp_path / "d")],
-                          capture_output=True, text=True, timeout=280, env=ENV)
-    assert done.returncode == 0, done.stderr[-3000:]
-    stats_line = next(line for line in done.stdout.splitlines() if line.startswith("stats:"))
-    points = json.loads(Path(stats_line.split(":", 1)[1].strip()).read_text())["points"]
+    points = run_campaign(NETWORKED, tmp_path)
     by_key = {(p["params"]["scenario"], p["params"]["broker.locality_percent"]): p
               for p in points}
     assert set(by_key) == set(EXPECTED_MS)
@@ -124,7 +115,7 @@ time.sleep(600)
 @pytest.mark.timeout(120)
 def test_proxies_of_a_sigkilled_owner_are_reaped_from_its_journal():
     owner = subprocess.Popen([sys.executable, "-c", KILLED_OWNER, json.dumps(GEOGRAPHY)],
-                             stdout=subprocess.PIPE, text=True, env=ENV)
+                             stdout=subprocess.PIPE, text=True, env=CLI_ENV)
     try:
         line = json.loads(owner.stdout.readline())
         prefix = line["prefix"]
