@@ -366,6 +366,7 @@ class MqttStBackend:
                 "locality_percent": options.locality_percent,
                 "clients": self._client_paths,
                 "proxy_prefix": self._proxies.prefix,
+                "proxy_prefix_journalled": self._proxies.journalled,
                 "proxies": self._proxies.describe(),
             }
         if self._single is not None:

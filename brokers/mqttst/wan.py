@@ -151,7 +151,13 @@ class DelayProxies:
         self._closed = False
         self._final: list[dict[str, Any]] | None = None
         work_dir.mkdir(parents=True, exist_ok=True)
-        Journal(self.prefix).record("processes", f"{TOPOLOGY_FLAG} {self.prefix}")
+        # The journal lets the next controller's recover reap proxies of a SIGKILLed run;
+        # without it (/run not writable: not root) they are reaped after the run only.
+        try:
+            Journal(self.prefix).record("processes", f"{TOPOLOGY_FLAG} {self.prefix}")
+            self.journalled = True
+        except OSError:
+            self.journalled = False
 
     def route(self, upstream: tuple[str, int], delay_ms: float, path: str) -> tuple[str, int]:
         """Where to connect to reach ``upstream`` with ``delay_ms`` each way (``path``
