@@ -83,3 +83,22 @@ def test_first_to_last_bars_never_reach_below_zero():
     (dotted,) = [c for c in build_figures(stats([skewed]), {})["plot-sync-spread"]["data"]
                  if "first→last" in c["name"]]
     assert dotted["error_y"]["array"] == [8.0] and dotted["error_y"]["arrayminus"] == [3.0]
+
+
+def test_the_cloud_is_averaged_over_its_locations_against_locality():
+    spec = {"workload": {"placement": "distributed"},
+            "scenarios": [{"name": "distributed"},
+                          {"name": "cloud-a", "workload.placement": "benchmark"},
+                          {"name": "cloud-b", "workload.placement": "benchmark"}]}
+    means_ms = {("distributed", 0): 75, ("distributed", 100): 1,
+                ("cloud-a", 0): 70, ("cloud-a", 100): 2, ("cloud-b", 0): 80, ("cloud-b", 100): 150}
+    points = []
+    for index, ((scenario, locality), ms) in enumerate(means_ms.items()):
+        p = point(index, "mqtt-st", 10, 1.0, 0.1)
+        p["params"] = {"scenario": scenario, "broker.locality_percent": locality}
+        p["latency_us"] = dist(ms * 1e3)
+        points.append(p)
+    curves = {c["name"]: c for c in build_figures(stats(points), spec)["plot-locality"]["data"]}
+    cloud = curves["cloud, mean over its locations"]
+    assert cloud["x"] == [0, 100] and cloud["y"] == [75.0, 76.0]
+    assert curves["mqtt-st (scenario=distributed)"]["y"] == [75.0, 1.0]
