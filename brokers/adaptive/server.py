@@ -2,11 +2,12 @@
 
 One asyncio loop serves every connection (:class:`~.session.ClientSession`), sends the RTT
 queries every ``--rtt-query-period-s``, and every ``--sample-interval-s`` drops silent
-clients and samples the held payload bytes. Every ``--stats-interval-s`` and on SIGTERM
-or SIGINT (then it exits 0) it writes its counters to ``--stats-file``, and its samples
-(RTTs, withheld durations, held bytes over time) to ``--records-file``, each through a
-temporary file and a rename. ``--ready-file`` receives the bound address, which is how
-the ``adaptive`` backend learns the port it got with ``--port 0``.
+clients and samples the held payload bytes. Every ``--stats-interval-s`` it writes its
+counters to ``--stats-file``, every :data:`RECORDS_INTERVAL_S` its samples (RTTs, withheld
+durations, held bytes over time) to ``--records-file``, and both on SIGTERM or SIGINT
+(then it exits 0), each through a temporary file and a rename. ``--ready-file``
+receives the bound address, which is how the ``adaptive`` backend learns the port it got
+with ``--port 0``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from mqttbed.brokers.fpga.server import write_json_atomically
 logger = logging.getLogger("mqttbed.adaptive")
 
 STATS_FORMAT = 1
+RECORDS_INTERVAL_S = 5.0   # the samples grow over a run: rewritten less often than counters
 _DEFAULTS = BrokerConfig()
 
 
@@ -61,8 +63,10 @@ class BrokerServer:
                                                  self.broker.query_round)),
                  asyncio.create_task(self._every(self.sample_interval_s,
                                                  self.broker.housekeeping)),
-                 asyncio.create_task(self._every(self.stats_interval_s, self.write_files))]
-        self.write_files()
+                 asyncio.create_task(self._every(self.stats_interval_s, self.write_stats)),
+                 asyncio.create_task(self._every(max(RECORDS_INTERVAL_S, self.stats_interval_s),
+                                                 self.write_records))]
+        self.write_stats()
         try:
             await stop.wait()
         finally:
@@ -72,7 +76,8 @@ class BrokerServer:
             for session in list(self.broker.connections):
                 session.abort()
             await asyncio.sleep(0)   # let connection_lost run: the queues are dropped
-            self.write_files()
+            self.write_stats()
+            self.write_records()
 
     @staticmethod
     async def _every(period_s: float, action: Callable[[], None]) -> None:
@@ -87,8 +92,8 @@ class BrokerServer:
             except Exception:   # a bug in one round must not end the broker
                 logger.exception("periodic %s failed", getattr(action, "__name__", action))
 
-    def write_files(self) -> None:
-        """Write the counters and the samples (each atomically)."""
+    def write_stats(self) -> None:
+        """Write the counters (atomically)."""
         if self.stats_file is not None:
             write_json_atomically(self.stats_file, {
                 "format": STATS_FORMAT, "broker": "adaptive", "pid": os.getpid(),
@@ -96,6 +101,9 @@ class BrokerServer:
                 f"{self.address[0]}:{self.address[1]}",
                 "started_at": self.started_at, "written_at": time.time(),
                 **self.broker.stats()})
+
+    def write_records(self) -> None:
+        """Write the samples (atomically)."""
         if self.records_file is not None:
             write_json_atomically(self.records_file, self.broker.records())
 
