@@ -153,6 +153,12 @@ class AdaptiveBackend:
         """Return the broker's resource samples (RSS among them)."""
         return [] if self._proc is None else self._proc.samples()
 
+    def live_stats(self) -> dict[str, Any] | None:
+        """The broker's counters as it last wrote them (every ``stats_interval_s``)."""
+        if self._proc is None or self._torn_down:
+            return None
+        return _read_json(self._proc.dir / "stats.json")
+
     @property
     def broker_stats(self) -> dict[str, Any] | None:
         """The broker's final counters (after teardown; None before, or if it wrote none)."""

@@ -258,7 +258,8 @@ class AdaptiveBroker:
         totals = Counter(self._departed_queries)
         for session in self.sessions.values():
             totals.update(_query_counts(session))
-        return {kind: totals[kind] for kind in ("sent", "answered", "timed_out")}
+        return {kind: totals[kind]
+                for kind in ("sent", "answered", "answered_late", "timed_out", "given_up")}
 
     def records(self) -> dict[str, Any]:
         """Every sample kept: RTTs, withheld durations, held bytes over time."""
@@ -268,7 +269,8 @@ class AdaptiveBroker:
 
 def _query_counts(session: ClientSession) -> dict[str, int]:
     probe = session.probe
-    return {"sent": probe.sent, "answered": probe.answered, "timed_out": probe.timed_out}
+    return {"sent": probe.sent, "answered": probe.answered, "answered_late": probe.answered_late,
+            "timed_out": probe.timed_out, "given_up": probe.given_up}
 
 
 def _client_stats(session: ClientSession) -> dict[str, Any]:

@@ -7,10 +7,13 @@ sample, ``RTT_latest`` of Eq. 1. The paper had a co-hosted publisher send the qu
 subscribers of a ``latency`` topic; here the broker sends them itself (no extra client,
 no publisher-to-broker hop in the samples).
 
-A query without an answer after ``timeout_s`` is given up (counted, its packet identifier
-freed; a PUBACK arriving later is ignored): the subscriber keeps its last RTT estimate,
-stale, and keeps being served. One that never answered has no estimate, and every
-policy sends on no estimate (:meth:`~mqttbed.core.withholding.Withholding.sends_now`).
+A query without an answer after ``timeout_s`` is counted as timed out; its PUBACK, if it
+comes later, is still an RTT sample (a long one: the congestion the policy is there
+for). At most :data:`MAX_OUTSTANDING` queries per subscriber are remembered; beyond
+that the oldest is given up for good (its packet identifier freed, a later PUBACK
+ignored). A subscriber that stops answering keeps its last RTT estimate, stale, and keeps
+being served; one that never answered has no estimate, and every policy sends on no
+estimate (:meth:`~mqttbed.core.withholding.Withholding.sends_now`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 QUERY_TOPIC = "$adaptive/rtt"
 RESERVED_PREFIX = "$adaptive/"   # clients cannot publish here (nobody can forge a query)
 _QUERY_MAGIC = b"mqttbed-rtt-query"
+MAX_OUTSTANDING = 64
 
 
 def query_payload(size: int) -> bytes:
@@ -36,10 +40,18 @@ class RttProbe:
     latest_s: float | None = None
     sent: int = 0
     answered: int = 0
+    answered_late: int = 0    # after the timeout
     timed_out: int = 0
+    given_up: int = 0         # forgotten: more than MAX_OUTSTANDING unanswered
+    _late: set[int] = field(default_factory=set)   # outstanding ids already timed out
 
     def written(self, packet_id: int, now_ns: int) -> None:
         """The query with ``packet_id`` was handed to the socket at ``now_ns``."""
+        if len(self.outstanding) >= MAX_OUTSTANDING:
+            oldest = next(iter(self.outstanding))
+            del self.outstanding[oldest]
+            self._late.discard(oldest)
+            self.given_up += 1
         self.outstanding[packet_id] = now_ns
         self.sent += 1
 
@@ -49,14 +61,16 @@ class RttProbe:
         if sent_ns is None:
             return None
         self.answered += 1
+        if packet_id in self._late:
+            self._late.discard(packet_id)
+            self.answered_late += 1
         self.latest_s = (now_ns - sent_ns) / 1e9
         return self.latest_s
 
-    def expire(self, now_ns: int) -> list[int]:
-        """Give up the queries older than the timeout; return their packet identifiers."""
-        expired = [pid for pid, sent_ns in self.outstanding.items()
-                   if now_ns - sent_ns >= self.timeout_ns]
-        for packet_id in expired:
-            del self.outstanding[packet_id]
-        self.timed_out += len(expired)
-        return expired
+    def expire(self, now_ns: int) -> int:
+        """Count the queries that just passed the timeout unanswered; return how many."""
+        late = [pid for pid, sent_ns in self.outstanding.items()
+                if pid not in self._late and now_ns - sent_ns >= self.timeout_ns]
+        self._late.update(late)
+        self.timed_out += len(late)
+        return len(late)

@@ -18,7 +18,8 @@ from mqttbed.core.sections import BackendSection, Distribution, SectionRecords
 
 _COUNTS = ("small_deliveries", "large_deliveries", "large_sent_immediately", "large_withheld",
            "released_by_policy", "withheld_dropped", "dropped_queue_full",
-           "rtt_queries_sent", "rtt_queries_answered", "rtt_queries_timed_out",
+           "rtt_queries_sent", "rtt_queries_answered", "rtt_queries_answered_late",
+           "rtt_queries_timed_out", "rtt_queries_given_up",
            "payload_copies_made")
 
 
@@ -47,8 +48,11 @@ class WithholdingFigures(BackendSection):
     dropped_queue_full: int = Field(0, description="deliveries dropped: subscriber queue full")
     withheld_s: Distribution = Field(default_factory=Distribution)
     rtt_queries_sent: int = 0
-    rtt_queries_answered: int = 0
-    rtt_queries_timed_out: int = 0
+    rtt_queries_answered: int = Field(0, description="late ones included: still RTT samples")
+    rtt_queries_answered_late: int = Field(0, description="answered after the query timeout")
+    rtt_queries_timed_out: int = Field(0, description="unanswered within the query timeout")
+    rtt_queries_given_up: int = Field(
+        0, description="forgotten unanswered (more than 64 outstanding per subscriber)")
     rtt_ms: Distribution = Field(default_factory=Distribution)
     payload_copies_made: int = Field(
         0, description="per-subscriber payload copies allocated on arrival (eager only)")

@@ -86,9 +86,18 @@ class ShapedSubscribers:
         self._thread.start()
 
     def connect(self, client_id: str, filters: list[tuple[str, int]],
-                query_delay_s: float | None = 0.0, timeout_s: float = 5.0) -> ShapedSubscriber:
-        """Connect and subscribe (synchronously, before the thread takes the socket over)."""
-        sock = socket.create_connection(self.address, timeout=timeout_s)
+                query_delay_s: float | None = 0.0, timeout_s: float = 5.0,
+                receive_buffer_bytes: int | None = None) -> ShapedSubscriber:
+        """Connect and subscribe (synchronously, before the thread takes the socket over).
+
+        ``receive_buffer_bytes`` caps the TCP window it offers (so a pause in reading
+        reaches the broker after that much, not after the kernel's autotuned megabytes).
+        """
+        sock = socket.socket(socket.AF_INET6 if ":" in self.address[0] else socket.AF_INET)
+        if receive_buffer_bytes is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
+        sock.settimeout(timeout_s)
+        sock.connect(self.address)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         subscriber = ShapedSubscriber(client_id, sock, query_delay_s)
         sock.sendall(encode(Connect(client_id, keepalive_s=60)))
