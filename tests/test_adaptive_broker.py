@@ -59,10 +59,15 @@ class Broker:
 
     def congested(self, client_id: str, filters=(("msg/#", 0),), delay_s=CONGESTED_DELAY_S):
         """A subscriber whose RTT estimate (already in the broker) looks like ``delay_s``."""
-        subscriber = self.shaped.connect(client_id, list(filters), delay_s)
-        assert self.shaped.wait_for(lambda: subscriber.queries_answered >= 1, 5)
-        time.sleep(0.05)   # the PUBACK reaches the broker
-        return subscriber
+        return self.congested_group([client_id], filters, delay_s)[0]
+
+    def congested_group(self, client_ids: list[str], filters=(("msg/#", 0),),
+                        delay_s=CONGESTED_DELAY_S):
+        """Subscribers that all look like ``delay_s`` (waited for together)."""
+        group = [self.shaped.connect(c, list(filters), delay_s) for c in client_ids]
+        assert self.shaped.wait_for(lambda: all(s.queries_answered >= 1 for s in group), 5)
+        time.sleep(0.05)   # the PUBACKs reach the broker
+        return group
 
     def close(self) -> None:
         self.shaped.close()
@@ -243,7 +248,7 @@ def test_a_subscriber_that_never_answers_or_stops_reading_stalls_nobody(brokers)
     assert max(latencies) < 0.25, latencies
     assert len(mute.messages()) == 40      # no estimate ever: its large ones are not held
     stats = broker.backend.live_stats()
-    assert stats["clients"]["mute"]["queries_timed_out"] >= 1
+    assert stats["clients"]["mute"]["rtt_queries_timed_out"] >= 1
     assert stats["dropped_queue_full"] > 0   # the stuck one's queue hit its limit
     assert stats["clients"]["stuck"]["queued"] >= 20   # (RTT queries come on top)
     assert broker.backend.health() is None
@@ -252,7 +257,7 @@ def test_a_subscriber_that_never_answers_or_stops_reading_stalls_nobody(brokers)
 @pytest.mark.parametrize("lazy", [True, False], ids=["lazy", "eager"])
 def test_held_payload_bytes_are_counted_exactly_once_per_message_when_lazy(brokers, lazy):
     broker = start(brokers, lazy_allocation=lazy)
-    subscribers = [broker.congested(f"edge{n}") for n in range(4)]
+    subscribers = broker.congested_group([f"edge{n}" for n in range(4)])
     for n in range(3):
         broker.publish("msg/large", LARGE, tag=f"L{n}".encode())
     expected = 3 * LARGE * (1 if lazy else 4)

@@ -55,6 +55,9 @@ def test_mqttbed_run_on_the_adaptive_broker_delivers_everything_and_reports_with
     assert section["payload_copies_made"] == 2 * 100   # eager: one copy per subscriber
     assert section["held_payload_bytes_peak"]["count"] == 1
     assert section["held_payload_bytes_peak"]["max"] >= 20_000
+    assert sorted(section["subscribers"]) == ["sub-0", "sub-1"]   # per client id
+    assert section["subscribers"]["sub-1"]["large_deliveries"] == 100
+    assert section["subscribers"]["sub-1"]["rtt_ms"]["count"] > 0
     (run,) = stats["runs"]
     assert run["sections"]["withholding"] == section
 

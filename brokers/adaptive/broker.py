@@ -24,9 +24,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from mqttbed.brokers.adaptive.outbox import Message, PayloadLedger, WithholdingCounts
+from mqttbed.brokers.adaptive.outbox import Message, PayloadLedger
 from mqttbed.brokers.adaptive.rtt import QUERY_TOPIC, RESERVED_PREFIX, query_payload
 from mqttbed.brokers.adaptive.session import ClientSession
+from mqttbed.brokers.adaptive.tally import ClientTally, samples, totals
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.mqtt_codec import Publish
 from mqttbed.core.mqttsn import topic_matches
@@ -109,14 +110,12 @@ class AdaptiveBroker:
         self.config = config
         self.policy = config.withholding()
         self.ledger = PayloadLedger(config.lazy_allocation)
-        self.counts = WithholdingCounts()
         self.protocol = ProtocolCounters()
         self.connections: set[ClientSession] = set()
         self.sessions: dict[str, ClientSession] = {}
-        self.rtt_ms: list[float] = []
+        self.tallies: dict[str, ClientTally] = {}      # every client id there was
         self.held_series: list[tuple[int, int]] = []   # (t_ns, held payload bytes)
         self.query_rounds = 0
-        self._departed_queries: Counter[str] = Counter()   # of sessions that ended
         self._query = Message(QUERY_TOPIC, query_payload(config.rtt_query_bytes), 1, 0,
                               large=False, counted=False)
         self._client_numbers = itertools.count(1)
@@ -132,13 +131,19 @@ class AdaptiveBroker:
         return f"adaptive-{next(self._client_numbers)}"
 
     def attach(self, session: ClientSession) -> None:
-        """``session`` sent CONNECT: it takes its client id over from any older session."""
-        assert session.client_id is not None
-        if (old := self.sessions.get(session.client_id)) is not None:
+        """``session`` sent CONNECT: it takes its client id over from any older session,
+        and the figures counted for that id so far."""
+        client_id = session.client_id
+        assert client_id is not None
+        if (old := self.sessions.get(client_id)) is not None:
             self.protocol.refuse("client id taken over", old, "by a new connection")
             self.detach(old, publish_will=False)   # 3.1.1 3.1.4-2: the old one is disconnected
             old.abort()
-        self.sessions[session.client_id] = session
+        if (tally := self.tallies.get(client_id)) is None:
+            self.tallies[client_id] = session.tally
+        else:
+            session.adopt(tally)
+        self.sessions[client_id] = session
 
     def detach(self, session: ClientSession, publish_will: bool) -> None:
         """``session`` ended: drop its queues, publish its will if it ended abnormally."""
@@ -147,7 +152,6 @@ class AdaptiveBroker:
             return
         del self.sessions[session.client_id]
         session.outbox.clear()
-        self._departed_queries.update(_query_counts(session))
         if publish_will and session.will is not None:
             will, session.will = session.will, None
             self.route(Publish(will.topic, will.message, will.qos), monotonic_ns())
@@ -189,8 +193,7 @@ class AdaptiveBroker:
             session.pump()
 
     def rtt_sample(self, session: ClientSession, rtt_s: float) -> None:
-        """A query was answered: record the RTT, decide again on what ``session`` holds."""
-        self.rtt_ms.append(rtt_s * 1e3)
+        """A query was answered: decide again on what ``session`` holds."""
         if session.outbox.reconsider(monotonic_ns(), rtt_s):
             session.pump()
 
@@ -227,9 +230,7 @@ class AdaptiveBroker:
     # -- reports -----------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Counters and gauges now (small: written often)."""
-        counts = asdict(self.counts)
-        counts.pop("withheld_s")
+        """Counters and gauges now, in all and per client (written often)."""
         protocol = self.protocol
         return {
             "config": asdict(self.config),
@@ -241,7 +242,7 @@ class AdaptiveBroker:
             "bytes_out": protocol.bytes_out,
             "internal_errors": protocol.internal_errors,
             "refused": dict(protocol.refused),
-            **counts,
+            **totals(self.tallies),
             "held_payload_bytes": self.ledger.held_bytes,
             "held_payload_bytes_peak": self.ledger.peak_bytes,
             "payload_copies_made": self.ledger.copies_made,
@@ -249,34 +250,19 @@ class AdaptiveBroker:
                 s.transport.get_write_buffer_size() for s in self.connections
                 if s.transport is not None and not s.closing),
             "query_rounds": self.query_rounds,
-            **{f"rtt_queries_{k}": v for k, v in self.query_counts().items()},
-            "clients": {cid: _client_stats(s) for cid, s in self.sessions.items()},
+            "clients": {client_id: self._client_figures(client_id, tally)
+                        for client_id, tally in self.tallies.items() if tally.active()},
         }
 
-    def query_counts(self) -> dict[str, int]:
-        """RTT queries sent, answered and timed out, over every session there was."""
-        totals = Counter(self._departed_queries)
-        for session in self.sessions.values():
-            totals.update(_query_counts(session))
-        return {kind: totals[kind]
-                for kind in ("sent", "answered", "answered_late", "timed_out", "given_up")}
+    def _client_figures(self, client_id: str, tally: ClientTally) -> dict[str, Any]:
+        session = self.sessions.get(client_id)
+        figures = tally.figures(None if session is None else session.outbox,
+                                session is not None and session.queried)
+        figures["subscriptions"] = [] if session is None else sorted(session.subscriptions)
+        return figures
 
     def records(self) -> dict[str, Any]:
-        """Every sample kept: RTTs, withheld durations, held bytes over time."""
-        return {"rtt_ms": self.rtt_ms, "withheld_s": self.counts.withheld_s,
+        """Every sample kept: RTTs, withheld durations (pooled and per client), held bytes
+        over time."""
+        return {**samples(self.tallies),
                 "held_payload_bytes": [list(p) for p in self.held_series]}
-
-
-def _query_counts(session: ClientSession) -> dict[str, int]:
-    probe = session.probe
-    return {"sent": probe.sent, "answered": probe.answered, "answered_late": probe.answered_late,
-            "timed_out": probe.timed_out, "given_up": probe.given_up}
-
-
-def _client_stats(session: ClientSession) -> dict[str, Any]:
-    probe, outbox = session.probe, session.outbox
-    return {"queried": session.queried, "rtt_latest_ms": None if probe.latest_s is None
-            else probe.latest_s * 1e3, "queries_sent": probe.sent,
-            "queries_answered": probe.answered, "queries_timed_out": probe.timed_out,
-            "queued": len(outbox.express) + len(outbox.bulk), "withheld": len(outbox.withheld),
-            "subscriptions": sorted(session.subscriptions)}

@@ -33,7 +33,8 @@ def query_payload(size: int) -> bytes:
 
 @dataclass
 class RttProbe:
-    """One subscriber's queries in flight and its latest RTT."""
+    """One client's queries in flight, its RTT samples and latest RTT (kept across its
+    connections: a client that reconnects keeps its estimate)."""
 
     timeout_ns: int
     outstanding: dict[int, int] = field(default_factory=dict)  # packet id -> sent at (ns)
@@ -43,6 +44,7 @@ class RttProbe:
     answered_late: int = 0    # after the timeout
     timed_out: int = 0
     given_up: int = 0         # forgotten: more than MAX_OUTSTANDING unanswered
+    samples_ms: list[float] = field(default_factory=list)
     _late: set[int] = field(default_factory=set)   # outstanding ids already timed out
 
     def written(self, packet_id: int, now_ns: int) -> None:
@@ -65,7 +67,20 @@ class RttProbe:
             self._late.discard(packet_id)
             self.answered_late += 1
         self.latest_s = (now_ns - sent_ns) / 1e9
+        self.samples_ms.append(self.latest_s * 1e3)
         return self.latest_s
+
+    def new_connection(self) -> None:
+        """The client connected again: the old connection's queries will never be answered."""
+        self.given_up += len(self.outstanding)
+        self.outstanding.clear()
+        self._late.clear()
+
+    def counts(self) -> dict[str, int]:
+        """Queries sent, answered (late ones among them), timed out, given up."""
+        return {"sent": self.sent, "answered": self.answered,
+                "answered_late": self.answered_late, "timed_out": self.timed_out,
+                "given_up": self.given_up}
 
     def expire(self, now_ns: int) -> int:
         """Count the queries that just passed the timeout unanswered; return how many."""

@@ -14,13 +14,29 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from mqttbed.core.sections import BackendSection, Distribution, SectionRecords
+from mqttbed.core.sections import BackendSection, Distribution, SectionBlock, SectionRecords
 
 _COUNTS = ("small_deliveries", "large_deliveries", "large_sent_immediately", "large_withheld",
            "released_by_policy", "withheld_dropped", "dropped_queue_full",
            "rtt_queries_sent", "rtt_queries_answered", "rtt_queries_answered_late",
            "rtt_queries_timed_out", "rtt_queries_given_up",
            "payload_copies_made")
+
+
+_PER_SUBSCRIBER = ("large_deliveries", "large_withheld", "released_by_starvation",
+                   "rtt_queries_sent", "rtt_queries_answered")
+
+
+class SubscriberWithholding(SectionBlock):
+    """One subscriber's share (by client id): who was withheld from, at which RTTs."""
+
+    large_deliveries: int = 0
+    large_withheld: int = 0
+    released_by_starvation: int = 0
+    rtt_queries_sent: int = 0
+    rtt_queries_answered: int = 0
+    withheld_s: Distribution = Field(default_factory=Distribution)
+    rtt_ms: Distribution = Field(default_factory=Distribution)
 
 
 class WithholdingFigures(BackendSection):
@@ -62,6 +78,8 @@ class WithholdingFigures(BackendSection):
         default_factory=Distribution, description="one exact peak per run")
     protocol_refusals: int = Field(
         0, description="connections closed or packets refused: malformed, keep-alive, ...")
+    subscribers: dict[str, SubscriberWithholding] = Field(
+        default_factory=dict, description="per client id that got a delivery or a query")
 
 
 def withholding_records(stats: dict[str, Any] | None,
@@ -77,4 +95,11 @@ def withholding_records(stats: dict[str, Any] | None,
     out["withheld_s"] = [float(v) for v in records.get("withheld_s", [])]
     out["rtt_ms"] = [float(v) for v in records.get("rtt_ms", [])]
     out["held_payload_bytes"] = [float(b) for _t, b in records.get("held_payload_bytes", [])]
+    per_client = records.get("clients", {})
+    for client_id, figures in stats.get("clients", {}).items():
+        key = f"subscribers.{client_id.replace('.', '_')}"   # a dot would split the name
+        for name in _PER_SUBSCRIBER:
+            out[f"{key}.{name}"] = [float(figures[name])]
+        for name in ("withheld_s", "rtt_ms"):
+            out[f"{key}.{name}"] = [float(v) for v in per_client.get(client_id, {}).get(name, [])]
     return out

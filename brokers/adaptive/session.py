@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from mqttbed.brokers.adaptive.outbox import Outbox
 from mqttbed.brokers.adaptive.rtt import RttProbe
+from mqttbed.brokers.adaptive.tally import ClientTally
 from mqttbed.brokers.mqttst.mqtt5 import FrameBuffer
 from mqttbed.brokers.mqttst.session import set_nodelay
 from mqttbed.core.clock import monotonic_ns
@@ -80,9 +81,10 @@ class ClientSession(asyncio.Protocol):
         self.keepalive_s = 0
         self.will: Will | None = None
         self.subscriptions: dict[str, int] = {}     # topic filter -> granted QoS
-        self.outbox = Outbox(broker.ledger, broker.counts, config.threshold_bytes,
+        self.tally = ClientTally(RttProbe(int(config.rtt_query_timeout_s * 1e9)))
+        self.outbox = Outbox(broker.ledger, self.tally.counts, config.threshold_bytes,
                              config.max_queued_messages)
-        self.probe = RttProbe(int(config.rtt_query_timeout_s * 1e9))
+        self.probe = self.tally.probe
         self.queried = False
         self.connected_ns = self.last_heard_ns = monotonic_ns()
         self.closing = False    # abort() or close() called
@@ -137,6 +139,12 @@ class ClientSession(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._paused = False
         self.pump()
+
+    def adopt(self, tally: ClientTally) -> None:
+        """Count from now on into ``tally``, the figures of an earlier connection of this
+        client id (called on CONNECT, before anything is queued)."""
+        tally.probe.new_connection()
+        self.tally, self.probe, self.outbox.counts = tally, tally.probe, tally.counts
 
     # -- packets in ------------------------------------------------------------------------
 
