@@ -287,6 +287,16 @@ def test_a_protocol_level_other_than_3_1_1_is_refused_with_connack_1(brokers, le
     client.close()
 
 
+def test_an_mqtt_5_client_is_refused_with_connack_1(brokers):
+    broker = start(brokers)
+    done = subprocess.run(["mosquitto_pub", "-p", str(broker.endpoint.port), "-V", "5",
+                           "-t", "a", "-m", "v5"], capture_output=True, text=True, timeout=10)
+    assert done.returncode != 0 and "protocol" in done.stderr.lower(), done.stderr
+    refused = broker.backend.live_stats
+    assert eventually(lambda: refused()["refused"] == {"protocol other than MQTT 3.1.1": 1},
+                      timeout_s=2)
+
+
 def test_a_first_packet_other_than_connect_and_a_second_connect_close_the_connection(brokers):
     broker = start(brokers)
     first = RawClient(broker.endpoint)

@@ -116,6 +116,11 @@ class ClientSession(asyncio.Protocol):
             for first, body in self.frames.feed(data):
                 if self.closing:
                     return
+                level = _connect_level(first, body) if self.client_id is None else None
+                if level is not None and level != PROTOCOL_LEVEL:
+                    # an MQTT 5 CONNECT does not decode as 3.1.1: answer before decoding
+                    self._refuse_version(f"protocol level {level}")
+                    return
                 self._handle(decode_body(first, body))
         except MalformedPacket as exc:
             self.broker.protocol.refuse("malformed packet", self, str(exc))
@@ -182,10 +187,8 @@ class ClientSession(asyncio.Protocol):
                 self._refuse("a packet a client never sends", type(packet).__name__)
 
     def _on_connect(self, connect: Connect) -> None:
-        if (connect.protocol_name, connect.protocol_level) != (PROTOCOL_NAME, PROTOCOL_LEVEL):
-            self.send(encode(ConnAck(ConnackCode.UNACCEPTABLE_PROTOCOL_VERSION)))
-            self._refuse("protocol other than MQTT 3.1.1",
-                         f"{connect.protocol_name} level {connect.protocol_level}", flush=True)
+        if connect.protocol_name != PROTOCOL_NAME:
+            self._refuse_version(f"protocol name {connect.protocol_name!r}")
             return
         if not connect.client_id and not connect.clean_session:
             self.send(encode(ConnAck(ConnackCode.IDENTIFIER_REJECTED)))
@@ -228,6 +231,10 @@ class ClientSession(asyncio.Protocol):
             codes.append(granted)
         self.broker.subscriptions_changed(self)
         self.send(encode(SubAck(subscribe.packet_id, tuple(codes))))
+
+    def _refuse_version(self, detail: str) -> None:
+        self.send(encode(ConnAck(ConnackCode.UNACCEPTABLE_PROTOCOL_VERSION)))
+        self._refuse("protocol other than MQTT 3.1.1", detail, flush=True)
 
     def _refuse(self, reason: str, detail: str, flush: bool = False) -> None:
         """Count and log ``reason``, then drop the connection (after the CONNACK if ``flush``)."""
@@ -302,6 +309,14 @@ class ClientSession(asyncio.Protocol):
         self.closing = True
         if self.transport is not None:
             self.transport.close()
+
+
+def _connect_level(first: int, body: bytes) -> int | None:
+    """The protocol level a CONNECT names (read before decoding); None if not a CONNECT."""
+    if first >> 4 != PacketType.CONNECT or len(body) < 2:
+        return None
+    at = 2 + int.from_bytes(body[:2], "big")   # after the protocol name
+    return body[at] if len(body) > at else None
 
 
 def filter_refusal(topic_filter: str) -> str | None:
