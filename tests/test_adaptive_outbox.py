@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 
 from mqttbed.brokers.adaptive.outbox import Message, Outbox, PayloadLedger, WithholdingCounts
+from mqttbed.brokers.adaptive.rtt import RttProbe
+from mqttbed.brokers.adaptive.tally import ClientTally, samples, totals
 from mqttbed.core.withholding import Withholding, WithholdingPolicy
 
 S = 1_000_000_000   # ns per s
@@ -136,3 +138,22 @@ def test_a_full_queue_drops_and_counts_but_queries_always_fit():
     assert not box.offer(message("c", 100), 0, 0, None)
     box.offer_query(Message("$adaptive/rtt", b"q", 1, 0, large=False, counted=False))
     assert len(box) == 3 and box.counts.dropped_queue_full == 1
+
+
+def test_a_clients_tally_sums_into_the_totals_and_keeps_its_samples_apart():
+    first, second = ClientTally(RttProbe(S)), ClientTally(RttProbe(S))
+    for tally, rtts in ((first, [0.1, 0.3]), (second, [2.0])):
+        box = Outbox(PayloadLedger(lazy=True), tally.counts, THRESHOLD, 0,
+                     Withholding(WithholdingPolicy.CONSERVATIVE))
+        for n, rtt_s in enumerate(rtts, start=1):
+            tally.probe.written(n, 0)
+            tally.probe.answer(n, int(rtt_s * S))
+        box.offer(message("large", 1 << 20), 0, 0, tally.probe.latest_s)
+    second.probe.written(9, 0)
+    second.probe.new_connection()   # reconnected: that query can never be answered
+    summed = totals({"a": first, "b": second})
+    assert summed["large_deliveries"] == 2 and summed["large_withheld"] == 1
+    assert summed["rtt_queries_sent"] == 4 and summed["rtt_queries_given_up"] == 1
+    kept = samples({"a": first, "b": second})
+    assert kept["clients"]["b"] == {"rtt_ms": [2000.0], "withheld_s": []}
+    assert kept["rtt_ms"] == [100.0, 300.0, 2000.0]
