@@ -1,28 +1,32 @@
-"""An adaptive-broker campaign from the CLI: real broker, real agents, real Spark, its section."""
+"""An adaptive-broker campaign from the CLI: real broker, real agents, real Spark, its section.
+
+A two-stream message mix (small and large, as in the cloud-edge paper's Table 3) through
+the adaptive broker: the agents get the RTT queries and ignore them, every message is
+delivered, and the broker's own figures split by size as the streams do.
+"""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-import yaml
 
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.core.errors import SpecError
+from tests.test_spine_end_to_end import run_cli
 
 pytestmark = pytest.mark.integration
 
+SUBSCRIBERS = 2
+SMALL = {"name": "small", "topic": "Msg/Small", "payload_bytes": 100, "rate_hz": 25,
+         "messages": 50, "warmup_messages": 5, "qos": 1}
+LARGE = {"name": "large", "topic": "Msg/Large", "payload_bytes": 20_000, "rate_hz": 25,
+         "messages": 50, "warmup_messages": 5, "qos": 1}
 SPEC = {
     "name": "adaptive-smoke",
     "broker": {"backend": "adaptive", "policy": "historic", "rtt_query_period_s": 0.2,
                "rtt_query_bytes": 1000, "lazy_allocation": False},
-    "workload": {"publishers": 1, "subscribers": 2, "topic": "edge/video", "qos": 1,
-                 "payload_bytes": 20_000, "rate_hz": 50, "messages": 100,
-                 "warmup_messages": 10},
+    "workload": {"subscribers": SUBSCRIBERS, "streams": [SMALL, LARGE]},
     "repetitions": 1,
     "agents": {"count": 1},
     "timing": {"heartbeat_timeout_s": 10},
@@ -30,33 +34,27 @@ SPEC = {
 
 
 @pytest.mark.timeout(300)
-def test_mqttbed_run_on_the_adaptive_broker_delivers_everything_and_reports_withholding(
-        tmp_path):
-    spec_path = tmp_path / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump(SPEC))
-    cli = Path(sys.executable).with_name("mqttbed")
-    done = subprocess.run([str(cli), "run", str(spec_path), "--data-dir", str(tmp_path / "d")],
-                          capture_output=True, text=True, timeout=280,
-                          env={**os.environ, "COLUMNS": "200",
-                               "PYSPARK_PYTHON": sys.executable})
-    assert done.returncode == 0, done.stderr[-3000:]
-    stats_line = next(line for line in done.stdout.splitlines() if line.startswith("stats:"))
-    stats = json.loads(Path(stats_line.split(":", 1)[1].strip()).read_text())
+def test_mqttbed_run_on_the_adaptive_broker_delivers_a_mix_and_reports_withholding(tmp_path):
+    _, stats_path = run_cli(SPEC, tmp_path)
+    stats = json.loads(stats_path.read_text())
     (point,) = stats["points"]
     assert point["backend"] == "adaptive"
     # the agents ignore the RTT queries they get: no extra deliveries, nothing lost
-    assert point["messages_sent"] == 90 and point["deliveries_received"] == 2 * 90
-    assert point["lost"] == 0 and point["duplicates"] == 0
+    assert point["messages_sent"] == 2 * 45
+    assert point["deliveries_received"] == point["deliveries_expected"] == SUBSCRIBERS * 2 * 45
+    assert point["lost"] == point["duplicates"] == point["deliveries_unexpected"] == 0
     section = point["sections"]["withholding"]
-    assert section["large_deliveries"] == 2 * 100 and section["small_deliveries"] == 0
+    # the broker counts warm-up messages too: 50 per stream and subscriber
+    assert section["small_deliveries"] == section["large_deliveries"] == SUBSCRIBERS * 50
     # paho acknowledges every query; on loopback nothing looks congested
     assert section["rtt_queries_answered"] > 0 and section["rtt_ms"]["count"] > 0
-    assert section["large_sent_immediately"] == 2 * 100 and section["withheld_s"]["count"] == 0
-    assert section["payload_copies_made"] == 2 * 100   # eager: one copy per subscriber
+    assert section["large_sent_immediately"] == SUBSCRIBERS * 50
+    assert section["withheld_s"]["count"] == 0
+    assert section["payload_copies_made"] == SUBSCRIBERS * 100   # eager: one per delivery
     assert section["held_payload_bytes_peak"]["count"] == 1
     assert section["held_payload_bytes_peak"]["max"] >= 20_000
     assert sorted(section["subscribers"]) == ["sub-0", "sub-1"]   # per client id
-    assert section["subscribers"]["sub-1"]["large_deliveries"] == 100
+    assert section["subscribers"]["sub-1"]["large_deliveries"] == 50
     assert section["subscribers"]["sub-1"]["rtt_ms"]["count"] > 0
     (run,) = stats["runs"]
     assert run["sections"]["withholding"] == section
