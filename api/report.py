@@ -159,6 +159,36 @@ def _scalar_versus_parameter(points: list[PointStats],
                                      "xaxis": {"title": {"text": x_key or "sweep point"}}}}
 
 
+LOCALITY_KEY = "broker.locality_percent"
+
+
+def _locality_figure(points: list[PointStats], spec: dict[str, Any]) -> dict[str, Any]:
+    """The MQTT-ST paper's Fig. 6: mean latency (ms) against locality, a curve per point
+    series, and the ``benchmark`` (cloud) points averaged over their broker's locations."""
+    default = spec.get("workload", {}).get("placement")
+    placement = {sc.get("name"): sc.get("workload.placement", default)
+                 for sc in spec.get("scenarios", [])}
+
+    def mean_ms(point: PointStats) -> float | None:
+        return None if point.latency_us.mean is None else point.latency_us.mean / 1e3
+
+    figure = _scalar_versus_parameter(points, mean_ms, lambda p: None,
+                                      "End-to-end latency against locality (mean over "
+                                      "deliveries)", "ms")
+    cloud: dict[float, list[float]] = {}
+    for point in points:
+        where = placement.get(point.params.get("scenario"), default)
+        if where == "benchmark" and (ms := mean_ms(point)) is not None:
+            cloud.setdefault(point.params[LOCALITY_KEY], []).append(ms)
+    if cloud and max(len(v) for v in cloud.values()) > 1:   # several locations to average
+        x = sorted(cloud)
+        figure["data"].append({"type": "scatter", "mode": "lines+markers",
+                               "name": "cloud, mean over its locations", "x": x,
+                               "y": [sum(cloud[k]) / len(cloud[k]) for k in x],
+                               "line": {"dash": "dash"}})
+    return figure
+
+
 def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Every plot of the report as a Plotly figure (data + layout), keyed by element id."""
     points = stats.points
@@ -196,6 +226,8 @@ def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[
         figures["plot-mean-delay"] = _scalar_versus_parameter(
             points, lambda p: p.latency_us.mean, lambda p: None,
             "End-to-end delay (mean over deliveries)", "µs")
+    if any(LOCALITY_KEY in p.params for p in points):
+        figures["plot-locality"] = _locality_figure(points, spec)
     if any(p.fault is not None for p in points):
         figures["plot-fault"] = _scalar_versus_parameter(
             points, lambda p: p.fault.delivery_resumed_s.mean if p.fault else None,

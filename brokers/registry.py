@@ -24,6 +24,7 @@ BACKENDS: dict[str, str] = {
     "mqtt-sn": "mqttbed.brokers.mqttsn.backend:MqttSnBackend",
     "p4": "mqttbed.brokers.p4.backend:P4Backend",
     "mqtt-st": "mqttbed.brokers.mqttst.backend:MqttStBackend",
+    "adaptive": "mqttbed.brokers.adaptive.backend:AdaptiveBackend",
 }
 
 

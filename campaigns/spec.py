@@ -11,6 +11,7 @@ import itertools
 import math
 import os
 import re
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -598,13 +599,36 @@ class PlannedRun(BaseModel):
     repetition: int
 
 
+def _names_a_section(loc: tuple[Any, ...]) -> bool:
+    """Whether an error's location is a whole section of the spec (a model, e.g.
+    ``workload`` or ``workload.streams.0``), not one field's value (which may be a dict)."""
+    model: Any = CampaignSpec
+    for part in loc:
+        if isinstance(part, int) or str(part).startswith("function-"):
+            continue
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            return False
+        model = _unoptional_model(fields[part].annotation)
+    return isinstance(model, type) and issubclass(model, BaseModel)
+
+
+def _unoptional_model(annotation: Any) -> Any:
+    """The model inside ``X | None`` or ``list[X]``, else the annotation itself."""
+    for arg in typing.get_args(annotation) or (annotation,):
+        inner = typing.get_args(arg)[0] if typing.get_origin(arg) is list else arg
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            return inner
+    return annotation
+
+
 def _format_errors(exc: ValidationError, prefix: str = "") -> str:
     lines = []
     for err in exc.errors():
         loc = prefix + ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
         if not loc:  # a check across sections names its fields in its message
             lines.append(err["msg"].removeprefix("Value error, "))
-        elif err["type"] == "value_error" and isinstance(err["input"], dict):
+        elif err["type"] == "value_error" and _names_a_section(err["loc"]):
             # a check across a section's fields names them (and their values) itself
             lines.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
         elif err["type"] == "extra_forbidden":

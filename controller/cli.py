@@ -315,11 +315,13 @@ def _agent(args: argparse.Namespace) -> int:
 
 def _broker_run(args: argparse.Namespace) -> int:
     """Run a broker model in the foreground; its own options follow its name."""
+    from mqttbed.brokers.adaptive.server import main as adaptive
     from mqttbed.brokers.fpga.server import main as fpga_model
     from mqttbed.brokers.mqttsn.server import main as mqtt_sn
     from mqttbed.brokers.mqttst.cli import main as mqtt_st
 
-    models = {"fpga-model": fpga_model, "mqtt-sn": mqtt_sn, "mqtt-st": mqtt_st}
+    models = {"fpga-model": fpga_model, "mqtt-sn": mqtt_sn, "mqtt-st": mqtt_st,
+              "adaptive": adaptive}
     return models[args.model](args.model_options)
 
 
@@ -411,8 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="run a broker model in the foreground until Ctrl-C or SIGTERM",
         description="e.g. `mqttbed broker run fpga-model --port 1883`, `mqttbed broker run "
                     "mqtt-sn --port 1884`, `mqttbed broker run mqtt-st --brokers 3 --port "
-                    "1883`; `mqttbed broker run MODEL --help` lists its options")
-    broker_run.add_argument("model", choices=["fpga-model", "mqtt-sn", "mqtt-st"],
+                    "1883`, `mqttbed broker run adaptive --port 1883 --policy historic`; "
+                    "`mqttbed broker run MODEL --help` lists its options")
+    broker_run.add_argument("model", choices=["fpga-model", "mqtt-sn", "mqtt-st", "adaptive"],
                             help="which model")
     broker_run.add_argument("model_options", nargs=argparse.REMAINDER,
                             help="the model's own options (--port N, ...)")

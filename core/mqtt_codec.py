@@ -330,20 +330,31 @@ def decode(datagram: bytes) -> Packet:
     """Decode one datagram holding exactly one MQTT 3.1.1 packet; raise MalformedPacket."""
     if len(datagram) < 2:
         raise MalformedPacket(f"{len(datagram)} bytes cannot hold a fixed header")
-    first = datagram[0]
-    try:
-        kind = PacketType(first >> 4)
-    except ValueError:
-        raise MalformedPacket(f"packet type {first >> 4} is reserved (section 2.2.1)") from None
-    flags = first & 0x0F
+    kind, flags = _packet_type(datagram[0]), datagram[0] & 0x0F
     length, start = decode_remaining_length(datagram)
     if start + length != len(datagram):
         raise MalformedPacket(f"remaining length {length} does not match the "
                               f"{len(datagram) - start} bytes after the fixed header")
+    return _decode_fields(kind, flags, FieldReader(datagram, start, len(datagram)))
+
+
+def decode_body(first: int, body: bytes) -> Packet:
+    """Decode one packet cut from a TCP stream: its first byte and the ``body`` after the
+    remaining length (what :class:`~mqttbed.brokers.mqttst.mqtt5.FrameBuffer` yields)."""
+    return _decode_fields(_packet_type(first), first & 0x0F, FieldReader(body, 0, len(body)))
+
+
+def _packet_type(first: int) -> PacketType:
+    try:
+        return PacketType(first >> 4)
+    except ValueError:
+        raise MalformedPacket(f"packet type {first >> 4} is reserved (section 2.2.1)") from None
+
+
+def _decode_fields(kind: PacketType, flags: int, reader: FieldReader) -> Packet:
     if kind != PacketType.PUBLISH and flags != _FIXED_FLAGS.get(kind, 0):
         raise MalformedPacket(f"{kind.name} fixed-header flags {flags:#x} are reserved "
                               f"(section 2.2.2)")
-    reader = FieldReader(datagram, start, len(datagram))
     packet = _DECODERS[kind](reader, flags)
     reader.done(kind.name)
     return packet

@@ -1,20 +1,37 @@
 """Helpers for MQTT-ST tests: clusters that clean up after themselves, Debian's
-mosquitto_pub/mosquitto_sub as the clients, free ports."""
+mosquitto_pub/mosquitto_sub as the clients, free ports, campaigns run from the CLI."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from mqttbed.brokers.mqttst.cluster import Cluster, TreeOptions, free_port_range
 from mqttbed.brokers.processes import processes_in_group
 
 Endpoint = tuple[str, int]
+CLI = Path(sys.executable).with_name("mqttbed")
+CLI_ENV = {**os.environ, "COLUMNS": "200", "PYSPARK_PYTHON": sys.executable}
+
+
+def run_campaign(spec: dict, tmp_path: Path, timeout_s: float = 280) -> list[dict]:
+    """Run ``spec`` with ``mqttbed run`` (data in ``tmp_path / "d"``); its stats' points."""
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    done = subprocess.run([str(CLI), "run", str(spec_path), "--data-dir", str(tmp_path / "d")],
+                          capture_output=True, text=True, timeout=timeout_s, env=CLI_ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    stats_line = next(line for line in done.stdout.splitlines() if line.startswith("stats:"))
+    return json.loads(Path(stats_line.split(":", 1)[1].strip()).read_text())["points"]
 
 
 def publish(endpoint: Endpoint, topic: str, payload: str, qos: int = 1) -> None:

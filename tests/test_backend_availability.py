@@ -13,7 +13,8 @@ from mqttbed.brokers.registry import backend_names, unavailable_reason
 def test_every_backend_here_is_available_after_make_install():
     # make install puts mosquitto and a C toolchain on this machine
     assert {name: unavailable_reason(name) for name in backend_names()} == {
-        "fpga": None, "forkpipe": None, "mosquitto": None, "mqtt-sn": None, "p4": None}
+        "adaptive": None, "fpga": None, "forkpipe": None, "mosquitto": None, "mqtt-sn": None,
+        "mqtt-st": None, "p4": None}
 
 
 def test_a_missing_mosquitto_is_named_with_how_to_install_it(monkeypatch):

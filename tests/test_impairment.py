@@ -35,7 +35,7 @@ from mqttbed.network.topology import JOURNAL_DIR, leftovers, reap_stale, tagged_
 
 pytestmark = pytest.mark.integration
 
-TCP_BACKENDS = ["mosquitto", "forkpipe"]
+TCP_BACKENDS = ["mosquitto", "forkpipe", "adaptive"]
 UDP_BACKENDS = ["fpga", "mqtt-sn", "p4"]  # fpga: its model speaks MQTT over UDP
 # p4 places its agents in its own network, mqtt-st deploys several brokers: a run with
 # impairments fails on them saying so

@@ -7,23 +7,15 @@ placements in closed loop at QoS 2. And the spec errors a user meets first.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-import yaml
 
 from mqttbed.campaigns.spec import builtin_spec_path, expand_points, load_spec, parse_spec
 from mqttbed.core.errors import SpecError
 from tests.conftest import processes_mentioning
+from tests.mqttst_support import run_campaign
 
 pytestmark = pytest.mark.integration
 
-CLI = Path(sys.executable).with_name("mqttbed")
-ENV = {**os.environ, "COLUMNS": "200", "PYSPARK_PYTHON": sys.executable}
 FAILURE = {
     "name": "mqtt-st-failure-smoke",
     "broker": {"backend": "mqtt-st", "brokers": 3, "keepalive_s": 2,
@@ -53,14 +45,8 @@ def tree_processes() -> set[int]:
 
 @pytest.mark.timeout(300)
 def test_killing_the_root_elects_the_next_and_delivery_resumes(tmp_path):
-    spec_path = tmp_path / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump(FAILURE))
     before = tree_processes()
-    done = subprocess.run([str(CLI), "run", str(spec_path), "--data-dir", str(tmp_path / "d")],
-                          capture_output=True, text=True, timeout=280, env=ENV)
-    assert done.returncode == 0, done.stderr[-3000:]
-    stats_line = next(line for line in done.stdout.splitlines() if line.startswith("stats:"))
-    (point,) = json.loads(Path(stats_line.split(":", 1)[1].strip()).read_text())["points"]
+    (point,) = run_campaign(FAILURE, tmp_path)
     tree = point["sections"]["mqtt_st"]
     assert tree["brokers_deployed"] == 3
     assert tree["root"] == 0 and tree["root_after_failure"] == 1   # by capability

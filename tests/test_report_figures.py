@@ -106,3 +106,22 @@ def test_a_message_mix_gets_a_latency_cdf_per_stream_of_each_point():
 def test_a_campaign_without_streams_has_no_stream_plot():
     figures = build_figures(stats([point(0, "mosquitto", 2, 1.0, 0.1)]), {})
     assert "plot-stream-latency-cdf" not in figures
+
+
+def test_the_cloud_is_averaged_over_its_locations_against_locality():
+    spec = {"workload": {"placement": "distributed"},
+            "scenarios": [{"name": "distributed"},
+                          {"name": "cloud-a", "workload.placement": "benchmark"},
+                          {"name": "cloud-b", "workload.placement": "benchmark"}]}
+    means_ms = {("distributed", 0): 75, ("distributed", 100): 1,
+                ("cloud-a", 0): 70, ("cloud-a", 100): 2, ("cloud-b", 0): 80, ("cloud-b", 100): 150}
+    points = []
+    for index, ((scenario, locality), ms) in enumerate(means_ms.items()):
+        p = point(index, "mqtt-st", 10, 1.0, 0.1)
+        p["params"] = {"scenario": scenario, "broker.locality_percent": locality}
+        p["latency_us"] = dist(ms * 1e3)
+        points.append(p)
+    curves = {c["name"]: c for c in build_figures(stats(points), spec)["plot-locality"]["data"]}
+    cloud = curves["cloud, mean over its locations"]
+    assert cloud["x"] == [0, 100] and cloud["y"] == [75.0, 76.0]
+    assert curves["mqtt-st (scenario=distributed)"]["y"] == [75.0, 1.0]

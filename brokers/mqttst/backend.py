@@ -14,12 +14,21 @@ SIGKILL) at ``at_s`` after the run's start; its clients would lose their broker 
 so clients are placed on the other brokers only (``distributed`` over K - 1). The run
 then reports the fault (analytics measures when delivery resumed at every subscriber)
 and, from the nodes' state files, how long the tree took to re-converge.
+
+``regions`` (one per broker), ``wan_delay_ms``, ``publisher_region``,
+``subscriber_region``, ``locality_percent`` and ``cloud_region`` make the run the paper's
+networked environment (III-B, Fig. 6, :mod:`.wan`): each client sits in a region and
+uses the nearest broker its placement allows (``distributed``: one in its own region;
+``benchmark``: the one broker, in ``cloud_region``; ``locality``: ``locality_broker``),
+through a delay proxy when that broker is in another region; tree links between
+regions go through delay proxies too.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import shutil
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +42,7 @@ from mqttbed.brokers.mosquitto import Options as MosquittoOptions
 from mqttbed.brokers.mosquitto import unavailable as mosquitto_unavailable
 from mqttbed.brokers.mqttst.cluster import Cluster, TreeOptions, free_port_range, topology_edges
 from mqttbed.brokers.mqttst.section import MqttSt
+from mqttbed.brokers.mqttst.wan import DelayProxies, Geography, check_geography, wan_delays
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host, LocalHost
@@ -71,6 +81,19 @@ class Options(BaseModel):
     locality_broker: int = Field(0, ge=0, description="where placement 'locality' puts "
                                                       "every client")
     fail: Failure | None = None
+    regions: list[str] | None = Field(
+        None, description="region of each broker index (the networked environment, e.g. "
+                          "['us-west', 'us-east', 'eu']); entries >= brokers are unused")
+    wan_delay_ms: dict[str, float] = Field(
+        default_factory=dict, description="one-way delay per direction between two regions, "
+                                          "keyed 'REGION/REGION'; same region: none")
+    publisher_region: str | None = Field(None, description="the publishers' home region")
+    subscriber_region: str | None = Field(None, description="the subscribers' region at 0 % "
+                                                            "locality")
+    locality_percent: int = Field(0, description="0: publishers home, subscribers away; 50: "
+                                                 "half of each in either; 100: all home")
+    cloud_region: str | None = Field(None, description="where placement 'benchmark' runs its "
+                                                       "one broker (default: regions[0])")
     converge_timeout_s: float = Field(30.0, gt=0, le=600)
     max_queued_messages: int = Field(1000, ge=0, description="per Mosquitto, as mosquitto's")
     max_inflight_messages: int = Field(20, ge=0)
@@ -91,7 +114,21 @@ class Options(BaseModel):
                 0 <= self.fail.broker < self.brokers):
             raise ValueError(f"fail.broker {self.fail.broker} is not one of the brokers "
                              f"0..{self.brokers - 1}")
+        self._check_geography()
         return self
+
+    def _check_geography(self) -> None:
+        check_geography(self.brokers, self.regions, self.wan_delay_ms, self.locality_percent,
+                        publisher_region=self.publisher_region,
+                        subscriber_region=self.subscriber_region, cloud_region=self.cloud_region)
+
+    def geography(self) -> Geography | None:
+        """The regions and delays of the networked environment, or None (all local)."""
+        if self.regions is None:
+            return None
+        assert self.publisher_region is not None and self.subscriber_region is not None
+        return Geography(tuple(self.regions[:self.brokers]), wan_delays(self.wan_delay_ms),
+                         self.publisher_region, self.subscriber_region, self.locality_percent)
 
     def tree_options(self) -> TreeOptions:
         extra = {k: v for k, v in (("alpha", self.alpha), ("beta", self.beta)) if v is not None}
@@ -113,6 +150,12 @@ class MqttStBackend:
         self._single: MosquittoBackend | None = None
         self._endpoints: list[Endpoint] = []
         self._serving: list[int] = []         # broker indexes clients are placed on
+        self._geography: Geography | None = None
+        self._endpoint_regions: list[str] = []   # per endpoint, under a geography
+        self._proxies: DelayProxies | None = None
+        self._proxy_dir: Path | None = None
+        self._client_paths: dict[str, dict[str, Any]] = {}
+        self._placing = threading.Lock()
         self._samplers: dict[str, ProcessTreeSampler] = {}
         self._started_ns = 0
         self._converged_ns: int | None = None
@@ -143,10 +186,16 @@ class MqttStBackend:
         options = spec if isinstance(spec, Options) else Options.model_validate(spec)
         self._options = options
         try:
+            if (geography := options.geography()) is not None:
+                self._geography = geography
+                self._proxy_dir = host.make_dir("mqttbed-mqtt-st-wan-")
+                self._proxies = DelayProxies(self._proxy_dir, host.address)
             if self._placement == "benchmark":
                 self._single = MosquittoBackend()
                 endpoint = self._single.deploy(self._mosquitto_options(options), host)
                 self._endpoints, self._serving = [endpoint], [0]
+                if geography is not None:
+                    self._endpoint_regions = [options.cloud_region or geography.broker_regions[0]]
                 return endpoint
             self._start_cluster(options, host)
         except BaseException:
@@ -168,7 +217,8 @@ class MqttStBackend:
             cluster = Cluster(brokers=options.brokers,
                               port=free_port_range(options.brokers, host.address),
                               topology=options.topology, options=options.tree_options(),
-                              address=host.address, mosquitto_conf_extra=conf, host=host)
+                              address=host.address, mosquitto_conf_extra=conf, host=host,
+                              link_via=self._wan_link if self._geography is not None else None)
             self._started_ns = monotonic_ns()
             try:
                 cluster.start()
@@ -186,6 +236,8 @@ class MqttStBackend:
         self._first_states = self._cluster.states()
         self._endpoints = [Endpoint(host=h, port=p, transport=Transport.MQTT_TCP)
                            for h, p in self._cluster.endpoints()]
+        if self._geography is not None:
+            self._endpoint_regions = list(self._geography.broker_regions)
         if options.fail is not None:
             self._kill_index = self._root if options.fail.broker == "root" else options.fail.broker
         if self._placement == "locality":
@@ -200,10 +252,36 @@ class MqttStBackend:
             sampler.start()
             self._samplers[name] = sampler
 
+    def _wan_link(self, dialer: int, peer: int, link: tuple[str, int]) -> tuple[str, int]:
+        """Where node ``dialer`` dials ``peer``: a delay proxy between two regions."""
+        assert self._geography is not None and self._proxies is not None
+        a, b = self._geography.broker_regions[dialer], self._geography.broker_regions[peer]
+        return self._proxies.route(link, self._geography.delay_ms(a, b),
+                                   f"link {dialer} ({a}) -> {peer} ({b})")
+
     def broker_of(self, client: ClientAssignment) -> Endpoint:
-        """The broker ``client`` uses under the run's placement."""
+        """The broker ``client`` uses under the run's placement (under a geography: the
+        nearest the placement allows, through a delay proxy if in another region)."""
         index = client.publisher_index if client.role == Role.PUBLISHER else client.subscribe_rank
-        return self._endpoints[self._serving[index % len(self._serving)]]
+        geography = self._geography
+        if geography is None or self._proxies is None:
+            return self._endpoints[self._serving[index % len(self._serving)]]
+        region = geography.client_region(client.role, index)
+        nearest = geography.nearest_of(region, {i: self._endpoint_regions[i]
+                                                for i in self._serving})
+        chosen = nearest[index % len(nearest)]
+        broker_region = self._endpoint_regions[chosen]
+        endpoint = self._endpoints[chosen]
+        delay_ms = geography.delay_ms(region, broker_region)
+        label = "cloud" if self._single is not None else str(chosen)
+        with self._placing:
+            host, port = self._proxies.route((endpoint.host, endpoint.port), delay_ms,
+                                             f"client {region} -> broker {label} "
+                                             f"({broker_region})")
+            self._client_paths[client.client_id] = {
+                "region": region, "broker": label, "broker_region": broker_region,
+                "delay_ms": delay_ms}
+        return endpoint.model_copy(update={"host": host, "port": port})
 
     # -- the run ------------------------------------------------------------------------
 
@@ -242,6 +320,8 @@ class MqttStBackend:
     def health(self) -> str | None:
         if self._fault_error is not None:
             return self._fault_error
+        if self._proxies is not None and (broken := self._proxies.health()) is not None:
+            return broken
         if self._single is not None:
             return self._single.health()
         if self._cluster is None:
@@ -279,6 +359,16 @@ class MqttStBackend:
                        "max_inflight_messages": options.max_inflight_messages},
             "tree_node_sources_sha256": _sources_sha256(),
         }
+        if self._geography is not None and self._proxies is not None:
+            meta["geography"] = {
+                "broker_regions": self._endpoint_regions,
+                "wan_delay_ms": options.wan_delay_ms,
+                "locality_percent": options.locality_percent,
+                "clients": self._client_paths,
+                "proxy_prefix": self._proxies.prefix,
+                "proxy_prefix_journalled": self._proxies.journalled,
+                "proxies": self._proxies.describe(),
+            }
         if self._single is not None:
             meta["benchmark_broker"] = self._single.metadata()
             return meta
@@ -354,6 +444,10 @@ class MqttStBackend:
             self._cluster.stop()
         if self._single is not None:
             self._single.teardown()
+        if self._proxies is not None:
+            self._proxies.close()
+        if self._proxy_dir is not None:
+            shutil.rmtree(self._proxy_dir, ignore_errors=True)
 
 
 # -- reading the nodes' state files ------------------------------------------------------

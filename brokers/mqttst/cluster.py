@@ -24,7 +24,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,10 @@ def free_port_range(count: int, address: str = "127.0.0.1") -> int:
             for sock in sockets:
                 sock.close()
     raise BackendError(f"found no {count} consecutive free ports on {address}")
+
+
+# (dialing broker index, peer index, the peer's link address) -> the address to dial
+LinkVia = Callable[[int, int, tuple[str, int]], tuple[str, int]]
 
 
 class ClusterNotConverged(BackendError):
@@ -128,12 +132,17 @@ class _Broker:
 
 
 class Cluster:
-    """K Mosquittos, each with a tree node, linked as ``topology`` says."""
+    """K Mosquittos, each with a tree node, linked as ``topology`` says.
+
+    ``link_via``, if given, chooses where the dialing node of each link connects (the
+    lower index dials: the ids share the address and ports rise with the index), e.g. a
+    delay proxy in front of the peer's link port; without it nodes dial each other.
+    """
 
     def __init__(self, brokers: int, port: int, topology: str | Sequence[Sequence[int]] =
                  "full-mesh", options: TreeOptions | None = None, workdir: Path | None = None,
                  address: str = "127.0.0.1", mosquitto_conf_extra: str = "", *,
-                 host: Host | None = None):
+                 host: Host | None = None, link_via: LinkVia | None = None):
         self.edges = topology_edges(topology, brokers)   # checks brokers too
         if not isinstance(port, int) or not 1 <= port <= 0xFFFF - brokers + 1:
             raise ValueError(f"port={port!r}: brokers listen on port..port+{brokers - 1}, "
@@ -150,6 +159,7 @@ class Cluster:
             raise ValueError("an MQTT-ST cluster runs on LocalHost only (it signals process "
                              "groups and reads stats files locally)")
         self.mosquitto_conf_extra = mosquitto_conf_extra
+        self.link_via = link_via
         self._workdir, self._own_workdir = workdir, workdir is None
         self._brokers = [_Broker(i, port + i, Path()) for i in range(brokers)]
         self._binary: str | None = None
@@ -242,11 +252,18 @@ class Cluster:
         for a, b in self.edges:
             if broker.index in (a, b):
                 peer = self._brokers[b if a == broker.index else a]
-                argv += ["--peer", f"{self._id(peer)}@{self._host_part()}:{peer.link_port}"]
+                argv += ["--peer", f"{self._id(peer)}@{self._dialed(broker, peer)}"]
         for other in self._brokers:
             if other is not broker:
                 argv += ["--member", self._id(other)]
         return argv
+
+    def _dialed(self, broker: _Broker, peer: _Broker) -> str:
+        """HOST:PORT where ``broker`` reaches ``peer``'s link server."""
+        if self.link_via is None or broker.index > peer.index:  # the higher index never dials
+            return f"{self._host_part()}:{peer.link_port}"
+        host, port = self.link_via(broker.index, peer.index, (self.address, peer.link_port))
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def _host_part(self) -> str:
         return f"[{self.address}]" if ":" in self.address else self.address
