@@ -110,6 +110,7 @@ def tags(subscriber) -> list[bytes]:
 
 # -- plain MQTT, by independent clients --------------------------------------------------
 
+@pytest.mark.integration  # mosquitto_pub / mosquitto_sub
 def test_paho_and_mosquitto_clients_get_what_their_wildcards_match_at_the_granted_qos(brokers):
     broker = start(brokers)
     got: dict[str, list[tuple[str, bytes, int]]] = {"plus": [], "hash": []}
@@ -146,6 +147,7 @@ def test_paho_and_mosquitto_clients_get_what_their_wildcards_match_at_the_grante
     assert stats["rtt_queries_answered"] >= 2 and stats["refused"] == {}
 
 
+@pytest.mark.integration  # mosquitto_pub / mosquitto_sub
 def test_by_hand_on_a_chosen_port_then_sigterm_exits_zero(tmp_path):
     port = LocalHost().free_port()
     cli = Path(sys.executable).with_name("mqttbed")
@@ -287,6 +289,7 @@ def test_a_protocol_level_other_than_3_1_1_is_refused_with_connack_1(brokers, le
     client.close()
 
 
+@pytest.mark.integration  # mosquitto_pub / mosquitto_sub
 def test_an_mqtt_5_client_is_refused_with_connack_1(brokers):
     broker = start(brokers)
     done = subprocess.run(["mosquitto_pub", "-p", str(broker.endpoint.port), "-V", "5",
