@@ -66,6 +66,23 @@ def test_the_mqtt_codec_reads_a_packet_or_says_what_is_malformed(datagram):
 
 
 @FUZZ
+@given(st.lists(datagrams(MQTT_SEEDS), max_size=6))
+def test_a_tcp_stream_is_cut_and_each_packet_read_as_the_adaptive_broker_reads_it(chunks):
+    frames = mqtt5.FrameBuffer(max_packet_bytes=4096)  # the adaptive broker's framing
+    for chunk in chunks:
+        try:
+            packets = frames.feed(chunk)
+        except MalformedPacket:
+            return
+        for first, body in packets:
+            try:
+                packet = mqtt_codec.decode_body(first, body)
+            except MalformedPacket:
+                continue
+            assert mqtt_codec.decode(mqtt_codec.encode(packet)) == packet
+
+
+@FUZZ
 @given(st.lists(st.tuples(SOURCES, datagrams(MQTT_SEEDS)), max_size=25))
 def test_the_fpga_model_answers_every_datagram_and_counts_each(traffic):
     model = BrokerModel(TopicTables(topic_depth=64, subscriber_depth=64, probe_window=8))
