@@ -67,10 +67,11 @@ def test_wan_delays_land_where_the_regions_put_them_and_no_proxy_is_left(tmp_pat
         assert point["deliveries_received"] == point["deliveries_expected"] == 2 * 2 * 35
         latency_ms = {q: point["latency_us"][q] / 1e3 for q in ("p50", "mean")}
         # the WAN delay (one clock: nothing arrives sooner), a few ms of proxies, nodes and
-        # brokers on top (6 ms at p50 seen under load 10), more in the mean; distributed at
-        # 0 % stays well below the direct a-c link's 60 ms
-        assert expected_ms <= latency_ms["p50"] < expected_ms + 10, (key, latency_ms)
-        assert latency_ms["mean"] < expected_ms + 20, (key, latency_ms)
+        # brokers on top: 6 ms at p50 on a quiet machine, 16 ms seen with the 2 cores
+        # shared with a full test run; more in the mean. That the route goes a-b-c rather
+        # than over the direct 60 ms link is checked on the tree itself below.
+        assert expected_ms <= latency_ms["p50"] < expected_ms + 20, (key, latency_ms)
+        assert latency_ms["mean"] < expected_ms + 30, (key, latency_ms)
     assert by_key[("distributed", 0)]["sections"]["mqtt_st"]["root"] == 0
 
     runs = [json.loads(path.read_text())["metadata"]["broker"]
