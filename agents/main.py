@@ -21,6 +21,7 @@ from mqttbed.agents.gpio import GpioUnavailable, open_gpio
 from mqttbed.agents.options import build_parser
 from mqttbed.agents.runner import AssignmentRunner
 from mqttbed.core.clock import CLOCK_NAME, boot_id, monotonic_ns, resolution_ns
+from mqttbed.core.host import raise_nofile_limit
 from mqttbed.core.protocol import (
     Abort,
     Assignment,
@@ -136,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     # holds the GIL, the loop waits up to the switch interval (5 ms by default) before it
     # can take a timestamp. Half a millisecond bounds that wait at a small cost.
     sys.setswitchinterval(0.0005)
+    raise_nofile_limit()  # one socket per client; reported with each run's Done
     try:
         agent = Agent(args.controller, args.token, args.name, args.gpio, args.gpio_chip,
                       args.ca_file)

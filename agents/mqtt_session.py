@@ -5,12 +5,19 @@ so receive timestamps are taken by the same thread that reads the socket, and pu
 go out from that thread at their open-loop schedule. Every socket gets TCP_NODELAY before
 CONNECT is sent (paho does not set it; without it loopback latency reads ~9 ms).
 
-The endpoint's transport picks the client: paho over TCP for ``mqtt-tcp``, or
+The endpoint's transport picks the client: for ``mqtt-tcp`` mqttbed's lean client
+(:class:`~mqttbed.agents.mqtt_tcp.TcpMqttClient`, the default) or paho (``mqtt_client``
+"paho": TLS, comparison), or
 :class:`~mqttbed.agents.mqtt_udp.UdpMqttClient` (one socket per client, one packet per
 datagram) for ``mqtt-udp``, the FPGA broker's transport, or
 :class:`~mqttbed.agents.mqtt_sn.MqttSnClient` for ``mqtt-sn-udp`` (MQTT-SN 1.2). All
 offer the same driving surface (:class:`ClientConnection`), so the loop, the schedule
-and the recorded events are the same code for every transport.
+and the recorded events are the same code for every transport. The lean TCP client and
+the UDP ones stamp deliveries with the kernel's receive time where the socket gives one
+(``clock_source`` ``kernel``), and every delivery keeps the user-space time beside it.
+
+The lean client's publishes of one loop turn are written together after the turn's due
+messages were built (one ``send`` per socket), then their GPIO lines toggle.
 """
 
 from __future__ import annotations
@@ -28,24 +35,33 @@ import paho.mqtt.client as mqtt
 
 from mqttbed.agents.gpio import GpioLines
 from mqttbed.agents.mqtt_sn import MqttSnClient, SnMessage
+from mqttbed.agents.mqtt_tcp import TcpMqttClient
 from mqttbed.agents.mqtt_udp import UdpMqttClient
+from mqttbed.agents.rx_timestamps import RealtimeToMonotonic
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import (
+    ClockSource,
     EventKind,
-    decode_payload,
+    decode_payload_at,
     encode_payload,
     publisher_client_id,
 )
 from mqttbed.core.mqtt_codec import Publish, encode_publish
 from mqttbed.core.mqttsn import Publish as SnPublish
 from mqttbed.core.mqttsn import encode as encode_sn
-from mqttbed.core.protocol import ClientAssignment, Endpoint, Role, Transport
+from mqttbed.core.protocol import ClientAssignment, Endpoint, GeneratorReport, Role, Transport
 
 # (kind, publisher, seq, receiver, topic, payload_bytes, qos, warmup,
-#  t_intended_ns, t_pub_ns, t_recv_ns): the tuple is cheap to build on the hot path;
-# the uploader turns it into an event row.
+#  t_intended_ns, t_pub_ns, t_recv_ns, clock_source, t_recv_user_ns): the tuple is cheap
+# to build on the hot path; the uploader turns it into an event row.
 RawEvent = tuple[str, str | None, int | None, str | None, str, int, int, bool,
-                 int | None, int | None, int | None]
+                 int | None, int | None, int | None, str, int | None]
+MQTT_CLIENTS = ("lean", "paho")
+# An open-loop publisher kept its rate when it sent at least this fraction of it (messages
+# over last send - first intended time + one period): a backlog it never caught up.
+RATE_KEPT_FRACTION = 0.95
+_USER = ClockSource.USER.value
+_KERNEL = ClockSource.KERNEL.value
 
 KEEPALIVE_S = 30
 UDP_MAX_PAYLOAD = 65_507  # IPv4: 65,535 - 20 (IP header) - 8 (UDP header)
@@ -80,6 +96,10 @@ class _Client:
     acked: int = 0
     received: set[tuple[int, int]] = field(default_factory=set)
     failure: str | None = None
+    lean: bool = False  # a TcpMqttClient: writes when the session flushes it
+    first_intended_ns: int | None = None
+    last_pub_ns: int = 0
+    send_lag_max_ns: int = 0
     subscribing: str = ""  # the topic whose SUBACK a subscriber waits for
     # (first publisher index, end, warm-up messages) per stream of a message mix
     warmup_ranges: tuple[tuple[int, int, int], ...] = ()
@@ -139,10 +159,20 @@ class MqttSession:
     """
 
     def __init__(self, endpoint: Endpoint, clients: list[ClientAssignment], gpio: GpioLines,
-                 record: Callable[[RawEvent], None], gpio_pulses: bool = False):
+                 record: Callable[[RawEvent], None], gpio_pulses: bool = False,
+                 mqtt_client: str = "lean", kernel_timestamps: bool = True):
+        if mqtt_client not in MQTT_CLIENTS:
+            raise ValueError(f"mqtt_client {mqtt_client!r} is not one of "
+                             f"{', '.join(MQTT_CLIENTS)}")
         for spec in clients:
             _check_transport(spec, spec.broker or endpoint)
         self._endpoint = endpoint
+        self._mqtt_client = mqtt_client
+        # kernel receive stamps go onto CLOCK_MONOTONIC through this measured offset
+        self._clock_map = RealtimeToMonotonic() if kernel_timestamps else None
+        self._kernel_deliveries = 0
+        self._user_deliveries = 0
+        self._backlogged: set[int] = set()  # lean clients whose last flush left bytes
         self._gpio = gpio
         self._record = record
         self._selector = selectors.DefaultSelector()
@@ -153,6 +183,8 @@ class MqttSession:
         self._selector.register(self._wake_reader, selectors.EVENT_READ, None)
         ordered = sorted(clients, key=lambda c: (c.role != Role.SUBSCRIBER, c.subscribe_rank))
         self._clients = [self._make_client(c) for c in ordered]
+        # the clients whose writes pump() must drive (paho, UDP resends); lean ones flush
+        self._polled = [c for c in self._clients if not c.lean]
         gpio.setup([c.spec.gpio_pin for c in self._clients])
         gpio.pulse_mode = gpio_pulses
         # the publishing schedule while run() runs (closed-loop acks add to it)
@@ -169,6 +201,8 @@ class MqttSession:
     def _make_client(self, spec: ClientAssignment) -> _Client:
         if self._endpoint_of(spec).transport in (Transport.MQTT_UDP, Transport.MQTT_SN_UDP):
             return self._make_udp_client(spec)
+        if self._mqtt_client == "lean":
+            return self._make_lean_client(spec)
         paho = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=spec.client_id,
                            protocol=mqtt.MQTTv311, clean_session=True)
         client = _Client(spec=spec, conn=paho, warmup_ranges=_warmup_ranges(spec))
@@ -183,6 +217,30 @@ class MqttSession:
             paho.on_message = lambda _c, _u, msg: self._on_message(client, msg)
         else:
             paho.on_publish = lambda _c, _u, _mid, _rc, _p: self._on_puback(client)
+        return client
+
+    def _make_lean_client(self, spec: ClientAssignment) -> _Client:
+        client: _Client
+
+        def on_failure(reason: str) -> None:
+            self._on_disconnect(client, reason)
+
+        def on_publish(topic: str, data: bytearray, start: int, end: int, qos: int,
+                       t_user: int, t_kernel: int | None) -> None:
+            self._on_delivery(client, topic, data, start, end, qos, t_user, t_kernel)
+
+        conn = TcpMqttClient(
+            spec.client_id,
+            on_connack=lambda code: self._on_connect(
+                client, f"CONNACK refused: return code {code}" if code else None),
+            on_suback=lambda codes: self._on_suback(
+                client, [f"return code {code:#04x}" for code in codes if code == 0x80]),
+            on_publish=on_publish,
+            on_acked=lambda: self._on_puback(client),
+            on_failure=on_failure,
+            on_backlog=lambda: self._backlogged.add(id(client)),
+            clock=self._clock_map)
+        client = _Client(spec=spec, conn=conn, lean=True, warmup_ranges=_warmup_ranges(spec))
         return client
 
     def _make_udp_client(self, spec: ClientAssignment) -> _Client:
@@ -201,11 +259,12 @@ class MqttSession:
         udp = (MqttSnClient if sn else UdpMqttClient)(
             spec.client_id,
             **sn_options,
+            clock=self._clock_map,
             on_connack=lambda code: self._on_connect(
                 client, f"CONNACK refused: return code {code}" if code else None),
             on_suback=lambda codes: self._on_suback(
                 client, [f"return code {code:#04x}" for code in codes if code == 0x80]),
-            on_message=lambda msg: self._on_message(client, msg),
+            on_message=lambda msg: self._on_message(client, msg, udp.rx_kernel_ns),
             on_failure=on_failure)
         client = _Client(spec=spec, conn=udp, warmup_ranges=_warmup_ranges(spec))
         return client
@@ -310,20 +369,34 @@ class MqttSession:
         spec = client.spec
         qos = dict(spec.subscriptions()).get(topic, spec.qos)
         self._record((EventKind.SUBSCRIBE, None, None, spec.client_id, topic, 0, qos,
-                      False, None, None, t_suback))
+                      False, None, None, t_suback, _USER, t_suback))
 
-    def _on_message(self, client: _Client, msg: mqtt.MQTTMessage | Publish | SnMessage) -> None:
+    def _on_message(self, client: _Client, msg: mqtt.MQTTMessage | Publish | SnMessage,
+                    t_kernel: int | None = None) -> None:
         t_recv = monotonic_ns()
+        payload = msg.payload
+        self._on_delivery(client, msg.topic, payload, 0, len(payload), msg.qos, t_recv,
+                          t_kernel)
+
+    def _on_delivery(self, client: _Client, topic: str, data: bytes | bytearray, start: int,
+                     end: int, qos: int, t_user: int, t_kernel: int | None) -> None:
+        """Record one delivery of ``data[start:end]`` (read in place, not copied)."""
         self._gpio.toggle(client.spec.gpio_pin)
         try:
-            seq, pub_index, t_pub, t_intended = decode_payload(msg.payload)
+            seq, pub_index, t_pub, t_intended = decode_payload_at(data, start, end)
         except ValueError:
             return  # not one of ours (e.g. a stray retained message)
         client.received.add((pub_index, seq))
         spec = client.spec
+        if t_kernel is None:
+            self._user_deliveries += 1
+            t_recv, source = t_user, _USER
+        else:
+            self._kernel_deliveries += 1
+            t_recv, source = t_kernel, _KERNEL
         self._record((EventKind.DELIVERY, publisher_client_id(pub_index), seq, spec.client_id,
-                      msg.topic, len(msg.payload), msg.qos, seq < client.warmup_of(pub_index),
-                      t_intended, t_pub, t_recv))
+                      topic, end - start, qos, seq < client.warmup_of(pub_index),
+                      t_intended, t_pub, t_recv, source, t_user))
 
     def _on_puback(self, client: _Client) -> None:
         client.acked += 1
@@ -343,11 +416,25 @@ class MqttSession:
                     while self._wake_reader.recv(4096):
                         pass
                 continue
-            key.data.conn.loop_read()
+            client = key.data
+            client.conn.loop_read()
+            if client.lean and client.conn.dead:
+                # a closed connection stays readable (EOF): stop watching it
+                with contextlib.suppress(KeyError, ValueError):
+                    self._selector.unregister(key.fileobj)
         self._gpio.settle()  # pulses end once what arrived together is handled
-        for client in self._clients:
+        for client in self._polled:
             if client.conn.want_write():
                 client.conn.loop_write()
+        if self._backlogged:
+            self._flush_backlog()
+
+    def _flush_backlog(self) -> None:
+        """Write again what lean clients' sockets did not take at their last flush."""
+        backlogged, self._backlogged = self._backlogged, set()
+        for client in self._clients:
+            if id(client) in backlogged:
+                client.conn.flush()
 
     def run(self, t_start_ns: int, t_deadline_ns: int, abort: Callable[[], bool],
             t_publish_end_ns: int | None = None) -> None:
@@ -372,13 +459,21 @@ class MqttSession:
         try:
             while not abort():
                 now = monotonic_ns()
+                batch: list[_Client] = []  # lean publishers with packets queued this turn
                 while due and due[0][0] <= now and now <= publish_end:
                     t_intended, pos, k = heapq.heappop(due)
                     client = self._publishers[pos]
                     self._publish(client, k, t_intended)
-                    self._gpio.settle()
+                    if client.lean:
+                        batch.append(client)
+                    else:
+                        self._gpio.toggle(client.spec.gpio_pin)
+                        self._gpio.settle()
                     if not client.spec.closed_loop and k + 1 < client.spec.messages:
                         heapq.heappush(due, (self._due_ns(client.spec, k + 1), pos, k + 1))
+                    now = monotonic_ns()
+                if batch:
+                    self._write_batch(batch)
                     now = monotonic_ns()
                 if now > publish_end:
                     due.clear()  # the publishing window is over: acks and drain only
@@ -401,17 +496,35 @@ class MqttSession:
         """When message ``k`` of a publisher is due on its open-loop schedule."""
         return self._t_start_ns + spec.start_offset_ns + int(k * 1e9 / spec.rate_hz)
 
+    def _write_batch(self, batch: list[_Client]) -> None:
+        """Write the lean publishers' queued PUBLISHes (one send each), then toggle their
+        lines: like the seed's publisher, the line moves once the PUBLISH is written."""
+        flushed: set[int] = set()
+        for client in batch:
+            if id(client) not in flushed:
+                flushed.add(id(client))
+                client.conn.flush()
+        for client in batch:
+            self._gpio.toggle(client.spec.gpio_pin)
+        self._gpio.settle()
+
     def _publish(self, client: _Client, seq: int, t_intended_ns: int) -> None:
+        """Build and send (paho, UDP) or queue (lean) message ``seq``; the caller toggles
+        the line once it is written."""
         spec = client.spec
         t_pub = monotonic_ns()
         payload = encode_payload(seq, spec.publisher_index, t_pub, t_intended_ns,
                                  spec.payload_bytes)
         client.conn.publish(spec.topic, payload, qos=spec.qos)
-        # Like the seed's publisher: toggle the line after the PUBLISH is written.
-        self._gpio.toggle(spec.gpio_pin)
         client.sent += 1
+        if client.first_intended_ns is None:
+            client.first_intended_ns = t_intended_ns
+        client.last_pub_ns = t_pub
+        if t_pub - t_intended_ns > client.send_lag_max_ns:
+            client.send_lag_max_ns = t_pub - t_intended_ns
         self._record((EventKind.PUBLISH, spec.client_id, seq, None, spec.topic, spec.payload_bytes,
-                      spec.qos, seq < spec.warmup_messages, t_intended_ns, t_pub, None))
+                      spec.qos, seq < spec.warmup_messages, t_intended_ns, t_pub, None, _USER,
+                      None))
 
     def _finished(self, due: list[tuple[int, int, int]], window_over: bool = False) -> bool:
         if due:
@@ -425,6 +538,32 @@ class MqttSession:
             if spec.role == Role.SUBSCRIBER and len(client.received) < spec.expected_messages:
                 return False
         return True
+
+    def generator_report(self) -> GeneratorReport:
+        """How the open-loop publishers kept their schedule, and which clock stamped the
+        deliveries (for ``Done``)."""
+        open_loop = [c for c in self._clients
+                     if c.spec.role == Role.PUBLISHER and not c.spec.closed_loop]
+        achieved, behind, unsent = 0.0, [], 0
+        for client in open_loop:
+            spec = client.spec
+            unsent += max(spec.messages - client.sent, 0)
+            rate = 0.0
+            if client.sent and client.first_intended_ns is not None:
+                span_ns = client.last_pub_ns - client.first_intended_ns + 1e9 / spec.rate_hz
+                rate = client.sent * 1e9 / span_ns
+            achieved += rate
+            if client.sent < spec.messages or rate < RATE_KEPT_FRACTION * spec.rate_hz:
+                behind.append(spec.client_id)
+        return GeneratorReport(
+            open_loop_publishers=len(open_loop),
+            requested_msgs_per_s=sum(c.spec.rate_hz for c in open_loop),
+            achieved_msgs_per_s=achieved,
+            send_lag_max_ns=max((c.send_lag_max_ns for c in open_loop), default=0),
+            messages_unsent=unsent, publishers_behind=behind[:100], rate_kept=not behind,
+            mqtt_client=self._mqtt_client, kernel_deliveries=self._kernel_deliveries,
+            user_deliveries=self._user_deliveries,
+            realtime_offset_gap_ns=None if self._clock_map is None else self._clock_map.gap_ns)
 
     def counts(self) -> tuple[int, int]:
         """Return (messages published, unique messages received) over all clients."""
@@ -445,6 +584,8 @@ class MqttSession:
                 with contextlib.suppress(KeyError, ValueError):
                     self._selector.unregister(sock)
                 sock.close()
+            if client.lean:
+                client.conn.close()
         self._selector.close()
         self._wake_reader.close()
         self._wake_writer.close()

@@ -21,6 +21,8 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 
+from mqttbed.agents import rx_timestamps
+from mqttbed.agents.rx_timestamps import RealtimeToMonotonic
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.mqtt_codec import (
     ConnAck,
@@ -58,7 +60,8 @@ class UdpMqttClient:
                  on_failure: Callable[[str], None],
                  on_unsuback: Callable[[int], None] | None = None,
                  resend_s: float = RESEND_S,
-                 receive_buffer_bytes: int | None = None):
+                 receive_buffer_bytes: int | None = None,
+                 clock: RealtimeToMonotonic | None = None):
         self.client_id = client_id
         self._on_connack = on_connack
         self._on_suback = on_suback
@@ -67,6 +70,10 @@ class UdpMqttClient:
         self._on_unsuback = on_unsuback
         self._resend_ns = int(resend_s * 1e9)
         self._receive_buffer_bytes = receive_buffer_bytes
+        self._clock = clock
+        self.kernel_stamps = False
+        # the kernel's receive time of the datagram being handled (CLOCK_MONOTONIC), or None
+        self.rx_kernel_ns: int | None = None
         self._sock: socket.socket | None = None
         self._keepalive_ns = 0
         self._last_sent_ns = 0
@@ -96,6 +103,8 @@ class UdpMqttClient:
         # connect() fixes the peer: datagrams from anyone but the broker are not received,
         # and an ICMP port-unreachable surfaces as ConnectionRefusedError.
         sock.connect(address)
+        if self._clock is not None:
+            self.kernel_stamps = rx_timestamps.enable(sock)
         sock.setblocking(False)
         self._sock = sock
         self._keepalive_ns = keepalive * 1_000_000_000
@@ -128,14 +137,18 @@ class UdpMqttClient:
         sock = self._sock
         if sock is None:
             return
+        ancillary = rx_timestamps.ANCILLARY_BYTES if self.kernel_stamps else 0
         while True:
             try:
-                datagram = sock.recv(MAX_DATAGRAM)
+                datagram, anc, _flags, _addr = sock.recvmsg(MAX_DATAGRAM, ancillary)
             except BlockingIOError:
                 return
             except ConnectionRefusedError:
                 self._on_failure(f"broker {self._peer()} unreachable (ICMP port unreachable)")
                 return
+            stamp = rx_timestamps.realtime_ns(anc) if anc else None
+            self.rx_kernel_ns = (None if stamp is None or self._clock is None
+                                 else self._clock.monotonic(stamp))
             try:
                 self._receive(datagram)
             except self.codec_error as exc:

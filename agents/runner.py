@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import resource
 import threading
 from collections.abc import Callable
 
@@ -20,7 +21,6 @@ from mqttbed.agents.clock_sync import estimate_offset
 from mqttbed.agents.gpio import GpioLines, toggle_cost_ns
 from mqttbed.agents.mqtt_session import MqttSession
 from mqttbed.agents.uploader import ChunkUploader
-from mqttbed.core.events import ClockSource
 from mqttbed.core.protocol import (
     AgentFailure,
     Assignment,
@@ -103,13 +103,13 @@ class AssignmentRunner:
             uploader = ChunkUploader(
                 self._http, run_id=a.run_id, agent_id=self._agent_id,
                 static_columns={"agent_id": self._agent_id,
-                                "clock_source": ClockSource.USER.value,
                                 "clock_offset_ns": self._clock.offset_ns,
                                 "clock_offset_uncertainty_ns": self._clock.uncertainty_ns},
                 chunk_events=a.chunk_events, interval_s=a.chunk_interval_s,
                 edges=self._gpio.edges)
             session = self._session = MqttSession(a.broker, a.clients, self._gpio,
-                                                  uploader.record, gpio_pulses=a.gpio_pulses)
+                                                  uploader.record, gpio_pulses=a.gpio_pulses,
+                                                  mqtt_client=a.mqtt_client)
             toggle_ns = toggle_cost_ns(self._gpio, a.clients[0].gpio_pin) if a.clients else None
             uploader.start()
             session.open(timeout_s=a.connect_timeout_s)
@@ -144,9 +144,12 @@ class AssignmentRunner:
             if uploader.error is not None:
                 raise RuntimeError(uploader.error)
             published, received = session.counts()
+            generator = session.generator_report().model_copy(
+                update={"nofile_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]})
             chunks = uploader.close()
             self._post(f"{base}/done", Done(run_id=a.run_id, agent_id=self._agent_id,
-                                            chunks=chunks, published=published, received=received))
+                                            chunks=chunks, published=published, received=received,
+                                            generator=generator))
         except Exception as exc:  # noqa: BLE001 - any failure is reported, with its reason
             # Flush first: the controller tears the run down as soon as it hears of this.
             if uploader is not None:

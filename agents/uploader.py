@@ -21,7 +21,8 @@ from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.protocol import PROTOCOL_VERSION, ResultChunk
 
 _RAW_COLUMNS = ("kind", "publisher", "seq", "receiver", "topic", "payload_bytes", "qos",
-                "warmup", "t_intended_ns", "t_pub_ns", "t_recv_ns")
+                "warmup", "t_intended_ns", "t_pub_ns", "t_recv_ns", "clock_source",
+                "t_recv_user_ns")
 
 
 class ChunkUploader:

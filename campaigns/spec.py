@@ -167,6 +167,10 @@ class Workload(_Strict):
                                  "intended time; closed-loop: the next PUBLISH once the last "
                                  "is acknowledged (PUBACK/PUBCOMP), at most rate_hz, for "
                                  "publication throughput")
+    client: Literal["lean", "paho"] = Field(
+        "lean", description="the agents' MQTT client on mqtt-tcp: lean = mqttbed's own "
+                            "(non-blocking, batched writes, kernel receive timestamps); "
+                            "paho = paho-mqtt (for comparison; user-space timestamps)")
     placement: Literal["benchmark", "distributed", "locality"] | None = Field(
         None, description="how clients are spread over the brokers of a backend that "
                           "deploys several (mqtt-st): benchmark = one plain broker, "
@@ -356,6 +360,11 @@ class Measurement(_Strict):
     # A run whose clock-offset uncertainty exceeds this fraction of the sync spread it
     # measures (p50) is flagged: its spread could be an artefact of the clocks.
     max_clock_uncertainty_fraction: float = Field(0.1, gt=0, le=100)
+    receive_clock: Literal["kernel", "user"] = Field(
+        "kernel", description="which receive time the figures use: kernel = the socket's "
+                              "receive stamp where the client recorded one (clock_source "
+                              "kernel), else the user-space time; user = always the "
+                              "user-space time")
 
 
 class ReferencePoint(_Strict):

@@ -90,7 +90,7 @@ def write_event_chunk(layout: DataLayout, campaign_id: str, run_id: str, agent_i
     agent = check_name(agent_id, "agent id")
     path = layout.run_events(campaign_id, run_id) / f"{agent}-{seq:06d}.parquet"
     rows = len(next(iter(columns.values()), []))
-    table = pa.table({name: columns[name] if name in columns else [constants[name]] * rows
+    table = pa.table({name: columns[name] if name in columns else [constants.get(name)] * rows
                       for name in EVENT_COLUMNS}, schema=arrow_schema())
     _atomic_write_table(table, path)
     return path

@@ -9,6 +9,11 @@ files. Three kinds of rows share the schema:
   ``t_intended_ns`` come from the payload, ``t_recv_ns`` from the receiver's clock.
 - ``subscribe``: one per subscription; ``t_recv_ns`` is when its SUBACK arrived, which
   orders the subscribers (first subscribed ... last subscribed) for the sync spread.
+
+``clock_source`` says where ``t_recv_ns`` came from: ``kernel`` (the socket's receive
+stamp, mapped onto CLOCK_MONOTONIC) or ``user`` (read in the receive loop); a delivery
+also keeps the user-space time in ``t_recv_user_ns`` whatever its source, so figures can
+be computed from either clock (``measurement.receive_clock``).
 """
 
 from __future__ import annotations
@@ -49,7 +54,10 @@ EVENT_FIELDS: tuple[tuple[str, str, bool], ...] = (
     ("clock_source", "string", False),
     ("clock_offset_ns", "int64", False),
     ("clock_offset_uncertainty_ns", "int64", False),
+    ("t_recv_user_ns", "int64", True),
 )
+# Columns a chunk may leave out (null): added after writers that do not know them existed.
+OPTIONAL_EVENT_COLUMNS: frozenset[str] = frozenset({"t_recv_user_ns"})
 EVENT_COLUMNS: tuple[str, ...] = tuple(name for name, _, _ in EVENT_FIELDS)
 PARTITION_COLUMNS: tuple[str, str] = ("campaign_id", "run_id")
 
@@ -75,6 +83,14 @@ def encode_payload(seq: int, publisher_index: int, t_pub_ns: int, t_intended_ns:
     """Build a payload of exactly ``payload_bytes`` carrying the send timestamps."""
     head = PAYLOAD_MAGIC + PAYLOAD_HEADER.pack(seq, publisher_index, t_pub_ns, t_intended_ns)
     return head + bytes(payload_bytes - len(head))
+
+
+def decode_payload_at(buffer: bytes | bytearray, start: int, end: int
+                      ) -> tuple[int, int, int, int]:
+    """:func:`decode_payload` of ``buffer[start:end]``, read in place (no copy)."""
+    if end - start < PAYLOAD_MIN_BYTES or not buffer.startswith(PAYLOAD_MAGIC, start):
+        raise ValueError(f"not an mqttbed payload ({end - start} bytes)")
+    return PAYLOAD_HEADER.unpack_from(buffer, start + 4)
 
 
 def decode_payload(payload: bytes) -> tuple[int, int, int, int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -16,6 +17,20 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+
+def raise_nofile_limit() -> int:
+    """Raise this process's open-file limit (soft) to its hard limit; return the soft one.
+
+    A run of a thousand clients needs a socket each in the agent and in the broker; the
+    processes this one starts inherit the raised limit. Runs record the value.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 @runtime_checkable
@@ -86,6 +101,7 @@ class LocalHost:
 
     def spawn(self, argv: list[str], *, env: dict[str, str] | None = None,
               log_path: Path | None = None) -> LocalProcess:
+        raise_nofile_limit()  # inherited: brokers and agents hold a socket per client
         out = open(log_path, "ab") if log_path else subprocess.DEVNULL
         try:
             popen = subprocess.Popen(

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mqttbed.core.events import EVENT_COLUMNS
+from mqttbed.core.events import EVENT_COLUMNS, OPTIONAL_EVENT_COLUMNS
 from mqttbed.core.names import MAX_NAME_CHARS, PlainName
 
 PROTOCOL_VERSION = 1
@@ -158,6 +158,8 @@ class Assignment(Message):
     window_ns: int = 0  # publishing window of the whole run, from the start time
     connect_timeout_s: float = 30.0
     drain_s: float = 1.0
+    # the MQTT client for mqtt-tcp: mqttbed's lean one, or paho (TLS, comparison)
+    mqtt_client: Literal["lean", "paho"] = "lean"
 
 
 class Subscribe(Message):
@@ -248,7 +250,8 @@ class ResultChunk(Message):
         lengths = {len(values) for values in self.columns.values()}
         if len(lengths) > 1:
             raise ValueError(f"columns differ in length: {sorted(lengths)}")
-        missing = set(EVENT_COLUMNS) - set(self.columns) - set(self.constants)
+        missing = (set(EVENT_COLUMNS) - set(self.columns) - set(self.constants)
+                   - OPTIONAL_EVENT_COLUMNS)
         extra = (set(self.columns) | set(self.constants)) - set(EVENT_COLUMNS)
         if missing or extra:
             raise ValueError(f"event columns missing {sorted(missing)}, unknown {sorted(extra)}")
@@ -259,12 +262,37 @@ class ResultChunk(Message):
         return len(next(iter(self.columns.values()), []))
 
 
+class GeneratorReport(BaseModel):
+    """How one agent's load generator kept its schedule, and which clock stamped its
+    deliveries (sent with ``Done``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    open_loop_publishers: int = Field(0, ge=0)
+    requested_msgs_per_s: float = Field(0.0, ge=0, description="sum of the open-loop rates")
+    achieved_msgs_per_s: float = Field(
+        0.0, ge=0, description="sum over open-loop publishers of messages sent over "
+                               "(last send - first intended time + one period)")
+    send_lag_max_ns: int = Field(0, ge=0)
+    messages_unsent: int = Field(0, ge=0, description="scheduled but not sent by the deadline")
+    publishers_behind: list[str] = Field(
+        default_factory=list, description="open-loop publishers that did not keep their rate")
+    rate_kept: bool = True
+    mqtt_client: str = ""
+    kernel_deliveries: int = Field(0, ge=0)
+    user_deliveries: int = Field(0, ge=0)
+    realtime_offset_gap_ns: int | None = Field(
+        None, description="how close the CLOCK_REALTIME/MONOTONIC pair was read: the kernel "
+                          "stamps' mapping is right to within half of it")
+    nofile_limit: int | None = Field(None, description="this agent's RLIMIT_NOFILE (soft)")
+
+
 class Done(Message):
     run_id: PlainName
     agent_id: PlainName
     chunks: int = Field(ge=0, le=_INT32)
     published: int = Field(ge=0, le=_COUNT)
     received: int = Field(ge=0, le=_COUNT)
+    generator: GeneratorReport | None = None
 
 
 class AgentFailure(Message):

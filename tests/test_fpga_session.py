@@ -69,7 +69,10 @@ def test_udp_session_records_the_same_events_as_tcp(fpga_model):
     sent = {e[2]: e[9] for e in published}
     deliveries = [e for e in events if e[0] == "delivery"]
     assert counts == (MESSAGES, 4 * MESSAGES) and len(deliveries) == 4 * MESSAGES
-    for _, publisher, seq, receiver, topic, size, qos, warmup, _, t_pub, t_recv in deliveries:
+    for (_, publisher, seq, receiver, topic, size, qos, warmup, _, t_pub, t_recv, source,
+         t_user) in deliveries:
+        # the kernel's receive stamp, mapped onto CLOCK_MONOTONIC, precedes the loop's read
+        assert source == "kernel" and t_recv <= t_user
         assert receiver.startswith("sub-")
         assert (publisher, topic, size, qos) == ("pub-0", "t/x", 64, 0)
         assert t_pub == sent[seq] < t_recv

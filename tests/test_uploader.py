@@ -12,12 +12,13 @@ from mqttbed.agents.uploader import ChunkUploader
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.core.host import LocalHost
 
-STATIC = {"agent_id": "a1", "clock_source": "user", "clock_offset_ns": 0,
+STATIC = {"agent_id": "a1", "clock_offset_ns": 0,
           "clock_offset_uncertainty_ns": 0}
 
 
 def publish_event(seq: int):
-    return ("publish", "pub-0", seq, None, "t", 64, 0, False, seq * 10, seq * 10 + 1, None)
+    return ("publish", "pub-0", seq, None, "t", 64, 0, False, seq * 10, seq * 10 + 1, None,
+            "user", None)
 
 
 def test_events_arrive_in_chunks_of_bounded_size_in_order(controller):
