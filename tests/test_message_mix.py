@@ -221,7 +221,8 @@ def test_a_single_stream_workload_is_assigned_as_before():
 
 
 @pytest.mark.integration  # Mosquitto
-def test_a_session_carries_100_byte_and_1_mb_messages_side_by_side(broker):
+@pytest.mark.parametrize("mqtt_client", ["lean", "paho"])
+def test_a_session_carries_100_byte_and_1_mb_messages_side_by_side(broker, mqtt_client):
     data = mix(subscribers=2, streams=[
         {"name": "small", "topic": "msg/small", "payload_bytes": 100, "rate_hz": 50,
          "messages": 20, "warmup_messages": 2},
@@ -230,11 +231,22 @@ def test_a_session_carries_100_byte_and_1_mb_messages_side_by_side(broker):
     clients = _assignments(data, agents=1)
     events: list = []
     sizes: dict[tuple[str, int, str], int] = {}
-    session = MqttSession(broker, clients, VirtualGpio(), events.append)
+    session = MqttSession(broker, clients, VirtualGpio(), events.append,
+                          mqtt_client=mqtt_client)
     try:
         session.connect(timeout_s=10)
         for client in session._clients:   # keep the payload's length as received
-            if client.spec.role == Role.SUBSCRIBER:
+            if client.spec.role == Role.SUBSCRIBER and mqtt_client == "lean":
+                # the lean client hands over (buffer, start, end) of its receive buffer
+                on_publish = client.conn._on_publish
+
+                def keep_lean(topic, data, start, end, *rest, on_publish=on_publish,
+                              name=client.spec.client_id):
+                    seq, index, _, _ = decode_payload(bytes(data[start:end]))
+                    sizes[(f"pub-{index}", seq, name)] = end - start
+                    on_publish(topic, data, start, end, *rest)
+                client.conn._on_publish = keep_lean
+            elif client.spec.role == Role.SUBSCRIBER:
                 on_message = client.paho.on_message
 
                 def keep(c, u, msg, on_message=on_message, name=client.spec.client_id):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import resource
 import signal
 import socket
 import threading
@@ -144,7 +145,8 @@ def test_metadata_records_version_config_hash_and_queue_limits():
     assert "set_tcp_nodelay false" in config_lines
     assert "persistence false" in config_lines
     assert meta["limits"] == {"max_queued_messages": 7, "max_inflight_messages": 3,
-                              "set_tcp_nodelay": False}
+                              "set_tcp_nodelay": False, "max_connections": -1,
+                              "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
     # The log outlives the directory it was written in.
     assert isinstance(backend.metadata()["log_tail"], str)
     assert backend.metadata()["config"] == meta["config"]
