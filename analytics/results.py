@@ -117,6 +117,28 @@ class RunClock(_Block):
     flagged: bool
 
 
+class Generator(_Block):
+    """How the run's load generators kept the open-loop schedule (the agents' reports)."""
+
+    requested_msgs_per_s: float = Field(description="sum of the open-loop publishers' rates")
+    achieved_msgs_per_s: float = Field(
+        description="per publisher: messages sent / (last send - first intended time + one "
+                    "period), summed")
+    send_lag_max_us: float = Field(description="the largest actual - intended send time")
+    messages_unsent: int = Field(0, description="scheduled but not sent by the deadline")
+    publishers_behind: list[str] = Field(
+        default_factory=list, description="publishers below 95 % of their rate")
+    rate_kept: bool = Field(description="every open-loop publisher sent at least 95 % of its "
+                                        "rate and every scheduled message")
+    mqtt_client: str = ""
+    deliveries_kernel_stamped: int = Field(
+        0, description="deliveries whose t_recv_ns is the kernel's receive stamp")
+    deliveries_user_stamped: int = 0
+    receive_clock: str = Field("kernel", description="which receive time the figures use "
+                                                     "(measurement.receive_clock)")
+    nofile_limit: int | None = Field(None, description="smallest RLIMIT_NOFILE of its agents")
+
+
 class FaultRecovery(_Block):
     """A fault a backend caused during the run(s) on purpose, and how delivery came back."""
 
@@ -210,6 +232,10 @@ class PointStats(Figures[SectionsT], Generic[SectionsT]):
     clock_flagged_runs: list[str] = Field(
         default_factory=list, description="runs whose clock uncertainty exceeds the allowed "
                                           "fraction of their spread")
+    rate_not_kept_runs: list[str] = Field(
+        default_factory=list, description="runs whose load generator could not keep the "
+                                          "requested rate: their latency includes the "
+                                          "generator's backlog")
 
 
 class RunStats(Figures[SectionsT], Generic[SectionsT]):
@@ -224,6 +250,9 @@ class RunStats(Figures[SectionsT], Generic[SectionsT]):
     reason: str | None = None
     warmup_messages: int = 0
     clock: RunClock
+    generator: Generator | None = Field(
+        None, description="how the agents kept the schedule; None for runs from before it "
+                          "was reported")
 
 
 class Timeline(_Block):

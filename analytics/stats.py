@@ -82,6 +82,11 @@ class RunInfo:
     fault: str | None = None
     # The streams of a message mix (workload.streams), in the spec's order; none without.
     streams: tuple[StreamInfo, ...] = ()
+    # Which receive time the figures use: "kernel" (the socket's stamp where recorded) or
+    # "user" (t_recv_user_ns, the receive loop's own time).
+    receive_clock: str = "kernel"
+    # The agents' generator reports (Done.generator), pooled: see results.Generator.
+    generator: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,8 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
         "run_id string, level string, key string")
     events, scope_events = split_by_clock(
         read_runs(spark, events_path, campaign_id, run_ids, EVENTS_DDL))
+    events = _on_receive_clock(events, [run.run_id for run in runs
+                                        if run.receive_clock == "user"])
     section_types = tuple(section_types)
     records = (read_runs(spark, records_path, campaign_id, run_ids, RECORDS_DDL)
                if records_path is not None and section_types else None)
@@ -159,6 +166,22 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
     return results_model(section_types).model_validate(document)
 
 
+def _on_receive_clock(events: Any, user_clock_runs: list[str]) -> Any:
+    """The events with ``t_recv_ns`` replaced by the user-space receive time in the runs
+    analysed on the user clock (where a row has one)."""
+    if not user_clock_runs:
+        return events
+    from pyspark.sql import functions as F
+
+    use_user = F.col("run_id").isin(user_clock_runs) & F.col("t_recv_user_ns").isNotNull()
+    return events.withColumn("t_recv_ns", F.when(use_user, F.col("t_recv_user_ns"))
+                             .otherwise(F.col("t_recv_ns")))
+
+
+def _rate_kept(run: RunInfo) -> bool:
+    return run.generator is None or bool(run.generator.get("rate_kept", True))
+
+
 def _clock_entry(run: RunInfo, uncertainty_us: float | None,
                  spread_p50_us: float | None) -> dict[str, Any]:
     """How far the run's clocks can be trusted against the spread it measured."""
@@ -188,6 +211,7 @@ def _point_entry(point_index: int, runs: list[RunInfo], inputs: _Inputs) -> dict
         "run_ids": [run.run_id for run in done],
         **_level_figures(inputs, (POINT_LEVEL, str(point_index)), done, runs[0].streams),
         "clock_flagged_runs": flagged,
+        "rate_not_kept_runs": [run.run_id for run in done if not _rate_kept(run)],
     }
     _add_intervals(entry, done, inputs.figures.sketches, lambda run_id, figure: (run_id, figure))
     stream_sketches = inputs.figures.stream_sketches
@@ -225,6 +249,8 @@ def _run_entry(run: RunInfo, inputs: _Inputs) -> dict[str, Any]:
         **_level_figures(inputs, (RUN_LEVEL, run.run_id), [run], run.streams),
         "clock": _clock_entry(run, inputs.uncertainty.get(run.run_id),
                               _spread_p50(inputs, run)),
+        "generator": None if run.generator is None else {
+            **run.generator, "receive_clock": run.receive_clock},
     }
 
 

@@ -340,6 +340,7 @@ def report_context(controller: Controller, campaign_id: str) -> dict[str, Any]:
     return {
         "scope_rows": scope_table(points, show_backend),
         "clock_flagged": [run for p in points for run in p.clock_flagged_runs],
+        "rate_not_kept": [run for p in points for run in p.rate_not_kept_runs],
         "section_tables": section_tables(points, show_backend),
         "scope_errors": [f"{r.run_id}: {r.error}" for p in points if p.scope
                          for r in p.scope.runs if r.error],

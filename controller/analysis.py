@@ -67,7 +67,9 @@ def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: st
                     max_clock_uncertainty_fraction=r.spec.get("measurement", {}).get(
                         "max_clock_uncertainty_fraction", 0.1),
                     mode=r.spec["workload"].get("mode", "pubsub"),
-                    scope=_scope_run(r), streams=_streams(r.spec), **_fault(r)) for r in rows]
+                    scope=_scope_run(r), streams=_streams(r.spec), **_fault(r),
+                    receive_clock=r.spec.get("measurement", {}).get("receive_clock", "kernel"),
+                    generator=pooled_generators(r.run_metadata)) for r in rows]
     stats = compute_campaign_stats(
         get_spark(settings), events_path=layout.events, samples_path=layout.broker_samples,
         records_path=layout.backend_records, section_types=section_types(),
@@ -93,6 +95,27 @@ def reanalysis_status(engine: RunEngine, campaign_id: str
     if status == CampaignStatus.FAILED and reason.startswith(ANALYSIS_FAILED):
         return engine.outcome(campaign_id)
     return None
+
+
+def pooled_generators(metadata: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The run's agents' generator reports (``Done.generator``) as one: rates and counts
+    summed, the worst lag, kept only if every agent kept its rate; None without reports."""
+    reports = list(((metadata or {}).get("generators") or {}).values())
+    if not reports:
+        return None
+    limits = [r["nofile_limit"] for r in reports if r.get("nofile_limit") is not None]
+    return {
+        "requested_msgs_per_s": sum(r["requested_msgs_per_s"] for r in reports),
+        "achieved_msgs_per_s": sum(r["achieved_msgs_per_s"] for r in reports),
+        "send_lag_max_us": max(r["send_lag_max_ns"] for r in reports) / 1e3,
+        "messages_unsent": sum(r["messages_unsent"] for r in reports),
+        "publishers_behind": sorted(p for r in reports for p in r["publishers_behind"]),
+        "rate_kept": all(r["rate_kept"] for r in reports),
+        "mqtt_client": ",".join(sorted({r["mqtt_client"] for r in reports})),
+        "deliveries_kernel_stamped": sum(r["kernel_deliveries"] for r in reports),
+        "deliveries_user_stamped": sum(r["user_deliveries"] for r in reports),
+        "nofile_limit": min(limits) if limits else None,
+    }
 
 
 def _scope_run(row: RunRow) -> ScopeRun | None:

@@ -387,6 +387,10 @@ class RunEngine:
                    timeout_s=COLLECT_TIMEOUT_S, waiting_for="event chunks")
         run.run_metadata["delivery_counts"] = {
             a: {"published": d.published, "received": d.received} for a, d in inbox.done.items()}
+        generators = {a: d.generator.model_dump() for a, d in inbox.done.items()
+                      if d.generator is not None}
+        if generators:
+            run.run_metadata["generators"] = generators
         if live.links is not None:
             run.run_metadata["network"] = live.links.metadata(with_proxy_stats=True)
         if live.recorder is not None:

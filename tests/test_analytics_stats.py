@@ -34,7 +34,9 @@ from mqttbed.analytics.stats import (  # noqa: E402
     compute_campaign_stats,
 )
 from mqttbed.analytics.topics import topic_filter_regex  # noqa: E402
+from mqttbed.controller.analysis import pooled_generators  # noqa: E402
 from mqttbed.core.events import EVENT_COLUMNS, arrow_schema  # noqa: E402
+from mqttbed.core.protocol import GeneratorReport  # noqa: E402
 from mqttbed.core.sections import (  # noqa: E402
     Agreed,
     BackendSection,
@@ -61,8 +63,18 @@ STREAMS = (StreamInfo("line1", TOPICS["pub-0"], 100, ("pub-0",)),
 RUNS = [
     RunInfo("r1", 0, {"qos": 1}, 0, "done", "mosquitto", warmup_messages=WARMUP,
             streams=STREAMS),
+    # r2's second agent could not keep its publishers' rate
     RunInfo("r2", 0, {"qos": 1}, 1, "done", "mosquitto", warmup_messages=WARMUP,
-            streams=STREAMS),
+            streams=STREAMS, generator=pooled_generators({"generators": {
+                "agent-1": GeneratorReport(
+                    open_loop_publishers=1, requested_msgs_per_s=100, achieved_msgs_per_s=99,
+                    send_lag_max_ns=2_000_000, mqtt_client="lean", kernel_deliveries=40,
+                    nofile_limit=1024).model_dump(),
+                "agent-2": GeneratorReport(
+                    open_loop_publishers=1, requested_msgs_per_s=100, achieved_msgs_per_s=60,
+                    send_lag_max_ns=90_000_000, publishers_behind=["pub-1"], rate_kept=False,
+                    mqtt_client="lean", kernel_deliveries=2, user_deliveries=1,
+                    nofile_limit=4096).model_dump()}})),
     RunInfo("r3", 1, {"qos": 2}, 0, "done", "mosquitto", warmup_messages=WARMUP,
             streams=STREAMS),
     RunInfo("r4", 1, {"qos": 2}, 1, "failed", "mosquitto", reason="agent sub-1 lost",
@@ -499,6 +511,19 @@ def test_every_run_figure_matches_the_reference(stats, dataset):
         _assert_figures(runs[info.run_id], expected)
         assert runs[info.run_id]["state"] == info.state
         assert runs[info.run_id]["reason"] == info.reason
+
+
+def test_a_run_whose_generator_fell_behind_is_flagged_in_its_point_and_run(stats):
+    points = {point["point_index"]: point for point in stats["points"]}
+    assert points[0]["rate_not_kept_runs"] == ["r2"]
+    assert points[1]["rate_not_kept_runs"] == []
+    runs = {run["run_id"]: run for run in stats["runs"]}
+    assert runs["r1"]["generator"] is None   # no report: nothing claimed either way
+    assert runs["r2"]["generator"] == {
+        "requested_msgs_per_s": 200.0, "achieved_msgs_per_s": 159.0, "send_lag_max_us": 90_000.0,
+        "messages_unsent": 0, "publishers_behind": ["pub-1"], "rate_kept": False,
+        "mqtt_client": "lean", "deliveries_kernel_stamped": 42, "deliveries_user_stamped": 1,
+        "receive_clock": "kernel", "nofile_limit": 1024}
 
 
 def test_points_pool_done_runs_only(stats, dataset):
