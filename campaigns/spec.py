@@ -167,6 +167,12 @@ class Workload(_Strict):
                                  "intended time; closed-loop: the next PUBLISH once the last "
                                  "is acknowledged (PUBACK/PUBCOMP), at most rate_hz, for "
                                  "publication throughput")
+    topics: Literal["shared", "per-publisher"] = Field(
+        "shared", description="shared: every publisher publishes on topic and every "
+                              "subscriber receives all (fan-out); per-publisher: publisher i "
+                              "publishes on topic/i and subscriber j subscribes to "
+                              "topic/(j mod publishers), to hold many clients without "
+                              "publishers x subscribers deliveries")
     client: Literal["lean", "paho"] = Field(
         "lean", description="the agents' MQTT client on mqtt-tcp: lean = mqttbed's own "
                             "(non-blocking, batched writes, kernel receive timestamps); "
@@ -224,6 +230,16 @@ class Workload(_Strict):
             raise ValueError(f"streams share the name {', '.join(map(repr, repeated))} (a "
                              f"stream is named by its topic unless it has a name): give "
                              f"each stream a distinct name")
+        return self
+
+    @model_validator(mode="after")
+    def _per_publisher_topics_need_one_stream(self) -> Workload:
+        if self.topics == "per-publisher" and self.streams:
+            raise ValueError("topics 'per-publisher' gives each publisher of the one stream its "
+                             "own topic; with streams, leave topics out (shared)")
+        if self.topics == "per-publisher" and self.subscribers and not self.publishers:
+            raise ValueError("topics 'per-publisher' pairs subscribers with publishers: set "
+                             "publishers to at least 1")
         return self
 
     @model_validator(mode="after")

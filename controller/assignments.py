@@ -77,12 +77,15 @@ def _clients(spec: CampaignSpec) -> list[ClientAssignment]:
     w = spec.workload
     streams = w.resolved_streams()
     clients: list[ClientAssignment] = []
+    # per-publisher topics: publisher i on topic/i, subscriber j on topic/(j mod publishers)
+    paired = w.topics == "per-publisher"
     for stream in streams:
         period_ns, offset_ns = stream.period_ns, int(stream.offset_s * 1e9)
         for k in range(stream.publishers):
             i = stream.first_publisher + k
             clients.append(ClientAssignment(
-                client_id=publisher_client_id(i), role=Role.PUBLISHER, topic=stream.topic,
+                client_id=publisher_client_id(i), role=Role.PUBLISHER,
+                topic=f"{stream.topic}/{i}" if paired else stream.topic,
                 qos=stream.qos, gpio_pin=0, publisher_index=i,
                 payload_bytes=stream.payload_bytes, rate_hz=stream.rate_hz,
                 messages=stream.messages, warmup_messages=stream.warmup_messages,
@@ -93,9 +96,11 @@ def _clients(spec: CampaignSpec) -> list[ClientAssignment]:
                   for s in streams] if w.streams else []
     for j in range(w.subscribers):
         clients.append(ClientAssignment(
-            client_id=subscriber_client_id(j), role=Role.SUBSCRIBER, topic=streams[0].topic,
+            client_id=subscriber_client_id(j), role=Role.SUBSCRIBER,
+            topic=f"{streams[0].topic}/{j % w.publishers}" if paired else streams[0].topic,
             qos=streams[0].qos, gpio_pin=0, warmup_messages=streams[0].warmup_messages,
-            expected_messages=sum(s.publishers * s.messages for s in streams),
+            expected_messages=streams[0].messages if paired
+            else sum(s.publishers * s.messages for s in streams),
             subscribe_rank=j, streams=subscribed))
     return clients
 
