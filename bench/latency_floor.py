@@ -1,155 +1,106 @@
-"""Latency floor: mqttbed's measurement path against plain paho clients, same broker setup.
+"""P1, latency floor: mqttbed's measurement path against plain paho clients, same broker.
 
-1 publisher -> 10 subscribers at 100 Hz through Mosquitto on loopback. Prints p50/p99
-latency and per-message arrival spread (max - min over subscribers) for
-  - mqttbed: the real campaign path (agent processes, selector loop, chunked upload),
-  - paho + TCP_NODELAY: one process, one paho network thread per client,
-  - paho without TCP_NODELAY: the same, as paho ships (Nagle on),
-each as a ratio to "paho + TCP_NODELAY", measured in this one script.
+1 publisher -> 10 subscribers through Mosquitto on loopback, at 100 Hz and at 1 kHz.
+Prints p50/p99 latency and per-message arrival spread (max - min over subscribers) for
+  - paho + TCP_NODELAY (the baseline): one process, one paho network thread per client,
+  - mqttbed, lean client: the real campaign path (agent processes, selector loop, the
+    lean TCP client, kernel receive stamps, chunked upload),
+  - mqttbed, paho client (``workload.client: paho``): the same path on paho,
+each as a ratio to the baseline measured in this one script. Targets: lean p50 <= 0.5x,
+p99 <= 0.7x.
 
-    .venv/bin/python bench/latency_floor.py [--messages 500] [--rate-hz 100]
-
-Nagle only delays a small write while an earlier one is unacknowledged, so its cost
-shows at rates where publishes follow each other faster than the peer ACKs them.
+    .venv/bin/python bench/latency_floor.py [--messages-100 500] [--messages-1k 2000]
 """
 
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
-import tempfile
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
-import paho.mqtt.client as mqtt
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
-from mqttbed.brokers.mosquitto import MosquittoBackend, Options
-from mqttbed.campaigns.spec import parse_spec
-from mqttbed.controller.controller import create_controller
-from mqttbed.core.clock import monotonic_ns, sleep_until_ns
-from mqttbed.core.events import decode_payload, encode_payload
-from mqttbed.core.host import LocalHost
-from mqttbed.core.settings import Settings
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import emit, load_average, paho_fanout, pct, ratio, run_campaign, spreads  # noqa: E402
+
+from mqttbed.brokers.mosquitto import MosquittoBackend, Options  # noqa: E402
+from mqttbed.core.host import LocalHost  # noqa: E402
 
 SUBSCRIBERS = 10
 WARMUP = 20
 
 
-def summarize(latency_ns: np.ndarray, spread_ns: np.ndarray) -> dict[str, float]:
-    return {"lat_p50": np.percentile(latency_ns, 50) / 1e3,
-            "lat_p99": np.percentile(latency_ns, 99) / 1e3,
-            "spread_p50": np.percentile(spread_ns, 50) / 1e3,
-            "spread_p99": np.percentile(spread_ns, 99) / 1e3,
+def us(values: np.ndarray, q: float) -> float | None:
+    value = pct(values, q)
+    return None if value is None else value / 1e3
+
+
+def summarize(latency_ns: np.ndarray, spread_ns: np.ndarray) -> dict[str, float | None]:
+    return {"lat_p50": us(latency_ns, 50), "lat_p99": us(latency_ns, 99),
+            "spread_p50": us(spread_ns, 50), "spread_p99": us(spread_ns, 99),
             "n": float(len(latency_ns))}
 
 
-def spreads(seq: np.ndarray, t_recv: np.ndarray) -> np.ndarray:
-    order = np.argsort(seq, kind="stable")
-    seq, t_recv = seq[order], t_recv[order]
-    bounds = np.flatnonzero(np.diff(seq)) + 1
-    groups = np.split(t_recv, bounds)
-    return np.array([g.max() - g.min() for g in groups if len(g) == SUBSCRIBERS])
+def measure_mqttbed(messages: int, rate_hz: float, client: str,
+                    subscribers: int = SUBSCRIBERS) -> dict[str, dict[str, float | None]]:
+    """One campaign; its figures from the recorded receive time (kernel stamps where the
+    client took them) and from the user-space receive time of the same deliveries."""
+    table, _, _ = run_campaign({
+        "name": "latency-floor",
+        "workload": {"publishers": 1, "subscribers": subscribers, "rate_hz": rate_hz,
+                     "messages": messages, "warmup_messages": WARMUP, "client": client}})
+    t_pub, seq = table["t_pub_ns"].to_numpy(), table["seq"].to_numpy()
+    figures = {}
+    for clock, column in (("kernel", "t_recv_ns"), ("user", "t_recv_user_ns")):
+        t_recv = table[column].to_numpy(zero_copy_only=False)
+        figures[clock] = summarize(t_recv - t_pub, spreads(seq, t_recv, subscribers))
+    return figures
 
 
-def measure_mqttbed(messages: int, rate_hz: float) -> dict[str, float]:
-    spec = parse_spec({"name": "latency-floor",
-                       "workload": {"publishers": 1, "subscribers": SUBSCRIBERS,
-                                    "rate_hz": rate_hz, "messages": messages,
-                                    "warmup_messages": WARMUP}})
-    with tempfile.TemporaryDirectory() as tmp, \
-            create_controller(Settings(data_dir=Path(tmp))) as ctl:
-        campaign_id = ctl.engine.create_campaign(spec)
-        status = ctl.engine.run_campaign(campaign_id)
-        if status != "done":
-            raise SystemExit(f"mqttbed run {status}")
-        table = ds.dataset(ctl.layout.events, partitioning="hive").to_table(
-            filter=(pc.field("kind") == "delivery") & ~pc.field("warmup"))
-    t_recv = table["t_recv_ns"].to_numpy()
-    latency = t_recv - table["t_pub_ns"].to_numpy()
-    return summarize(latency, spreads(table["seq"].to_numpy(), t_recv))
-
-
-def measure_plain_paho(messages: int, rate_hz: float, nodelay: bool) -> dict[str, float]:
+def measure_paho(messages: int, rate_hz: float, subscribers: int = SUBSCRIBERS
+                 ) -> dict[str, float | None]:
     backend = MosquittoBackend()
     endpoint = backend.deploy(Options(), LocalHost())
-    received: list[tuple[int, int, int]] = []  # (seq, t_pub, t_recv)
-    lock = threading.Lock()
-    subscribed = threading.Semaphore(0)
-
-    def on_message(_c, _u, msg):
-        t_recv = monotonic_ns()
-        seq, _, t_pub, _ = decode_payload(msg.payload)
-        with lock:
-            received.append((seq, t_pub, t_recv))
-
-    def make(client_id: str) -> mqtt.Client:
-        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
-        if nodelay:
-            client.on_socket_open = lambda _c, _u, sock: sock.setsockopt(
-                socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return client
-
-    clients = []
     try:
-        for i in range(SUBSCRIBERS):
-            sub = make(f"plain-sub-{i}")
-            sub.on_message = on_message
-            sub.on_subscribe = lambda *_: subscribed.release()
-            sub.on_connect = lambda c, *_: c.subscribe("bench/plain", 0)
-            sub.connect(endpoint.host, endpoint.port)
-            sub.loop_start()
-            clients.append(sub)
-        for _ in range(SUBSCRIBERS):
-            if not subscribed.acquire(timeout=10):
-                raise SystemExit("plain paho subscribers did not get their SUBACK")
-        pub = make("plain-pub")
-        pub.connect(endpoint.host, endpoint.port)
-        pub.loop_start()
-        clients.append(pub)
-        time.sleep(0.3)
-        start = monotonic_ns() + 100_000_000
-        for k in range(messages):
-            due = start + int(k * 1e9 / rate_hz)
-            sleep_until_ns(due)
-            pub.publish("bench/plain", encode_payload(k, 0, monotonic_ns(), due, 64), qos=0)
-        time.sleep(1.0)
+        latency, spread = paho_fanout(endpoint, subscribers, messages, rate_hz, WARMUP)
     finally:
-        for client in clients:
-            client.loop_stop()
-            client.disconnect()
         backend.teardown()
-    data = np.array([r for r in received if r[0] >= WARMUP], dtype=np.int64)
-    return summarize(data[:, 2] - data[:, 1], spreads(data[:, 0], data[:, 2]))
+    return summarize(latency, spread)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=500)
-    parser.add_argument("--rate-hz", type=float, default=100.0)
+    parser.add_argument("--messages-100", type=int, default=500)
+    parser.add_argument("--messages-1k", type=int, default=2000)
     args = parser.parse_args()
-    results = {
-        "paho + TCP_NODELAY (baseline)": measure_plain_paho(args.messages, args.rate_hz, True),
-        "paho, Nagle on": measure_plain_paho(args.messages, args.rate_hz, False),
-        "mqttbed agents": measure_mqttbed(args.messages, args.rate_hz),
-    }
-    base = results["paho + TCP_NODELAY (baseline)"]
-    print(f"\n1 publisher -> {SUBSCRIBERS} subscribers, {args.rate_hz:g} Hz, "
-          f"{args.messages} messages ({WARMUP} warm-up), Mosquitto on loopback, "
-          f"{sys.platform}\n")
-    ratio_keys = ("lat_p50", "lat_p99", "spread_p50", "spread_p99")
-    header = (f"{'client':32} {'lat p50 µs':>11} {'lat p99 µs':>11} {'spread p50':>11} "
-              f"{'spread p99':>11} {'deliveries':>10}   "
-              f"ratios to baseline (lat p50, lat p99, spread p50, spread p99)")
-    print(header)
-    for name, r in results.items():
-        ratios = ", ".join(f"x{r[k] / base[k]:.2f}" if base[k] else "n/a" for k in ratio_keys)
-        print(f"{name:32} {r['lat_p50']:11.1f} {r['lat_p99']:11.1f} {r['spread_p50']:11.1f} "
-              f"{r['spread_p99']:11.1f} {int(r['n']):10d}   {ratios}")
+    figures, ratios = {}, {}
+    print(f"1 publisher -> {SUBSCRIBERS} subscribers, Mosquitto on loopback; µs; "
+          f"load average {load_average()} before")
+    print(f"{'rate':>6} {'client':34} {'lat p50':>9} {'lat p99':>9} {'spread p50':>10} "
+          f"{'n':>6}  ratios (p50, p99) to paho + TCP_NODELAY")
+    for label, rate, messages in (("100hz", 100.0, args.messages_100),
+                                  ("1khz", 1000.0, args.messages_1k)):
+        lean = measure_mqttbed(messages, rate, "lean")
+        results = {
+            "paho + TCP_NODELAY (baseline)": measure_paho(messages, rate),
+            "mqttbed, lean client (kernel)": lean["kernel"],
+            "mqttbed, lean client (user)": lean["user"],   # the same run's deliveries
+            "mqttbed, paho client": measure_mqttbed(messages, rate, "paho")["user"],
+        }
+        base = results["paho + TCP_NODELAY (baseline)"]
+        for name, r in results.items():
+            p50, p99 = ratio(r["lat_p50"], base["lat_p50"]), ratio(r["lat_p99"], base["lat_p99"])
+            print(f"{label:>6} {name:34} {r['lat_p50'] or 0:9.1f} {r['lat_p99'] or 0:9.1f} "
+                  f"{r['spread_p50'] or 0:10.1f} {int(r['n'] or 0):6d}  "
+                  f"x{p50 or 0:.2f}, x{p99 or 0:.2f}")
+        best = results["mqttbed, lean client (kernel)"]
+        ratios[f"lat_p50_{label}"] = ratio(best["lat_p50"], base["lat_p50"])
+        ratios[f"lat_p99_{label}"] = ratio(best["lat_p99"], base["lat_p99"])
+        figures[label] = {name: {k: None if v is None else round(v, 1) for k, v in r.items()}
+                          for name, r in results.items()}
+        figures[f"load_average_{label}"] = load_average()
+    emit("P1 latency floor", "paho + TCP_NODELAY, one process", ratios,
+         {**figures, "targets": {"lat_p50": 0.5, "lat_p99": 0.7}})
     return 0
 
 
