@@ -49,9 +49,11 @@ class ChunkUploader:
         self.error: str | None = None   # set once uploads have failed for good
 
     def record(self, event: RawEvent) -> None:
-        """Buffer one event (called from the MQTT loop thread; must stay cheap)."""
-        with self._buffer_lock:
-            self._buffer.append(event)
+        """Buffer one event (called from the MQTT loop thread; must stay cheap).
+
+        No lock: list.append is atomic, and a flush swaps the buffer in one store, so an
+        event appended meanwhile lands in the list that flush sends."""
+        self._buffer.append(event)
 
     def start(self) -> None:
         self._thread.start()
