@@ -38,9 +38,8 @@ demo: install
 	$(VENV)/bin/mqttbed run campaigns/quickstart.yaml --data-dir data/demo
 	$(VENV)/bin/mqttbed report latest --data-dir data/demo --out data/demo/quickstart-report.html
 
-bench: install
-	$(PY) bench/latency_floor.py
-	$(PY) bench/analysis.py
+bench: install   # every bench/ script, then one table of their closing JSON lines
+	$(PY) bench/run_all.py
 
 docs: install   # the published JSON schema of the results document
 	$(VENV)/bin/mqttbed schema stats > docs/stats.schema.json
