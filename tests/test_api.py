@@ -126,7 +126,8 @@ def test_parquet_export_is_a_zip_of_the_dataset_with_a_manifest(served):
     assert "stats.json" in names
     manifest = json.loads(archive.read("manifest.json"))
     assert manifest["campaign"]["spec"]["name"] == "api-e2e"
-    assert manifest["clock"]["sources_in_data"] == ["user"]
+    # deliveries carry the kernel's receive stamp; publishes and SUBACKs the user clock
+    assert manifest["clock"]["sources_in_data"] == ["kernel", "user"]
     assert all(b["version"].startswith("2.") and len(b["config_sha256"]) == 64
                for b in manifest["backends"])
     assert manifest["controller_host"]["cpus"] >= 1
