@@ -137,6 +137,7 @@ class VirtualScope(ScpiInstrument):
         self._horizon_ns: int | None = None
         self._settings: dict[tuple[str, int | None], Any] = {}
         self._acquisition: _Acquisition | None = None
+        self.arms = 0  # :SINGle commands received
         self._reset()
         self.on("*IDN", lambda args, n: IDENTITY, query=True)
         self.on("*OPC", lambda args, n: "1", query=True)
@@ -160,6 +161,10 @@ class VirtualScope(ScpiInstrument):
     def stop(self) -> None:
         """Disconnect clients and stop the server threads."""
         self._server.stop()
+
+    def stop_answering(self) -> None:
+        """Simulate a hung instrument: connections stay open, no command is answered."""
+        self._server.stop_answering()
 
     def __enter__(self) -> VirtualScope:
         return self.start()
@@ -230,6 +235,7 @@ class VirtualScope(ScpiInstrument):
 
     def _arm(self) -> None:
         now = monotonic_ns()
+        self.arms += 1
         scale_ns = round(self._setting(_SCALE) * 1e9)
         centre_ns = round(self._setting(_OFFSET) * 1e9)
         self._settings[(_SWEEP, None)] = "SINGle"
