@@ -410,7 +410,8 @@ class RunEngine:
                                            for a in live.active),
                    timeout_s=COLLECT_TIMEOUT_S, waiting_for="event chunks")
         run.run_metadata["delivery_counts"] = {
-            a: {"published": d.published, "received": d.received} for a, d in inbox.done.items()}
+            a: {"published": d.published, "received": d.received,
+                "upload_retries": d.upload_retries} for a, d in inbox.done.items()}
         if live.links is not None:
             run.run_metadata["network"] = live.links.metadata(with_proxy_stats=True)
         if live.recorder is not None:
