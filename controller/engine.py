@@ -396,8 +396,11 @@ class RunEngine:
         if (recorder := live.recorder) is not None and spec.measurement.scope is not None:
             # The scope may still be catching up on edges (a virtual scope sees them only as
             # they are uploaded): the measure phase lasts until it has what was asked for,
-            # bounded by the spec; a shortfall is flagged in the results, never hidden.
-            self._wait(live, until=recorder.finished,
+            # bounded by the spec, or until an acquisition sees no trigger now that the
+            # publishers are done (no more will come). A shortfall is flagged in the
+            # results, never hidden.
+            timeouts = recorder.timeouts
+            self._wait(live, until=lambda: recorder.finished() or recorder.timeouts > timeouts,
                        timeout_s=spec.measurement.scope.measure_timeout_s,
                        waiting_for="scope acquisitions", fail_on_timeout=False)
 

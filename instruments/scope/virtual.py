@@ -137,7 +137,8 @@ class VirtualScope(ScpiInstrument):
         self._horizon_ns: int | None = None
         self._settings: dict[tuple[str, int | None], Any] = {}
         self._acquisition: _Acquisition | None = None
-        self.arms = 0  # :SINGle commands received
+        self.arms = 0       # :SINGle commands received
+        self.completed = 0  # acquisitions that completed
         self._reset()
         self.on("*IDN", lambda args, n: IDENTITY, query=True)
         self.on("*OPC", lambda args, n: "1", query=True)
@@ -263,6 +264,7 @@ class VirtualScope(ScpiInstrument):
             if acquisition.trigger_ns is not None and \
                     self._horizon_ns >= acquisition.trigger_ns + acquisition.record_end_ns:
                 acquisition.complete = True
+                self.completed += 1
         if acquisition.complete:
             return "STOP"
         return "WAIT" if acquisition.trigger_ns is None else "TD"
