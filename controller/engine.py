@@ -11,6 +11,7 @@ arrive, so a failing run keeps everything that already came in.
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 import threading
@@ -54,6 +55,8 @@ from mqttbed.core.errors import RunFailed
 from mqttbed.core.host import Host
 from mqttbed.core.protocol import Endpoint, Shutdown, StartAt, Subscribe
 from mqttbed.network.topology import reap_stale
+
+log = logging.getLogger("mqttbed.engine")
 
 COLLECT_TIMEOUT_S = 30.0
 RUN_GRACE_S = 10.0
@@ -287,8 +290,13 @@ class RunEngine:
             self._teardown(live.pool, live.sites, live.backend, live.links)
             self.ctx.registry.close_inbox(run.id)
             if live.recorder is not None:
-                # A failed run keeps the acquisitions it made, like every other event.
-                live.recorder.write(self.ctx.layout, run.campaign_id, run.id)
+                # A failed run keeps the acquisitions it made, like every other event; a
+                # data dir that cannot take them must not end the campaign (the run's
+                # reason already says why it ended, and _collect's write names the path).
+                try:
+                    live.recorder.write(self.ctx.layout, run.campaign_id, run.id)
+                except OSError as exc:
+                    log.error("run %s: the scope's rows were not stored: %s", run.id, exc)
 
     def _deploy(self, run: RunRow, live: _LiveRun) -> None:
         """Broker up, agents registered and assigned, every subscriber holding its SUBACK."""
