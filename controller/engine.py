@@ -60,6 +60,7 @@ log = logging.getLogger("mqttbed.engine")
 
 COLLECT_TIMEOUT_S = 30.0
 RUN_GRACE_S = 10.0
+AGENT_REPORT_GRACE_S = 1.0  # after one agent's error, for the others' reports
 
 
 _EXIT = re.compile(r"exited with code (-?\d+)(?: \(killed by (SIG\w+)\))?")
@@ -469,6 +470,7 @@ class RunEngine:
             if live.links is not None and (broken := live.links.health()) is not None:
                 raise RunFailed(broken)
             if inbox.errors:
+                self._hear_the_others(live)
                 raise RunFailed("; ".join(e.reason for e in inbox.errors.values()))
             if live.pool is not None and (exited := live.pool.exited()):
                 raise RunFailed("; ".join(exited))
@@ -483,6 +485,16 @@ class RunEngine:
                 raise RunFailed(f"timed out after {timeout_s:.1f} s waiting for {waiting_for}")
             self.ctx.registry.wait(0.05)
         return True
+
+    def _hear_the_others(self, live: _LiveRun) -> None:
+        """Give the agents that have not reported yet a moment to: a fault that hits them
+        all (a full data dir) then has each one's loss in the run's reason, not only the
+        first's (an agent told to stop can no longer tell the controller)."""
+        deadline = monotonic_ns() + int(AGENT_REPORT_GRACE_S * 1e9)
+        inbox = live.inbox
+        while monotonic_ns() < deadline and not all(
+                a in inbox.errors or a in inbox.done for a in live.active):
+            self.ctx.registry.wait(0.05)
 
     def _finish_run(self, run: RunRow, backend: BrokerBackend) -> None:
         """Store the broker's samples and metadata, then stop it."""

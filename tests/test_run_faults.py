@@ -136,10 +136,9 @@ def test_final_flush_into_a_read_only_data_dir_fails_the_run_naming_the_events_l
     # the first directory it could not create
     assert f"cannot be stored: Read-only file system: {partition.parent})" in run.reason, \
         run.reason
-    # a0 plays pub-0 and sub-1: 100 publishes, 100 deliveries, 1 subscription; a1 sub-0
-    expected = {"a0": 201, "a1": 101}
-    lost = lost_counts(run.reason, run.id)
-    assert lost and all(expected[agent] == n for agent, n in lost.items()), run.reason
+    # a0 plays pub-0 and sub-1: 100 publishes, 100 deliveries, 1 subscription; a1 sub-0.
+    # Both flush at the same moment, so both losses are in the reason.
+    assert lost_counts(run.reason, run.id) == {"a0": 201, "a1": 101}, run.reason
     assert "not uploaded when the run ended" in run.reason
     assert assert_store_consistent(controller, campaign_id, run.id) == 0
 
