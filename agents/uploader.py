@@ -48,7 +48,7 @@ class ChunkUploader:
         self._request_timeout_s = request_timeout_s
         self._edges = edges or (lambda: [])
         self._buffer: list[RawEvent] = []
-        self._buffer_lock = threading.Lock()  # held for an append or a swap, never for I/O
+        self._buffer_lock = threading.Lock()  # for a swap or a re-queue (record() needs none)
         self._flush_lock = threading.Lock()   # one flush at a time keeps chunk seqs in order
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="uploader", daemon=True)

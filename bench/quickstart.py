@@ -64,7 +64,9 @@ def main() -> int:
     analysing_at = seen.get("analysing", done_s)
     running_at = seen.get("running", 0.0)
     figures = {
-        "status": campaign["status"], "runs": len(runs), "report_http": page.status_code,
+        "status": campaign["status"], "reason": campaign["reason"],
+        "run_reasons": sorted({r["reason"] for r in runs if r["reason"]}),
+        "runs": len(runs), "report_http": page.status_code,
         "turnaround_s": round(report_s, 1),
         "phases_s": {
             "until running": round(running_at, 1),
@@ -77,7 +79,8 @@ def main() -> int:
         "load_average_before": load, "target_s": 60,
     }
     print(f"quickstart ({len(runs)} runs): {figures['turnaround_s']} s POST -> report "
-          f"(target 60 s), status {campaign['status']}, report HTTP {page.status_code}")
+          f"(target 60 s), status {campaign['status']} {campaign['reason'] or ''}, "
+          f"report HTTP {page.status_code}")
     for phase, value in figures["phases_s"].items():
         print(f"  {phase:50} {value:7.1f} s")
     emit("P6 quickstart turnaround", None, {"turnaround_vs_target": report_s / 60}, figures)
