@@ -224,7 +224,9 @@ class MqttSession:
         client: _Client
 
         def on_failure(reason: str) -> None:
-            self._on_disconnect(client, reason)
+            # before CONNACK too: a refused or closed connection fails the wait at once
+            client.failure = reason
+            client.connected = False
 
         def on_publish(topic: str, data: bytearray, start: int, end: int, qos: int,
                        t_user: int, t_kernel: int | None) -> None:
