@@ -7,7 +7,7 @@ CONNECT is sent (paho does not set it; without it loopback latency reads ~9 ms).
 
 The endpoint's transport picks the client: for ``mqtt-tcp`` mqttbed's lean client
 (:class:`~mqttbed.agents.mqtt_tcp.TcpMqttClient`, the default) or paho (``mqtt_client``
-"paho": TLS, comparison), or
+"paho", for comparison; paho could do TLS, which no transport here asks for yet), or
 :class:`~mqttbed.agents.mqtt_udp.UdpMqttClient` (one socket per client, one packet per
 datagram) for ``mqtt-udp``, the FPGA broker's transport, or
 :class:`~mqttbed.agents.mqtt_sn.MqttSnClient` for ``mqtt-sn-udp`` (MQTT-SN 1.2). All
