@@ -36,7 +36,7 @@ def emit(bench: str, baseline: str | None, ratios: dict[str, float | None],
          figures: dict[str, Any]) -> None:
     """Print the closing line every bench ends with (``make bench`` tabulates it)."""
     print(json.dumps({"bench": bench, "baseline": baseline,
-                      "ratios": {k: None if v is None else round(v, 3) for k, v in ratios.items()},
+                      "ratios": {k: None if v is None else round(v, 4) for k, v in ratios.items()},
                       "figures": {**figures, "load_average": load_average()}},
                      separators=(",", ":")), flush=True)
 
