@@ -1,0 +1,92 @@
+"""Building the RTL broker: the Verilated UDP harness, and the yosys synthesis check.
+
+Verilator builds take tens of seconds on a small machine, so each build goes to a directory
+named after a hash of the sources it is made from (``build/<sha256[:16]>/`` beside the
+sources, or ``~/.cache/mqttbed/fpga-rtl`` when the package is read-only): a build is reused
+until a source changes, and a lock file serialises concurrent builds of the same sources.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from mqttbed.core.errors import BackendError, MissingSystemDependency
+
+SOURCE_DIR = Path(__file__).resolve().parent
+SIM_BINARY = "mqttbed-fpga-rtl"
+BUILD_TIMEOUT_S = 600
+INSTALL_HINT = ("install Verilator (and yosys for the synthesis check): `apt-get install "
+                "verilator yosys g++ make`, or `make install` in the mqttbed checkout")
+
+
+def sources() -> list[Path]:
+    """Every file the builds are made from: Verilog, the harness, the Makefile, synth.ys."""
+    return sorted([*SOURCE_DIR.glob("*.v"), *SOURCE_DIR.glob("*.vh"),
+                   SOURCE_DIR / "harness.cpp", SOURCE_DIR / "Makefile"])
+
+
+def source_hash() -> str:
+    """A hash of the sources' names and contents (the build directory's name)."""
+    digest = hashlib.sha256()
+    for path in sources():
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def build_root() -> Path:
+    """Where builds go: ``build/`` beside the sources if writable, else a user cache."""
+    local = SOURCE_DIR / "build"
+    if os.access(SOURCE_DIR, os.W_OK) and (not local.exists() or os.access(local, os.W_OK)):
+        return local
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mqttbed" / "fpga-rtl"
+
+
+def build_dir() -> Path:
+    return build_root() / source_hash()[:16]
+
+
+def missing_tool(*tools: str) -> str | None:
+    """Return an install hint if a tool the builds need is missing, else None."""
+    for tool in ("make", "g++", *tools):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed; {INSTALL_HINT}"
+    return None
+
+
+def _make(target: str, output: Path, *tools: str) -> Path:
+    if output.exists():
+        return output
+    if (missing := missing_tool(*tools)) is not None:
+        raise MissingSystemDependency(missing)
+    out_dir = output.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if output.exists():           # another process built it while we waited
+            return output
+        try:
+            result = subprocess.run(["make", "-C", str(SOURCE_DIR), target, f"BUILD={out_dir}"],
+                                    capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise BackendError(f"make {target} for the RTL broker took over "
+                               f"{BUILD_TIMEOUT_S} s") from None
+        if result.returncode != 0 or not output.exists():
+            raise BackendError(f"make {target} for the RTL broker failed "
+                               f"(exit {result.returncode}):\n{result.stdout[-3000:]}"
+                               f"{result.stderr[-3000:]}")
+    return output
+
+
+def ensure_sim() -> Path:
+    """Return the Verilated UDP harness for the current sources, building it if needed."""
+    return _make("sim", build_dir() / SIM_BINARY, "verilator")
+
+
+def ensure_synth() -> Path:
+    """Run yosys synthesis for the current sources if needed; return its stat report."""
+    return _make("synth", build_dir() / "stat.txt", "yosys")
