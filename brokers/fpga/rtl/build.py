@@ -90,3 +90,44 @@ def ensure_sim() -> Path:
 def ensure_synth() -> Path:
     """Run yosys synthesis for the current sources if needed; return its stat report."""
     return _make("synth", build_dir() / "stat.txt", "yosys")
+
+
+RTL_SOURCES = ("mqtt_broker.v", "mqtt_parser.v", "msg_queue.v", "lookup_engine.v",
+               "hash_table.v", "sync_fifo.v", "packet_gen.v")
+
+
+def run_cocotb(toplevel: str, test_module: str, results_dir: Path) -> tuple[int, int]:
+    """Build ``toplevel`` for cocotb with Verilator (once per source hash) and run the
+    cocotb tests of ``mqttbed.brokers.fpga.rtl.tests.<test_module>``; return (tests, failed).
+    """
+    from cocotb.runner import get_results, get_runner
+
+    if (missing := missing_tool("verilator")) is not None:
+        raise MissingSystemDependency(missing)
+    runner = get_runner("verilator")
+    out_dir = build_root() / f"cocotb-{toplevel}-{source_hash()[:16]}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env_before = os.environ.get("MAKEFLAGS")
+    os.environ["MAKEFLAGS"] = "-j2"
+    try:
+        with open(out_dir / ".build.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            built = (out_dir / ".built").exists()
+            if built:   # the runner has no "only if needed" for Verilator: skip its commands
+                runner._execute = lambda _cmds, cwd: None  # type: ignore[method-assign]
+            runner.build(verilog_sources=[SOURCE_DIR / name for name in RTL_SOURCES],
+                         includes=[SOURCE_DIR], hdl_toplevel=toplevel,
+                         build_args=["-Wno-fatal", "-Wno-WIDTH", "-O3", "--x-assign", "fast"],
+                         build_dir=out_dir)
+            if built:
+                del runner._execute
+            else:
+                (out_dir / ".built").touch()
+        results = runner.test(test_module=f"mqttbed.brokers.fpga.rtl.tests.{test_module}",
+                              hdl_toplevel=toplevel, build_dir=out_dir, test_dir=results_dir)
+    finally:
+        if env_before is None:
+            os.environ.pop("MAKEFLAGS", None)
+        else:
+            os.environ["MAKEFLAGS"] = env_before
+    return get_results(results)

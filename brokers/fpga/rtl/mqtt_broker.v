@@ -32,7 +32,7 @@ module mqtt_broker #(
     wire [QUEUE_AW-1:0] q_rd_offset;
     wire [QUEUE_AW:0]   q_pop_len;
     wire [106:0] d_tdata, j_wr_data, j_tdata;
-    wire         d_tvalid, d_tready, d_tlast, j_wr_en, j_full, j_tvalid, j_tready;
+    wire         d_tvalid, d_tready, d_tlast, j_wr_en, j_full, j_afull, j_tvalid, j_tready;
     wire         parser_busy, engine_busy, gen_busy;
 
     mqtt_parser #(.MAX_NAMES(MAX_NAMES), .QAW(QUEUE_AW)) parser (
@@ -52,12 +52,14 @@ module mqtt_broker #(
 
     lookup_engine #(.AW(TABLE_AW)) engine (
         .clk(clk), .rst(rst), .d_tdata(d_tdata), .d_tvalid(d_tvalid), .d_tready(d_tready),
-        .d_tlast(d_tlast), .j_wr_en(j_wr_en), .j_wr_data(j_wr_data), .j_full(j_full),
+        .d_tlast(d_tlast), .j_wr_en(j_wr_en), .j_wr_data(j_wr_data), .j_full(j_afull),
         .busy(engine_busy));
 
-    // jobs waiting for the packet generator: the engine finds copies faster than they leave
+    // jobs waiting for the packet generator: the engine finds copies faster than they leave.
+    // The engine's write is registered, so it stops at "one entry left" (almost_full).
     sync_fifo #(.W(107), .AW(4)) jobs (
         .clk(clk), .rst(rst), .wr_en(j_wr_en), .wr_data(j_wr_data), .full(j_full),
+        .almost_full(j_afull),
         .m_tdata(j_tdata), .m_tvalid(j_tvalid), .m_tready(j_tready));
 
     packet_gen #(.QAW(QUEUE_AW), .MAX_CODES(MAX_NAMES)) generator (

@@ -29,8 +29,8 @@ module mqtt_parser #(
     input  wire         s_tlast,
     input  wire [47:0]  s_tuser,
     // message queue, write side
-    output reg          q_wr_en,
-    output reg  [7:0]   q_wr_data,
+    output wire         q_wr_en,
+    output wire [7:0]   q_wr_data,
     output reg          q_commit,
     output reg          q_abort,
     input  wire         q_full,
@@ -100,6 +100,9 @@ module mqtt_parser #(
 
     wire take = s_tvalid && s_tready;
     wire [7:0] b = s_tdata;
+    // written in the cycle the byte is taken, so `q_full` is never a cycle late
+    assign q_wr_en = take && body_byte_to_queue && !q_full;
+    assign q_wr_data = b;
 
     // UTF-8 (strict, as Python's decoder) and U+0000, one byte of a string
     reg        u_ok;
@@ -149,7 +152,6 @@ module mqtt_parser #(
     integer    k;
 
     always @(posedge clk) begin
-        q_wr_en <= 1'b0;
         q_commit <= 1'b0;
         q_abort <= 1'b0;
         if (rst) begin
@@ -388,11 +390,8 @@ module mqtt_parser #(
             // topic and message into the message queue
             if (body_byte_to_queue) begin
                 if (q_full) limit_n = 1'b1;                 // larger than the whole queue
-                else begin
-                    q_wr_en <= 1'b1;
-                    q_wr_data <= b;
+                else
                     msg_len <= msg_len + 1'b1;
-                end
                 limit <= limit_n;
             end
             if (s_tlast) begin

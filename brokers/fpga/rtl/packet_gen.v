@@ -46,7 +46,8 @@ module packet_gen #(
     wire [15:0] rl = jmsg + 16'd2;       // topic length field + topic + message
 
     wire out_free = !m_tvalid || m_tready;
-    assign j_tready = g == G_IDLE && !q_pop;
+    // a new job only once the last packet's last byte is taken: tuser belongs to it
+    assign j_tready = g == G_IDLE && !q_pop && out_free;
     assign busy = g != G_IDLE || m_tvalid;
     // the queue's registered read runs one byte ahead of the output
     wire advance = g == G_TAIL && tail == T_QUEUE && out_free;
@@ -60,7 +61,7 @@ module packet_gen #(
             m_tvalid <= 1'b0;
             ncodes <= 0;
         end else case (g)
-            G_IDLE: if (j_tvalid && !q_pop) begin
+            G_IDLE: if (j_tvalid && j_tready) begin
                 hi <= 0;
                 ti <= 0;
                 tail <= T_NONE;

@@ -9,6 +9,7 @@ module sync_fifo #(
     input  wire         wr_en,
     input  wire [W-1:0] wr_data,
     output wire         full,
+    output wire         almost_full,   // one entry left
     output wire [W-1:0] m_tdata,
     output wire         m_tvalid,
     input  wire         m_tready
@@ -16,6 +17,7 @@ module sync_fifo #(
     reg [W-1:0] mem [0:(1 << AW) - 1];
     reg [AW:0] wp, rp;
     assign full = (wp - rp) == (1 << AW);
+    assign almost_full = (wp - rp) >= (1 << AW) - 1;
     assign m_tvalid = wp != rp;
     assign m_tdata = mem[rp[AW-1:0]];
     always @(posedge clk) begin

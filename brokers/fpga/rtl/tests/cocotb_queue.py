@@ -1,0 +1,71 @@
+"""cocotb tests of the message queue alone (toplevel msg_queue, depth 1024)."""
+
+from __future__ import annotations
+
+import cocotb
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
+
+
+async def reset(dut) -> None:
+    cocotb.start_soon(Clock(dut.clk, 10, units="ns").start())
+    for name in ("wr_en", "commit", "abort", "pop", "pop_len", "rd_offset", "wr_data"):
+        getattr(dut, name).value = 0
+    dut.rst.value = 1
+    await ClockCycles(dut.clk, 2)
+    dut.rst.value = 0
+    await RisingEdge(dut.clk)
+
+
+async def write(dut, data: bytes, end: str | None = None) -> None:
+    for i, byte in enumerate(data):
+        dut.wr_en.value = 1
+        dut.wr_data.value = byte
+        last = i == len(data) - 1
+        dut.commit.value = int(last and end == "commit")
+        await RisingEdge(dut.clk)
+    dut.wr_en.value = 0
+    dut.commit.value = 0
+    if end == "abort":
+        dut.abort.value = 1
+        await RisingEdge(dut.clk)
+        dut.abort.value = 0
+
+
+async def read(dut, offset: int) -> int:
+    dut.rd_offset.value = offset
+    await RisingEdge(dut.clk)
+    await ReadOnly()
+    value = dut.rd_data.value.integer
+    await RisingEdge(dut.clk)
+    return value
+
+
+@cocotb.test()
+async def the_queue_is_full_at_1024_entries_and_ignores_further_writes(dut):
+    await reset(dut)
+    await write(dut, bytes(range(256)) * 4, end="commit")
+    await ReadOnly()
+    assert dut.full.value == 1 and dut.others.value == 1
+    await RisingEdge(dut.clk)
+    await write(dut, b"\xff")                       # refused: full
+    assert [await read(dut, i) for i in (0, 1, 255, 1023)] == [0, 1, 255, 255]
+    dut.pop.value = 1
+    dut.pop_len.value = 1000
+    await RisingEdge(dut.clk)
+    dut.pop.value = 0
+    await ReadOnly()
+    assert dut.full.value == 0
+    await RisingEdge(dut.clk)
+    assert await read(dut, 0) == 1000 % 256
+
+
+@cocotb.test()
+async def an_aborted_packet_leaves_no_bytes_behind(dut):
+    await reset(dut)
+    await write(dut, b"keep", end="commit")
+    await write(dut, b"drop me", end="abort")
+    await write(dut, b"next", end="commit")
+    assert bytes([await read(dut, i) for i in range(8)]) == b"keepnext"
+    await ReadOnly()
+    assert dut.others.value == 1
