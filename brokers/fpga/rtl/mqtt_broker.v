@@ -47,7 +47,7 @@ module mqtt_broker #(
 
     msg_queue #(.DEPTH(1 << QUEUE_AW), .AW(QUEUE_AW)) queue (
         .clk(clk), .rst(rst), .wr_en(q_wr_en), .wr_data(q_wr_data), .commit(q_commit),
-        .abort(q_abort), .full(q_full), .others(q_others), .rd_offset(q_rd_offset),
+        .discard(q_abort), .full(q_full), .others(q_others), .rd_offset(q_rd_offset),
         .rd_data(q_rd_data), .pop(q_pop), .pop_len(q_pop_len));
 
     lookup_engine #(.AW(TABLE_AW)) engine (

@@ -2,7 +2,7 @@
 // PUBLISH's topic name and message while the lookup engine searches its destinations.
 //
 // Write side (parser): bytes are written as they arrive; `commit` makes the packet's bytes
-// part of the queue, `abort` takes them back (a malformed packet). Read side (packet
+// part of the queue, `discard` takes them back (a malformed packet). Read side (packet
 // generator): a registered read at `rd_addr` (offset from the head message), replayed once
 // per destination; `pop` frees the head message's `pop_len` bytes.
 `default_nettype none
@@ -15,7 +15,7 @@ module msg_queue #(
     input  wire          wr_en,
     input  wire [7:0]    wr_data,
     input  wire          commit,
-    input  wire          abort,
+    input  wire          discard,
     output wire          full,        // no free entry for the next write
     output wire          others,      // committed bytes of earlier packets are queued
     input  wire [AW-1:0] rd_offset,
@@ -43,7 +43,7 @@ module msg_queue #(
             committed <= 0;
             head <= 0;
         end else begin
-            if (abort)
+            if (discard)
                 wr_ptr <= committed;
             else if (wr_en && !full)
                 wr_ptr <= wr_ptr + 1'b1;

@@ -9,7 +9,7 @@ from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 
 async def reset(dut) -> None:
     cocotb.start_soon(Clock(dut.clk, 10, units="ns").start())
-    for name in ("wr_en", "commit", "abort", "pop", "pop_len", "rd_offset", "wr_data"):
+    for name in ("wr_en", "commit", "discard", "pop", "pop_len", "rd_offset", "wr_data"):
         getattr(dut, name).value = 0
     dut.rst.value = 1
     await ClockCycles(dut.clk, 2)
@@ -26,10 +26,10 @@ async def write(dut, data: bytes, end: str | None = None) -> None:
         await RisingEdge(dut.clk)
     dut.wr_en.value = 0
     dut.commit.value = 0
-    if end == "abort":
-        dut.abort.value = 1
+    if end == "discard":
+        dut.discard.value = 1
         await RisingEdge(dut.clk)
-        dut.abort.value = 0
+        dut.discard.value = 0
 
 
 async def read(dut, offset: int) -> int:
@@ -64,7 +64,7 @@ async def the_queue_is_full_at_1024_entries_and_ignores_further_writes(dut):
 async def an_aborted_packet_leaves_no_bytes_behind(dut):
     await reset(dut)
     await write(dut, b"keep", end="commit")
-    await write(dut, b"drop me", end="abort")
+    await write(dut, b"drop me", end="discard")
     await write(dut, b"next", end="commit")
     assert bytes([await read(dut, i) for i in range(8)]) == b"keepnext"
     await ReadOnly()
