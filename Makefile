@@ -6,7 +6,7 @@ EXTRAS := agent,controller,analytics,p4,dev
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: install system-deps test lint fuzz demo bench docs clean
+.PHONY: install system-deps test rtl-test lint fuzz demo bench docs clean
 
 install: system-deps $(VENV)/.installed
 
@@ -24,6 +24,12 @@ lint: install
 
 test: install lint
 	$(PY) -m pytest -ra
+
+# The FPGA broker's RTL suite in full (brokers/fpga/rtl): what `make test` runs of it, plus
+# the whole-broker cocotb tests, the 4,096th subscriber and the yosys synthesis (minutes).
+rtl-test: install
+	MQTTBED_RTL_FULL=1 $(PY) -m pytest -q tests/test_fpga_rtl.py tests/test_fpga_rtl_cocotb.py \
+		tests/test_fpga_rtl_synth.py tests/test_fpga_rtl_campaign.py
 
 # Longer fuzz runs than the tests' bounded ones: random examples for the Python parsers
 # and the REST API, then libFuzzer on the fork/pipe broker's packet path for FUZZ_SECONDS.

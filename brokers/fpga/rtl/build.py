@@ -131,3 +131,43 @@ def run_cocotb(toplevel: str, test_module: str, results_dir: Path) -> tuple[int,
         else:
             os.environ["MAKEFLAGS"] = env_before
     return get_results(results)
+
+
+_FF_CELLS = ("FDRE", "FDSE", "FDCE", "FDPE")
+_LUTRAM_CELLS = ("RAM32M", "RAM32M16", "RAM64M", "RAM64M8", "RAM32X1D", "RAM64X1D",
+                 "RAM128X1D", "RAM256X1D")
+
+
+def parse_stat(text: str) -> dict[str, dict[str, float]]:
+    """Per module of yosys's ``stat`` report (and ``total`` for the whole design): LUTs,
+    LUTs used as memory (LUTRAM cells), flip-flops, block RAM in 36 Kb units
+    (RAMB18 = 0.5, as Vivado and the paper count), and latches."""
+    modules: dict[str, dict[str, float]] = {}
+    current: dict[str, float] | None = None
+    for line in text.splitlines():
+        if line.startswith("=== ") and line.endswith(" ==="):
+            name = line[4:-4].strip()
+            if name == "design hierarchy":
+                name = "total"
+            elif name.startswith("$paramod"):    # $paramod$<hash>\name or $paramod\name\P=v
+                name = name.split("\\")[1]
+            current = modules.setdefault(name, {"lut": 0, "lutram_cells": 0, "ff": 0,
+                                                "bram36": 0.0, "latch": 0})
+            continue
+        parts = line.split()
+        if current is None or len(parts) != 2 or not parts[1].isdigit():
+            continue
+        cell, count = parts[0], int(parts[1])
+        if cell.startswith("LUT") and cell[3:].isdigit():
+            current["lut"] += count
+        elif cell in _FF_CELLS:
+            current["ff"] += count
+        elif cell.startswith("RAMB36"):
+            current["bram36"] += count
+        elif cell.startswith("RAMB18"):
+            current["bram36"] += count / 2
+        elif cell in _LUTRAM_CELLS:
+            current["lutram_cells"] += count
+        elif cell.startswith("LD"):
+            current["latch"] += count
+    return modules

@@ -97,7 +97,7 @@ async def idle(dut) -> None:
 
 
 def first_difference(got, want) -> str:
-    for i, (g, w) in enumerate(zip(got, want)):
+    for i, (g, w) in enumerate(zip(got, want, strict=False)):
         if g != w:
             return f"packet {i}: got {g[0]} {g[1][:24].hex()}.. ({len(g[1])} B), " \
                    f"want {w[0]} {w[1][:24].hex()}.. ({len(w[1])} B)"
