@@ -36,7 +36,8 @@ module lookup_engine #(
 
     localparam E_IDLE = 4'd0, E_NAME = 4'd1, E_TOPIC = 4'd2, E_SCAN = 4'd3,
                E_SUB_NEW = 4'd4, E_SUB_PUT = 4'd5, E_TRAIL_RD = 4'd6, E_TRAIL_CHK = 4'd7,
-               E_TOPIC_WR = 4'd8, E_NEXT = 4'd9;
+               E_TOPIC_WR = 4'd8, E_NEXT = 4'd9, E_DISC_RD = 4'd10, E_DISC_CHK = 4'd11,
+               E_DISC_GO = 4'd12, E_DISC_NEXT = 4'd13;
     reg [3:0] state;
 
     // the packet
@@ -57,6 +58,10 @@ module lookup_engine #(
     reg        reuse_valid;
     reg [11:0] reuse_id;
     reg [AW-1:0] reuse_slot;
+    // DISCONNECT: a walk over every Topic Table word, row by row
+    reg [AW-4:0] disc_row;
+    reg [2:0]    disc_k;
+    wire [TW-1:0] disc_word = t_words[disc_k*TW +: TW];
 
     wire [79:0] n_tag = {n_c0, n_cS, n_len};
 
@@ -143,6 +148,8 @@ module lookup_engine #(
             E_SCAN: key_id = rid + 12'd1;
             E_SUB_NEW: key_id = count + 12'd1;
             E_TRAIL_RD: key_id = count;
+            E_DISC_RD: begin t_rd_en = 1'b1; t_rd_home = {disc_row, 3'b000}; end
+            E_DISC_GO: begin key_id = 12'd1; s_rd_en = 1'b1; end
             default: ;
         endcase
         // the scan issues the next ID's read unless it stops or waits
@@ -180,7 +187,16 @@ module lookup_engine #(
                         j_wr_data <= {JOB_PINGRESP, d_tdata[87:40], 56'd0};
                     end
                     OP_PUBLISH, OP_SUBSCRIBE, OP_UNSUBSCRIBE: state <= E_NAME;
-                    default: ;  // DISCONNECT: see README (no address index in the tables)
+                    OP_DISCONNECT: begin
+                        // the model's clean session: every subscription of the address
+                        // goes. The tables have no address index, so every Topic Table
+                        // word is visited and its IDs scanned as by UNSUBSCRIBE.
+                        disc_row <= 0;
+                        disc_k <= 0;
+                        n_last <= 1'b1;
+                        state <= E_DISC_RD;
+                    end
+                    default: ;
                 endcase
             end
             E_NAME: if (d_tvalid) begin
@@ -216,7 +232,8 @@ module lookup_engine #(
                 if (op == OP_SUBSCRIBE && sw_found && sw_dest == TOMBSTONE && !reuse_valid) begin
                     reuse_valid <= 1'b1; reuse_id <= rid; reuse_slot <= sw_slot;
                 end
-                if (op == OP_UNSUBSCRIBE && sw_found && sw_dest == src) begin
+                if ((op == OP_UNSUBSCRIBE || op == OP_DISCONNECT) && sw_found &&
+                    sw_dest == src) begin
                     s_wr_en <= 1'b1;              // stage 3: tombstone the entry
                     s_wr_slot <= sw_slot;
                     s_wr_data <= {1'b1, s_tag_q, TOMBSTONE};
@@ -287,12 +304,36 @@ module lookup_engine #(
                         j_wr_en <= 1'b1;
                         j_wr_data <= {JOB_UNSUBACK, src, pid, 40'd0};
                     end
+                    OP_DISCONNECT: ;
                     default: if (n_last) begin   // PUBLISH: the message leaves the queue
                         j_wr_en <= 1'b1;
                         j_wr_data <= {JOB_PUB_END, 48'd0, 24'd0, msg_len, topic_len};
                     end
                 endcase
-                state <= n_last ? E_IDLE : E_NAME;
+                state <= op == OP_DISCONNECT ? E_DISC_NEXT : n_last ? E_IDLE : E_NAME;
+            end
+            E_DISC_RD: state <= E_DISC_CHK;       // a row: 8 words, one per bank
+            E_DISC_CHK: begin
+                if (disc_word[TW-1]) begin         // a name: its tag, count and word
+                    {n_c0, n_cS, n_len} <= disc_word[12 +: 80];
+                    count <= disc_word[11:0];
+                    t_slot <= {disc_row, disc_k};
+                    rid <= 12'd1;
+                    state <= E_DISC_GO;
+                end else
+                    state <= E_DISC_NEXT;
+            end
+            E_DISC_GO: state <= E_SCAN;           // ID 1's read is issued now
+            E_DISC_NEXT: begin
+                disc_k <= disc_k + 3'd1;
+                if (disc_k != 3'd7)
+                    state <= E_DISC_CHK;          // the row's words stay on the read bus
+                else if (&disc_row)
+                    state <= E_IDLE;
+                else begin
+                    disc_row <= disc_row + 1'b1;
+                    state <= E_DISC_RD;
+                end
             end
             default: state <= E_IDLE;
         endcase
