@@ -1,4 +1,7 @@
-"""campaigns/fpga-rtl.yaml from the CLI: Mosquitto against the RTL broker in Verilator."""
+"""campaigns/fpga-rtl.yaml from the CLI: Mosquitto against the RTL broker in Verilator.
+
+The run takes a minute or more with its Spark session, over the RTL tests' share of
+`make test`: it runs in `make rtl-test` (MQTTBED_RTL_FULL=1)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ def test_a_bad_engine_names_the_field_and_the_value():
         parse_spec({**base, "broker": {"backend": "fpga", "engine": "vhdl"}})
 
 
+@pytest.mark.skipif(os.environ.get("MQTTBED_RTL_FULL") != "1",
+                    reason="two runs and a Spark session: make rtl-test")
 def test_mqttbed_run_against_the_rtl_reports_cycle_latency_beside_mosquitto(tmp_path):
     cli = Path(sys.executable).with_name("mqttbed")
     done = subprocess.run([str(cli), "run", str(builtin_spec_path("fpga-rtl")),

@@ -1,6 +1,7 @@
 """cocotb tests of the RTL broker under Verilator (brokers/fpga/rtl/tests/cocotb_*.py).
 
-Each toplevel is built once per source hash (build.run_cocotb); the cocotb tests compare
+One toplevel (cocotb_top.v: the broker, and a message queue on its own ports) is built
+once per source hash (build.run_cocotb); the cocotb tests compare
 the whole broker with the behavioural model (back to back, with backpressure), check the
 rewriter's lookup names against zlib's CRC-32, and fill the message queue.
 """
@@ -15,8 +16,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def test_the_whole_broker_against_the_model(tmp_path):
-    assert run_cocotb("mqtt_broker", "cocotb_broker", tmp_path) == (3, 0)
+    assert run_cocotb("cocotb_top", "cocotb_broker", tmp_path) == (3, 0)
 
 
 def test_the_message_queue(tmp_path):
-    assert run_cocotb("msg_queue", "cocotb_queue", tmp_path) == (2, 0)
+    assert run_cocotb("cocotb_top", "cocotb_queue", tmp_path) == (2, 0)

@@ -39,7 +39,10 @@ def source_hash() -> str:
 
 
 def build_root() -> Path:
-    """Where builds go: ``build/`` beside the sources if writable, else a user cache."""
+    """Where builds go: ``MQTTBED_RTL_BUILD_DIR`` if set, else ``build/`` beside the sources
+    if writable, else a user cache."""
+    if override := os.environ.get("MQTTBED_RTL_BUILD_DIR"):
+        return Path(override)
     local = SOURCE_DIR / "build"
     if os.access(SOURCE_DIR, os.W_OK) and (not local.exists() or os.access(local, os.W_OK)):
         return local
@@ -115,7 +118,8 @@ def run_cocotb(toplevel: str, test_module: str, results_dir: Path) -> tuple[int,
             built = (out_dir / ".built").exists()
             if built:   # the runner has no "only if needed" for Verilator: skip its commands
                 runner._execute = lambda _cmds, cwd: None  # type: ignore[method-assign]
-            runner.build(verilog_sources=[SOURCE_DIR / name for name in RTL_SOURCES],
+            runner.build(verilog_sources=[SOURCE_DIR / name
+                                          for name in (*RTL_SOURCES, "cocotb_top.v")],
                          includes=[SOURCE_DIR], hdl_toplevel=toplevel,
                          build_args=["-Wno-fatal", "-Wno-WIDTH", "-O3", "--x-assign", "fast"],
                          build_dir=out_dir)

@@ -30,7 +30,7 @@ module packet_gen #(
     localparam G_IDLE = 2'd0, G_HEAD = 2'd1, G_TAIL = 2'd2;
     localparam T_NONE = 2'd0, T_QUEUE = 2'd1, T_CODES = 2'd2;
     reg [1:0]  g;
-    reg [7:0]  head [0:5];
+    reg [7:0]  head [0:4];
     reg [2:0]  head_len, hi;
     reg [1:0]  tail;
     reg [15:0] tail_len, ti;

@@ -1,4 +1,5 @@
-"""cocotb tests of the whole RTL broker (toplevel mqtt_broker), the model as reference.
+"""cocotb tests of the whole RTL broker (toplevel cocotb_top: mqtt_broker on its ports),
+the model as reference.
 
 Run by tests/test_fpga_rtl_cocotb.py through cocotb's runner (Verilator). Unlike the UDP
 harness, which waits for the design to go idle after each datagram, these drive datagrams
@@ -174,8 +175,8 @@ async def the_rewriter_issues_the_topic_then_each_prefix_with_hash(dut):
     async def monitor() -> None:
         while True:
             await ReadOnly()
-            if dut.parser.d_tvalid.value and dut.parser.d_tready.value:
-                beats.append(dut.parser.d_tdata.value.integer)
+            if dut.broker.parser.d_tvalid.value and dut.broker.parser.d_tready.value:
+                beats.append(dut.broker.parser.d_tdata.value.integer)
             await RisingEdge(dut.clk)
 
     cocotb.start_soon(monitor())

@@ -1,4 +1,5 @@
-"""cocotb tests of the message queue alone (toplevel msg_queue, depth 1024)."""
+"""cocotb tests of the message queue alone (toplevel cocotb_top, its qt_* ports: a
+msg_queue of depth 1024 beside the broker)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,23 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 
 
+class Ports:
+    """The queue's ports on the toplevel (qt_<name>)."""
+
+    def __init__(self, dut):
+        self._dut = dut
+        self.clk = dut.clk
+        self.rst = dut.rst
+
+    def __getattr__(self, name):
+        return getattr(self._dut, f"qt_{name}")
+
+
 async def reset(dut) -> None:
     cocotb.start_soon(Clock(dut.clk, 10, units="ns").start())
+    dut.s_axis_tvalid.value = 0
     for name in ("wr_en", "commit", "discard", "pop", "pop_len", "rd_offset", "wr_data"):
-        getattr(dut, name).value = 0
+        getattr(dut, f"qt_{name}").value = 0
     dut.rst.value = 1
     await ClockCycles(dut.clk, 2)
     dut.rst.value = 0
@@ -42,8 +56,9 @@ async def read(dut, offset: int) -> int:
 
 
 @cocotb.test()
-async def the_queue_is_full_at_1024_entries_and_ignores_further_writes(dut):
-    await reset(dut)
+async def the_queue_is_full_at_1024_entries_and_ignores_further_writes(top):
+    await reset(top)
+    dut = Ports(top)
     await write(dut, bytes(range(256)) * 4, end="commit")
     await ReadOnly()
     assert dut.full.value == 1 and dut.others.value == 1
@@ -61,8 +76,9 @@ async def the_queue_is_full_at_1024_entries_and_ignores_further_writes(dut):
 
 
 @cocotb.test()
-async def an_aborted_packet_leaves_no_bytes_behind(dut):
-    await reset(dut)
+async def a_discarded_packet_leaves_no_bytes_behind(top):
+    await reset(top)
+    dut = Ports(top)
     await write(dut, b"keep", end="commit")
     await write(dut, b"drop me", end="discard")
     await write(dut, b"next", end="commit")
