@@ -23,7 +23,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 test: install lint
-	$(PY) -m pytest -ra
+	$(PY) -m pytest -ra --durations=40
 
 # The FPGA broker's RTL suite in full (brokers/fpga/rtl): what `make test` runs of it, plus
 # the whole-broker cocotb tests, the 4,096th subscriber and the yosys synthesis (minutes).
