@@ -53,14 +53,14 @@ class Harness:
         self.endpoint = (bound["host"], bound["port"])
 
     def stats(self) -> dict:
-        self.proc.send_signal(signal.SIGUSR1)
+        """The harness's counters now: SIGUSR1, then its stats file (written whole, by rename)."""
         path = self.dir / "stats.json"
-        deadline = time.monotonic() + 5
+        path.unlink(missing_ok=True)
+        self.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
         while not path.exists():
-            assert time.monotonic() < deadline
+            assert time.monotonic() < deadline, "no stats file 10 s after SIGUSR1"
             time.sleep(0.02)
-        # the harness writes the file whole (rename), after the SIGUSR1 arrives
-        time.sleep(0.2)
         return json.loads(path.read_text())
 
     def stop(self) -> int:
