@@ -171,8 +171,10 @@ def _serve(args: argparse.Namespace) -> int:
                 self.force_exit = True  # a second Ctrl-C
             self.should_exit = True
 
+    # The bound on a stop: long polls still open after 2 s are cut (agents retry them).
     ControllerServer(uvicorn.Config(app, log_level="info", ssl_certfile=settings.tls_cert,
-                                    ssl_keyfile=settings.tls_key)).run(sockets=[sock])
+                                    ssl_keyfile=settings.tls_key,
+                                    timeout_graceful_shutdown=2)).run(sockets=[sock])
     return 0
 
 

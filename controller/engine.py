@@ -234,9 +234,10 @@ class RunEngine:
         their queued runs will run before their statistics are computed.
         """
         for reaped in reap_processes(self.ctx.layout.root):
-            log.warning("controller %d (journal %s) left %d process(es) running: killed %s",
-                        reaped.controller_pid, reaped.tag, len(reaped.killed),
-                        list(reaped.killed))
+            log.log(logging.WARNING if reaped.killed else logging.INFO,
+                    "controller %d (journal %s) left %d process(es) running; killed %s",
+                    reaped.controller_pid, reaped.tag, len(reaped.killed),
+                    list(reaped.killed))
         reap_stale()
         with self.ctx.sessions() as s:
             stale = s.query(RunRow).filter(RunRow.state.in_(list(ACTIVE_STATES))).all()
@@ -255,14 +256,14 @@ class RunEngine:
         ``retries`` allow; return the new attempt's run id (None: no retry left).
 
         The attempt is a run row of its own (same ordinal, point and repetition, id
-        ``...-rNNNN-aK``), so the interrupted attempt keeps its state, reason and events
+        ``...-rNNNN-retryK``), so the interrupted attempt keeps its state, reason and events
         on disk, flagged ``retried_as`` in its metadata; only the last attempt of a run
         counts in the campaign's outcome and statistics (:func:`latest_attempts`).
         """
         if run.attempt >= int(run.spec.get("retries", 1)):
             return None
         attempt = run.attempt + 1
-        retry_id = f"{run.campaign_id}-r{run.ordinal:04d}-a{attempt}"
+        retry_id = f"{run.campaign_id}-r{run.ordinal:04d}-retry{attempt}"
         with self.ctx.sessions() as s:
             s.add(RunRow(id=retry_id, campaign_id=run.campaign_id, ordinal=run.ordinal,
                          point_index=run.point_index, repetition=run.repetition,
@@ -552,7 +553,12 @@ class RunEngine:
             agents = self.ctx.registry.wait_for_agents(set(pool.names), 0).values()
             for agent_id in agents:
                 self.ctx.registry.send(agent_id, Shutdown())
-            pool.stop()
+            if self._stopping is None:
+                pool.stop()
+            else:
+                # The controller is going: its HTTP server may no longer deliver the
+                # Shutdown, and a SIGTERMed agent waits out its long poll. No grace.
+                pool.stop(grace_s=0, timeout_s=0.5)
             for agent_id in agents:
                 self.ctx.registry.forget(agent_id)
         if sites is not None:

@@ -92,7 +92,7 @@ class ProcessJournal:
     def record(self, pgid: int, argv: list[str]) -> None:
         """Note a process group just started (its leader's pid is ``pgid``)."""
         with self._lock:
-            self._groups[pgid] = argv[:4]
+            self._groups[pgid] = list(argv)
             self._write()
 
     def forget(self, pgid: int) -> None:

@@ -1,0 +1,224 @@
+"""The controller itself fails: killed with SIGKILL, or stopped with SIGTERM, mid-run.
+
+Real ``mqttbed serve`` processes on loopback over one temporary data dir, real Mosquitto,
+real local agents. What each controller started is read from its process journal
+(``DATA/processes/TAG.json``, :mod:`mqttbed.core.process_journal`): every check that
+nothing is left is scoped to those process groups and that tag, never machine-wide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from mqttbed.controller.db import database_url, open_database
+from mqttbed.controller.tokens import TokenRole, create_token
+from mqttbed.core.process_journal import JOURNAL_SUBDIR, reap_stale, tagged_processes
+
+CLI = str(Path(sys.executable).parent / "mqttbed")
+HEARTBEAT_TIMEOUT_S = 2.0
+MESSAGES, RATE_HZ = 300, 100  # a 3 s window: long enough to be caught running
+
+SPEC = f"""
+name: controller-faults
+broker: {{backend: mosquitto}}
+workload: {{publishers: 1, subscribers: 1, rate_hz: {RATE_HZ}, messages: {MESSAGES},
+           warmup_messages: 0, qos: 1}}
+sweep: {{workload.subscribers: [1, 2]}}
+agents: {{count: 2}}
+timing: {{heartbeat_timeout_s: {HEARTBEAT_TIMEOUT_S}, drain_s: 0.5}}
+retries: 2
+"""
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live, non-zombie pids whose process group is ``pgid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+        except OSError:
+            continue
+        if fields[0] not in "ZX" and int(fields[2]) == pgid:
+            found.append(int(entry.name))
+    return found
+
+
+class Serve:
+    """One ``mqttbed serve`` on the data dir, in a session of its own, output to a log."""
+
+    def __init__(self, data: Path, log: Path):
+        self.log = log
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [CLI, "serve", "--host", "127.0.0.1", "--port", "0", "--data-dir", str(data)],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.journal_dir = data / JOURNAL_SUBDIR
+        deadline = time.monotonic() + 30
+        while not (found := re.search(r"mqttbed controller on (http://127\.0\.0\.1:\d+)",
+                                      log.read_text())) \
+                or "Application startup complete" not in log.read_text():
+            assert self.proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        self.url = found[1]
+
+    def journal(self) -> tuple[str, list[dict]]:
+        """This controller's journal: its tag and the process groups it has running."""
+        for path in self.journal_dir.glob("*.json"):
+            document = json.loads(path.read_text())
+            if document["pid"] == self.proc.pid:
+                return path.stem, document["groups"]
+        raise AssertionError(f"no journal of pid {self.proc.pid} in {self.journal_dir}")
+
+    def kill_session(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(5)
+
+
+@pytest.fixture
+def lab(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    sessions = open_database(database_url(data))
+    token = create_token(sessions, "faults", TokenRole.USER)
+    sessions.kw["bind"].dispose()
+    started: list[Serve] = []
+
+    def serve() -> Serve:
+        started.append(Serve(data, tmp_path / f"serve-{len(started)}.log"))
+        return started[-1]
+
+    yield data, token, serve
+    for server in started:
+        server.kill_session()
+    reap_stale(data)  # anything a failing test left behind
+
+
+def runs_of(url: str, token: str, campaign_id: str) -> list[dict]:
+    response = httpx.get(f"{url}/api/v1/campaigns/{campaign_id}", timeout=10,
+                         headers={"authorization": f"Bearer {token}"})
+    response.raise_for_status()
+    return response.json()["runs"]
+
+
+def wait_for_run(url: str, token: str, campaign_id: str, run_id_suffix: str, state: str,
+                 timeout_s: float = 30) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        runs = {r["id"].removeprefix(campaign_id): r for r in runs_of(url, token, campaign_id)}
+        if (run := runs.get(run_id_suffix)) is not None and run["state"] == state:
+            return run
+        assert time.monotonic() < deadline, f"{run_id_suffix} never {state}: {runs}"
+        time.sleep(0.1)
+
+
+def wait_until_gone(groups: list[int], tag: str, timeout_s: float) -> list[int]:
+    """Wait until no process of ``groups`` nor any carrying ``tag`` lives; return the
+    survivors at the deadline (empty: all gone)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = sorted({pid for group in groups for pid in group_members(group)}
+                      | set(tagged_processes(tag)))
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+@pytest.mark.integration
+def test_killed_then_stopped_controller_leaves_nothing_and_the_campaign_completes_once(lab):
+    data, token, serve = lab
+    headers = {"authorization": f"Bearer {token}"}
+
+    # 1. A controller killed with SIGKILL mid-run: its broker and agents die with it.
+    first = serve()
+    created = httpx.post(f"{first.url}/api/v1/campaigns", content=SPEC, timeout=10,
+                         headers={**headers, "content-type": "application/yaml"})
+    assert created.status_code == 201, created.text
+    campaign_id = created.json()["id"]
+    assert httpx.post(f"{first.url}/api/v1/campaigns/{campaign_id}/start", headers=headers,
+                      timeout=10).status_code == 200
+    wait_for_run(first.url, token, campaign_id, "-r0000", "running")
+    time.sleep(1.2)  # a chunk of events uploaded (chunk interval 1 s): the attempt has data
+    tag, groups = first.journal()
+    brokers = [g for g in groups if Path(g["argv"][0]).name == "mosquitto"]
+    agents = [g for g in groups if "--controller" in g["argv"]]
+    assert (len(brokers), len(agents), len(groups)) == (1, 2, 3), groups
+    pgids = [g["pgid"] for g in groups]
+    assert all(group_members(pgid) for pgid in pgids)  # all running before the kill
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait(5)
+    killed_at = time.monotonic()
+    left = wait_until_gone(pgids, tag, HEARTBEAT_TIMEOUT_S + 1.0)
+    print(f"SIGKILL: everything it started gone after {time.monotonic() - killed_at:.2f} s")
+    assert left == [], f"still running {HEARTBEAT_TIMEOUT_S + 1:.0f} s after the kill: {left}"
+    assert (first.journal_dir / f"{tag}.json").exists()  # the dead one's journal stays
+
+    # 2. The next controller reaps the dead one's journal, retries the interrupted run as
+    #    attempt 1, and is stopped with SIGTERM while that attempt runs.
+    second = serve()
+    assert not (second.journal_dir / f"{tag}.json").exists()
+    runs = {r["id"].removeprefix(campaign_id): r for r in runs_of(second.url, token,
+                                                                 campaign_id)}
+    assert runs["-r0000"]["state"] == "interrupted"
+    assert runs["-r0000"]["reason"] == "controller restarted during the run"
+    wait_for_run(second.url, token, campaign_id, "-r0000-retry1", "running")
+    tag2, groups2 = second.journal()
+    assert len(groups2) == 3, groups2
+    stopped_at = time.monotonic()
+    second.proc.send_signal(signal.SIGTERM)
+    code = second.proc.wait(10)
+    exit_s = time.monotonic() - stopped_at
+    print(f"SIGTERM: serve exited after {exit_s:.2f} s")
+    assert code == 0, second.log.read_text()[-3000:]
+    assert exit_s < 5.0, f"serve took {exit_s:.1f} s to exit after SIGTERM"
+    assert wait_until_gone([g["pgid"] for g in groups2], tag2, 0) == []
+    assert not (second.journal_dir / f"{tag2}.json").exists()  # closed: nothing left
+
+    # 3. A third controller runs attempt 2 and the second run; the campaign completes.
+    third = serve()
+    runs = {r["id"].removeprefix(campaign_id): r for r in runs_of(third.url, token,
+                                                                 campaign_id)}
+    assert runs["-r0000-retry1"]["state"] == "interrupted"
+    assert runs["-r0000-retry1"]["reason"] == "controller stopped by SIGTERM"
+    deadline = time.monotonic() + 300  # Spark's analysis: slow on a loaded machine
+    while (campaign := httpx.get(f"{third.url}/api/v1/campaigns/{campaign_id}",
+                                 headers=headers, timeout=10).json())["status"] != "done":
+        assert campaign["status"] in ("queued", "running", "analysing"), campaign
+        assert time.monotonic() < deadline, campaign
+        time.sleep(0.25)
+    print(f"third controller: campaign done after {time.monotonic() - deadline + 300:.1f} s")
+    attempts = [(r["id"].removeprefix(campaign_id), r["attempt"], r["state"])
+                for r in campaign["runs"]]
+    assert attempts == [("-r0000", 0, "interrupted"), ("-r0000-retry1", 1, "interrupted"),
+                        ("-r0000-retry2", 2, "done"), ("-r0001", 0, "done")]
+    assert campaign["progress"]["runs_total"] == 2
+    assert campaign["progress"]["runs_done"] == 2
+    # The interrupted attempts' events stay on disk, outside the results.
+    partition = data / "events" / f"campaign_id={campaign_id}" / f"run_id={campaign_id}-r0000"
+    interrupted_events = list(partition.glob("*.parquet"))
+    assert interrupted_events, "the killed attempt uploaded no chunk before the kill"
+    stats = httpx.get(f"{third.url}/api/v1/campaigns/{campaign_id}/stats", headers=headers,
+                      timeout=10).json()
+    assert [r["run_id"].removeprefix(campaign_id) for r in stats["runs"]] == \
+        ["-r0000-retry2", "-r0001"]
+    for point, subscribers in zip(stats["points"], (1, 2), strict=True):
+        assert (point["runs"], point["runs_failed"]) == (1, 0)
+        assert point["messages_sent"] == MESSAGES
+        assert point["deliveries_expected"] == MESSAGES * subscribers
+        assert point["deliveries_received"] == MESSAGES * subscribers
+        assert (point["duplicates"], point["lost"]) == (0, 0)
