@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from mqttbed.agents.main import EXIT_CONTROLLER_LOST
 from mqttbed.controller.db import database_url, open_database
 from mqttbed.controller.tokens import TokenRole, create_token
 from mqttbed.core.process_journal import JOURNAL_SUBDIR, reap_stale, tagged_processes
@@ -222,3 +223,30 @@ def test_killed_then_stopped_controller_leaves_nothing_and_the_campaign_complete
         assert point["deliveries_expected"] == MESSAGES * subscribers
         assert point["deliveries_received"] == MESSAGES * subscribers
         assert (point["duplicates"], point["lost"]) == (0, 0)
+
+
+@pytest.mark.integration
+def test_an_agent_exits_once_its_controller_is_silent_past_the_heartbeat_timeout(controller):
+    """The agent's side, which PDEATHSIG hides for local agents: a lab agent started
+    over SSH has no parent on the controller's machine to die with."""
+    token = create_token(controller.sessions, "pi", TokenRole.AGENT)
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "mqttbed.agents", "--controller", controller.url,
+         "--name", "orphan", "--gpio", "virtual"],
+        env={**os.environ, "MQTTBED_AGENT_TOKEN": token}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not any(r.hello.name == "orphan" for r in controller.registry.agents()):
+            assert agent.poll() is None, agent.stdout.read()
+            assert time.monotonic() < deadline, "the agent did not register"
+            time.sleep(0.05)
+        controller.stop()  # its port closes: every request is refused from now on
+        code = agent.wait(3.0 + 5.0)  # the default heartbeat timeout, and a margin
+        output = agent.stdout.read()
+        assert code == EXIT_CONTROLLER_LOST, output
+        assert re.search(r"controller http://127\.0\.0\.1:\d+ silent for \d\.\d s "
+                         r"\(timeout 3\.0 s\): exiting", output), output
+    finally:
+        agent.kill()
+        agent.wait()
