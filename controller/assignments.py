@@ -127,7 +127,8 @@ def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint
                               connect_timeout_s=spec.timing.setup_timeout_s,
                               force_clock_probe=spec.agents.force_clock_probe,
                               # a virtual scope sees edges only once they are uploaded
-                              chunk_interval_s=0.2 if spec.measurement.scope else 1.0,
+                              chunk_interval_s=spec.timing.upload_interval_s or (
+                                  0.2 if spec.measurement.scope else 1.0),
                               gpio_pulses=spec.measurement.scope is not None)
             for agent, mine in per_agent.items() if mine}
 
