@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -64,7 +65,7 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _libc = ctypes.CDLL(None, use_errno=True)  # loaded here: a forked child only calls it
 
 
-def _die_with_parent(parent_pid: int):  # noqa: ANN202 - a preexec_fn
+def _die_with_parent(parent_pid: int) -> Callable[[], None]:
     """A ``preexec_fn`` that has the kernel SIGKILL the child when its parent dies."""
 
     def preexec() -> None:
@@ -114,6 +115,7 @@ def install_journal(journal: ProcessJournal | None) -> None:
 
 
 def installed_journal() -> ProcessJournal | None:
+    """The journal this process records its spawns in, if any."""
     return _journal
 
 
