@@ -35,6 +35,9 @@ namespace {
 constexpr size_t kMaxDatagram = 65535;
 constexpr size_t kSamplesKept = 200000;
 constexpr long kIoIntervalNs = 50000000;
+// No datagram needs this many cycles (a DISCONNECT's walk is 65,536 words, 4,095 IDs a
+// scan): past it the design is stuck, and the harness exits rather than spin.
+constexpr uint64_t kMaxCyclesPerDatagram = 50000000;
 
 volatile std::sig_atomic_t g_stop = 0;
 volatile std::sig_atomic_t g_dump = 0;
@@ -95,7 +98,15 @@ public:
         }
         top_.s_axis_tvalid = 0;
         top_.s_axis_tlast = 0;
-        do tick(); while (top_.busy || top_.m_axis_tvalid);
+        uint64_t start = cycle_;
+        do {
+            tick();
+            if (cycle_ - start > kMaxCyclesPerDatagram) {
+                std::fprintf(stderr, "mqttbed-fpga-rtl: the design is not idle %llu cycles "
+                             "after a datagram: stuck\n", (unsigned long long)kMaxCyclesPerDatagram);
+                std::exit(3);
+            }
+        } while (top_.busy || top_.m_axis_tvalid);
         return std::move(outputs_);
     }
 
