@@ -284,6 +284,9 @@ class Agents(_Strict):
     gpio_chip: str = "/dev/gpiochip0"
     force_clock_probe: bool = Field(
         False, description="estimate clock offsets NTP-style even on the controller's machine")
+    clock_probe_interval_s: float = Field(
+        5.0, ge=0, le=3600, description="an agent on another machine re-estimates its clock "
+                                        "offset this often during a run (drift); 0: once")
 
     @model_validator(mode="after")
     def _count_matches_hosts(self) -> Agents:
