@@ -263,8 +263,16 @@ class Workload(_Strict):
 
 
 class AgentHost(SshTarget):
-    """A lab machine (a Pi) that runs agents, started over SSH for each run."""
+    """A lab machine (a Pi) that runs agents, started over SSH for each run.
 
+    Either ``host`` (how to reach it) or ``name``: a host provisioned with ``mqttbed lab
+    provision``, filled in from the controller's database when the campaign is created.
+    """
+
+    host: str = Field("", description="SSH destination, user@host (fabric syntax, :port "
+                                      "allowed); or leave it out and give name")
+    name: str | None = Field(None, min_length=1, max_length=64,
+                             description="a lab host provisioned with mqttbed lab provision")
     count: int = Field(1, ge=1, le=64, description="agent processes on this machine")
     command: str = Field("mqttbed", description="the mqttbed executable there (its venv's)")
     ca_file: str | None = Field(None, description="there: the CA or certificate its agents "
@@ -290,6 +298,10 @@ class Agents(_Strict):
 
     @model_validator(mode="after")
     def _count_matches_hosts(self) -> Agents:
+        for i, entry in enumerate(self.hosts):
+            if not entry.host and not entry.name:
+                raise ValueError(f"hosts[{i}]: give host (user@address) or the name of a "
+                                 "lab host (mqttbed lab status lists them)")
         on_hosts = sum(h.count for h in self.hosts)
         if self.hosts and self.count is not None and self.count != on_hosts:
             raise ValueError(f"count {self.count} differs from the {on_hosts} agents the hosts "

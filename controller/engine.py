@@ -106,6 +106,9 @@ class RunEngine:
 
     def create_campaign(self, spec: CampaignSpec) -> str:
         """Store the campaign and its planned runs (state queued); return the campaign id."""
+        from mqttbed.controller.lab import resolve_named_hosts
+
+        spec = resolve_named_hosts(spec, self.ctx.sessions)   # lab hosts named in the spec
         campaign_id = new_id("c")
         planned = plan_runs(spec)
         with self.ctx.sessions() as s:
