@@ -50,6 +50,9 @@ class BrokerSection(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     backend: str = "mosquitto"
+    host: str | None = Field(None, min_length=1, max_length=64,
+                             description="a lab host (mqttbed lab provision) to run the broker "
+                                         "on, over SSH; default: the controller's machine")
 
     @model_validator(mode="after")
     def _options_fit_backend(self) -> BrokerSection:
@@ -59,14 +62,14 @@ class BrokerSection(BaseModel):
             model = options_model(self.backend)
         except ValueError as exc:
             raise ValueError(str(exc)) from None
-        model.model_validate(self.model_dump())
+        model.model_validate(self.model_dump(exclude={"host"}))
         return self
 
     def options(self) -> BaseModel:
         """Return the backend's own options model for this section."""
         from mqttbed.brokers.registry import options_model
 
-        return options_model(self.backend).model_validate(self.model_dump())
+        return options_model(self.backend).model_validate(self.model_dump(exclude={"host"}))
 
 
 def _publishable(topic: str) -> str:

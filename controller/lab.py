@@ -39,6 +39,8 @@ EXTRAS = ("agent", "pi", "pi5")
 REMOTE_DIR_NAME = ".mqttbed"
 PIP_TIMEOUT_S = 600
 PARALLEL_HOSTS = 4
+# Backends whose broker can be deployed to a lab host over SSH (broker.host).
+REMOTE_BACKENDS = ("mosquitto",)
 
 
 class LabError(MqttbedError):
@@ -374,10 +376,19 @@ def resolve_named_hosts(spec: CampaignSpec, sessions: sessionmaker) -> CampaignS
 
     An unknown name, or a host whose provisioning failed, is a spec error naming it.
     """
-    if not any(h.name and not h.host for h in spec.agents.hosts):
+    if not any(h.name and not h.host for h in spec.agents.hosts) and spec.broker.host is None:
         return spec
     with sessions() as s:
         rows = {row.name: row for row in s.query(LabHostRow)}
+    if spec.broker.host is not None:
+        if spec.broker.host not in rows:
+            raise SpecError(f"broker.host: no lab host named {spec.broker.host!r}; known: "
+                            f"{', '.join(sorted(rows)) or 'none'} (mqttbed lab provision "
+                            "adds one)")
+        if spec.broker.backend not in REMOTE_BACKENDS:
+            raise SpecError(f"broker.host: backend {spec.broker.backend!r} runs on the "
+                            f"controller's machine only; on a lab host: "
+                            f"{', '.join(REMOTE_BACKENDS)}")
     hosts = []
     for i, entry in enumerate(spec.agents.hosts):
         if entry.host:
