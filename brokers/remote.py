@@ -71,6 +71,7 @@ class RemoteBrokerProcess:
         self.handle: ProcessHandle | None = None
         self._sampler: ProcessHandle | None = None
         self._offset_ns = 0
+        self._kept: list[BrokerStatsSample] | None = None   # read once the sampler stopped
         self._ticks_per_s = 100
         self.exit_code: int | None = None
         self._log_tail: str | None = None
@@ -101,6 +102,8 @@ class RemoteBrokerProcess:
 
     def samples(self) -> list[BrokerStatsSample]:
         """The samples streamed back so far, on this machine's clock, CPU % per interval."""
+        if self._kept is not None:
+            return list(self._kept)
         path = self.dir / "samples.jsonl"
         rows = []
         for line in path.read_text().splitlines() if path.exists() else []:
@@ -150,6 +153,7 @@ class RemoteBrokerProcess:
                 self.exit_code = stopped
         if self._sampler is not None:
             self._sampler.stop(timeout_s=2.0)
+        self._kept = self.samples()
 
     def remove(self) -> None:
         """Keep the log tail, then delete both directories."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 
@@ -15,17 +16,22 @@ def _lab(args: argparse.Namespace) -> int:
     settings = Settings.from_env(args.data_dir)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     sessions = open_database(settings.database_url or database_url(settings.data_dir))
-    lab = Lab(sessions, Wheels(settings.data_dir / "lab", wheel=getattr(args, "wheel", None)))
+    # MQTTBED_LAB_WHEELS: where built wheels are cached (default: the data dir's lab/)
+    cache = Path(os.environ.get("MQTTBED_LAB_WHEELS") or settings.data_dir / "lab")
+    lab = Lab(sessions, Wheels(cache, wheel=getattr(args, "wheel", None)))
     try:
         if args.action == "provision":
             hosts = [HostArg.parse(text) for text in args.hosts]
             access = Access(key_filename=args.key, known_hosts=args.known_hosts,
                             trust_new=args.trust_new)
-            for row in lab.provision(hosts, access, parse_extras(args.extras), args.remote_dir):
-                print(f"{row.name}: provisioned (mqttbed {row.version})")
+            extras = [] if args.no_agent else parse_extras(args.extras)
+            for row in lab.provision(hosts, access, extras, args.remote_dir):
+                print(f"{row.name}: provisioned "
+                      f"({f'mqttbed {row.version}' if row.version else 'no agent'})")
         elif args.action == "upgrade":
             for row in lab.upgrade(args.names):
-                print(f"{row.name}: upgraded (mqttbed {row.version})")
+                print(f"{row.name}: upgraded "
+                      f"({f'mqttbed {row.version}' if row.version else 'no agent'})")
         elif args.action == "status":
             entries = lab.status(args.names)
             if args.json:
@@ -71,6 +77,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                                 "refused)")
     provision.add_argument("--extras", default="agent",
                            help="agent, plus pi (RPi.GPIO, Pi 1-4) or pi5 (rpi-lgpio)")
+    provision.add_argument("--no-agent", action="store_true",
+                           help="install nothing: a broker machine (broker.host) needs only "
+                                "SSH, python3 and the broker")
     provision.add_argument("--remote-dir", help="where the venv goes there (default "
                                                 "~/.mqttbed)")
     provision.add_argument("--wheel", type=Path, help="an mqttbed wheel to install instead "

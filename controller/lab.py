@@ -111,11 +111,12 @@ class Wheels:
             return self._wheel
 
     def _build(self) -> Path:
+        """Build from the source tree, unless a wheel of the very same sources is cached."""
         source = self.source or _source_tree()
-        dist = self.cache_dir / "dist"
+        dist = self.cache_dir / "dist" / _source_digest(source)
+        if built := sorted(dist.glob("mqttbed-*.whl")):
+            return built[0]
         dist.mkdir(parents=True, exist_ok=True)
-        for old in dist.glob("mqttbed-*.whl"):
-            old.unlink()
         self._log(f"building the mqttbed wheel from {source}")
         _pip(["wheel", "--no-deps", "--wheel-dir", str(dist),
               str(source)], "build mqttbed's wheel")
@@ -144,6 +145,28 @@ class Wheels:
                 _pip([*base, requirement], "fill the wheelhouse from the package index")
             self._houses[key] = house
             return house
+
+
+SOURCE_SUFFIXES = {".py", ".toml", ".yaml", ".c", ".h", ".html", ".mako", ".p4", ".txtpb",
+                   ".md", ".cfg"}
+NOT_SOURCE = {".venv", "build", "data", "tests", ".git", "test-artifacts", "docs", "bench",
+              "__pycache__", "node_modules"}
+
+
+def _source_digest(root: Path) -> str:
+    """A hash of the files a wheel is built from (names and contents), 16 hex digits."""
+    import hashlib
+    import os
+
+    digest = hashlib.sha256()
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in NOT_SOURCE and not d.endswith(".egg-info"))
+        for name in sorted(files):
+            path = Path(folder) / name
+            if path.suffix in SOURCE_SUFFIXES:
+                digest.update(str(path.relative_to(root)).encode() + b"\0"
+                              + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def _source_tree() -> Path:
@@ -192,8 +215,12 @@ class Lab:
 
     def provision(self, hosts: list[HostArg], access: Access, extras: list[str],
                   remote_dir: str | None = None) -> list[LabHostRow]:
-        """Provision every host (in parallel); raise LabError naming each that failed."""
-        self.wheels.mqttbed_wheel()   # once, before the hosts want it
+        """Provision every host (in parallel); raise LabError naming each that failed.
+
+        ``extras`` empty: no agent, only the host's facts (a broker machine, broker.host).
+        """
+        if extras:
+            self.wheels.mqttbed_wheel()   # once, before the hosts want it
         with ThreadPoolExecutor(min(PARALLEL_HOSTS, len(hosts))) as pool:
             futures = [pool.submit(self._provision_one, host, access, extras, remote_dir)
                        for host in hosts]
@@ -210,7 +237,7 @@ class Lab:
         with ThreadPoolExecutor(min(PARALLEL_HOSTS, max(len(rows), 1))) as pool:
             futures = [pool.submit(self._provision_one, host,
                                    Access(row.key_filename, row.known_hosts, row.trust_new),
-                                   row.extras.split(","), row.remote_dir)
+                                   [e for e in row.extras.split(",") if e], row.remote_dir)
                        for host, row in zip(hosts, rows, strict=True)]
         failures = [str(f.exception()) for f in futures if f.exception() is not None]
         if failures:
@@ -225,7 +252,7 @@ class Lab:
         row = LabHostRow(name=host.name, destination=host.destination, ssh_port=host.ssh_port,
                          key_filename=access.key_filename, known_hosts=access.known_hosts,
                          trust_new=access.trust_new, remote_dir=remote_dir or "",
-                         extras=",".join(extras), state="failed", facts={})
+                         extras=",".join(extras), state="failed", facts={}, version=None)
         try:
             ssh = SshHost(target, name=host.name)
         except SshError as exc:
@@ -243,6 +270,12 @@ class Lab:
 
     def _install(self, ssh: SshHost, row: LabHostRow, extras: list[str]) -> None:
         info = json.loads(ssh.run(["python3", "-c", _PLATFORM_PROBE], "find its Python"))
+        if not extras:   # a broker machine: its facts, nothing installed
+            row.facts = {"model": info["model"], "kernel": info["kernel"],
+                         "machine": info["machine"],
+                         "python": ".".join(map(str, info["python"])), "gpio_backends": []}
+            self._log(f"{row.name}: no agent; {_summary(row.facts)}")
+            return
         if tuple(info["python"]) < (3, 11):
             raise LabError(f"its python3 is {'.'.join(map(str, info['python']))}; mqttbed "
                            "needs 3.11 or newer (Raspberry Pi OS bookworm has 3.11)")
@@ -270,7 +303,8 @@ class Lab:
             ssh.run(["python3", "-m", "venv", venv], "create its venv")
             fresh = True
         pip = ["env", "PIP_DISABLE_PIP_VERSION_CHECK=1", f"{venv}/bin/pip", "install",
-               "--quiet", "--find-links", f"{remote}/wheelhouse",
+               # no .pyc up front: the agent compiles what it imports on first start
+               "--quiet", "--no-compile", "--find-links", f"{remote}/wheelhouse",
                *(("--no-index",) if same_platform else ())]
         target_wheel = f"{remote}/wheelhouse/{wheel.name}"
         ssh.run([*pip, f"{target_wheel}[{','.join(extras)}]"], "install mqttbed")
@@ -312,11 +346,12 @@ class Lab:
         """Each host's record and whether its agent answers now (over SSH)."""
         result = []
         for row in self._rows(names):
+            argv = ([f"{row.remote_dir}/venv/bin/mqttbed", "agent", "--version"] if row.extras
+                    else ["sh", "-c", "echo reachable, no agent"])
             try:
                 ssh = SshHost(target_of(row), name=row.name)
                 try:
-                    live = ssh.run([f"{row.remote_dir}/venv/bin/mqttbed", "agent",
-                                    "--version"], "check the agent")
+                    live = ssh.run(argv, "check the agent")
                 finally:
                     ssh.close()
             except SshError as exc:
@@ -348,9 +383,12 @@ class Lab:
         return removed
 
 
-_PLATFORM_PROBE = ("import json, os, platform, sys; print(json.dumps({'machine': "
-                   "platform.machine(), 'python': list(sys.version_info[:3]), "
-                   "'home': os.path.expanduser('~')}))")
+_PLATFORM_PROBE = (
+    "import json, os, platform, sys\n"
+    "try: model = open('/proc/device-tree/model', 'rb').read().rstrip(b'\\0').decode()\n"
+    "except OSError: model = None\n"
+    "print(json.dumps({'machine': platform.machine(), 'python': list(sys.version_info[:3]), "
+    "'kernel': platform.release(), 'model': model, 'home': os.path.expanduser('~')}))")
 
 
 def target_of(row: LabHostRow) -> SshTarget:
@@ -399,6 +437,9 @@ def resolve_named_hosts(spec: CampaignSpec, sessions: sessionmaker) -> CampaignS
             raise SpecError(f"agents.hosts[{i}].name: no lab host named {entry.name!r}; "
                             f"known: {', '.join(sorted(rows)) or 'none'} (mqttbed lab "
                             "provision adds one, mqttbed lab status lists them)")
+        if row.state == "provisioned" and not row.extras:
+            raise SpecError(f"agents.hosts[{i}].name: lab host {entry.name!r} has no agent "
+                            "(provisioned with --no-agent); provision it with --extras agent")
         if row.state != "provisioned":
             raise SpecError(f"agents.hosts[{i}].name: lab host {entry.name!r} is "
                             f"{row.state}: {row.reason}; provision it again")

@@ -1,0 +1,148 @@
+"""The one-machine lab: namespace hosts with their own sshd, provisioned from scratch.
+
+Three "hosts" (network namespaces on a private bridge, each with its own sshd and host
+key) are provisioned with ``mqttbed lab provision`` (host keys pinned on first connect),
+then a campaign runs with its agents on two of them, named in the spec, and its
+Mosquitto on the third (``broker.host``), the controller on the bridge address
+(MQTTBED_LAB_ADDRESS). Afterwards ``mqttbed lab remove`` deletes the venvs and the lab
+is reaped: namespaces, sshd processes, links.
+
+Not covered here: ARM (the hosts run this machine's x86_64 Python, so the offline
+wheelhouse path is taken, not the index path a Pi takes), real GPIO pins (virtual GPIO),
+and clocks that really differ (every namespace reads the same CLOCK_MONOTONIC; the
+agents are made to probe the controller as if they were elsewhere).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mqttbed.campaigns.spec import parse_spec
+from mqttbed.controller.analysis import load_results
+from mqttbed.controller.controller import create_controller
+from mqttbed.controller.db import RunRow
+from mqttbed.core.errors import SpecError
+from mqttbed.core.settings import Settings
+from mqttbed.network.lab import LabNetwork
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+MQTTBED = str(Path(sys.executable).with_name("mqttbed"))
+# Kept between test runs, like a controller's data dir: the second run installs offline.
+WHEEL_CACHE = Path(__file__).resolve().parent.parent / "build" / "lab-wheels"
+HOSTS = ["lab-a", "lab-b", "lab-broker"]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab")
+    network = LabNetwork(HOSTS, root)
+    with network:
+        yield network
+        sshd_pids = [int((root / name / "sshd.pid").read_text()) for name in HOSTS]
+    assert network.leftovers() == []
+    assert [pid for pid in sshd_pids if Path(f"/proc/{pid}").exists()] == []
+
+
+def mqttbed(*args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([MQTTBED, *args, "--data-dir", str(data_dir)], capture_output=True,
+                          text=True, timeout=240, env={**os.environ, "MQTTBED_LAB_WHEELS":
+                                                       str(WHEEL_CACHE)})
+    assert done.returncode == 0, done.stderr + done.stdout
+    return done
+
+
+def test_lab_hosts_are_provisioned_run_a_campaign_and_are_removed(lab, tmp_path):
+    started = time.monotonic()
+    data = tmp_path / "data"
+    known_hosts = tmp_path / "known_hosts"
+    access = ["--key", str(lab.client_key), "--known-hosts", str(known_hosts), "--trust-new"]
+    provision = mqttbed("lab", "provision", *access,
+                        *[f"{h.name}={h.ssh_destination}" for h in lab.hosts.values()
+                          if h.name != "lab-broker"], data_dir=data)
+    assert [line for line in provision.stdout.splitlines() if "provisioned" in line] == [
+        "lab-a: provisioned (mqttbed 0.1.0)", "lab-b: provisioned (mqttbed 0.1.0)"]
+    broker_host = lab.hosts["lab-broker"]
+    provision = mqttbed("lab", "provision", "--no-agent", *access,
+                        f"lab-broker={broker_host.ssh_destination}", data_dir=data)
+    assert provision.stdout.splitlines()[-1] == "lab-broker: provisioned (no agent)"
+    # each host's key was pinned on first connect: the one its own sshd holds
+    pinned = sorted(known_hosts.read_text().splitlines())
+    assert pinned == sorted(f"{h.address} {h.known_hosts_key}" for h in lab.hosts.values())
+
+    print(f"provisioned after {time.monotonic() - started:.1f} s")
+    status = json.loads(mqttbed("lab", "status", "--json", data_dir=data).stdout)
+    assert [(s["name"], s["state"], s["answers"]) for s in status] == [
+        ("lab-a", "provisioned", "mqttbed 0.1.0"), ("lab-b", "provisioned", "mqttbed 0.1.0"),
+        ("lab-broker", "provisioned", "reachable, no agent")]
+    for entry in status:
+        facts = entry["facts"]
+        assert facts["python"].startswith(f"{sys.version_info[0]}.{sys.version_info[1]}.")
+        assert facts["machine"] == os.uname().machine and facts["kernel"] == os.uname().release
+        if entry["name"] == "lab-broker":
+            assert not (Path(broker_host.home) / ".mqttbed").exists()
+            continue
+        assert facts["gpio_backends"] == ["virtual"] and facts["model"] is None
+        assert facts["clock"]["source"] == "none"   # no chronyd or ptp4l in the lab
+        # the venv holds the agent's needs and nothing of the controller's or Spark's
+        venv = Path(lab.hosts[entry["name"]].home) / ".mqttbed" / "venv"
+        site = next((venv / "lib").glob("python3*/site-packages"))
+        for absent in ("pyspark", "fastapi", "sqlalchemy", "psutil"):
+            assert not (site / absent).exists(), absent
+        assert (site / "paho").is_dir() and (site / "mqttbed").is_dir()
+
+    spec = parse_spec({
+        "name": "lab", "broker": {"backend": "mosquitto", "host": "lab-broker"},
+        "agents": {"hosts": [{"name": "lab-a"}, {"name": "lab-b"}],
+                   "force_clock_probe": True, "clock_probe_interval_s": 0.5},
+        "workload": {"publishers": 1, "subscribers": 3, "rate_hz": 100, "messages": 150,
+                     "warmup_messages": 0},
+        "timing": {"setup_timeout_s": 30}})
+    with create_controller(Settings(data_dir=data, lab_address=lab.lab_address)) as controller:
+        for hosts, error in (
+                ([{"name": "lab-a"}, {"name": "pi-07"}],
+                 r"agents.hosts\[1\].name: no lab host named 'pi-07'; known: lab-a, lab-b, "
+                 r"lab-broker"),
+                ([{"name": "lab-broker"}], r"agents.hosts\[0\].name: lab host 'lab-broker' "
+                                           r"has no agent")):
+            with pytest.raises(SpecError, match=error):
+                controller.engine.create_campaign(parse_spec({
+                    "name": "x", "agents": {"hosts": hosts}}))
+        campaign_id = controller.engine.create_campaign(spec)
+        assert controller.run_campaign(campaign_id) == "done"
+        with controller.sessions() as s:
+            (run,) = s.query(RunRow).filter_by(campaign_id=campaign_id).all()
+        results = load_results(controller.layout, campaign_id)
+    print(f"campaign done after {time.monotonic() - started:.1f} s")
+    assert sorted(run.run_metadata["agent_hosts"].values()) == ["lab-a", "lab-b"]
+    assert run.run_metadata["host"] == "lab-broker"
+    assert run.run_metadata["endpoint"]["host"] == lab.hosts["lab-broker"].address
+    assert run.run_metadata["broker"]["config"].startswith("# generated by mqttbed")
+
+    (point,) = results.points
+    assert (point.messages_sent, point.deliveries_expected, point.deliveries_received,
+            point.lost, point.duplicates) == (150, 450, 450, 0, 0)
+    (run_entry,) = results.runs
+    agents = run_entry.clock.agents
+    assert len(agents) == 2
+    for clock in agents.values():
+        assert (clock.method, clock.discipline) == ("ntp", "none")
+        assert clock.offset_uncertainty_us_max is not None
+        assert 0 < clock.offset_uncertainty_us_max < 1_000_000   # half an HTTP round trip
+        assert clock.estimates is not None and clock.estimates >= 2   # re-probed in the run
+    # the broker was sampled on its host and the samples came back
+    assert point.broker.samples > 0 and point.broker.rss_bytes_max > 0
+
+    removed = mqttbed("lab", "remove", *HOSTS, data_dir=data)
+    assert removed.stdout.splitlines() == [f"{name}: removed" for name in HOSTS]
+    for host in lab.hosts.values():
+        assert not (Path(host.home) / ".mqttbed").exists()
+    assert mqttbed("lab", "status", data_dir=data).stdout.strip() == \
+        "no lab hosts (mqttbed lab provision adds them)"
