@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -28,11 +29,12 @@ from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.analysis import load_results
 from mqttbed.controller.controller import create_controller
 from mqttbed.controller.db import RunRow
+from mqttbed.controller.lab import HostArg, LabError, parse_extras
 from mqttbed.core.errors import SpecError
 from mqttbed.core.settings import Settings
 from mqttbed.network.lab import LabNetwork
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.timeout(300)]
 
 MQTTBED = str(Path(sys.executable).with_name("mqttbed"))
 # Kept between test runs, like a controller's data dir: the second run installs offline.
@@ -59,6 +61,7 @@ def mqttbed(*args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
     return done
 
 
+@pytest.mark.integration
 def test_lab_hosts_are_provisioned_run_a_campaign_and_are_removed(lab, tmp_path):
     started = time.monotonic()
     data = tmp_path / "data"
@@ -146,3 +149,27 @@ def test_lab_hosts_are_provisioned_run_a_campaign_and_are_removed(lab, tmp_path)
         assert not (Path(host.home) / ".mqttbed").exists()
     assert mqttbed("lab", "status", data_dir=data).stdout.strip() == \
         "no lab hosts (mqttbed lab provision adds them)"
+
+
+def test_host_arguments_and_extras_are_checked_with_the_bad_value_named():
+    assert HostArg.parse("pi-07=pi@192.168.1.57:2222") == HostArg("pi-07", "pi@192.168.1.57",
+                                                                 2222)
+    assert HostArg.parse("pi@10.0.0.9") == HostArg("10.0.0.9", "pi@10.0.0.9", None)
+    for text, error in (("pi-07=192.168.1.57", "expected [name=]user@address[:port]"),
+                        ("pi@10.0.0.9:99999", "port '99999' is not 1-65535"),
+                        ("-x=pi@10.0.0.9", "name '-x' must be 1-64 letters")):
+        with pytest.raises(LabError, match=re.escape(f"host {text!r}: {error}")):
+            HostArg.parse(text)
+    assert parse_extras("pi5") == ["agent", "pi5"]
+    with pytest.raises(LabError, match=r"--extras 'agent,analytics': unknown analytics"):
+        parse_extras("agent,analytics")
+    with pytest.raises(LabError, match="pi .* and pi5 .* cannot both be installed"):
+        parse_extras("pi,pi5")
+
+
+def test_an_agent_host_needs_an_address_or_a_lab_host_name():
+    with pytest.raises(SpecError, match=r"agents: hosts\[0\]: give host \(user@address\) or "
+                                        r"the name of a lab host"):
+        parse_spec({"name": "x", "agents": {"hosts": [{"count": 2}]}})
+    with pytest.raises(SpecError, match=r"broker.host"):
+        parse_spec({"name": "x", "broker": {"backend": "mosquitto", "host": ""}})
