@@ -28,7 +28,7 @@ import pytest
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.analysis import load_results
 from mqttbed.controller.controller import create_controller
-from mqttbed.controller.db import LabHostRow, RunRow
+from mqttbed.controller.db import LabHostRow, RunRow, database_url, open_database
 from mqttbed.controller.lab import HostArg, LabError, parse_extras
 from mqttbed.core.errors import SpecError
 from mqttbed.core.settings import Settings
@@ -147,8 +147,10 @@ def test_lab_hosts_are_provisioned_run_a_campaign_and_are_removed(lab, tmp_path)
     assert removed.stdout.splitlines() == [f"{name}: removed" for name in HOSTS]
     for host in lab.hosts.values():
         assert not (Path(host.home) / ".mqttbed").exists()
-    with create_controller(Settings(data_dir=data)) as controller, controller.sessions() as s:
+    sessions = open_database(database_url(data))
+    with sessions() as s:
         assert s.query(LabHostRow).count() == 0
+    sessions.kw["bind"].dispose()
 
 
 def test_host_arguments_and_extras_are_checked_with_the_bad_value_named():
