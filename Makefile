@@ -23,7 +23,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 test: install lint
-	$(PY) -m pytest -ra
+	$(PY) -m pytest -ra --durations=40
 
 # Longer fuzz runs than the tests' bounded ones: random examples for the Python parsers
 # and the REST API, then libFuzzer on the fork/pipe broker's packet path for FUZZ_SECONDS.

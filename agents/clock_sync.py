@@ -81,7 +81,8 @@ class ClockTracker:
     """Re-estimates the offset every ``interval_s`` on a thread until stopped.
 
     Each new estimate goes to ``on_estimate`` (the runner gives it to its uploader, so the
-    events recorded after it carry it). A failed estimate keeps the last one.
+    events recorded after it carry it). A failed estimate keeps the last one; a failed
+    hand-over (the uploader gave up) ends the tracking.
     """
 
     def __init__(self, estimate: Callable[[], ClockEstimate], interval_s: float,
@@ -110,4 +111,7 @@ class ClockTracker:
                 self.failures += 1
                 continue
             self.estimates += 1
-            self._on_estimate(estimate)
+            try:
+                self._on_estimate(estimate)
+            except RuntimeError:
+                return   # the upload failed for good: the runner reports that, not us

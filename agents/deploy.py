@@ -65,7 +65,7 @@ class AgentPool:
                      if line.strip()] if self._logs[name].exists() else []
             last = f": {lines[-1].strip()}" if lines else ""
             where = "" if self.hosts[name] == "local" else f" on {self.hosts[name]}"
-            reasons.append(f"agent {name}{where} (pid {proc.pid}) exited with code "
+            reasons.append(f"agent lost: {name}{where} (pid {proc.pid}) exited with code "
                            f"{describe_exit(code)}{last}")
         return reasons
 

@@ -10,6 +10,7 @@ waits for one ``StartAt``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -31,6 +32,8 @@ from mqttbed.core.protocol import (
     Subscribe,
     Subscribed,
 )
+
+log = logging.getLogger("mqttbed.agent")
 
 
 class AssignmentRunner:
@@ -157,24 +160,27 @@ class AssignmentRunner:
             published, received = session.counts()
             chunks = uploader.close()
             self._post(f"{base}/done", Done(run_id=a.run_id, agent_id=self._agent_id,
-                                            chunks=chunks, published=published, received=received))
+                                            chunks=chunks, published=published, received=received,
+                                            upload_retries=uploader.retries))
         except Exception as exc:  # noqa: BLE001 - any failure is reported, with its reason
             # Flush first: the controller tears the run down as soon as it hears of this.
-            if uploader is not None:
-                with contextlib.suppress(Exception):
-                    uploader.close()
             reason = f"agent {self._agent_id}: {type(exc).__name__}: {exc}"
-            with contextlib.suppress(httpx.HTTPError):
+            if uploader is not None and (lost := _flush_for_good(uploader)):
+                cause = "" if str(exc) == uploader.error else f"; {type(exc).__name__}: {exc}"
+                reason = f"agent {self._agent_id}: {lost}{cause}"
+            try:
                 self._post(f"{base}/error", AgentFailure(run_id=a.run_id, agent_id=self._agent_id,
                                                          reason=reason))
+            except httpx.HTTPError as post_error:
+                log.error("run %s failed and the controller was not told (%s): %s",
+                          a.run_id, post_error, reason)
         finally:
             if tracker is not None:
                 tracker.stop()
-            # An aborted run flushes here too; a failing flush must not hide the original
-            # failure. Closing twice sends nothing twice.
-            if uploader is not None:
-                with contextlib.suppress(Exception):
-                    uploader.close()
+            # An aborted run flushes here too (closing twice sends nothing twice); a run
+            # the controller has already ended cannot hear of a loss, so the log keeps it.
+            if uploader is not None and (lost := _flush_for_good(uploader)):
+                log.error("run %s: %s", a.run_id, lost)
             if session is not None:
                 session.close()
             self._on_finished()
@@ -188,3 +194,13 @@ def _clock_columns(clock: ClockEstimate) -> dict[str, int]:
     """The event columns an offset estimate sets."""
     return {"clock_offset_ns": clock.offset_ns,
             "clock_offset_uncertainty_ns": clock.uncertainty_ns}
+
+
+def _flush_for_good(uploader: ChunkUploader) -> str | None:
+    """Flush what the uploader still holds; None if nothing is left, else what was lost."""
+    with contextlib.suppress(RuntimeError):  # what is left is counted below
+        uploader.close()
+    if (left := uploader.buffered) == 0:
+        return None
+    return (f"{left} events lost: not uploaded when the run ended "
+            f"({uploader.error or 'the upload failed'})")

@@ -4,6 +4,12 @@ Events are uploaded while the run goes on (every ``interval_s`` or ``chunk_event
 rows), so an agent that dies mid-run loses only what it had not sent yet. A chunk is
 identified by (run, agent, seq) and is retried until acknowledged: sending it twice
 stores it once.
+
+Retries: a post that gets no answer (the network to the controller cut, the controller
+busy) or a passing server error is sent again with exponential backoff for up to
+``retry_for_s``; an answer that says retrying cannot help (a 4xx, or 507: the controller
+cannot store it) ends the uploads at once. Events not uploaded by then are counted
+(``buffered``), so whoever ends the run can say how many were lost.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ class ChunkUploader:
 
     def __init__(self, http: httpx.Client, *, run_id: str, agent_id: str,
                  static_columns: dict[str, Any], chunk_events: int, interval_s: float,
-                 attempts: int = 8,
+                 retry_for_s: float = 60.0, request_timeout_s: float = 5.0,
                  edges: Callable[[], list[tuple[int, int, int]]] | None = None):
         self._http = http
         self._run_id = run_id
@@ -37,7 +43,8 @@ class ChunkUploader:
         self._static = static_columns
         self._chunk_events = chunk_events
         self._interval_s = interval_s
-        self._attempts = attempts
+        self._retry_for_s = retry_for_s
+        self._request_timeout_s = request_timeout_s
         self._edges = edges or (lambda: [])
         self._buffer: list[RawEvent] = []
         self._buffer_lock = threading.Lock()  # held for an append or a swap, never for I/O
@@ -45,6 +52,8 @@ class ChunkUploader:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="uploader", daemon=True)
         self.chunks_sent = 0
+        self.retries = 0                # posts sent again after a failed attempt
+        self._close_failed = False
         self.error: str | None = None   # set once uploads have failed for good
 
     def record(self, event: RawEvent) -> None:
@@ -64,12 +73,19 @@ class ChunkUploader:
     def close(self) -> int:
         """Flush everything left and stop; return the number of chunks sent.
 
-        Raises RuntimeError if the controller cannot be reached (the events stay buffered).
+        Raises RuntimeError if the controller cannot be reached (the events stay buffered);
+        once a close has failed, closing again raises at once (one retry budget per close).
         """
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
-        self._flush()
+        if self._close_failed:
+            raise RuntimeError(self.error)
+        try:
+            self._flush()
+        except RuntimeError:
+            self._close_failed = True
+            raise
         return self.chunks_sent
 
     def _loop(self) -> None:
@@ -124,13 +140,35 @@ class ChunkUploader:
     def _post(self, chunk: ResultChunk) -> None:
         body = json.dumps({**vars(chunk), "protocol_version": PROTOCOL_VERSION},
                           separators=(",", ":"))
-        for attempt in range(self._attempts):
+        give_up_at = time.monotonic() + self._retry_for_s
+        attempt = 0
+        while True:
             try:
                 response = self._http.post(f"/agent/v1/runs/{chunk.run_id}/chunks", content=body,
-                                           headers={"content-type": "application/json"})
-                response.raise_for_status()
-                return
-            except httpx.HTTPError as exc:
-                self.error = f"chunk {chunk.seq} upload failed: {exc}"
-                time.sleep(min(0.1 * 2 ** attempt, 2.0))
-        raise RuntimeError(self.error)
+                                           headers={"content-type": "application/json"},
+                                           timeout=self._request_timeout_s)
+            except httpx.TransportError as exc:  # no answer: the network or the controller
+                problem = f"{type(exc).__name__}: {exc or 'no answer'}"
+            else:
+                if response.is_success:
+                    return
+                problem = f"HTTP {response.status_code}: {_detail(response)}"
+                if response.status_code < 500 or response.status_code == 507:
+                    self.error = f"chunk {chunk.seq} upload refused: {problem}"
+                    raise RuntimeError(self.error)
+            delay = min(0.1 * 2 ** attempt, 1.0)
+            if time.monotonic() + delay > give_up_at:
+                self.error = (f"chunk {chunk.seq} upload failed for {self._retry_for_s:.0f} s "
+                              f"({attempt + 1} attempts): {problem}")
+                raise RuntimeError(self.error)
+            time.sleep(delay)
+            attempt += 1
+            self.retries += 1
+
+
+def _detail(response: httpx.Response) -> str:
+    """The controller's ``detail`` of an error answer, else the start of its body."""
+    try:
+        return str(response.json()["detail"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:300]

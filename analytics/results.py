@@ -78,6 +78,9 @@ class ScopeRun(_Block):
 
     run_id: str
     acquisitions: int | None = None
+    requested: int | None = Field(None, description="acquisitions the spec asked for")
+    shortfall: int = Field(0, description="requested minus made: the run ended (or the "
+                                          "scope failed) before the scope caught them all")
     timeouts: int | None = None
     error: str | None = Field(None, description="why the scope stopped acquiring, if it did")
 
@@ -86,6 +89,9 @@ class ScopeFigures(_Block):
     """GPIO edge to edge delays caught by the oscilloscope, in microseconds."""
 
     acquisitions: int = 0
+    requested: int = Field(0, description="acquisitions asked for, summed over the runs")
+    shortfall: int = Field(0, description="acquisitions asked for but not made, summed over "
+                                          "the runs: the scope figures rest on fewer")
     latency_us: Distribution = Field(default_factory=Distribution)
     sync_spread_us: Distribution | None = Field(
         None, description="per acquisition over the watched subscribers; null with one")
@@ -220,6 +226,8 @@ class PointStats(Figures[SectionsT], Generic[SectionsT]):
     backend: str
     runs: int = Field(description="done runs pooled")
     runs_failed: int = Field(description="runs of the point that did not finish")
+    partial: bool = Field(False, description="some runs of the point did not finish: its "
+                                             "figures pool fewer runs than planned")
     run_ids: list[str]
     clock_flagged_runs: list[str] = Field(
         default_factory=list, description="runs whose clock uncertainty exceeds the allowed "
@@ -236,6 +244,9 @@ class RunStats(Figures[SectionsT], Generic[SectionsT]):
     backend: str
     state: str
     reason: str | None = None
+    partial: bool = Field(False, description="the run did not finish (failed or interrupted): "
+                                             "its figures cover only the events stored "
+                                             "before it ended")
     warmup_messages: int = 0
     clock: RunClock
 

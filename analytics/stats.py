@@ -190,6 +190,7 @@ def _point_entry(point_index: int, runs: list[RunInfo], inputs: _Inputs) -> dict
         "backend": runs[0].backend,
         "runs": len(done),
         "runs_failed": len(runs) - len(done),
+        "partial": len(runs) != len(done),
         "run_ids": [run.run_id for run in done],
         **_level_figures(inputs, (POINT_LEVEL, str(point_index)), done, runs[0].streams),
         "clock_flagged_runs": flagged,
@@ -226,6 +227,7 @@ def _run_entry(run: RunInfo, inputs: _Inputs) -> dict[str, Any]:
         "backend": run.backend,
         "state": run.state,
         "reason": run.reason,
+        "partial": run.state != DONE,
         "warmup_messages": run.warmup_messages,
         **_level_figures(inputs, (RUN_LEVEL, run.run_id), [run], run.streams),
         "clock": {**_clock_entry(run, inputs.uncertainty.get(run.run_id),
@@ -347,4 +349,6 @@ def _scope_entry(figures: dict[str, Any] | None, runs: list[RunInfo]) -> dict[st
     recorded = [run.scope for run in runs if run.scope is not None]
     if figures is None and not recorded:
         return None
-    return {**(figures or {}), "runs": recorded}
+    return {**(figures or {}), "runs": recorded,
+            "requested": sum(scope.requested or 0 for scope in recorded),
+            "shortfall": sum(scope.shortfall for scope in recorded)}

@@ -343,6 +343,10 @@ def report_context(controller: Controller, campaign_id: str) -> dict[str, Any]:
         "section_tables": section_tables(points, show_backend),
         "scope_errors": [f"{r.run_id}: {r.error}" for p in points if p.scope
                          for r in p.scope.runs if r.error],
+        "scope_shortfalls": [f"{r.run_id}: {r.acquisitions} of {r.requested}"
+                             for p in points if p.scope for r in p.scope.runs if r.shortfall],
+        # runs whose figures cover only what was stored before they ended
+        "partial_runs": {r.run_id for r in stats.runs if r.partial} if stats else set(),
         "campaign": campaign, "runs": runs, "stats": stats,
         "spec_yaml": yaml.safe_dump(campaign.spec, sort_keys=False),
         "points": [(point_label(p, show_backend), p) for p in points],
@@ -365,6 +369,7 @@ def scope_table(points: list[PointStats], show_backend: bool) -> list[dict[str, 
         rows.append({
             "label": point_label(point, show_backend),
             "acquisitions": point.scope.acquisitions,
+            "requested": point.scope.requested, "shortfall": point.scope.shortfall,
             "software_p50": software, "scope_p50": scope,
             "difference": _difference(software, scope),
             "software_spread": software_spread, "scope_spread": scope_spread,

@@ -324,6 +324,9 @@ class Timing(_Strict):
     drain_s: float = Field(1.0, ge=0, le=600, description="wait for late deliveries")
     setup_timeout_s: float = Field(30.0, gt=0, le=3600)
     heartbeat_timeout_s: float = Field(3.0, gt=0, le=600)
+    upload_interval_s: float | None = Field(
+        None, gt=0, le=3600, description="how often agents upload their events during the "
+                                         "run; default 1 s, 0.2 s with a scope")
 
 
 class ScopeChannels(_Strict):
@@ -365,6 +368,10 @@ class Scope(_Strict):
     timebase_s_per_div: float = Field(5e-4, gt=0, le=50)
     trigger_level_v: float = Field(1.65, description="3.3 V logic: half way")
     acquisition_timeout_s: float = Field(2.0, gt=0, le=600)
+    measure_timeout_s: float = Field(
+        10.0, ge=0, le=3600, description="how long the measure phase may go on past the "
+                                         "run's window for acquisitions still missing; a "
+                                         "shortfall is flagged in the results and report")
 
 
 class Measurement(_Strict):

@@ -102,6 +102,7 @@ def _scope_run(row: RunRow) -> ScopeRun | None:
     if not scope:
         return None
     return ScopeRun(run_id=row.id, acquisitions=scope.get("acquisitions"),
+                    requested=scope.get("requested"), shortfall=scope.get("shortfall", 0),
                     timeouts=scope.get("timeouts"), error=scope.get("error"))
 
 

@@ -128,7 +128,8 @@ def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint
                               force_clock_probe=spec.agents.force_clock_probe,
                               clock_probe_interval_s=spec.agents.clock_probe_interval_s,
                               # a virtual scope sees edges only once they are uploaded
-                              chunk_interval_s=0.2 if spec.measurement.scope else 1.0,
+                              chunk_interval_s=spec.timing.upload_interval_s or (
+                                  0.2 if spec.measurement.scope else 1.0),
                               gpio_pulses=spec.measurement.scope is not None)
             for agent, mine in per_agent.items() if mine}
 

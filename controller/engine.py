@@ -11,6 +11,8 @@ arrive, so a failing run keeps everything that already came in.
 
 from __future__ import annotations
 
+import logging
+import re
 import secrets
 import threading
 from collections.abc import Callable
@@ -56,8 +58,23 @@ from mqttbed.core.protocol import Endpoint, Shutdown, StartAt, Subscribe
 from mqttbed.core.ssh import SshError, SshHost
 from mqttbed.network.topology import reap_stale
 
+log = logging.getLogger("mqttbed.engine")
+
 COLLECT_TIMEOUT_S = 30.0
 RUN_GRACE_S = 10.0
+AGENT_REPORT_GRACE_S = 1.0  # after one agent's error, for the others' reports
+
+
+_EXIT = re.compile(r"exited with code (-?\d+)(?: \(killed by (SIG\w+)\))?")
+
+
+def broker_died(health: str) -> str:
+    """A run's reason from a broker's failed health check: ``broker died: SIGKILL; ...``
+    when its process ended (the signal, or the exit code), else the check's own words."""
+    if (exited := _EXIT.search(health)) is None:
+        return health
+    how = exited.group(2) or f"exit code {exited.group(1)}"
+    return f"broker died: {how}; {health.removeprefix('broker died: ')}"
 
 
 class RunInterrupted(Exception):
@@ -257,7 +274,11 @@ class RunEngine:
             self._collect(run, live)
             self._finish_run(run, live.backend)
             live.backend = None
-            self._transition(run, total, RunState.DONE)
+            # A scope that failed mid-run leaves the software figures whole: the run is
+            # done, marked with the scope's error (its acquisitions so far are kept).
+            scope_error = live.recorder.error if live.recorder is not None else None
+            self._transition(run, total, RunState.DONE,
+                             None if scope_error is None else f"scope error: {scope_error}")
         except RunFailed as exc:
             self._end_badly(run, total, live.backend, RunState.FAILED, exc.reason)
         except (RunInterrupted, KeyboardInterrupt) as exc:
@@ -276,8 +297,13 @@ class RunEngine:
                 live.broker_host.close()
             self.ctx.registry.close_inbox(run.id)
             if live.recorder is not None:
-                # A failed run keeps the acquisitions it made, like every other event.
-                live.recorder.write(self.ctx.layout, run.campaign_id, run.id)
+                # A failed run keeps the acquisitions it made, like every other event; a
+                # data dir that cannot take them must not end the campaign (the run's
+                # reason already says why it ended, and _collect's write names the path).
+                try:
+                    live.recorder.write(self.ctx.layout, run.campaign_id, run.id)
+                except OSError as exc:
+                    log.error("run %s: the scope's rows were not stored: %s", run.id, exc)
 
     def _deploy(self, run: RunRow, live: _LiveRun) -> None:
         """Broker up, agents registered and assigned, every subscriber holding its SUBACK."""
@@ -401,6 +427,16 @@ class RunEngine:
                    and (closed_loop or monotonic_ns() >= t_start + window_ns),
                    timeout_s=spec.timing.start_lead_s + window_ns / 1e9 + spec.timing.drain_s
                    + RUN_GRACE_S, waiting_for="agents done")
+        if (recorder := live.recorder) is not None and spec.measurement.scope is not None:
+            # The scope may still be catching up on edges (a virtual scope sees them only as
+            # they are uploaded): the measure phase lasts until it has what was asked for,
+            # bounded by the spec, or until an acquisition sees no trigger now that the
+            # publishers are done (no more will come). A shortfall is flagged in the
+            # results, never hidden.
+            timeouts = recorder.timeouts
+            self._wait(live, until=lambda: recorder.finished() or recorder.timeouts > timeouts,
+                       timeout_s=spec.measurement.scope.measure_timeout_s,
+                       waiting_for="scope acquisitions", fail_on_timeout=False)
 
     def _collect(self, run: RunRow, live: _LiveRun) -> None:
         """Wait for every chunk the agents said they sent; keep the scope's rows."""
@@ -411,12 +447,15 @@ class RunEngine:
                                            for a in live.active),
                    timeout_s=COLLECT_TIMEOUT_S, waiting_for="event chunks")
         run.run_metadata["delivery_counts"] = {
-            a: {"published": d.published, "received": d.received} for a, d in inbox.done.items()}
+            a: {"published": d.published, "received": d.received,
+                "upload_retries": d.upload_retries} for a, d in inbox.done.items()}
         if live.links is not None:
             run.run_metadata["network"] = live.links.metadata(with_proxy_stats=True)
         if live.recorder is not None:
             live.recorder.write(self.ctx.layout, run.campaign_id, run.id)
-            run.run_metadata["scope"] |= {"acquisitions": live.recorder.acquisitions,
+            made, requested = live.recorder.acquisitions, live.recorder.spec.acquisitions
+            run.run_metadata["scope"] |= {"acquisitions": made, "requested": requested,
+                                          "shortfall": max(0, requested - made),
                                           "timeouts": live.recorder.timeouts,
                                           "error": live.recorder.error}
 
@@ -438,8 +477,12 @@ class RunEngine:
                                 f"{spec.timing.setup_timeout_s:.0f} s")
 
     def _wait(self, live: _LiveRun, *, until: Callable[[], bool], timeout_s: float,
-              waiting_for: str) -> None:
-        """Wait for ``until()``, failing the run at once if anything it depends on breaks."""
+              waiting_for: str, fail_on_timeout: bool = True) -> bool:
+        """Wait for ``until()``, failing the run at once if anything it depends on breaks.
+
+        Past ``timeout_s`` the run fails, or with ``fail_on_timeout=False`` this returns
+        False (True once ``until()`` holds).
+        """
         deadline = monotonic_ns() + int(timeout_s * 1e9)
         inbox, spec = live.inbox, live.spec
         while not until():
@@ -448,20 +491,34 @@ class RunEngine:
             # The broker first: its death is why the agents then lose their connections,
             # and their reports can reach the controller before this loop sees it.
             if live.backend is not None and (broken := live.backend.health()) is not None:
-                raise RunFailed(broken)
+                raise RunFailed(broker_died(broken))
             if live.links is not None and (broken := live.links.health()) is not None:
                 raise RunFailed(broken)
             if inbox.errors:
+                self._hear_the_others(live)
                 raise RunFailed("; ".join(e.reason for e in inbox.errors.values()))
             if live.pool is not None and (exited := live.pool.exited()):
                 raise RunFailed("; ".join(exited))
             silent = self.ctx.registry.silent_agents(live.active,
                                                      spec.timing.heartbeat_timeout_s)
             if silent:
-                raise RunFailed(f"agent {', '.join(silent)} lost: no heartbeat for "
+                raise RunFailed(f"agent lost: {', '.join(silent)}: no heartbeat for "
                                 f"{spec.timing.heartbeat_timeout_s:.1f} s")
             if monotonic_ns() > deadline:
+                if not fail_on_timeout:
+                    return False
                 raise RunFailed(f"timed out after {timeout_s:.1f} s waiting for {waiting_for}")
+            self.ctx.registry.wait(0.05)
+        return True
+
+    def _hear_the_others(self, live: _LiveRun) -> None:
+        """Give the agents that have not reported yet a moment to: a fault that hits them
+        all (a full data dir) then has each one's loss in the run's reason, not only the
+        first's (an agent told to stop can no longer tell the controller)."""
+        deadline = monotonic_ns() + int(AGENT_REPORT_GRACE_S * 1e9)
+        inbox = live.inbox
+        while monotonic_ns() < deadline and not all(
+                a in inbox.errors or a in inbox.done for a in live.active):
             self.ctx.registry.wait(0.05)
 
     def _finish_run(self, run: RunRow, backend: BrokerBackend) -> None:

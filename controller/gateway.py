@@ -36,6 +36,7 @@ from mqttbed.core.protocol import (
     Subscribed,
 )
 
+HTTP_507_INSUFFICIENT_STORAGE = 507
 Authenticate = Callable[[str, str], Caller]   # (token, address) -> who is calling
 
 
@@ -64,6 +65,12 @@ class ChunkStore:
                 if chunk.edges:
                     write_edges(self._layout, run.campaign_id, chunk.run_id, chunk.agent_id,
                                 chunk.seq, chunk.edges)
+            except OSError as exc:
+                # The data dir is full or read-only: no row is added, so the database and
+                # the files agree; the agent is told it cannot help by retrying.
+                raise HTTPException(HTTP_507_INSUFFICIENT_STORAGE,
+                                    f"chunk {chunk.seq} of {chunk.agent_id} cannot be stored: "
+                                    f"{storage_problem(exc)}") from None
             except (ArrowException, OverflowError, TypeError, ValueError) as exc:
                 # Values that do not fit the event schema: the agent's fault, said as such.
                 raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
@@ -78,6 +85,13 @@ class ChunkStore:
                 return False
         self._registry.chunk_stored(chunk)
         return True
+
+
+def storage_problem(exc: OSError) -> str:
+    """What went wrong writing under the data dir, naming the path: ``No space left on
+    device: /data/events/...``."""
+    where = exc.filename or "the data dir"
+    return f"{exc.strerror or type(exc).__name__}: {where}"
 
 
 def agent_router(registry: AgentRegistry, chunks: ChunkStore,

@@ -172,6 +172,11 @@ class ScopeRecorder:
                                "receiver": probe.client_id, "t_pub_ns": 0,
                                "t_recv_ns": round(delay * 1e9), "t_intended_ns": None})
 
+    def finished(self) -> bool:
+        """Whether acquiring is over: every acquisition made, or the scope failed."""
+        return self.error is not None or self.acquisitions >= self.spec.acquisitions or (
+            self._thread is not None and not self._thread.is_alive())
+
     @property
     def acquisitions(self) -> int:
         return len({row["seq"] for row in self._rows})

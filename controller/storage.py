@@ -14,6 +14,7 @@ file, and everything that arrived is on disk the moment it is acknowledged.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -74,8 +75,16 @@ def _atomic_write_table(table: Any, path: Path) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        # A full disk leaves a truncated temporary file: remove it, and name the file
+        # that could not be written (Arrow's own errors often name none).
+        with contextlib.suppress(OSError):  # a read-only dir refuses even that
+            tmp.unlink(missing_ok=True)
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise OSError(exc.errno, reason, str(path)) from exc
 
 
 def write_event_chunk(layout: DataLayout, campaign_id: str, run_id: str, agent_id: str,

@@ -276,6 +276,8 @@ class Done(Message):
     chunks: int = Field(ge=0, le=_INT32)
     published: int = Field(ge=0, le=_COUNT)
     received: int = Field(ge=0, le=_COUNT)
+    upload_retries: int = Field(0, ge=0, le=_INT32, description="chunk posts sent again "
+                                                                "after a failed attempt")
 
 
 class AgentFailure(Message):

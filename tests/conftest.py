@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -104,6 +106,50 @@ def processes_mentioning(name_part: str, among: Iterable[psutil.Process] | None 
         except psutil.Error:
             continue
     return found
+
+
+TEST_TAG = "MQTTBED_TEST_TAG"
+
+
+def processes_tagged(tag: str) -> set[int]:
+    """Live processes (orphans included, zombies not) started with ``MQTTBED_TEST_TAG=tag``
+    in their environment: everything a CLI run with that tag spawned inherits it, so a
+    check for leftovers sees only that run's processes, not those of other work on the
+    machine."""
+    found = set()
+    for proc in psutil.process_iter():
+        try:
+            if (proc.environ().get(TEST_TAG) == tag
+                    and proc.status() != psutil.STATUS_ZOMBIE):
+                found.add(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def run_tagged(argv: list[str], tag: str, *, timeout_s: float = 300,
+               env: dict[str, str] | None = None,
+               ) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run ``argv`` to completion with ``MQTTBED_TEST_TAG=tag``; return it and the command
+    lines of the tagged processes seen while it ran (sampled every 0.5 s), so a test can
+    check both that its processes were found by the tag and that none is left after."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {}), TEST_TAG: tag})
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for pid in processes_tagged(tag):
+            with contextlib.suppress(psutil.Error):
+                seen.add(" ".join(psutil.Process(pid).cmdline()))
+        try:
+            out, err = proc.communicate(timeout=0.5)
+            break
+        except subprocess.TimeoutExpired:
+            if time.monotonic() > deadline:
+                proc.kill()
+                out, err = proc.communicate()
+                raise AssertionError(f"{argv} ran past {timeout_s} s: {err[-3000:]}") from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err), seen
 
 
 class Served:

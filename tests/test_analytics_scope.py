@@ -64,7 +64,8 @@ def stats(tmp_path_factory):
     write(root, "r-timesync", software_rows(0))
     runs = [RunInfo(run_id="r-trusted", point_index=0, params={}, repetition=0,
                     state="done", backend="mosquitto", max_clock_uncertainty_fraction=0.1,
-                    scope=ScopeRun(run_id="r-trusted", acquisitions=3, timeouts=1,
+                    scope=ScopeRun(run_id="r-trusted", acquisitions=3, requested=5,
+                                   shortfall=2, timeouts=1,
                                    error="VisaIOError: timeout")),
             RunInfo(run_id="r-doubtful", point_index=1, params={}, repetition=0,
                     state="done", backend="mosquitto", max_clock_uncertainty_fraction=0.1),
@@ -86,8 +87,10 @@ def test_scope_figures_come_from_the_scope_rows(stats):
     assert point["scope"]["sync_spread_us"]["mean"] == pytest.approx(30.0)
     assert point["scope"]["sync_spread_us"]["max"] == pytest.approx(40.0)
     # what the recorder did in each run comes with the figures, at the point and the run
-    recorded = {"run_id": "r-trusted", "acquisitions": 3, "timeouts": 1,
-                "error": "VisaIOError: timeout"}
+    recorded = {"run_id": "r-trusted", "acquisitions": 3, "requested": 5, "shortfall": 2,
+                "timeouts": 1, "error": "VisaIOError: timeout"}
+    # 3 of the 5 acquisitions asked for: the point says it rests on fewer
+    assert (point["scope"]["requested"], point["scope"]["shortfall"]) == (5, 2)
     assert point["scope"]["runs"] == [recorded]
     assert stats["runs"][0]["scope"]["runs"] == [recorded]
 

@@ -499,6 +499,9 @@ def test_every_run_figure_matches_the_reference(stats, dataset):
         _assert_figures(runs[info.run_id], expected)
         assert runs[info.run_id]["state"] == info.state
         assert runs[info.run_id]["reason"] == info.reason
+    # a run that did not finish has figures of what arrived before it ended: partial
+    assert {run_id: run["partial"] for run_id, run in runs.items()} == {
+        "r1": False, "r2": False, "r3": False, "r4": True, "r5": True}
 
 
 def test_points_pool_done_runs_only(stats, dataset):
@@ -514,6 +517,8 @@ def test_points_pool_done_runs_only(stats, dataset):
         assert point["run_ids"] == done
     assert points[1]["runs_failed"] == 1
     assert points[0]["params"] == {"qos": 1}
+    # a point with a run that did not finish pools fewer runs than planned: partial
+    assert [points[i]["partial"] for i in (0, 1, 2)] == [False, True, True]
 
 
 def test_each_stream_of_the_mix_matches_the_reference_of_its_publishers_rows(stats, dataset):

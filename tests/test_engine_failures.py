@@ -6,6 +6,7 @@ already arrived; no process outlives its run.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -13,6 +14,7 @@ import httpx
 import pyarrow.dataset as ds
 import pytest
 
+from mqttbed.brokers.registry import backend_names
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.db import AgentRow, ChunkRow, RunRow, TransitionRow
 from mqttbed.controller.states import RunState
@@ -61,45 +63,76 @@ def only_run(controller, campaign_id) -> RunRow:
         return run
 
 
-def test_killed_agent_fails_run_with_reason_and_keeps_uploaded_events(controller, updates):
-    campaign_id, thread, result = start_campaign(controller, LONG_RUN)
-    run_id = f"{campaign_id}-r0000"
+def test_killed_agent_fails_run_with_reason_keeps_uploaded_events_and_next_run_proceeds(
+        controller, updates):
+    """Fault row "agent killed (SIGKILL) mid-run"; the campaign's second run is short."""
+    spec = {**LONG_RUN, "sweep": {"workload.messages": [3000, 100]}}
+    campaign_id, thread, result = start_campaign(controller, spec)
+    run_id, next_run_id = f"{campaign_id}-r0000", f"{campaign_id}-r0001"
     wait_for(lambda: RunState.RUNNING in updates.states(run_id), 30, "run to start")
     wait_for(lambda: sum(stored_rows(controller, run_id).values()) > 200, 15, "some chunks")
     victim = child_processes("mqttbed.agents")[0]
+    victim_name = next(part for part in victim.cmdline() if part.startswith(f"{run_id}-a"))
+    victim.kill()
+    thread.join(60)
+    assert not thread.is_alive()
+
+    with controller.sessions() as s:
+        run, next_run = s.get(RunRow, run_id), s.get(RunRow, next_run_id)
+        agent_states = {a.pid: a.state for a in s.query(AgentRow)}
+    assert run.state == RunState.FAILED
+    assert run.reason.startswith(f"agent lost: {victim_name} (pid {victim.pid}) exited with "
+                                 "code -9 (killed by SIGKILL)"), run.reason
+    assert agent_states[victim.pid] == "gone"
+    # every chunk acknowledged before the kill is still in the dataset
+    stored = stored_rows(controller, run_id)
+    assert sum(stored.values()) > 200
+    assert dataset_rows(controller, campaign_id, run_id) == sum(stored.values())
+    # the next run proceeds: done, its 100 publishes, 2 x 100 deliveries, 2 subscriptions
+    assert next_run.state == RunState.DONE, next_run.reason
+    assert dataset_rows(controller, campaign_id, next_run_id) == 100 + 200 + 2
+    assert result["status"] == "failed"
+    # and nothing the runs started is left
+    assert child_processes("mqttbed.agents") == []
+    assert child_processes("mosquitto") == []
+
+
+# What to kill of each backend: a marker of its broker process's command line. For p4
+# that is the MQTT-SN gateway behind the switch; for mqtt-st one broker of the tree.
+BROKER_PROCESS = {"mosquitto": "mosquitto -c", "forkpipe": "mqttbed-forkpipe",
+                  "fpga": "mqttbed.brokers.fpga", "mqtt-sn": "mqttbed.brokers.mqttsn",
+                  "p4": "mqttbed.brokers.mqttsn", "mqtt-st": "mosquitto -c",
+                  "adaptive": "mqttbed.brokers.adaptive"}
+BROKER_OPTIONS = {"mqtt-st": {"brokers": 2}}
+
+
+@pytest.mark.parametrize("backend", sorted(BROKER_PROCESS))
+def test_broker_killed_mid_run_fails_the_run_with_the_signal_and_keeps_events(
+        controller, updates, backend):
+    """Fault row "broker killed mid-run (every backend)"."""
+    assert sorted(BROKER_PROCESS) == backend_names()  # a new backend gets a row here
+    spec = {"name": f"kill-{backend}", "agents": {"count": 2},
+            "broker": {"backend": backend, **BROKER_OPTIONS.get(backend, {})},
+            "workload": {"publishers": 1, "subscribers": 2, "rate_hz": 200, "messages": 1000,
+                         "warmup_messages": 0},
+            "timing": {"heartbeat_timeout_s": 5.0, "upload_interval_s": 0.25}}
+    campaign_id, thread, result = start_campaign(controller, spec)
+    run_id = f"{campaign_id}-r0000"
+    wait_for(lambda: RunState.RUNNING in updates.states(run_id), 60, "run to start")
+    wait_for(lambda: sum(stored_rows(controller, run_id).values()) > 50, 15, "some chunks")
+    victim = child_processes(BROKER_PROCESS[backend])[0]
     victim.kill()
     thread.join(60)
     assert not thread.is_alive()
 
     run = only_run(controller, campaign_id)
-    assert run.state == RunState.FAILED
+    assert run.state == RunState.FAILED and result["status"] == "failed"
+    assert run.reason.startswith("broker died: SIGKILL; "), run.reason
     assert f"(pid {victim.pid}) exited with code -9 (killed by SIGKILL)" in run.reason
-    with controller.sessions() as s:
-        assert {a.pid: a.state for a in s.query(AgentRow)}[victim.pid] == "gone"
-    assert result["status"] == "failed"
-    # every chunk acknowledged before the kill is still in the dataset
-    stored = stored_rows(controller, run_id)
-    assert sum(stored.values()) > 200
-    assert dataset_rows(controller, campaign_id, run_id) == sum(stored.values())
-    # and nothing the run started is left
+    stored = sum(stored_rows(controller, run_id).values())
+    assert stored > 50 and dataset_rows(controller, campaign_id, run_id) == stored
     assert child_processes("mqttbed.agents") == []
-    assert child_processes("mosquitto") == []
-
-
-def test_dead_broker_fails_run_with_reason_and_keeps_events(controller, updates):
-    campaign_id, thread, _ = start_campaign(controller, LONG_RUN)
-    run_id = f"{campaign_id}-r0000"
-    wait_for(lambda: RunState.RUNNING in updates.states(run_id), 30, "run to start")
-    wait_for(lambda: sum(stored_rows(controller, run_id).values()) > 200, 15, "some chunks")
-    (broker,) = child_processes("mosquitto")
-    broker.kill()
-    thread.join(60)
-
-    run = only_run(controller, campaign_id)
-    assert run.state == RunState.FAILED
-    assert "mosquitto" in run.reason and "exited" in run.reason
-    assert dataset_rows(controller, campaign_id, run_id) >= 200
-    assert child_processes("mqttbed.agents") == [] and child_processes("mosquitto") == []
+    assert child_processes(BROKER_PROCESS[backend]) == []
 
 
 def test_every_transition_is_recorded_in_order(controller, updates):
@@ -208,6 +241,7 @@ def test_agent_that_stops_heartbeating_is_lost_and_fails_the_run(controller, upd
 
     run = only_run(controller, campaign_id)
     assert run.state == RunState.FAILED
-    assert "lost: no heartbeat for 2.0 s" in run.reason
+    assert re.fullmatch(rf"agent lost: agent-\d+-{run_id}-a\d: no heartbeat for 2\.0 s",
+                        run.reason), run.reason
     assert dataset_rows(controller, campaign_id, run_id) >= 200
     assert child_processes("mqttbed.agents") == [] and child_processes("mosquitto") == []

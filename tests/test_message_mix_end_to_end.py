@@ -12,7 +12,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from mqttbed.analytics.results_files import read_stats_parquet
-from tests.test_spine_end_to_end import processes_matching, run_cli
+from tests.test_spine_end_to_end import assert_nothing_left, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,6 @@ SPEC = {
 
 def test_a_two_stream_mix_is_measured_and_reported_per_stream(tmp_path):
     data_dir = tmp_path / "data"
-    before = processes_matching("mqttbed.agents") | processes_matching("mosquitto")
     done, stats_path = run_cli(SPEC, tmp_path)
     stats = json.loads(stats_path.read_text())
 
@@ -98,5 +97,4 @@ def test_a_two_stream_mix_is_measured_and_reported_per_stream(tmp_path):
     assert 'id="streams"' in html and html.count("<td class=\"l\">mix/") == 2
     assert "plot-stream-latency-cdf" in html and "small, 100 B" in html
 
-    after = processes_matching("mqttbed.agents") | processes_matching("mosquitto")
-    assert after <= before
+    assert_nothing_left(done, tmp_path)

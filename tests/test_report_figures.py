@@ -125,3 +125,39 @@ def test_the_cloud_is_averaged_over_its_locations_against_locality():
     cloud = curves["cloud, mean over its locations"]
     assert cloud["x"] == [0, 100] and cloud["y"] == [75.0, 76.0]
     assert curves["mqtt-st (scenario=distributed)"]["y"] == [75.0, 1.0]
+
+
+def test_the_report_shows_partial_runs_and_points_and_the_scope_shortfall(controller):
+    """A failed run's figures and its point read as partial; a scope that made 8 of 20
+    acquisitions says so, in the scope table and above it."""
+    from mqttbed.analytics.results_files import write_stats
+    from mqttbed.api.report import render_report
+    from mqttbed.campaigns.spec import parse_spec
+    from mqttbed.controller.analysis import results_type
+
+    campaign_id = controller.engine.create_campaign(parse_spec(
+        {"name": "partial", "sweep": {"workload.messages": [100, 200]}}))
+    shortfall = {"latency_us": dist(90.0), "acquisitions": 8, "requested": 20, "shortfall": 12,
+                 "runs": [{"run_id": f"{campaign_id}-r0001", "acquisitions": 8,
+                           "requested": 20, "shortfall": 12}]}
+    points = [{**point(0, "mosquitto", 2, 1.0, 0.1), "runs": 0, "runs_failed": 1,
+               "partial": True},
+              point(1, "mosquitto", 2, 1.0, 0.1, scope=shortfall)]
+    clock = {"max_fraction_of_spread": 0.1, "flagged": False}
+    runs = [{"run_id": f"{campaign_id}-r0000", "point_index": 0, "repetition": 0,
+             "params": {}, "backend": "mosquitto", "state": "failed", "partial": True,
+             "reason": "agent lost: a0", "clock": clock, "sections": {}},
+            {"run_id": f"{campaign_id}-r0001", "point_index": 1, "repetition": 0,
+             "params": {}, "backend": "mosquitto", "state": "done", "clock": clock,
+             "sections": {}}]
+    document = results_type().model_validate({
+        "campaign": {"id": campaign_id}, "generated_at": datetime.now(UTC),
+        "points": points, "runs": runs})
+    write_stats(document, controller.layout.campaign_dir(campaign_id))
+
+    html = render_report(controller, campaign_id, standalone=False)
+    assert html.count('<span class="error partial"') == 2  # point 0 and run r0000
+    assert f"<td class=\"l\">{campaign_id}-r0000</td>" in html
+    assert ('id="scope-shortfall">The scope made fewer acquisitions\nthan asked for in 1 '
+            f"run(s), so their scope figures rest on fewer: {campaign_id}-r0001: 8 of 20") in html
+    assert "<td>8 of 20</td>" in html

@@ -48,19 +48,26 @@ def test_sampler_counts_children_cpu(tmp_path):
         time.sleep(8)
         """, tmp_path)
     try:
-        wait_for_children(parent.pid, 1)
+        wait_for_children(parent.pid, 1, timeout_s=10.0)
+        child = psutil.Process(parent.pid).children()[0]
+        used_before, started = sum(child.cpu_times()[:2]), time.monotonic()
         sampler = ProcessTreeSampler(parent.pid, interval_s=0.1)
         sampler.start()
         time.sleep(1.0)
         samples = sampler.stop()
+        # what the child really used over the window, by the kernel's own accounting: on
+        # a quiet machine ~100 %, on a loaded one less, so the check is relative to it
+        used_percent = ((sum(child.cpu_times()[:2]) - used_before)
+                        / (time.monotonic() - started) * 100)
     finally:
         parent.stop(timeout_s=1.0)
 
     assert max(s.processes for s in samples) == 2
     busy = [s.cpu_percent for s in samples if s.processes == 2]
     assert len(busy) >= 5
-    assert max(busy) > 50
-    assert sum(busy) / len(busy) > 50
+    assert used_percent > 5, used_percent
+    mean = sum(busy) / len(busy)
+    assert abs(mean - used_percent) < 0.5 * used_percent, (mean, used_percent)
 
 
 def test_sampler_keeps_bytes_of_children_that_exit(tmp_path):

@@ -50,8 +50,9 @@ def test_scope_campaign_runs_and_its_stats_carry_the_scope_section(scoped):
     (point,) = stats.points
     assert point.scope.acquisitions == scope["acquisitions"]
     assert [r.model_dump() for r in point.scope.runs] == [
-        {"run_id": run.id, "acquisitions": scope["acquisitions"],
-         "timeouts": scope["timeouts"], "error": None}]
+        {"run_id": run.id, "acquisitions": scope["acquisitions"], "requested": 6,
+         "shortfall": 6 - scope["acquisitions"], "timeouts": scope["timeouts"], "error": None}]
+    assert (point.scope.requested, point.scope.shortfall) == (6, 6 - scope["acquisitions"])
     assert point.scope.latency_us.p50 > 0
     # the software figures are still there, computed from software rows only
     assert point.deliveries_expected == 65 * 3

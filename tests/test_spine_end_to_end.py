@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pyarrow.dataset as ds
 import pytest
 import yaml
+
+from tests.conftest import processes_tagged, run_tagged
 
 pytestmark = pytest.mark.integration
 
@@ -25,30 +25,31 @@ SPEC = {
 }
 
 
-def processes_matching(part: str) -> set[int]:
-    found = set()
-    for proc in psutil.process_iter(["cmdline"]):
-        if part in " ".join(proc.info["cmdline"] or []):
-            found.add(proc.pid)
-    return found
-
-
 def run_cli(spec: dict, tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path]:
-    """Run ``mqttbed run`` on ``spec`` into ``tmp_path/data``; return it and its stats.json."""
+    """Run ``mqttbed run`` on ``spec`` into ``tmp_path/data``; return it and its stats.json.
+
+    Everything the run starts carries ``MQTTBED_TEST_TAG=<tmp_path>`` in its environment
+    (:func:`tests.conftest.run_tagged`); ``done.seen`` holds their command lines."""
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     cli = Path(sys.executable).with_name("mqttbed")
-    done = subprocess.run([str(cli), "run", str(spec_path), "--data-dir",
-                           str(tmp_path / "data")], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "COLUMNS": "200"})
+    done, seen = run_tagged([str(cli), "run", str(spec_path), "--data-dir",
+                             str(tmp_path / "data")], str(tmp_path), env={"COLUMNS": "200"})
     assert done.returncode == 0, done.stderr[-3000:]
+    done.seen = seen
     stats_line = next(line for line in done.stdout.splitlines() if line.startswith("stats:"))
     return done, Path(stats_line.split(":", 1)[1].strip())
 
 
+def assert_nothing_left(done: subprocess.CompletedProcess, tmp_path: Path) -> None:
+    """The run's broker and agents were seen by their tag while it ran, and none is left."""
+    assert any("mosquitto" in line for line in done.seen), done.seen
+    assert any("mqttbed.agents" in line for line in done.seen), done.seen
+    assert processes_tagged(str(tmp_path)) == set()
+
+
 def test_mqttbed_run_measures_a_two_point_sweep(tmp_path):
     data_dir = tmp_path / "data"
-    before = processes_matching("mqttbed.agents") | processes_matching("mosquitto")
     done, stats_path = run_cli(SPEC, tmp_path)
     # the statistics are computed before the campaign is done, as under `mqttbed serve`
     assert "runs ended; computing statistics with Spark" in done.stderr
@@ -94,5 +95,4 @@ def test_mqttbed_run_measures_a_two_point_sweep(tmp_path):
         assert len({r["agent_id"] for r in rows if r["kind"] == "subscribe"}) >= 2
 
     # nothing it started is left running
-    after = processes_matching("mqttbed.agents") | processes_matching("mosquitto")
-    assert after <= before
+    assert_nothing_left(done, tmp_path)

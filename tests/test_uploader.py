@@ -43,12 +43,28 @@ def test_unreachable_controller_keeps_the_events_and_says_why():
         port = s.getsockname()[1]
     with httpx.Client(base_url=f"http://127.0.0.1:{port}") as http:
         uploader = ChunkUploader(http, run_id="r", agent_id="a1", static_columns=STATIC,
-                                 chunk_events=10, interval_s=60, attempts=2)
+                                 chunk_events=10, interval_s=60, retry_for_s=0.25)
         for seq in range(25):
             uploader.record(publish_event(seq))
-        with pytest.raises(RuntimeError, match="chunk 0 upload failed"):
+        with pytest.raises(RuntimeError, match=r"chunk 0 upload failed for 0 s \(2 attempts\): "
+                                               r"ConnectError"):
             uploader.close()
-    assert uploader.buffered == 25 and uploader.chunks_sent == 0
+    # tried at once and after 0.1 s of backoff; the next, 0.2 s later, would pass the budget
+    assert uploader.buffered == 25 and uploader.chunks_sent == 0 and uploader.retries == 1
+
+
+def test_a_chunk_the_controller_cannot_store_is_not_retried(controller):
+    """A 4xx says retrying cannot help: the upload ends at once, naming the answer."""
+    token = controller.engine.ctx.agent_token
+    with httpx.Client(base_url=controller.url,
+                      headers={"authorization": f"Bearer {token}"}) as http:
+        uploader = ChunkUploader(http, run_id="no-such-run", agent_id="a1",
+                                 static_columns=STATIC, chunk_events=10, interval_s=60)
+        uploader.record(publish_event(0))
+        with pytest.raises(RuntimeError, match="chunk 0 upload refused: HTTP 404: no run "
+                                               "'no-such-run'"):
+            uploader.close()
+    assert uploader.buffered == 1 and uploader.retries == 0
 
 
 def test_a_new_clock_estimate_goes_with_the_events_recorded_after_it_only(controller):

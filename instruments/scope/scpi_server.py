@@ -158,6 +158,7 @@ class ScpiTcpServer:
         self.host = host
         self.port: int = self._listener.getsockname()[1]
         self._stopping = threading.Event()
+        self._silent = threading.Event()  # a hung instrument: reads, never answers
         self._lock = threading.Lock()
         self._clients: dict[socket.socket, threading.Thread] = {}
         self._acceptor = threading.Thread(target=self._accept, daemon=True,
@@ -179,6 +180,10 @@ class ScpiTcpServer:
         for connection, thread in clients.items():
             _shutdown(connection)
             thread.join(timeout_s)
+
+    def stop_answering(self) -> None:
+        """Behave like a hung instrument: keep every connection open, ignore what comes in."""
+        self._silent.set()
 
     def _accept(self) -> None:
         while not self._stopping.is_set():
@@ -206,6 +211,8 @@ class ScpiTcpServer:
                 if b"\n" not in buffer and len(buffer) > MAX_LINE_BYTES:
                     buffer += b"\n"  # an endless line is executed (and rejected) as is
                 *lines, buffer = buffer.split(b"\n")
+                if self._silent.is_set():
+                    continue
                 for raw in lines:
                     reply = self._execute(raw.decode("utf-8", "replace").strip("\r\x00 \t"))
                     if reply is not None:

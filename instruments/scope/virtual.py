@@ -137,6 +137,8 @@ class VirtualScope(ScpiInstrument):
         self._horizon_ns: int | None = None
         self._settings: dict[tuple[str, int | None], Any] = {}
         self._acquisition: _Acquisition | None = None
+        self.arms = 0       # :SINGle commands received
+        self.completed = 0  # acquisitions that completed
         self._reset()
         self.on("*IDN", lambda args, n: IDENTITY, query=True)
         self.on("*OPC", lambda args, n: "1", query=True)
@@ -160,6 +162,10 @@ class VirtualScope(ScpiInstrument):
     def stop(self) -> None:
         """Disconnect clients and stop the server threads."""
         self._server.stop()
+
+    def stop_answering(self) -> None:
+        """Simulate a hung instrument: connections stay open, no command is answered."""
+        self._server.stop_answering()
 
     def __enter__(self) -> VirtualScope:
         return self.start()
@@ -230,6 +236,7 @@ class VirtualScope(ScpiInstrument):
 
     def _arm(self) -> None:
         now = monotonic_ns()
+        self.arms += 1
         scale_ns = round(self._setting(_SCALE) * 1e9)
         centre_ns = round(self._setting(_OFFSET) * 1e9)
         self._settings[(_SWEEP, None)] = "SINGle"
@@ -257,6 +264,7 @@ class VirtualScope(ScpiInstrument):
             if acquisition.trigger_ns is not None and \
                     self._horizon_ns >= acquisition.trigger_ns + acquisition.record_end_ns:
                 acquisition.complete = True
+                self.completed += 1
         if acquisition.complete:
             return "STOP"
         return "WAIT" if acquisition.trigger_ns is None else "TD"
