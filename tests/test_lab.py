@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from mqttbed.api.report import render_report
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.analysis import load_results
 from mqttbed.controller.controller import create_controller
@@ -123,6 +124,7 @@ def test_lab_hosts_are_provisioned_run_a_campaign_and_are_removed(lab, tmp_path)
         with controller.sessions() as s:
             (run,) = s.query(RunRow).filter_by(campaign_id=campaign_id).all()
         results = load_results(controller.layout, campaign_id)
+        report = render_report(controller, campaign_id, standalone=True)
     print(f"campaign done after {time.monotonic() - started:.1f} s")
     assert sorted(run.run_metadata["agent_hosts"].values()) == ["lab-a", "lab-b"]
     assert run.run_metadata["host"] == "lab-broker"
@@ -140,8 +142,14 @@ def test_lab_hosts_are_provisioned_run_a_campaign_and_are_removed(lab, tmp_path)
         assert clock.offset_uncertainty_us_max is not None
         assert 0 < clock.offset_uncertainty_us_max < 1_000_000   # half an HTTP round trip
         assert clock.estimates is not None and clock.estimates >= 2   # re-probed in the run
+    print(json.dumps({agent: clock.model_dump() for agent, clock in agents.items()}))
+    # the report shows them too, one row per agent
+    table = report[report.index('<table id="agent-clocks">'):]
+    table = table[:table.index("</table>")]
+    assert table.count("<td class=\"l\">ntp</td><td class=\"l\">none</td>") == 2
     # the broker was sampled on its host and the samples came back
     assert point.broker.samples > 0 and point.broker.rss_bytes_max > 0
+    print(point.broker.model_dump())
 
     removed = mqttbed("lab", "remove", *HOSTS, data_dir=data)
     assert removed.stdout.splitlines() == [f"{name}: removed" for name in HOSTS]
