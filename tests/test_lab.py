@@ -54,11 +54,11 @@ def lab(tmp_path_factory):
     assert [pid for pid in sshd_pids if Path(f"/proc/{pid}").exists()] == []
 
 
-def mqttbed(*args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
+def mqttbed(*args: str, data_dir: Path, ok: bool = True) -> subprocess.CompletedProcess[str]:
     done = subprocess.run([MQTTBED, *args, "--data-dir", str(data_dir)], capture_output=True,
                           text=True, timeout=240, env={**os.environ, "MQTTBED_LAB_WHEELS":
                                                        str(WHEEL_CACHE)})
-    assert done.returncode == 0, done.stderr + done.stdout
+    assert (done.returncode == 0) == ok, done.stderr + done.stdout
     return done
 
 
@@ -82,7 +82,18 @@ def test_lab_hosts_are_provisioned_run_a_campaign_and_are_removed(lab, tmp_path)
     assert pinned == sorted(f"{h.address} {h.known_hosts_key}" for h in lab.hosts.values())
 
     print(f"provisioned after {time.monotonic() - started:.1f} s")
+    # a host nobody answers for is recorded as failed, with why
+    nobody = f"root@{broker_host.address}:2222"
+    failed = mqttbed("lab", "provision", "--no-agent", *access, f"lab-x={nobody}",
+                     data_dir=data, ok=False)
+    assert failed.stderr.startswith("mqttbed lab provision: lab-x: SSH to lab-x failed: ")
+    assert "Connection refused" in failed.stderr or "Unable to connect" in failed.stderr
+
     status = json.loads(mqttbed("lab", "status", "--json", data_dir=data).stdout)
+    (unreachable,) = [entry for entry in status if entry["name"] == "lab-x"]
+    assert unreachable["state"] == "failed" and unreachable["answers"].startswith(
+        "unreachable: SSH to lab-x failed")
+    status.remove(unreachable)
     assert [(s["name"], s["state"], s["answers"]) for s in status] == [
         ("lab-a", "provisioned", "mqttbed 0.1.0"), ("lab-b", "provisioned", "mqttbed 0.1.0"),
         ("lab-broker", "provisioned", "reachable, no agent")]
@@ -113,7 +124,9 @@ def test_lab_hosts_are_provisioned_run_a_campaign_and_are_removed(lab, tmp_path)
         for hosts, error in (
                 ([{"name": "lab-a"}, {"name": "pi-07"}],
                  r"agents.hosts\[1\].name: no lab host named 'pi-07'; known: lab-a, lab-b, "
-                 r"lab-broker"),
+                 r"lab-broker, lab-x"),
+                ([{"name": "lab-x"}], r"agents.hosts\[0\].name: lab host 'lab-x' is failed: "
+                                      r"SSH to lab-x failed"),
                 ([{"name": "lab-broker"}], r"agents.hosts\[0\].name: lab host 'lab-broker' "
                                            r"has no agent")):
             with pytest.raises(SpecError, match=error):
@@ -153,6 +166,9 @@ def test_lab_hosts_are_provisioned_run_a_campaign_and_are_removed(lab, tmp_path)
 
     removed = mqttbed("lab", "remove", *HOSTS, data_dir=data)
     assert removed.stdout.splitlines() == [f"{name}: removed" for name in HOSTS]
+    refused = mqttbed("lab", "remove", "lab-x", data_dir=data, ok=False)
+    assert "`mqttbed lab remove --forget lab-x` drops the record" in refused.stderr
+    mqttbed("lab", "remove", "--forget", "lab-x", data_dir=data)
     for host in lab.hosts.values():
         assert not (Path(host.home) / ".mqttbed").exists()
     sessions = open_database(database_url(data))
