@@ -461,6 +461,10 @@ class CampaignSpec(_Strict):
     network: Network = Field(default_factory=Network)
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
     repetitions: int = Field(1, ge=1, le=10_000)
+    retries: int = Field(
+        1, ge=0, le=10,
+        description="how many times a run interrupted by its controller stopping or dying "
+                    "is run again (a new attempt of the same run); failed runs are not")
     report: ReportOptions = Field(default_factory=ReportOptions)
 
     scenarios: list[dict[str, Any]] = Field(

@@ -53,6 +53,9 @@ class RunRow(Base):
     ordinal: Mapped[int] = mapped_column(Integer)
     point_index: Mapped[int] = mapped_column(Integer)
     repetition: Mapped[int] = mapped_column(Integer)
+    # 0 for the first; a run interrupted by its controller is run again as attempt 1, 2 ...
+    # (a row of its own, same ordinal), the interrupted row kept (engine.RunEngine.retry).
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     params: Mapped[dict[str, Any]]
     spec: Mapped[dict[str, Any]]
     state: Mapped[str] = mapped_column(String(16))

@@ -61,6 +61,8 @@ class Register(Message):
 class Registered(Message):
     agent_id: PlainName
     heartbeat_interval_s: float
+    # The agent exits once the controller has not answered for this long (it is gone).
+    heartbeat_timeout_s: float = 3.0
     controller_boot_id: str | None = None  # same as the agent's: one clock, no offset
 
 
@@ -169,6 +171,7 @@ class Assignment(Message):
     window_ns: int = 0  # publishing window of the whole run, from the start time
     connect_timeout_s: float = 30.0
     drain_s: float = 1.0
+    heartbeat_timeout_s: float = 3.0  # the spec's timing.heartbeat_timeout_s, both ways
 
 
 class Subscribe(Message):
