@@ -143,6 +143,10 @@ class Wheels:
             except LabError:
                 self._log(f"wheelhouse {house}: fetching what the agent needs from the index")
                 _pip([*base, requirement], "fill the wheelhouse from the package index")
+            # pip copies mqttbed's wheel in too: an older build under the same file name
+            # must never be taken for the current one
+            for copied in house.glob("mqttbed-*.whl"):
+                copied.unlink()
             self._houses[key] = house
             return house
 
@@ -284,8 +288,8 @@ class Lab:
         same_platform = (info["machine"] == platform.machine()
                          and tuple(info["python"][:2]) == sys.version_info[:2])
         wheel = self.wheels.mqttbed_wheel()
-        files = (sorted(self.wheels.wheelhouse(extras).glob("*.whl")) if same_platform
-                 else [wheel])
+        files = [wheel, *(sorted(self.wheels.wheelhouse(extras).glob("*.whl"))
+                          if same_platform else [])]
         ssh.run(["mkdir", "-p", f"{remote}/wheelhouse"], "create its wheelhouse")
         present = set(ssh.run(["ls", f"{remote}/wheelhouse"], "list its wheelhouse").split())
         copied = 0
