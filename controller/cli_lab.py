@@ -39,7 +39,7 @@ def _lab(args: argparse.Namespace) -> int:
             for entry in [] if args.json else entries:
                 facts, clock = entry["facts"] or {}, (entry["facts"] or {}).get("clock") or {}
                 print(f"{entry['name']:16} {entry['destination']:28} {entry['state']:12} "
-                      f"{entry['answers']}")
+                      f"{entry['answers']}" + (f" ({entry['build']})" if entry["build"] else ""))
                 if facts:
                     print(f"{'':16} {facts.get('model') or facts.get('machine')}, kernel "
                           f"{facts.get('kernel')}, Python {facts.get('python')}, GPIO "

@@ -15,6 +15,7 @@ Specs name provisioned hosts (``agents.hosts: [{name: pi-07}]``);
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 import re
@@ -110,6 +111,15 @@ class Wheels:
                 self._wheel = self._build()
             return self._wheel
 
+    def build_id(self) -> str | None:
+        """What this controller would install: its sources' digest (or the given wheel's)."""
+        if self._wheel is not None and self._wheel.parent.parent != self.cache_dir / "dist":
+            return hashlib.sha256(self._wheel.read_bytes()).hexdigest()[:16]
+        try:
+            return _source_digest(self.source or _source_tree())
+        except LabError:
+            return None
+
     def _build(self) -> Path:
         """Build from the source tree, unless a wheel of the very same sources is cached."""
         source = self.source or _source_tree()
@@ -159,7 +169,6 @@ NOT_SOURCE = {".venv", "build", "data", "tests", ".git", "test-artifacts", "docs
 
 def _source_digest(root: Path) -> str:
     """A hash of the files a wheel is built from (names and contents), 16 hex digits."""
-    import hashlib
     import os
 
     digest = hashlib.sha256()
@@ -321,6 +330,8 @@ class Lab:
         row.version = printed.split()[1]
         row.facts = json.loads(ssh.run([f"{venv}/bin/python", "-m", "mqttbed.agents.facts"],
                                        "record its facts"))
+        # the version number stays 0.1.0 while the code moves on: the build says which
+        row.facts["build"] = self.wheels.build_id()
         self._log(f"{row.name}: mqttbed {row.version} in {venv}; {_summary(row.facts)}")
 
     def _save(self, row: LabHostRow, reason: str | None) -> LabHostRow:
@@ -347,7 +358,9 @@ class Lab:
         return [rows[name] for name in names] if names else list(rows.values())
 
     def status(self, names: list[str]) -> list[dict[str, Any]]:
-        """Each host's record and whether its agent answers now (over SSH)."""
+        """Each host's record, whether its agent answers now (over SSH), and whether it
+        runs this controller's build (an agent of another build may not speak its protocol)."""
+        current = self.wheels.build_id()
         result = []
         for row in self._rows(names):
             argv = ([f"{row.remote_dir}/venv/bin/mqttbed", "agent", "--version"] if row.extras
@@ -360,9 +373,13 @@ class Lab:
                     ssh.close()
             except SshError as exc:
                 live = f"unreachable: {exc}"
+            installed = (row.facts or {}).get("build")
+            build = (None if not row.extras or row.state != "provisioned" else
+                     "current" if installed and installed == current else
+                     "outdated: mqttbed lab upgrade installs this controller's")
             result.append({"name": row.name, "destination": row.destination,
                            "state": row.state, "version": row.version, "answers": live,
-                           "reason": row.reason, "facts": row.facts})
+                           "build": build, "reason": row.reason, "facts": row.facts})
         return result
 
     def remove(self, names: list[str], forget_only: bool = False) -> list[str]:

@@ -97,6 +97,7 @@ def test_lab_hosts_are_provisioned_run_a_campaign_and_are_removed(lab, tmp_path)
     assert [(s["name"], s["state"], s["answers"]) for s in status] == [
         ("lab-a", "provisioned", "mqttbed 0.1.0"), ("lab-b", "provisioned", "mqttbed 0.1.0"),
         ("lab-broker", "provisioned", "reachable, no agent")]
+    assert [s["build"] for s in status] == ["current", "current", None]
     for entry in status:
         facts = entry["facts"]
         assert facts["python"].startswith(f"{sys.version_info[0]}.{sys.version_info[1]}.")
