@@ -6,7 +6,7 @@ EXTRAS := agent,controller,analytics,p4,dev
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: install system-deps test rtl-test lint fuzz demo bench docs clean
+.PHONY: install system-deps test rtl-test lint fuzz demo bench docs clean lab-up lab-down
 
 install: system-deps $(VENV)/.installed
 
@@ -50,6 +50,16 @@ bench: install
 
 docs: install   # the published JSON schema of the results document
 	$(VENV)/bin/mqttbed schema stats > docs/stats.schema.json
+
+# A lab on this machine: LAB_HOSTS network namespaces with their own sshd on a private
+# bridge (python -m mqttbed.network.lab); it prints how to provision them. Needs root.
+LAB_HOSTS ?= 2
+LAB_DIR ?= data/lab
+lab-up: install
+	$(PY) -m mqttbed.network.lab up --hosts $(LAB_HOSTS) --dir $(LAB_DIR)
+
+lab-down:
+	$(PY) -m mqttbed.network.lab down --dir $(LAB_DIR)
 
 clean:
 	rm -rf $(VENV) data build *.egg-info .pytest_cache

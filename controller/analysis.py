@@ -67,6 +67,7 @@ def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: st
                     warmup_messages=r.spec["workload"]["warmup_messages"],
                     max_clock_uncertainty_fraction=r.spec.get("measurement", {}).get(
                         "max_clock_uncertainty_fraction", 0.1),
+                    agent_clocks=(r.run_metadata or {}).get("agent_clocks", {}),
                     mode=r.spec["workload"].get("mode", "pubsub"),
                     scope=_scope_run(r), streams=_streams(r.spec), **_fault(r)) for r in rows]
     stats = compute_campaign_stats(

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     DateTime,
     ForeignKey,
     Integer,
@@ -111,6 +112,26 @@ class TokenRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime | None]     # None: never
     revoked_at: Mapped[datetime | None]
+
+
+class LabHostRow(Base):
+    """A lab machine provisioned with ``mqttbed lab provision``; specs name it."""
+
+    __tablename__ = "lab_hosts"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    destination: Mapped[str] = mapped_column(String(300))   # user@address, as for ssh
+    ssh_port: Mapped[int | None] = mapped_column(Integer)
+    key_filename: Mapped[str | None] = mapped_column(Text)
+    known_hosts: Mapped[str | None] = mapped_column(Text)
+    trust_new: Mapped[bool] = mapped_column(Boolean, default=False)
+    remote_dir: Mapped[str] = mapped_column(Text)           # holds venv/ and wheelhouse/
+    extras: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))          # provisioned | failed
+    version: Mapped[str | None] = mapped_column(String(64))
+    facts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    reason: Mapped[str | None] = mapped_column(Text)
+    provisioned_at: Mapped[datetime | None]
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 
 def database_url(data_dir: Path) -> str:

@@ -33,9 +33,10 @@ from mqttbed.controller.assignments import (
     run_window_ns,
     subscribe_turns,
 )
-from mqttbed.controller.db import CampaignRow, RunRow, TransitionRow, utcnow
+from mqttbed.controller.db import CampaignRow, LabHostRow, RunRow, TransitionRow, utcnow
 from mqttbed.controller.documents import CampaignUpdate, DocumentStream, RunUpdate
 from mqttbed.controller.impaired_links import ImpairedLinks, has_impaired_clients
+from mqttbed.controller.lab import REMOTE_BACKENDS, resolve_named_hosts, target_of
 from mqttbed.controller.registry import AgentRegistry, RunInbox
 from mqttbed.controller.scope_recorder import ScopeRecorder
 from mqttbed.controller.states import (
@@ -55,6 +56,7 @@ from mqttbed.core.errors import RunFailed
 from mqttbed.core.host import Host
 from mqttbed.core.process_journal import reap_stale as reap_processes
 from mqttbed.core.protocol import Endpoint, Shutdown, StartAt, Subscribe
+from mqttbed.core.ssh import SshError, SshHost
 from mqttbed.network.topology import reap_stale
 
 log = logging.getLogger("mqttbed.engine")
@@ -94,6 +96,7 @@ class _LiveRun:
     pool: AgentPool | None = None
     recorder: ScopeRecorder | None = None
     links: ImpairedLinks | None = None
+    broker_host: SshHost | None = None   # the lab host the broker runs on, if not here
     active: list[str] = field(default_factory=list)
 
 
@@ -138,6 +141,7 @@ class RunEngine:
 
     def create_campaign(self, spec: CampaignSpec) -> str:
         """Store the campaign and its planned runs (state queued); return the campaign id."""
+        spec = resolve_named_hosts(spec, self.ctx.sessions)   # lab hosts named in the spec
         campaign_id = new_id("c")
         planned = plan_runs(spec)
         with self.ctx.sessions() as s:
@@ -358,6 +362,8 @@ class RunEngine:
             if live.recorder is not None:
                 live.recorder.stop()
             self._teardown(live.pool, live.sites, live.backend, live.links)
+            if live.broker_host is not None:
+                live.broker_host.close()
             self.ctx.registry.close_inbox(run.id)
             if live.recorder is not None:
                 # A failed run keeps the acquisitions it made, like every other event; a
@@ -374,9 +380,10 @@ class RunEngine:
         live.backend = create_backend(spec.broker.backend)
         if (prepare := getattr(live.backend, "prepare", None)) is not None:
             prepare(spec.workload)
-        endpoint = live.backend.deploy(spec.broker.options(), self.ctx.host)
+        host = self._broker_host(spec, live)
+        endpoint = live.backend.deploy(spec.broker.options(), host)
         run.run_metadata = {"broker": live.backend.metadata(),
-                            "endpoint": endpoint.model_dump(), "host": self.ctx.host.name}
+                            "endpoint": endpoint.model_dump(), "host": host.name}
         placement = None
         if has_impaired_clients(spec):
             live.sites, placement = self._impaired_sites(run, live, endpoint)
@@ -424,6 +431,24 @@ class RunEngine:
                                     for a, r in ready.items()}
         if live.recorder is not None:
             live.recorder.set_clocks({a: r.clock for a, r in ready.items()})
+
+    def _broker_host(self, spec: CampaignSpec, live: _LiveRun) -> Host:
+        """Where the broker runs: the lab host ``broker.host`` names, or this machine."""
+        if spec.broker.host is None:
+            return self.ctx.host
+        if spec.broker.backend not in REMOTE_BACKENDS:
+            raise RunFailed(f"broker.host {spec.broker.host!r}: backend {spec.broker.backend} "
+                            f"runs on this machine only; on a lab host: "
+                            f"{', '.join(REMOTE_BACKENDS)}")
+        with self.ctx.sessions() as s:
+            row = s.get(LabHostRow, spec.broker.host)
+        if row is None:
+            raise RunFailed(f"broker.host: no lab host named {spec.broker.host!r}")
+        try:
+            live.broker_host = SshHost(target_of(row), name=row.name)
+        except SshError as exc:
+            raise RunFailed(f"broker.host: {exc}") from exc
+        return live.broker_host
 
     def _agent_sites(self, spec: CampaignSpec, backend: BrokerBackend) -> tuple[AgentSites, str]:
         """Where the agents run and the controller URL they use: the backend's placement

@@ -65,3 +65,25 @@ def test_a_chunk_the_controller_cannot_store_is_not_retried(controller):
                                                "'no-such-run'"):
             uploader.close()
     assert uploader.buffered == 1 and uploader.retries == 0
+
+
+def test_a_new_clock_estimate_goes_with_the_events_recorded_after_it_only(controller):
+    campaign_id = controller.engine.create_campaign(parse_spec({"name": "drift"}))
+    run_id = f"{campaign_id}-r0000"
+    token = controller.engine.ctx.agent_token
+    with httpx.Client(base_url=controller.url,
+                      headers={"authorization": f"Bearer {token}"}) as http:
+        uploader = ChunkUploader(http, run_id=run_id, agent_id="a1", static_columns=STATIC,
+                                 chunk_events=100, interval_s=60)
+        for seq in range(5):
+            uploader.record(publish_event(seq))
+        uploader.update_constants({"clock_offset_ns": 7_000,
+                                   "clock_offset_uncertainty_ns": 900})
+        for seq in range(5, 8):
+            uploader.record(publish_event(seq))
+        assert uploader.close() == 2   # the update flushed the first five on their own
+    table = ds.dataset(controller.layout.run_events(campaign_id, run_id)).to_table()
+    by_seq = sorted(zip(table["seq"].to_pylist(), table["clock_offset_ns"].to_pylist(),
+                        table["clock_offset_uncertainty_ns"].to_pylist(), strict=True))
+    assert by_seq == [(seq, 0, 0) for seq in range(5)] + [(seq, 7_000, 900)
+                                                        for seq in range(5, 8)]
