@@ -37,6 +37,8 @@ from mqttbed.core.tls import CA_FILE_HINT, TlsSetupError, client_verify, is_untr
 
 log = logging.getLogger("mqttbed.agent")
 
+EXIT_CONTROLLER_LOST = 5  # the controller stopped answering for the heartbeat timeout
+
 
 class Agent:
     """One agent's life: register, heartbeat, obey commands."""
@@ -58,6 +60,8 @@ class Agent:
         self._runners: dict[str, AssignmentRunner] = {}
         self.agent_id = ""
         self._heartbeat_s = 0.5
+        self._controller_timeout_s = 3.0
+        self._last_answer_ns = monotonic_ns()  # the controller's last 2xx answer
 
     def register(self) -> None:
         hello = Register(name=self._name, hostname=socket.gethostname(), pid=os.getpid(),
@@ -70,6 +74,8 @@ class Agent:
         registered = Registered.model_validate_json(response.content)
         self.agent_id = registered.agent_id
         self._heartbeat_s = registered.heartbeat_interval_s
+        self._controller_timeout_s = registered.heartbeat_timeout_s
+        self._last_answer_ns = monotonic_ns()
         self._controller_boot_id = registered.controller_boot_id
 
     def _heartbeat_loop(self) -> None:
@@ -79,9 +85,27 @@ class Agent:
             try:
                 self._http.post(f"/agent/v1/agents/{self.agent_id}/heartbeat",
                                 content=beat.model_dump_json(),
-                                headers={"content-type": "application/json"}, timeout=5.0)
+                                headers={"content-type": "application/json"},
+                                timeout=min(5.0, self._controller_timeout_s)
+                                ).raise_for_status()
+                self._last_answer_ns = monotonic_ns()
             except httpx.HTTPError as exc:
                 log.warning("heartbeat failed: %s", exc)
+            silent_s = (monotonic_ns() - self._last_answer_ns) / 1e9
+            if silent_s > self._controller_timeout_s:
+                self._controller_lost(silent_s)
+
+    def _controller_lost(self, silent_s: float) -> None:
+        """The controller is gone (killed, or a new one that does not know this agent):
+        abort the runs and exit, rather than run on as an orphan nobody will stop."""
+        log.error("controller %s silent for %.1f s (timeout %.1f s): exiting",
+                  self._http.base_url, silent_s, self._controller_timeout_s)
+        self._stop.set()
+        for runner in list(self._runners.values()):
+            runner.abort("controller lost")
+            runner.join(2.0)
+        # The main thread may sit in a long poll to an unreachable address: do not wait.
+        os._exit(EXIT_CONTROLLER_LOST)
 
     def serve(self) -> None:
         """Register, then obey commands until told to shut down."""
@@ -96,6 +120,7 @@ class Agent:
                 log.warning("command poll failed: %s", exc)
                 self._stop.wait(0.5)
                 continue
+            self._last_answer_ns = monotonic_ns()
             for command in Commands.model_validate_json(response.content).commands:
                 self._obey(command)
         for runner in list(self._runners.values()):
@@ -106,6 +131,7 @@ class Agent:
         if isinstance(command, Assignment):
             if command.run_id in self._runners:
                 return  # a repeated assignment: the run is already under way
+            self._controller_timeout_s = command.heartbeat_timeout_s
             runner = AssignmentRunner(self._http, self.agent_id, command, self._gpio,
                                       on_finished=lambda: self._runners.pop(command.run_id, None),
                                       controller_boot_id=self._controller_boot_id)

@@ -8,15 +8,24 @@ from __future__ import annotations
 
 import argparse
 import socket
+from importlib.metadata import PackageNotFoundError, version
 
 from mqttbed.agents.gpio import BACKENDS  # gpio imports its device libraries lazily
 from mqttbed.core.settings import AgentSettings
 from mqttbed.core.tls import add_ca_file_option
 
 
+def _version() -> str:
+    try:
+        return version("mqttbed")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """Add the agent's options to ``parser`` (a subcommand of ``mqttbed``) or a new one."""
     parser = parser or argparse.ArgumentParser(prog="mqttbed agent")
+    parser.add_argument("--version", action="version", version=f"mqttbed {_version()}")
     settings = AgentSettings.load()
     parser.add_argument("--controller", required=True,
                         help="controller URL, e.g. http://host:8000 or https://host:8443")

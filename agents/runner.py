@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import httpx
 
-from mqttbed.agents.clock_sync import estimate_offset
+from mqttbed.agents.clock_sync import TRACKING_PROBES, ClockTracker, estimate_offset
 from mqttbed.agents.gpio import GpioLines, toggle_cost_ns
 from mqttbed.agents.mqtt_session import MqttSession
 from mqttbed.agents.uploader import ChunkUploader
@@ -100,14 +100,14 @@ class AssignmentRunner:
         base = f"/agent/v1/runs/{a.run_id}"
         session = None
         uploader = None
+        tracker = None
         try:
             self._clock = estimate_offset(self._http, self._controller_boot_id,
                                           a.force_clock_probe)
             uploader = ChunkUploader(
                 self._http, run_id=a.run_id, agent_id=self._agent_id,
                 static_columns={"agent_id": self._agent_id,
-                                "clock_offset_ns": self._clock.offset_ns,
-                                "clock_offset_uncertainty_ns": self._clock.uncertainty_ns},
+                                **_clock_columns(self._clock)},
                 chunk_events=a.chunk_events, interval_s=a.chunk_interval_s,
                 edges=self._gpio.edges)
             session = self._session = MqttSession(a.broker, a.clients, self._gpio,
@@ -138,12 +138,23 @@ class AssignmentRunner:
             if self._aborted.is_set():
                 return
             assert self._start_ns is not None
+            if self._clock.method != "same-clock" and a.clock_probe_interval_s > 0:
+                # Clocks drift apart during a run: each re-estimate goes with the events
+                # recorded after it (the uploader flushes the earlier ones first).
+                tracker = ClockTracker(
+                    lambda: estimate_offset(self._http, self._controller_boot_id,
+                                            a.force_clock_probe, probes=TRACKING_PROBES),
+                    a.clock_probe_interval_s,
+                    lambda clock: uploader.update_constants(_clock_columns(clock)))
+                tracker.start()
             session.run(self._start_ns, self._deadline_ns(self._start_ns),
                         abort=lambda: self._aborted.is_set() or uploader.error is not None,
                         # closed loop: publish for the window, then drain (open loop keeps
                         # sending late messages until the deadline: they are measured)
                         t_publish_end_ns=self._start_ns + a.window_ns
                         if any(c.closed_loop for c in a.clients) else None)
+            if tracker is not None:
+                tracker.stop()
             if uploader.error is not None:
                 raise RuntimeError(uploader.error)
             published, received = session.counts()
@@ -167,6 +178,8 @@ class AssignmentRunner:
                 log.error("run %s failed and the controller was not told (%s): %s",
                           a.run_id, post_error, reason)
         finally:
+            if tracker is not None:
+                tracker.stop()
             # An aborted run flushes here too (closing twice sends nothing twice); a run
             # the controller has already ended cannot hear of a loss, so the log keeps it.
             if uploader is not None and (lost := _flush_for_good(uploader)):
@@ -178,6 +191,12 @@ class AssignmentRunner:
     def _deadline_ns(self, start_ns: int) -> int:
         """End of the run's publishing window plus the drain time for late deliveries."""
         return start_ns + self.assignment.window_ns + int(self.assignment.drain_s * 1e9)
+
+
+def _clock_columns(clock: ClockEstimate) -> dict[str, int]:
+    """The event columns an offset estimate sets."""
+    return {"clock_offset_ns": clock.offset_ns,
+            "clock_offset_uncertainty_ns": clock.uncertainty_ns}
 
 
 def _flush_for_good(uploader: ChunkUploader) -> str | None:

@@ -98,36 +98,47 @@ class ChunkUploader:
             except RuntimeError:
                 return  # ``error`` says why; the runner aborts the run on it
 
+    def update_constants(self, columns: dict[str, Any]) -> None:
+        """Set columns for the events recorded from now on; those before keep the old ones."""
+        with self._flush_lock:
+            try:
+                self._flush_locked()
+            finally:
+                self._static = {**self._static, **columns}
+
     def _flush(self) -> None:
+        with self._flush_lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
         # Send what is buffered now, not what keeps arriving meanwhile: a flush that chased
         # the live buffer would post a stream of tiny chunks for the whole run.
-        with self._flush_lock:
-            with self._buffer_lock:
-                pending, self._buffer = self._buffer, []
-            # GPIO edges ride with the first chunk of a flush; a flush without events still
-            # sends them, since the virtual scope waits for every line's edges.
-            edges_until = monotonic_ns()
-            edges = self._edges()
-            for start in range(0, max(len(pending), 1 if edges else 0), self._chunk_events):
-                rows = pending[start:start + self._chunk_events]
-                columns = [list(c) for c in zip(*rows, strict=True)] or [[] for _ in _RAW_COLUMNS]
-                edge_columns = None
-                if start == 0 and edges:
-                    pins, times, levels = (list(c) for c in zip(*edges, strict=True))
-                    edge_columns = {"pin": pins, "t_ns": times, "level": levels}
-                # Built unvalidated: the controller validates it, and this machine measures.
-                chunk = ResultChunk.model_construct(
-                    run_id=self._run_id, agent_id=self._agent_id, seq=self.chunks_sent,
-                    columns=dict(zip(_RAW_COLUMNS, columns, strict=True)),
-                    constants=self._static, edges=edge_columns,
-                    edges_until_ns=edges_until if edge_columns else None)
-                try:
-                    self._post(chunk)
-                except RuntimeError:
-                    with self._buffer_lock:  # keep the unsent events, in order
-                        self._buffer[:0] = pending[start:]
-                    raise
-                self.chunks_sent += 1
+        with self._buffer_lock:
+            pending, self._buffer = self._buffer, []
+        # GPIO edges ride with the first chunk of a flush; a flush without events still
+        # sends them, since the virtual scope waits for every line's edges.
+        edges_until = monotonic_ns()
+        edges = self._edges()
+        for start in range(0, max(len(pending), 1 if edges else 0), self._chunk_events):
+            rows = pending[start:start + self._chunk_events]
+            columns = [list(c) for c in zip(*rows, strict=True)] or [[] for _ in _RAW_COLUMNS]
+            edge_columns = None
+            if start == 0 and edges:
+                pins, times, levels = (list(c) for c in zip(*edges, strict=True))
+                edge_columns = {"pin": pins, "t_ns": times, "level": levels}
+            # Built unvalidated: the controller validates it, and this machine measures.
+            chunk = ResultChunk.model_construct(
+                run_id=self._run_id, agent_id=self._agent_id, seq=self.chunks_sent,
+                columns=dict(zip(_RAW_COLUMNS, columns, strict=True)),
+                constants=self._static, edges=edge_columns,
+                edges_until_ns=edges_until if edge_columns else None)
+            try:
+                self._post(chunk)
+            except RuntimeError:
+                with self._buffer_lock:  # keep the unsent events, in order
+                    self._buffer[:0] = pending[start:]
+                raise
+            self.chunks_sent += 1
 
     def _post(self, chunk: ResultChunk) -> None:
         body = json.dumps({**vars(chunk), "protocol_version": PROTOCOL_VERSION},

@@ -115,12 +115,26 @@ class TimeSync(_Block):
     between_subscribers_p99_us: float | None = None
 
 
+class AgentClock(_Block):
+    """One agent's clock in a run: where its offset came from and how good it was."""
+
+    method: str = Field(description="same-clock, ntp (HTTP probes), chrony or ptp")
+    discipline: str = Field("none", description="the agent machine's: chrony, ptp or none")
+    discipline_error_us: float | None = Field(None, description="its bound, when synchronised")
+    offset_uncertainty_us_max: float | None = Field(
+        None, description="the largest uncertainty any of its events carries")
+    offset_drift_us: float | None = Field(
+        None, description="max - min of its offset estimates during the run")
+    estimates: int | None = Field(None, description="offset estimates its events carry")
+
+
 class RunClock(_Block):
     """How far a run's clocks can be trusted against the spread it measured."""
 
     offset_uncertainty_us_max: float | None = None
     max_fraction_of_spread: float
     flagged: bool
+    agents: dict[str, AgentClock] = Field(default_factory=dict)
 
 
 class Generator(_Block):

@@ -73,6 +73,27 @@ def clock_uncertainty_us(software: DataFrame) -> dict[str, float]:
     return {row["run_id"]: _number(row["u"] / 1000.0) for row in rows if row["u"] is not None}
 
 
+def agent_clocks(software: DataFrame) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per run and agent: the largest offset uncertainty of its events, how far its
+    offset estimates moved during the run (drift), and how many estimates it used."""
+    from pyspark.sql import functions as F
+
+    rows = (software.groupBy("run_id", "agent_id")
+            .agg(F.max("clock_offset_uncertainty_ns").alias("u"),
+                 F.min("clock_offset_ns").alias("lo"), F.max("clock_offset_ns").alias("hi"),
+                 F.countDistinct("clock_offset_ns", "clock_offset_uncertainty_ns")
+                 .alias("estimates")).collect())
+    result: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        if row["u"] is None:
+            continue
+        result.setdefault(row["run_id"], {})[row["agent_id"]] = {
+            "offset_uncertainty_us_max": _number(row["u"] / 1000.0),
+            "offset_drift_us": _number((row["hi"] - row["lo"]) / 1000.0),
+            "estimates": int(row["estimates"])}
+    return result
+
+
 def time_sync_errors(software: DataFrame, levels: DataFrame) -> dict[LevelKey, dict[str, Any]]:
     """Per level: each subscriber's clock error after adopting the time server's timestamp."""
     from pyspark.sql import functions as F

@@ -11,7 +11,7 @@ are in :mod:`mqttbed.analytics.figures`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,7 @@ from mqttbed.analytics.figures import (
 )
 from mqttbed.analytics.results import CampaignStats, ScopeRun, results_model
 from mqttbed.analytics.scope import (
+    agent_clocks,
     clock_uncertainty_us,
     scope_figures,
     split_by_clock,
@@ -72,6 +73,8 @@ class RunInfo:
     warmup_messages: int = 0
     # Flag the run when its clocks' uncertainty exceeds this fraction of its spread (p50).
     max_clock_uncertainty_fraction: float = 0.1
+    # Per agent, its clock estimate when it got ready (ClockEstimate as a dict).
+    agent_clocks: dict[str, dict[str, Any]] = field(default_factory=dict)
     mode: str = "pubsub"
     # What the scope recorder did in this run, if a scope watched it.
     scope: ScopeRun | None = None
@@ -97,6 +100,7 @@ class _Inputs:
     scope: dict[LevelKey, dict[str, Any]]
     sync_errors: dict[LevelKey, dict[str, Any]]
     uncertainty: dict[str, float]
+    agent_clocks: dict[str, dict[str, dict[str, Any]]]
     sections: SectionStats
     section_types: tuple[type[BackendSection], ...]
 
@@ -146,6 +150,7 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
         sync_errors=time_sync_errors(events, levels) if any(
             run.mode == "time-sync" for run in runs) else {},
         uncertainty=clock_uncertainty_us(events),
+        agent_clocks=agent_clocks(events),
         sections=section_statistics(records, levels) if records is not None else {},
         section_types=section_types)
     series = compute_series(events, {run.run_id: run.point_index for run in runs
@@ -249,11 +254,27 @@ def _run_entry(run: RunInfo, inputs: _Inputs) -> dict[str, Any]:
         "partial": run.state != DONE,
         "warmup_messages": run.warmup_messages,
         **_level_figures(inputs, (RUN_LEVEL, run.run_id), [run], run.streams),
-        "clock": _clock_entry(run, inputs.uncertainty.get(run.run_id),
-                              _spread_p50(inputs, run)),
+        "clock": {**_clock_entry(run, inputs.uncertainty.get(run.run_id),
+                                 _spread_p50(inputs, run)),
+                  "agents": _agent_clock_entries(run, inputs.agent_clocks.get(run.run_id, {}))},
         "generator": None if run.generator is None else {
             **run.generator, "receive_clock": run.receive_clock},
     }
+
+
+def _agent_clock_entries(run: RunInfo, measured: dict[str, dict[str, Any]]
+                         ) -> dict[str, dict[str, Any]]:
+    """Each agent's clock: how its offset was found (at its start) and what its events say."""
+    entries = {}
+    for agent_id in sorted(set(measured) | set(run.agent_clocks)):
+        start = run.agent_clocks.get(agent_id, {})
+        bound = start.get("discipline_error_ns")
+        entries[agent_id] = {
+            "method": start.get("method", "unknown"),
+            "discipline": start.get("discipline", "none"),
+            "discipline_error_us": None if bound is None else bound / 1000.0,
+            **measured.get(agent_id, {})}
+    return entries
 
 
 def _level_figures(inputs: _Inputs, level: LevelKey, runs: list[RunInfo],

@@ -15,6 +15,7 @@ from mqttbed.campaigns.spec import spec_from_bytes
 from mqttbed.controller.analysis import load_results
 from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import CampaignRow, RunRow
+from mqttbed.controller.engine import latest_attempts
 from mqttbed.controller.states import (
     CAMPAIGN_ENDED,
     CAMPAIGN_UNDER_WAY,
@@ -38,6 +39,7 @@ _NOT_FOUND = {404: {"description": "no campaign with that id"}}
 
 
 def _progress(runs: list[RunRow]) -> Progress:
+    runs = latest_attempts(runs)  # a retried run counts once, by its last attempt
     done = sum(r.state == RunState.DONE for r in runs)
     failed = sum(r.state in (RunState.FAILED, RunState.INTERRUPTED) for r in runs)
     total = len(runs)
@@ -72,9 +74,10 @@ def _public(core: Controller, row: CampaignRow, runs: list[RunRow]) -> CampaignP
     return CampaignPublic(
         **_summary(core, row, runs), spec=row.spec,
         runs=[RunPublic(id=r.id, ordinal=r.ordinal, point_index=r.point_index,
-                        repetition=r.repetition, params=r.params, state=r.state,
-                        reason=r.reason, started_at=r.started_at, ended_at=r.ended_at)
-              for r in sorted(runs, key=lambda r: r.ordinal)])
+                        repetition=r.repetition, attempt=r.attempt, params=r.params,
+                        state=r.state, reason=r.reason, started_at=r.started_at,
+                        ended_at=r.ended_at)
+              for r in sorted(runs, key=lambda r: (r.ordinal, r.attempt))])
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, openapi_extra=_SPEC_BODY,

@@ -341,6 +341,10 @@ def report_context(controller: Controller, campaign_id: str) -> dict[str, Any]:
         "scope_rows": scope_table(points, show_backend),
         "clock_flagged": [run for p in points for run in p.clock_flagged_runs],
         "rate_not_kept": [run for p in points for run in p.rate_not_kept_runs],
+        # agents on other machines: how each one's offset was found, and how good it was
+        "agent_clocks": [(r.run_id, agent_id, clock) for r in stats.runs
+                         for agent_id, clock in r.clock.agents.items()
+                         if clock.method != "same-clock"] if stats else [],
         "section_tables": section_tables(points, show_backend),
         "scope_errors": [f"{r.run_id}: {r.error}" for p in points if p.scope
                          for r in p.scope.runs if r.error],

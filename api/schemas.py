@@ -21,6 +21,7 @@ class RunPublic(BaseModel):
     ordinal: int
     point_index: int
     repetition: int
+    attempt: int = 0  # 1, 2 ...: the retry of an attempt its controller interrupted
     params: dict[str, Any]
     state: str
     reason: str | None

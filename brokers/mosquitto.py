@@ -19,11 +19,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from mqttbed.brokers.processes import BrokerProcess, capture_output, start_listening
+from mqttbed.brokers.remote import RemoteBrokerProcess
 from mqttbed.core.errors import BackendError, MissingSystemDependency
 from mqttbed.core.host import Host, ProcessHandle, raise_nofile_limit, sha256_file
 from mqttbed.core.protocol import Endpoint, Transport
 from mqttbed.core.samples import BrokerStatsSample
 from mqttbed.core.sections import SectionRecords
+from mqttbed.core.ssh import SshError, SshHost
 
 FALLBACK_BINARIES = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")
 INSTALL_HINT = ("install it with `apt-get install mosquitto` (Debian/Ubuntu) or build it "
@@ -79,6 +81,8 @@ class MosquittoBackend:
                                "per run (mqttbed.brokers.registry.create_backend)")
         options = spec if isinstance(spec, Options) else Options.model_validate(spec)
         self._options = options
+        if isinstance(host, SshHost):
+            return self._deploy_remote(options, host)
         # what a local broker inherits (a lab host keeps its own limits)
         self._nofile = raise_nofile_limit() if host.name == "local" else None
         self._binary = _find_binary(options.binary)
@@ -92,6 +96,35 @@ class MosquittoBackend:
             self._proc.watch(handle, options.stats_interval_s)
         except BaseException:
             # A failed deploy must leave nothing behind: no process, no directory.
+            self.teardown()
+            raise
+        return Endpoint(host=host.address, port=port, transport=Transport.MQTT_TCP)
+
+    def _deploy_remote(self, options: Options, host: SshHost) -> Endpoint:
+        """Start Mosquitto on a lab host: config copied there, sampled there."""
+        self._binary = options.binary or _find_remote_binary(host)
+        self._binary_sha256 = host.run(["sha256sum", self._binary],
+                                       "hash mosquitto").split()[0]
+        self._version = _remote_version(host, self._binary)
+        proc = RemoteBrokerProcess(self.name, host, "mqttbed-mosquitto-",
+                                   log_names=("stdout.log", "mosquitto.log"))
+        self._proc = proc  # type: ignore[assignment]  # the same methods, over SSH
+        try:
+            binary = self._binary
+
+            def launch(port: int) -> ProcessHandle:
+                self._config = _render_config(options, host.address, port,
+                                              Path(str(proc.remote_dir)))
+                conf = proc.put_text("mosquitto.conf", self._config)
+                return host.spawn([binary, "-c", str(conf)], log_path=proc.dir / "stdout.log")
+
+            port, handle = start_listening(
+                host, f"mosquitto ({binary}) on {host.name}", launch,
+                attempts=DEPLOY_ATTEMPTS, startup_timeout_s=STARTUP_TIMEOUT_S,
+                stop_timeout_s=2.0, log_tail=proc.log_tail, check_listener=False)
+            self._port = port
+            proc.watch(handle, options.stats_interval_s)
+        except BaseException:
             self.teardown()
             raise
         return Endpoint(host=host.address, port=port, transport=Transport.MQTT_TCP)
@@ -191,6 +224,24 @@ def _find_binary(configured: str | None) -> str:
             return candidate
     raise MissingSystemDependency(
         f"mosquitto not found on PATH nor in {', '.join(FALLBACK_BINARIES)}; {INSTALL_HINT}")
+
+
+def _find_remote_binary(host: SshHost) -> str:
+    """mosquitto on a lab host: on its PATH or in sbin."""
+    for candidate in ("mosquitto", *FALLBACK_BINARIES):
+        try:
+            return host.run(["sh", "-c", 'command -v "$0"', candidate], "find mosquitto")
+        except SshError:
+            continue
+    raise MissingSystemDependency(f"mosquitto not found on {host.name} (PATH, "
+                                  f"{', '.join(FALLBACK_BINARIES)}): {INSTALL_HINT} there")
+
+
+def _remote_version(host: SshHost, binary: str) -> str:
+    """``mosquitto -h``'s version on a lab host (it exits with 3: only the text counts)."""
+    printed = host.run(["sh", "-c", '"$0" -h 2>&1; true', binary], "read mosquitto's version")
+    match = re.search(r"mosquitto version (\S+)", printed)
+    return match.group(1) if match else "unknown"
 
 
 def _probe_version(binary: str, host: Host, workdir: Path) -> str:

@@ -56,7 +56,8 @@ def processes_in_group(group: int) -> list[psutil.Process]:
 
 def start_listening(host: Host, program: str, launch: Callable[[int], ProcessHandle], *,
                     attempts: int, startup_timeout_s: float, stop_timeout_s: float,
-                    log_tail: Callable[[], str]) -> tuple[int, ProcessHandle]:
+                    log_tail: Callable[[], str],
+                    check_listener: bool = True) -> tuple[int, ProcessHandle]:
     """Run ``launch(port)`` on a free port of ``host`` until the process listens there.
 
     ``free_port()`` only says a port was free a moment ago: another process can take it
@@ -70,7 +71,8 @@ def start_listening(host: Host, program: str, launch: Callable[[int], ProcessHan
         handle = launch(port)
         try:
             wait_for_tcp(host.address, port, startup_timeout_s, alive=handle)
-            if not listens_on(handle.pid, port):
+            # (on a remote host the pid is not this machine's to look up)
+            if check_listener and not listens_on(handle.pid, port):
                 raise RuntimeError(f"port {port} answered, but not from {program} "
                                    f"(pid {handle.pid}): another process took it")
             return port, handle

@@ -50,6 +50,9 @@ class BrokerSection(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     backend: str = "mosquitto"
+    host: str | None = Field(None, min_length=1, max_length=64,
+                             description="a lab host (mqttbed lab provision) to run the broker "
+                                         "on, over SSH; default: the controller's machine")
 
     @model_validator(mode="after")
     def _options_fit_backend(self) -> BrokerSection:
@@ -59,14 +62,14 @@ class BrokerSection(BaseModel):
             model = options_model(self.backend)
         except ValueError as exc:
             raise ValueError(str(exc)) from None
-        model.model_validate(self.model_dump())
+        model.model_validate(self.model_dump(exclude={"host"}))
         return self
 
     def options(self) -> BaseModel:
         """Return the backend's own options model for this section."""
         from mqttbed.brokers.registry import options_model
 
-        return options_model(self.backend).model_validate(self.model_dump())
+        return options_model(self.backend).model_validate(self.model_dump(exclude={"host"}))
 
 
 def _publishable(topic: str) -> str:
@@ -283,8 +286,16 @@ class Workload(_Strict):
 
 
 class AgentHost(SshTarget):
-    """A lab machine (a Pi) that runs agents, started over SSH for each run."""
+    """A lab machine (a Pi) that runs agents, started over SSH for each run.
 
+    Either ``host`` (how to reach it) or ``name``: a host provisioned with ``mqttbed lab
+    provision``, filled in from the controller's database when the campaign is created.
+    """
+
+    host: str = Field("", description="SSH destination, user@host (fabric syntax, :port "
+                                      "allowed); or leave it out and give name")
+    name: str | None = Field(None, min_length=1, max_length=64,
+                             description="a lab host provisioned with mqttbed lab provision")
     count: int = Field(1, ge=1, le=64, description="agent processes on this machine")
     command: str = Field("mqttbed", description="the mqttbed executable there (its venv's)")
     ca_file: str | None = Field(None, description="there: the CA or certificate its agents "
@@ -304,9 +315,16 @@ class Agents(_Strict):
     gpio_chip: str = "/dev/gpiochip0"
     force_clock_probe: bool = Field(
         False, description="estimate clock offsets NTP-style even on the controller's machine")
+    clock_probe_interval_s: float = Field(
+        5.0, ge=0, le=3600, description="an agent on another machine re-estimates its clock "
+                                        "offset this often during a run (drift); 0: once")
 
     @model_validator(mode="after")
     def _count_matches_hosts(self) -> Agents:
+        for i, entry in enumerate(self.hosts):
+            if not entry.host and not entry.name:
+                raise ValueError(f"hosts[{i}]: give host (user@address) or the name of a "
+                                 "lab host (mqttbed lab status lists them)")
         on_hosts = sum(h.count for h in self.hosts)
         if self.hosts and self.count is not None and self.count != on_hosts:
             raise ValueError(f"count {self.count} differs from the {on_hosts} agents the hosts "
@@ -468,6 +486,10 @@ class CampaignSpec(_Strict):
     network: Network = Field(default_factory=Network)
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
     repetitions: int = Field(1, ge=1, le=10_000)
+    retries: int = Field(
+        1, ge=0, le=10,
+        description="how many times a run interrupted by its controller stopping or dying "
+                    "is run again (a new attempt of the same run); failed runs are not")
     report: ReportOptions = Field(default_factory=ReportOptions)
 
     scenarios: list[dict[str, Any]] = Field(

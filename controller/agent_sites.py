@@ -36,13 +36,17 @@ def open_sites(spec: CampaignSpec, local: Host, needed: int) -> AgentSites:
     for i, target in enumerate(spec.agents.hosts):
         if len(opened.sites) >= needed:
             break
+        if not target.host:
+            opened.close()
+            raise RunFailed(f"agents.hosts[{i}] names lab host {target.name!r}, which was "
+                            "not resolved: create the campaign through a controller")
         if _is_loopback(local.address) and not _is_loopback(target.address):
             opened.close()
             raise RunFailed(f"agents.hosts[{i}] ({target.host}) cannot reach this controller "
                             f"or its broker on {local.address}: set MQTTBED_LAB_ADDRESS to this "
                             f"machine's address on the lab network")
         try:
-            host = SshHost(target)  # named by its SSH destination
+            host = SshHost(target, name=target.name)  # else named by its SSH destination
         except SshError as exc:
             opened.close()
             raise RunFailed(f"agents.hosts[{i}]: {exc}") from exc

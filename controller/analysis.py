@@ -17,7 +17,7 @@ from mqttbed.analytics.results_files import STATS_JSON
 from mqttbed.brokers.registry import section_types
 from mqttbed.campaigns.spec import Workload
 from mqttbed.controller.db import CampaignRow, RunRow
-from mqttbed.controller.engine import RunEngine
+from mqttbed.controller.engine import RunEngine, latest_attempts
 from mqttbed.controller.states import CAMPAIGN_UNDER_WAY, CampaignStatus
 from mqttbed.controller.storage import DataLayout
 from mqttbed.core.errors import MqttbedError
@@ -59,13 +59,15 @@ def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: st
         campaign = s.get(CampaignRow, campaign_id)
         if campaign is None:
             raise KeyError(f"no campaign {campaign_id!r}")
-        rows = s.query(RunRow).filter_by(campaign_id=campaign_id).order_by(RunRow.ordinal).all()
+        # An interrupted attempt that was retried stays on disk but counts no more.
+        rows = latest_attempts(s.query(RunRow).filter_by(campaign_id=campaign_id).all())
     runs = [RunInfo(run_id=r.id, point_index=r.point_index, params=r.params,
                     repetition=r.repetition, state=r.state, reason=r.reason,
                     backend=r.spec["broker"]["backend"],
                     warmup_messages=r.spec["workload"]["warmup_messages"],
                     max_clock_uncertainty_fraction=r.spec.get("measurement", {}).get(
                         "max_clock_uncertainty_fraction", 0.1),
+                    agent_clocks=(r.run_metadata or {}).get("agent_clocks", {}),
                     mode=r.spec["workload"].get("mode", "pubsub"),
                     scope=_scope_run(r), streams=_streams(r.spec), **_fault(r),
                     receive_clock=r.spec.get("measurement", {}).get("receive_clock", "kernel"),

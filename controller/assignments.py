@@ -131,6 +131,7 @@ def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint
                               clients=mine, window_ns=window_ns, drain_s=spec.timing.drain_s,
                               connect_timeout_s=spec.timing.setup_timeout_s,
                               force_clock_probe=spec.agents.force_clock_probe,
+                              clock_probe_interval_s=spec.agents.clock_probe_interval_s,
                               # a virtual scope sees edges only once they are uploaded
                               chunk_interval_s=spec.timing.upload_interval_s or (
                                   0.2 if spec.measurement.scope else 1.0),

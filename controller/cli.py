@@ -7,7 +7,9 @@ the agent extra.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -153,8 +155,26 @@ def _serve(args: argparse.Namespace) -> int:
                                        controller_url=f"{scheme}://{reachable}:{port}"))
     print(f"mqttbed controller on {scheme}://{host}:{port} (API docs at /docs)",
           file=sys.stderr)
-    uvicorn.Server(uvicorn.Config(app, log_level="info", ssl_certfile=settings.tls_cert,
-                                  ssl_keyfile=settings.tls_key)).run(sockets=[sock])
+    worker = app.state.worker
+
+    class ControllerServer(uvicorn.Server):
+        """uvicorn, but SIGTERM / Ctrl-C first interrupts the running run.
+
+        Waiting for uvicorn's graceful shutdown first would leave the run going while the
+        agents can no longer reach the controller (they would be reported lost). The
+        signal is not raised again after the shutdown: a stop asked for is a clean exit.
+        """
+
+        def handle_exit(self, sig: int, frame: types.FrameType | None) -> None:
+            worker.interrupt(f"controller stopped by {signal.Signals(sig).name}")
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True  # a second Ctrl-C
+            self.should_exit = True
+
+    # The bound on a stop: long polls still open after 2 s are cut (agents retry them).
+    ControllerServer(uvicorn.Config(app, log_level="info", ssl_certfile=settings.tls_cert,
+                                    ssl_keyfile=settings.tls_key,
+                                    timeout_graceful_shutdown=2)).run(sockets=[sock])
     return 0
 
 
@@ -395,11 +415,13 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("document", choices=["stats"])
     schema.set_defaults(func=_schema)
 
+    from mqttbed.controller.cli_lab import add_commands as add_lab
     from mqttbed.controller.cli_remote import add_commands
     from mqttbed.controller.cli_simulate import add_commands as add_simulations
 
     add_commands(commands)
     add_simulations(commands)
+    add_lab(commands)
 
     agent = commands.add_parser("agent", help="run an agent that obeys a controller")
     from mqttbed.agents.options import build_parser as agent_options

@@ -32,7 +32,8 @@ from mqttbed.controller.states import CampaignStatus
 from mqttbed.controller.storage import DataLayout
 from mqttbed.controller.tokens import TokenRole, find_token
 from mqttbed.core.clock import monotonic_ns
-from mqttbed.core.host import LocalHost
+from mqttbed.core.host import LocalHost, install_journal, installed_journal
+from mqttbed.core.process_journal import ProcessJournal
 from mqttbed.core.settings import Settings
 
 
@@ -92,24 +93,34 @@ class Controller:
         self._agent_server = (BackgroundServer(agent_app(self.agent_router()), agent_socket)
                               if agent_socket is not None else None)
         self._serving = False
+        self._journal: ProcessJournal | None = None
 
     # -- lifetime -------------------------------------------------------------------------
 
     def start(self) -> Controller:
         """Serve the agent routes (if it serves them itself), then recover what a previous
-        controller left mid-campaign (``RunEngine.recover``)."""
+        controller left mid-campaign (``RunEngine.recover``: its processes reaped, its
+        active runs interrupted and retried). From here on every process this controller
+        starts is journalled under the data dir (:mod:`mqttbed.core.process_journal`)."""
         if self._agent_server is not None:
             self._agent_server.start()
             self._serving = True
         try:
             self.engine.recover()
+            self._journal = ProcessJournal(self.layout.root).open()
+            install_journal(self._journal)
         except BaseException:
             self.stop()
             raise
         return self
 
     def stop(self) -> None:
-        """Stop serving the agent routes, then close the database."""
+        """Stop serving the agent routes, then close the database and the journal."""
+        if self._journal is not None:
+            if installed_journal() is self._journal:
+                install_journal(None)
+            self._journal.close()
+            self._journal = None
         if self._serving:
             self._agent_server.stop()  # closes its socket
             self._serving = False

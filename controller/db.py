@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     DateTime,
     ForeignKey,
     Integer,
@@ -52,6 +53,9 @@ class RunRow(Base):
     ordinal: Mapped[int] = mapped_column(Integer)
     point_index: Mapped[int] = mapped_column(Integer)
     repetition: Mapped[int] = mapped_column(Integer)
+    # 0 for the first; a run interrupted by its controller is run again as attempt 1, 2 ...
+    # (a row of its own, same ordinal), the interrupted row kept (engine.RunEngine.retry).
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     params: Mapped[dict[str, Any]]
     spec: Mapped[dict[str, Any]]
     state: Mapped[str] = mapped_column(String(16))
@@ -108,6 +112,26 @@ class TokenRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime | None]     # None: never
     revoked_at: Mapped[datetime | None]
+
+
+class LabHostRow(Base):
+    """A lab machine provisioned with ``mqttbed lab provision``; specs name it."""
+
+    __tablename__ = "lab_hosts"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    destination: Mapped[str] = mapped_column(String(300))   # user@address, as for ssh
+    ssh_port: Mapped[int | None] = mapped_column(Integer)
+    key_filename: Mapped[str | None] = mapped_column(Text)
+    known_hosts: Mapped[str | None] = mapped_column(Text)
+    trust_new: Mapped[bool] = mapped_column(Boolean, default=False)
+    remote_dir: Mapped[str] = mapped_column(Text)           # holds venv/ and wheelhouse/
+    extras: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))          # provisioned | failed
+    version: Mapped[str | None] = mapped_column(String(64))
+    facts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    reason: Mapped[str | None] = mapped_column(Text)
+    provisioned_at: Mapped[datetime | None]
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 
 def database_url(data_dir: Path) -> str:

@@ -15,7 +15,7 @@ import logging
 import re
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from sqlalchemy.orm import sessionmaker
@@ -33,9 +33,10 @@ from mqttbed.controller.assignments import (
     run_window_ns,
     subscribe_turns,
 )
-from mqttbed.controller.db import CampaignRow, RunRow, TransitionRow, utcnow
+from mqttbed.controller.db import CampaignRow, LabHostRow, RunRow, TransitionRow, utcnow
 from mqttbed.controller.documents import CampaignUpdate, DocumentStream, RunUpdate
 from mqttbed.controller.impaired_links import ImpairedLinks, has_impaired_clients
+from mqttbed.controller.lab import REMOTE_BACKENDS, resolve_named_hosts, target_of
 from mqttbed.controller.registry import AgentRegistry, RunInbox
 from mqttbed.controller.scope_recorder import ScopeRecorder
 from mqttbed.controller.states import (
@@ -53,7 +54,9 @@ from mqttbed.controller.storage import (
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.errors import RunFailed
 from mqttbed.core.host import Host
+from mqttbed.core.process_journal import reap_stale as reap_processes
 from mqttbed.core.protocol import Endpoint, Shutdown, StartAt, Subscribe
+from mqttbed.core.ssh import SshError, SshHost
 from mqttbed.network.topology import reap_stale
 
 log = logging.getLogger("mqttbed.engine")
@@ -75,8 +78,11 @@ def broker_died(health: str) -> str:
     return f"broker died: {how}; {health.removeprefix('broker died: ')}"
 
 
+RESTARTED = "controller restarted during the run"
+
+
 class RunInterrupted(Exception):
-    """The run was stopped on purpose (cancel, Ctrl-C)."""
+    """The run was stopped on purpose (cancel, Ctrl-C, the controller stopping)."""
 
 
 @dataclass
@@ -90,6 +96,7 @@ class _LiveRun:
     pool: AgentPool | None = None
     recorder: ScopeRecorder | None = None
     links: ImpairedLinks | None = None
+    broker_host: SshHost | None = None   # the lab host the broker runs on, if not here
     active: list[str] = field(default_factory=list)
 
 
@@ -111,6 +118,16 @@ def new_id(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(6)}"
 
 
+def latest_attempts(runs: Iterable[RunRow]) -> list[RunRow]:
+    """The last attempt of each run (by ordinal), in ordinal order: what a campaign's
+    outcome and statistics count. Earlier attempts were interrupted and retried."""
+    latest: dict[int, RunRow] = {}
+    for run in runs:
+        if run.ordinal not in latest or run.attempt > latest[run.ordinal].attempt:
+            latest[run.ordinal] = run
+    return [latest[ordinal] for ordinal in sorted(latest)]
+
+
 class RunEngine:
     """Creates campaigns from specs and executes their runs one after another."""
 
@@ -118,11 +135,13 @@ class RunEngine:
         self.ctx = ctx
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
+        self._stopping: str | None = None  # why the controller is stopping, once it is
 
     # -- campaigns ----------------------------------------------------------------------
 
     def create_campaign(self, spec: CampaignSpec) -> str:
         """Store the campaign and its planned runs (state queued); return the campaign id."""
+        spec = resolve_named_hosts(spec, self.ctx.sessions)   # lab hosts named in the spec
         campaign_id = new_id("c")
         planned = plan_runs(spec)
         with self.ctx.sessions() as s:
@@ -161,6 +180,20 @@ class RunEngine:
         with self._lock:
             return campaign_id in self._cancelled
 
+    def shutdown(self, reason: str) -> None:
+        """The controller is stopping (SIGTERM, Ctrl-C): interrupt the running run now.
+
+        Unlike :meth:`cancel` the campaign is not ended: the run is marked interrupted and
+        retried (:meth:`retry`), no further run starts, the campaign stays ``running``
+        and the next controller on the data dir requeues it. Safe from a signal handler.
+        """
+        self._stopping = reason
+
+    @property
+    def stopping(self) -> str | None:
+        """Why the controller is stopping, or None while it runs campaigns."""
+        return self._stopping
+
     def _interrupt_queued_runs(self, campaign_id: str, reason: str) -> None:
         with self.ctx.sessions() as s:
             runs = s.query(RunRow).filter_by(campaign_id=campaign_id, state=RunState.QUEUED).all()
@@ -179,9 +212,11 @@ class RunEngine:
         self.set_campaign_status(campaign_id, CampaignStatus.RUNNING)
         with self.ctx.sessions() as s:
             runs = (s.query(RunRow).filter_by(campaign_id=campaign_id)
-                    .order_by(RunRow.ordinal).all())
-        total = len(runs)
+                    .order_by(RunRow.ordinal, RunRow.attempt).all())
+        total = len({run.ordinal for run in runs})
         for run in runs:
+            if self._stopping is not None:
+                break  # the rest stays queued for the next controller
             if run.state != RunState.QUEUED:
                 continue
             if self.is_cancelled(campaign_id):
@@ -191,9 +226,12 @@ class RunEngine:
         return self.outcome(campaign_id)[0]
 
     def outcome(self, campaign_id: str) -> tuple[CampaignStatus, str | None]:
-        """What the campaign's runs came to: cancelled, done (all done) or failed; and why."""
+        """What the campaign's runs came to: cancelled, done (all done) or failed; and why.
+
+        A run retried after an interrupted attempt counts by its last attempt."""
         with self.ctx.sessions() as s:
-            states = [r.state for r in s.query(RunRow).filter_by(campaign_id=campaign_id)]
+            states = [r.state for r in latest_attempts(
+                s.query(RunRow).filter_by(campaign_id=campaign_id).all())]
         if self.is_cancelled(campaign_id):
             final = CampaignStatus.CANCELLED
         elif all(state == RunState.DONE for state in states):
@@ -206,22 +244,55 @@ class RunEngine:
     def recover(self) -> int:
         """Clean up after a controller that stopped mid-campaign; return the runs interrupted.
 
-        Runs it left active are marked interrupted (their events stay); its running and
-        analysing campaigns go back to the queue, where only their queued runs will run
-        before their statistics are computed. Network topologies whose builder died (a
-        ``p4`` run killed mid-way) are reaped, with whatever still ran inside them.
+        Whatever processes a dead controller on this data dir left running are killed
+        (:mod:`mqttbed.core.process_journal`), as are network topologies whose builder
+        died (a ``p4`` run killed mid-way). Runs it left active are marked interrupted
+        (their events stay) and retried as a new attempt while the spec's ``retries``
+        allow; its running and analysing campaigns go back to the queue, where only
+        their queued runs will run before their statistics are computed.
         """
+        for reaped in reap_processes(self.ctx.layout.root):
+            log.log(logging.WARNING if reaped.killed else logging.INFO,
+                    "controller %d (journal %s) left %d process(es) running; killed %s",
+                    reaped.controller_pid, reaped.tag, len(reaped.killed),
+                    list(reaped.killed))
         reap_stale()
         with self.ctx.sessions() as s:
             stale = s.query(RunRow).filter(RunRow.state.in_(list(ACTIVE_STATES))).all()
             running = [c.id for c in s.query(CampaignRow).filter(CampaignRow.status.in_(
                 [CampaignStatus.RUNNING, CampaignStatus.ANALYSING]))]
         for run in stale:
-            self._transition(run, 0, RunState.INTERRUPTED, "controller restarted during the run")
+            self._transition(run, 0, RunState.INTERRUPTED, RESTARTED)
+            self.retry(run)
         for campaign_id in running:
             self.set_campaign_status(campaign_id, CampaignStatus.QUEUED,
                                      "requeued after a controller restart")
         return len(stale)
+
+    def retry(self, run: RunRow) -> str | None:
+        """Queue the next attempt of ``run``, interrupted by its controller, if the spec's
+        ``retries`` allow; return the new attempt's run id (None: no retry left).
+
+        The attempt is a run row of its own (same ordinal, point and repetition, id
+        ``...-rNNNN-retryK``), so the interrupted attempt keeps its state, reason and events
+        on disk, flagged ``retried_as`` in its metadata; only the last attempt of a run
+        counts in the campaign's outcome and statistics (:func:`latest_attempts`).
+        """
+        if run.attempt >= int(run.spec.get("retries", 1)):
+            return None
+        attempt = run.attempt + 1
+        retry_id = f"{run.campaign_id}-r{run.ordinal:04d}-retry{attempt}"
+        with self.ctx.sessions() as s:
+            s.add(RunRow(id=retry_id, campaign_id=run.campaign_id, ordinal=run.ordinal,
+                         point_index=run.point_index, repetition=run.repetition,
+                         attempt=attempt, params=run.params, spec=run.spec,
+                         state=RunState.QUEUED, run_metadata={"retry_of": run.id}))
+            interrupted = s.get(RunRow, run.id)
+            interrupted.run_metadata = {**(interrupted.run_metadata or {}),
+                                        "retried_as": retry_id}
+            s.commit()
+        run.run_metadata = {**(run.run_metadata or {}), "retried_as": retry_id}
+        return retry_id
 
     def set_campaign_status(self, campaign_id: str, status: CampaignStatus,
                             reason: str | None = None) -> None:
@@ -280,6 +351,8 @@ class RunEngine:
         except (RunInterrupted, KeyboardInterrupt) as exc:
             self._end_badly(run, total, live.backend, RunState.INTERRUPTED,
                             str(exc) or "interrupted")
+            if self._stopping is not None:
+                self.retry(run)
             if isinstance(exc, KeyboardInterrupt):
                 raise
         except Exception as exc:  # noqa: BLE001 - a run fails with its reason, never silently
@@ -289,6 +362,8 @@ class RunEngine:
             if live.recorder is not None:
                 live.recorder.stop()
             self._teardown(live.pool, live.sites, live.backend, live.links)
+            if live.broker_host is not None:
+                live.broker_host.close()
             self.ctx.registry.close_inbox(run.id)
             if live.recorder is not None:
                 # A failed run keeps the acquisitions it made, like every other event; a
@@ -305,9 +380,10 @@ class RunEngine:
         live.backend = create_backend(spec.broker.backend)
         if (prepare := getattr(live.backend, "prepare", None)) is not None:
             prepare(spec.workload)
-        endpoint = live.backend.deploy(spec.broker.options(), self.ctx.host)
+        host = self._broker_host(spec, live)
+        endpoint = live.backend.deploy(spec.broker.options(), host)
         run.run_metadata = {"broker": live.backend.metadata(),
-                            "endpoint": endpoint.model_dump(), "host": self.ctx.host.name}
+                            "endpoint": endpoint.model_dump(), "host": host.name}
         placement = None
         if has_impaired_clients(spec):
             live.sites, placement = self._impaired_sites(run, live, endpoint)
@@ -319,9 +395,13 @@ class RunEngine:
                               gpio=spec.agents.gpio, gpio_chip=spec.agents.gpio_chip,
                               env=self.ctx.agent_env)
         run.run_metadata["agent_hosts"] = live.pool.hosts
-        agent_ids = self._await_agents(live.pool, spec)
+        agent_ids = self._await_agents(live.pool, spec, run.campaign_id)
         assignments = plan_assignments(spec, run.id, run.campaign_id, endpoint, agent_ids,
                                        getattr(live.backend, "broker_of", None), placement)
+        # An agent gives up on a controller silent as long as it gives up on an agent.
+        assignments = {a: x.model_copy(update={"heartbeat_timeout_s":
+                                               spec.timing.heartbeat_timeout_s})
+                       for a, x in assignments.items()}
         if spec.measurement.scope is not None:
             live.recorder = ScopeRecorder(spec.measurement.scope, assignments)
             live.recorder.open()
@@ -351,6 +431,24 @@ class RunEngine:
                                     for a, r in ready.items()}
         if live.recorder is not None:
             live.recorder.set_clocks({a: r.clock for a, r in ready.items()})
+
+    def _broker_host(self, spec: CampaignSpec, live: _LiveRun) -> Host:
+        """Where the broker runs: the lab host ``broker.host`` names, or this machine."""
+        if spec.broker.host is None:
+            return self.ctx.host
+        if spec.broker.backend not in REMOTE_BACKENDS:
+            raise RunFailed(f"broker.host {spec.broker.host!r}: backend {spec.broker.backend} "
+                            f"runs on this machine only; on a lab host: "
+                            f"{', '.join(REMOTE_BACKENDS)}")
+        with self.ctx.sessions() as s:
+            row = s.get(LabHostRow, spec.broker.host)
+        if row is None:
+            raise RunFailed(f"broker.host: no lab host named {spec.broker.host!r}")
+        try:
+            live.broker_host = SshHost(target_of(row), name=row.name)
+        except SshError as exc:
+            raise RunFailed(f"broker.host: {exc}") from exc
+        return live.broker_host
 
     def _agent_sites(self, spec: CampaignSpec, backend: BrokerBackend) -> tuple[AgentSites, str]:
         """Where the agents run and the controller URL they use: the backend's placement
@@ -438,11 +536,12 @@ class RunEngine:
                                           "timeouts": live.recorder.timeouts,
                                           "error": live.recorder.error}
 
-    def _await_agents(self, pool: AgentPool, spec: CampaignSpec) -> list[str]:
+    def _await_agents(self, pool: AgentPool, spec: CampaignSpec, campaign_id: str) -> list[str]:
         """Wait for every agent to register; an agent that exits first fails the run at once."""
         deadline = monotonic_ns() + int(spec.timing.setup_timeout_s * 1e9)
         names = set(pool.names)
         while True:
+            self._check_interrupted(campaign_id)
             # In slices, so an agent that died (a missing GPIO device, a missing command
             # on a lab host) is reported now rather than after the whole setup timeout.
             found = self.ctx.registry.wait_for_agents(names, 0.1)
@@ -465,8 +564,7 @@ class RunEngine:
         deadline = monotonic_ns() + int(timeout_s * 1e9)
         inbox, spec = live.inbox, live.spec
         while not until():
-            if self.is_cancelled(inbox.campaign_id):
-                raise RunInterrupted("campaign cancelled")
+            self._check_interrupted(inbox.campaign_id)
             # The broker first: its death is why the agents then lose their connections,
             # and their reports can reach the controller before this loop sees it.
             if live.backend is not None and (broken := live.backend.health()) is not None:
@@ -500,6 +598,13 @@ class RunEngine:
                 a in inbox.errors or a in inbox.done for a in live.active):
             self.ctx.registry.wait(0.05)
 
+    def _check_interrupted(self, campaign_id: str) -> None:
+        """Raise RunInterrupted if the controller is stopping or the campaign cancelled."""
+        if self._stopping is not None:
+            raise RunInterrupted(self._stopping)
+        if self.is_cancelled(campaign_id):
+            raise RunInterrupted("campaign cancelled")
+
     def _finish_run(self, run: RunRow, backend: BrokerBackend) -> None:
         """Store the broker's samples and metadata, then stop it."""
         backend.teardown()  # its sampler takes one last sample on the way down
@@ -531,7 +636,12 @@ class RunEngine:
             agents = self.ctx.registry.wait_for_agents(set(pool.names), 0).values()
             for agent_id in agents:
                 self.ctx.registry.send(agent_id, Shutdown())
-            pool.stop()
+            if self._stopping is None:
+                pool.stop()
+            else:
+                # The controller is going: its HTTP server may no longer deliver the
+                # Shutdown, and a SIGTERMed agent waits out its long poll. No grace.
+                pool.stop(grace_s=0, timeout_s=0.5)
             for agent_id in agents:
                 self.ctx.registry.forget(agent_id)
         if sites is not None:

@@ -21,6 +21,7 @@ from mqttbed.controller.registry import AgentRegistry
 from mqttbed.controller.storage import DataLayout, write_edges, write_event_chunk
 from mqttbed.controller.tokens import TokenRole
 from mqttbed.core.clock import boot_id, monotonic_ns
+from mqttbed.core.clock_discipline import CachedDiscipline, realtime_minus_monotonic_ns
 from mqttbed.core.protocol import (
     AgentFailure,
     ClockProbe,
@@ -112,6 +113,7 @@ def agent_router(registry: AgentRegistry, chunks: ChunkStore,
             raise HTTPException(status.HTTP_403_FORBIDDEN, "this route takes agent tokens only")
 
     router = APIRouter(prefix="/agent/v1", tags=["agents"], dependencies=[Depends(require_agent)])
+    own_discipline = CachedDiscipline()   # the controller's clock, for agents to compare
 
     @router.post("/register")
     def register(hello: Register) -> Registered:
@@ -123,7 +125,10 @@ def agent_router(registry: AgentRegistry, chunks: ChunkStore,
     def clock() -> ClockProbe:
         """NTP-style probe: the controller's CLOCK_MONOTONIC on arrival and on departure."""
         t_recv = monotonic_ns()
-        return ClockProbe(t_recv_ns=t_recv, t_send_ns=monotonic_ns())
+        discipline = own_discipline.get()
+        rm = realtime_minus_monotonic_ns()
+        return ClockProbe(t_recv_ns=t_recv, t_send_ns=monotonic_ns(),
+                          realtime_minus_monotonic_ns=rm, discipline=discipline)
 
     @router.post("/agents/{agent_id}/heartbeat")
     def heartbeat(agent_id: str, beat: Heartbeat) -> dict[str, bool]:

@@ -35,6 +35,10 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     if engine.is_cancelled(campaign_id):
         return CampaignStatus.CANCELLED  # cancelled while queued: nothing ran
     engine.run_campaign(campaign_id)
+    if engine.stopping is not None:
+        # The controller is stopping: the campaign stays running, for the next controller
+        # on the data dir to requeue (RunEngine.recover) and finish.
+        return CampaignStatus.RUNNING
     outcome, reason = engine.outcome(campaign_id)
     engine.set_campaign_status(campaign_id, CampaignStatus.ANALYSING, reason)
     try:

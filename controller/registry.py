@@ -115,6 +115,7 @@ class AgentRegistry:
         with self._changed:
             record = self._agents.pop(agent_id, None)
             self._commands.pop(agent_id, None)
+            self._changed.notify_all()  # its long poll returns now, not after its wait
         if record is not None:
             record.state = "gone"
             self._on_agent_change(record)

@@ -26,13 +26,23 @@ class CampaignWorker:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop after cancelling the running campaign (its current run winds down cleanly)."""
+    def interrupt(self, reason: str = "controller stopped") -> None:
+        """Begin stopping without waiting (safe in a signal handler): the running run is
+        interrupted at once (``RunEngine.shutdown``), no other run or campaign starts."""
+        self._controller.engine.shutdown(reason)
         self._stop.set()
-        if self.current is not None:
-            self._controller.engine.cancel(self.current)
         self._wake.set()
-        self._thread.join(timeout_s)
+
+    def stop(self, timeout_s: float = 20.0, reason: str = "controller stopped") -> None:
+        """Interrupt the running run, wait until all it started is torn down, and stop.
+
+        The interrupted run is retried and its campaign requeued by the next controller
+        on the data dir (``RunEngine.recover``); tearing down takes seconds (agents and
+        broker get SIGTERM, SIGKILL after 5 s), ``timeout_s`` only bounds a hung teardown.
+        """
+        self.interrupt(reason)
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
 
     def enqueue(self, campaign_id: str) -> None:
         """Queue a campaign; it starts when the campaigns queued before it have ended."""

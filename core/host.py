@@ -7,6 +7,7 @@ strings, so the same backend code deploys locally and on a lab machine.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import os
 import resource
@@ -14,9 +15,15 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from mqttbed.core.process_journal import ProcessJournal
 
 
 def raise_nofile_limit() -> int:
@@ -69,12 +76,76 @@ class Host(Protocol):
         ...
 
 
-class LocalProcess:
-    """A subprocess in its own session, so stopping it stops all its children too."""
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_libc = ctypes.CDLL(None, use_errno=True)  # loaded here: a forked child only calls it
 
-    def __init__(self, popen: subprocess.Popen[bytes]):
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when its parent dies."""
+
+    def preexec() -> None:
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        # The parent may have died between fork() and prctl(): then nobody sends it.
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return preexec
+
+
+class _Spawner:
+    """Forks every local process from one thread that lives as long as this process.
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, not the
+    process: a broker forked from a short-lived thread (a request handler, a test's
+    helper thread) would be killed when that thread returned. Forking from this thread
+    only, the signal comes exactly when the process that started the child dies.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._owner_pid = 0
+
+    def popen(self, argv: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._executor is None or self._owner_pid != os.getpid():  # fresh after fork
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="mqttbed-spawner")
+                self._owner_pid = os.getpid()
+            executor = self._executor
+        return executor.submit(subprocess.Popen, argv, preexec_fn=_die_with_parent(os.getpid()),
+                               **kwargs).result()
+
+
+_spawner = _Spawner()
+# The journal of the controller running in this process, if any: every spawn is recorded
+# there (mqttbed.core.process_journal). Process-wide like PDEATHSIG itself: backends
+# build their own LocalHost, and each of their processes must be found after a crash.
+_journal: ProcessJournal | None = None
+
+
+def install_journal(journal: ProcessJournal | None) -> None:
+    """Record every local spawn of this process in ``journal`` (None: stop recording)."""
+    global _journal
+    _journal = journal
+
+
+def installed_journal() -> ProcessJournal | None:
+    """The journal this process records its spawns in, if any."""
+    return _journal
+
+
+class LocalProcess:
+    """A subprocess in its own session, so stopping it stops all its children too.
+
+    It dies with the process that started it (PR_SET_PDEATHSIG, SIGKILL): a controller
+    killed with SIGKILL leaves no broker, agent or proxy of its own running.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes],
+                 journal: ProcessJournal | None = None):
         self._popen = popen
         self.pid = popen.pid
+        self._journal = journal
 
     def poll(self) -> int | None:
         return self._popen.poll()
@@ -85,10 +156,16 @@ class LocalProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, sig)
             try:
-                return self._popen.wait(timeout=wait_s)
+                code = self._popen.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
                 continue
+            self._forget()
+            return code
         return self._popen.poll()
+
+    def _forget(self) -> None:
+        if self._journal is not None:
+            self._journal.forget(self.pid)
 
 
 class LocalHost:
@@ -102,15 +179,19 @@ class LocalHost:
     def spawn(self, argv: list[str], *, env: dict[str, str] | None = None,
               log_path: Path | None = None) -> LocalProcess:
         raise_nofile_limit()  # inherited: brokers and agents hold a socket per client
+        journal = _journal
+        tag = journal.env() if journal is not None else {}
         out = open(log_path, "ab") if log_path else subprocess.DEVNULL
         try:
-            popen = subprocess.Popen(
-                argv, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
+            popen = _spawner.popen(
+                argv, env={**os.environ, **(env or {}), **tag}, stdin=subprocess.DEVNULL,
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             if log_path:
                 out.close()
-        return LocalProcess(popen)
+        if journal is not None:
+            journal.record(popen.pid, argv)
+        return LocalProcess(popen, journal)
 
     def free_port(self) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

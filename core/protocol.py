@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from mqttbed.core.clock_discipline import ClockDiscipline
 from mqttbed.core.events import EVENT_COLUMNS, OPTIONAL_EVENT_COLUMNS
 from mqttbed.core.names import MAX_NAME_CHARS, PlainName
 
@@ -60,6 +61,8 @@ class Register(Message):
 class Registered(Message):
     agent_id: PlainName
     heartbeat_interval_s: float
+    # The agent exits once the controller has not answered for this long (it is gone).
+    heartbeat_timeout_s: float = 3.0
     controller_boot_id: str | None = None  # same as the agent's: one clock, no offset
 
 
@@ -68,6 +71,10 @@ class ClockProbe(Message):
 
     t_recv_ns: int
     t_send_ns: int
+    # The controller's CLOCK_REALTIME - CLOCK_MONOTONIC and its clock discipline: with an
+    # agent's own, they give the offset to within the two disciplines' bounds.
+    realtime_minus_monotonic_ns: int | None = None
+    discipline: ClockDiscipline | None = None
 
 
 class ClockEstimate(BaseModel):
@@ -76,7 +83,12 @@ class ClockEstimate(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     offset_ns: int
     uncertainty_ns: int
-    method: str  # "same-clock" (same kernel boot) or "ntp" (min round-trip of probes)
+    # "same-clock" (same kernel boot), "ntp" (min round-trip of HTTP probes), or "chrony" /
+    # "ptp" (both machines disciplined: realtime - monotonic compared, bounds added)
+    method: str
+    discipline: str = "none"              # this agent's: chrony, ptp or none
+    discipline_error_ns: int | None = None  # its bound, when synchronised
+    probe_uncertainty_ns: int | None = None  # half the best probe's round trip
 
 
 class Heartbeat(Message):
@@ -154,12 +166,14 @@ class Assignment(Message):
     chunk_events: int = 5000
     chunk_interval_s: float = 1.0
     force_clock_probe: bool = False  # estimate the offset even on the controller's machine
+    clock_probe_interval_s: float = 5.0  # re-estimate the offset this often while running
     gpio_pulses: bool = False  # pulse the lines instead of toggling them (a scope is watching)
     window_ns: int = 0  # publishing window of the whole run, from the start time
     connect_timeout_s: float = 30.0
     drain_s: float = 1.0
     # the MQTT client for mqtt-tcp: mqttbed's lean one, or paho (TLS, comparison)
     mqtt_client: Literal["lean", "paho"] = "lean"
+    heartbeat_timeout_s: float = 3.0  # the spec's timing.heartbeat_timeout_s, both ways
 
 
 class Subscribe(Message):

@@ -32,6 +32,13 @@ command -v bpftool >/dev/null 2>&1 || [ -x /usr/sbin/bpftool ] || need+=(bpftool
 # Link impairment (network/impairment.py) drops packets at random with iptables'
 # statistic match inside namespaces; iptables-legacy is used where nf_tables is missing.
 command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || need+=(iptables)
+# The fpga backend's RTL engine: Verilator simulates the design (brokers/fpga/rtl/), yosys
+# synthesizes it for a Xilinx UltraScale target as a check (no latches, resource counts).
+command -v verilator >/dev/null 2>&1 || need+=(verilator)
+command -v yosys >/dev/null 2>&1 || need+=(yosys)
+# Agents read their clock discipline with chronyc; the chrony parser is tested against a
+# real chronyd (two of them, with -x: they never touch this machine's clock).
+[ -x /usr/sbin/chronyd ] && command -v chronyc >/dev/null 2>&1 || need+=(chrony)
 # Spark 4 needs Java 17 or newer.
 if ! java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])'; then
     need+=(default-jre-headless)

@@ -107,8 +107,12 @@ def test_scope_rows_never_enter_the_software_figures(stats):
 def test_a_run_whose_clock_uncertainty_exceeds_the_fraction_of_its_spread_is_flagged(stats):
     runs = {r["run_id"]: r for r in stats["runs"]}
     # spread p50 40 us, fraction 0.1: the limit is 4 us
-    assert runs["r-trusted"]["clock"] == {"offset_uncertainty_us_max": 2.0,
-                                          "max_fraction_of_spread": 0.1, "flagged": False}
+    # one agent here, "a", whose rows carry two (offset, uncertainty) estimates
+    assert runs["r-trusted"]["clock"] == {
+        "offset_uncertainty_us_max": 2.0, "max_fraction_of_spread": 0.1, "flagged": False,
+        "agents": {"a": {"method": "unknown", "discipline": "none",
+                         "discipline_error_us": None, "offset_uncertainty_us_max": 2.0,
+                         "offset_drift_us": 0.0, "estimates": 2}}}
     assert runs["r-doubtful"]["clock"]["flagged"] is True
     assert stats["points"][1]["clock_flagged_runs"] == ["r-doubtful"]
     assert stats["points"][0]["clock_flagged_runs"] == []

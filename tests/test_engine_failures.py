@@ -224,9 +224,13 @@ def test_runs_left_active_by_a_dead_controller_are_marked_interrupted(controller
         run.state = RunState.RUNNING
         s.commit()
     assert controller.engine.recover() == 1
-    run = only_run(controller, campaign_id)
+    with controller.sessions() as s:
+        run, retry = s.query(RunRow).filter_by(campaign_id=campaign_id).order_by(
+            RunRow.attempt).all()
     assert run.state == RunState.INTERRUPTED
-    assert "controller restarted" in run.reason
+    assert run.reason == "controller restarted during the run"
+    assert (retry.id, retry.attempt, retry.state) == (f"{campaign_id}-r0000-retry1", 1,
+                                                      RunState.QUEUED)
 
 
 def test_agent_that_stops_heartbeating_is_lost_and_fails_the_run(controller, updates):

@@ -85,7 +85,10 @@ def test_agents_on_the_controllers_machine_share_its_clock(controller):
     with controller.sessions() as s:
         run = s.get(RunRow, f"{campaign_id}-r0000")
     (clock,) = run.run_metadata["agent_clocks"].values()
-    assert clock == {"offset_ns": 0, "uncertainty_ns": 0, "method": "same-clock"}
+    assert {k: clock[k] for k in ("offset_ns", "uncertainty_ns", "method")} == {
+        "offset_ns": 0, "uncertainty_ns": 0, "method": "same-clock"}
+    # what keeps this machine's clock is reported too, though one clock needs none
+    assert clock["discipline"] in ("none", "chrony", "ptp")
     (gpio,) = run.run_metadata["gpio"].values()
     assert gpio["backend"] == "virtual" and gpio["toggle_ns"] > 0
 

@@ -40,7 +40,9 @@ UDP_BACKENDS = ["fpga", "mqtt-sn", "p4"]  # fpga: its model speaks MQTT over UDP
 # p4 places its agents in its own network, mqtt-st deploys several brokers: a run with
 # impairments fails on them saying so
 UNSUPPORTED = ["p4", "mqtt-st"]
-DELAY_TOLERANCE_MS = (-0.5, 5.0)
+# the median added delay is a difference of two medians of different paths: under load the
+# direct path's median can exceed the delayed one's excess by ~1 ms (49.1 ms seen)
+DELAY_TOLERANCE_MS = (-2.0, 5.0)
 CLI = Path(sys.executable).with_name("mqttbed")
 ENV = {**os.environ, "COLUMNS": "200", "PYSPARK_PYTHON": sys.executable}
 

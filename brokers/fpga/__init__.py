@@ -6,4 +6,6 @@
 - :mod:`.server`: the model as a UDP server (``mqttbed broker run fpga-model``).
 - :mod:`.backend`: the ``fpga`` broker backend (the model, or a board over SSH).
 - :mod:`.board`: programming a Zynq UltraScale+ board with ``fpgautil`` over SSH.
+- :mod:`.rtl`: the broker as synthesizable Verilog, its Verilator UDP harness and builds
+  (``engine: rtl``).
 """

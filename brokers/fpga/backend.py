@@ -10,6 +10,11 @@ latency) into the run's metadata. With ``board`` it programs the board over SSH
 (:mod:`.board`) and hands out the board's UDP endpoint; nothing runs locally, so there
 are no resource samples.
 
+With ``engine: rtl`` the broker run here is not the Python model but the RTL design
+(``brokers/fpga/rtl``) simulated by Verilator behind the same kind of UDP socket; the
+harness is built on first use (:mod:`.rtl.build`) and reports the design's cycle counts,
+receive to send, beside its own measured time.
+
 Either way the endpoint's transport is ``mqtt-udp``, which makes the agents use their
 UDP clients: a campaign selects the transport through the backend, never by hand.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +32,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mqttbed.brokers.fpga.board import BoardDeployment, BoardOptions
+from mqttbed.brokers.fpga.rtl.build import ensure_sim, source_hash
 from mqttbed.brokers.fpga.section import FpgaPipelineLatency, publish_records
+from mqttbed.brokers.fpga.server import describe_values
 from mqttbed.brokers.fpga.tables import DEFAULT_PROBE_WINDOW, PAPER_DEPTH_WORDS
 from mqttbed.brokers.fpga.timing import PipelineTiming
 from mqttbed.brokers.processes import BrokerProcess, ping_over_udp, wait_for_ready_file
@@ -38,6 +46,8 @@ from mqttbed.core.samples import BrokerStatsSample
 from mqttbed.core.sections import SectionRecords
 
 MODEL_SOURCES = ("tables.py", "timing.py", "model.py", "server.py")
+RTL_PROBE_WINDOW = 8          # the design reads the window as 8 banks (rtl/hash_table.v)
+RTL_CLOCK_MHZ = 100.0
 RECORDS_FILE = "records.json"
 
 
@@ -48,6 +58,9 @@ class Options(BaseModel):
     backend: Literal["fpga"] = "fpga"
     board: BoardOptions | None = Field(
         default=None, description="a real board to program; without it the model runs here")
+    engine: Literal["model", "rtl"] = Field(
+        default="model", description="what runs here: the Python behavioural model, or the "
+                                     "RTL design simulated by Verilator (brokers/fpga/rtl)")
     topic_table_depth: int = Field(default=PAPER_DEPTH_WORDS, ge=1, le=1 << 24)
     subscriber_table_depth: int = Field(default=PAPER_DEPTH_WORDS, ge=1, le=1 << 24)
     probe_window: int = Field(default=DEFAULT_PROBE_WINDOW, ge=1,
@@ -60,6 +73,17 @@ class Options(BaseModel):
 
     @model_validator(mode="after")
     def _window_fits(self) -> Options:
+        if self.engine == "rtl":
+            for name, value, fixed in (
+                    ("topic_table_depth", self.topic_table_depth, PAPER_DEPTH_WORDS),
+                    ("subscriber_table_depth", self.subscriber_table_depth, PAPER_DEPTH_WORDS),
+                    ("probe_window", self.probe_window, RTL_PROBE_WINDOW)):
+                if value != fixed:
+                    raise ValueError(f"engine 'rtl' has a fixed {name} of {fixed} (the "
+                                     f"design's block RAM), got {value}")
+            if self.board is not None:
+                raise ValueError("engine 'rtl' simulates the design here; a board runs a "
+                                 "bitstream: set either engine 'rtl' or board, not both")
         depth = min(self.topic_table_depth, self.subscriber_table_depth)
         if self.probe_window > depth:
             raise ValueError(f"probe_window {self.probe_window} exceeds the table depth "
@@ -110,17 +134,23 @@ class FpgaBackend:
         return Endpoint(host=address, port=port, transport=Transport.MQTT_UDP)
 
     def _deploy_model(self, options: Options, host: Host) -> Endpoint:
-        proc = self._proc = BrokerProcess("fpga-model", host, "mqttbed-fpga-model-",
-                                          log_names=("model.log",))
+        rtl = options.engine == "rtl"
+        binary = ensure_sim() if rtl else None
+        proc = self._proc = BrokerProcess("fpga-rtl" if rtl else "fpga-model", host,
+                                          "mqttbed-fpga-model-", log_names=("model.log",))
         ready = proc.dir / "ready.json"
-        argv = [sys.executable, "-m", "mqttbed.brokers.fpga", "--host", host.address,
-                "--port", "0", "--ready-file", str(ready),
-                "--stats-file", str(proc.dir / "stats.json"),
-                "--records-file", str(proc.dir / RECORDS_FILE),
-                "--io-file", str(proc.dir / "io.json"),
-                "--topic-table-depth", str(options.topic_table_depth),
-                "--subscriber-table-depth", str(options.subscriber_table_depth),
-                "--probe-window", str(options.probe_window)]
+        files = ["--ready-file", str(ready), "--stats-file", str(proc.dir / "stats.json"),
+                 "--records-file", str(proc.dir / RECORDS_FILE),
+                 "--io-file", str(proc.dir / "io.json")]
+        if binary is not None:
+            argv = [str(binary), "--host", host.address, "--port", "0", *files,
+                    "--clock-mhz", str(RTL_CLOCK_MHZ)]
+        else:
+            argv = [sys.executable, "-m", "mqttbed.brokers.fpga", "--host", host.address,
+                    "--port", "0", *files,
+                    "--topic-table-depth", str(options.topic_table_depth),
+                    "--subscriber-table-depth", str(options.subscriber_table_depth),
+                    "--probe-window", str(options.probe_window)]
         io_file = proc.dir / "io.json"
         proc.watch(host.spawn(argv, log_path=proc.dir / "model.log"), options.stats_interval_s,
                    io_counters=lambda: _read_io_counters(io_file))
@@ -167,14 +197,17 @@ class FpgaBackend:
             meta["bitstream_sha256"] = self._board.bitstream_sha256 if self._board else None
             meta["validated_on_hardware"] = False
             return meta
+        rtl = options.engine == "rtl"
         meta.update({
-            "version": _model_version(),
+            "engine": options.engine,
+            "version": _rtl_version() if rtl else _model_version(),
             "pid": None if self._proc is None else self._proc.pid,
             "exit_code": None if self._proc is None else self._proc.exit_code,
             "stats_interval_s": options.stats_interval_s,
             "log_tail": None if self._proc is None else self._proc.log_tail(),
             "model_stats": self._model_stats,
-            "hardware_latency_ns": hardware_latency_summary(self._model_stats),
+            "hardware_latency_ns": (rtl_latency_summary(self._model_records) if rtl else
+                                    hardware_latency_summary(self._model_stats)),
         })
         return meta
 
@@ -244,6 +277,38 @@ def hardware_latency_summary(model_stats: dict[str, Any] | None) -> dict[str, An
                               "last_copy": publish["measured_last_copy"],
                               "spread": publish["measured_spread"]},
     }
+
+
+def rtl_latency_summary(records: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The PUBLISH latencies of an ``engine: rtl`` run: design cycles beside harness time."""
+    if records is None:
+        return None
+    publish = records.get("publish")
+    if not publish:
+        return {"publish_packets": 0}
+    values = publish["values"]
+
+    def describe(name: str) -> dict[str, float | None]:
+        return describe_values(deque(values.get(name, [])))
+
+    return {
+        "publish_packets": publish["packets"],
+        "copies_per_publish_mean": describe("copies")["mean"],
+        "clock_mhz": RTL_CLOCK_MHZ,
+        "rtl": {"first_copy": describe("rtl_first_copy"), "last_copy": describe("rtl_last_copy"),
+                "spread": describe("rtl_spread"),
+                "first_copy_cycles": describe("rtl_cycles_first_copy")},
+        "harness_measured": {"first_copy": describe("measured_first_copy"),
+                             "last_copy": describe("measured_last_copy"),
+                             "spread": describe("measured_spread")},
+    }
+
+
+def _rtl_version() -> dict[str, str]:
+    """The RTL broker's version: mqttbed's, and the hash its build directory is named by."""
+    from mqttbed import __version__
+
+    return {"mqttbed": __version__, "rtl_source_sha256": source_hash()}
 
 
 def _model_version() -> dict[str, str]:

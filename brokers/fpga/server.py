@@ -67,10 +67,10 @@ class LatencyLog:
     def summary(self) -> dict[str, Any]:
         return {"packets": self.packets,
                 "samples": len(self._columns["copies"]),
-                **{name: _describe(values) for name, values in self._columns.items()}}
+                **{name: describe_values(values) for name, values in self._columns.items()}}
 
 
-def _describe(values: deque[float]) -> dict[str, float | None]:
+def describe_values(values: deque[float]) -> dict[str, float | None]:
     if not values:
         return {"mean": None, "p50": None, "p99": None, "max": None}
     ordered = sorted(values)

@@ -1,0 +1,51 @@
+"""Simulation speed of the FPGA broker's RTL: packets per second through the Verilated
+design, against the behavioural model's ``BrokerModel.handle`` on the same packets.
+
+One subscriber of ``sync/pmu``, N PUBLISHes of 76 bytes (64-byte payload), no sockets on
+either side: the RTL harness's ``--bench`` mode drives the design one byte per cycle and
+clocks it until idle after each packet; the model is called in this process. Prints
+packets/s of each, the RTL's cycles per packet and simulated cycles per second, and the
+ratio RTL / model, measured in this one script.
+
+    .venv/bin/python bench/fpga_rtl_speed.py [--packets 50000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+
+from mqttbed.brokers.fpga.model import BrokerModel
+from mqttbed.brokers.fpga.rtl.build import ensure_sim
+from mqttbed.core.mqtt_codec import Subscribe, encode, encode_publish
+
+
+def model_packets_per_s(packets: int) -> float:
+    model = BrokerModel()
+    model.handle(encode(Subscribe(1, (("sync/pmu", 0),))), ("127.0.0.1", 40000))
+    publish = encode_publish("sync/pmu", bytes(64))
+    start = time.monotonic()
+    for _ in range(packets):
+        model.handle(publish, ("127.0.0.1", 40001))
+    return packets / (time.monotonic() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--packets", type=int, default=50_000)
+    args = parser.parse_args()
+    binary = ensure_sim()
+    rtl = json.loads(subprocess.run([str(binary), "--bench", str(args.packets)],
+                                    capture_output=True, text=True, check=True).stdout)
+    model = model_packets_per_s(args.packets)
+    cycles_per_s = rtl["packets_per_s"] * rtl["cycles_per_packet"]
+    print(f"RTL (Verilator):   {rtl['packets_per_s']:12,.0f} packets/s  "
+          f"({rtl['cycles_per_packet']:.0f} cycles/packet, {cycles_per_s / 1e6:.2f} M cycles/s)")
+    print(f"model (Python):    {model:12,.0f} packets/s")
+    print(f"RTL / model:       {rtl['packets_per_s'] / model:12.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The FPGA broker as RTL: Verilog sources, the Verilator UDP harness, and their builds."""

@@ -1,0 +1,200 @@
+"""The one-machine lab: namespace hosts with their own sshd, provisioned from scratch.
+
+Three "hosts" (network namespaces on a private bridge, each with its own sshd and host
+key) are provisioned with ``mqttbed lab provision`` (host keys pinned on first connect),
+then a campaign runs with its agents on two of them, named in the spec, and its
+Mosquitto on the third (``broker.host``), the controller on the bridge address
+(MQTTBED_LAB_ADDRESS). Afterwards ``mqttbed lab remove`` deletes the venvs and the lab
+is reaped: namespaces, sshd processes, links.
+
+Not covered here: ARM (the hosts run this machine's x86_64 Python, so the offline
+wheelhouse path is taken, not the index path a Pi takes), real GPIO pins (virtual GPIO),
+and clocks that really differ (every namespace reads the same CLOCK_MONOTONIC; the
+agents are made to probe the controller as if they were elsewhere).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mqttbed.api.report import render_report
+from mqttbed.campaigns.spec import parse_spec
+from mqttbed.controller.analysis import load_results
+from mqttbed.controller.controller import create_controller
+from mqttbed.controller.db import LabHostRow, RunRow, database_url, open_database
+from mqttbed.controller.lab import HostArg, LabError, parse_extras
+from mqttbed.core.errors import SpecError
+from mqttbed.core.settings import Settings
+from mqttbed.network.lab import LabNetwork
+
+pytestmark = [pytest.mark.timeout(300)]
+
+MQTTBED = str(Path(sys.executable).with_name("mqttbed"))
+# Kept between test runs, like a controller's data dir: the second run installs offline.
+WHEEL_CACHE = Path(__file__).resolve().parent.parent / "build" / "lab-wheels"
+HOSTS = ["lab-a", "lab-b", "lab-broker"]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab")
+    network = LabNetwork(HOSTS, root)
+    with network:
+        yield network
+        sshd_pids = [int((root / name / "sshd.pid").read_text()) for name in HOSTS]
+    assert network.leftovers() == []
+    assert [pid for pid in sshd_pids if Path(f"/proc/{pid}").exists()] == []
+
+
+def mqttbed(*args: str, data_dir: Path, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([MQTTBED, *args, "--data-dir", str(data_dir)], capture_output=True,
+                          text=True, timeout=240, env={**os.environ, "MQTTBED_LAB_WHEELS":
+                                                       str(WHEEL_CACHE)})
+    assert (done.returncode == 0) == ok, done.stderr + done.stdout
+    return done
+
+
+@pytest.mark.integration
+def test_lab_hosts_are_provisioned_run_a_campaign_and_are_removed(lab, tmp_path):
+    started = time.monotonic()
+    data = tmp_path / "data"
+    known_hosts = tmp_path / "known_hosts"
+    access = ["--key", str(lab.client_key), "--known-hosts", str(known_hosts), "--trust-new"]
+    provision = mqttbed("lab", "provision", *access,
+                        *[f"{h.name}={h.ssh_destination}" for h in lab.hosts.values()
+                          if h.name != "lab-broker"], data_dir=data)
+    assert [line for line in provision.stdout.splitlines() if "provisioned" in line] == [
+        "lab-a: provisioned (mqttbed 0.1.0)", "lab-b: provisioned (mqttbed 0.1.0)"]
+    broker_host = lab.hosts["lab-broker"]
+    provision = mqttbed("lab", "provision", "--no-agent", *access,
+                        f"lab-broker={broker_host.ssh_destination}", data_dir=data)
+    assert provision.stdout.splitlines()[-1] == "lab-broker: provisioned (no agent)"
+    # each host's key was pinned on first connect: the one its own sshd holds
+    pinned = sorted(known_hosts.read_text().splitlines())
+    assert pinned == sorted(f"{h.address} {h.known_hosts_key}" for h in lab.hosts.values())
+
+    print(f"provisioned after {time.monotonic() - started:.1f} s")
+    # a host nobody answers for is recorded as failed, with why
+    nobody = f"root@{broker_host.address}:2222"
+    failed = mqttbed("lab", "provision", "--no-agent", *access, f"lab-x={nobody}",
+                     data_dir=data, ok=False)
+    assert failed.stderr.startswith("mqttbed lab provision: lab-x: SSH to lab-x failed: ")
+    assert "Connection refused" in failed.stderr or "Unable to connect" in failed.stderr
+
+    status = json.loads(mqttbed("lab", "status", "--json", data_dir=data).stdout)
+    (unreachable,) = [entry for entry in status if entry["name"] == "lab-x"]
+    assert unreachable["state"] == "failed" and unreachable["answers"].startswith(
+        "unreachable: SSH to lab-x failed")
+    status.remove(unreachable)
+    assert [(s["name"], s["state"], s["answers"]) for s in status] == [
+        ("lab-a", "provisioned", "mqttbed 0.1.0"), ("lab-b", "provisioned", "mqttbed 0.1.0"),
+        ("lab-broker", "provisioned", "reachable, no agent")]
+    assert [s["build"] for s in status] == ["current", "current", None]
+    for entry in status:
+        facts = entry["facts"]
+        assert facts["python"].startswith(f"{sys.version_info[0]}.{sys.version_info[1]}.")
+        assert facts["machine"] == os.uname().machine and facts["kernel"] == os.uname().release
+        if entry["name"] == "lab-broker":
+            assert not (Path(broker_host.home) / ".mqttbed").exists()
+            continue
+        assert facts["gpio_backends"] == ["virtual"] and facts["model"] is None
+        assert facts["clock"]["source"] == "none"   # no chronyd or ptp4l in the lab
+        # the venv holds the agent's needs and nothing of the controller's or Spark's
+        venv = Path(lab.hosts[entry["name"]].home) / ".mqttbed" / "venv"
+        site = next((venv / "lib").glob("python3*/site-packages"))
+        for absent in ("pyspark", "fastapi", "sqlalchemy", "psutil"):
+            assert not (site / absent).exists(), absent
+        assert (site / "paho").is_dir() and (site / "mqttbed").is_dir()
+
+    spec = parse_spec({
+        "name": "lab", "broker": {"backend": "mosquitto", "host": "lab-broker"},
+        "agents": {"hosts": [{"name": "lab-a"}, {"name": "lab-b"}],
+                   "force_clock_probe": True, "clock_probe_interval_s": 0.5},
+        "workload": {"publishers": 1, "subscribers": 3, "rate_hz": 100, "messages": 150,
+                     "warmup_messages": 0},
+        "timing": {"setup_timeout_s": 30}})
+    with create_controller(Settings(data_dir=data, lab_address=lab.lab_address)) as controller:
+        for hosts, error in (
+                ([{"name": "lab-a"}, {"name": "pi-07"}],
+                 r"agents.hosts\[1\].name: no lab host named 'pi-07'; known: lab-a, lab-b, "
+                 r"lab-broker, lab-x"),
+                ([{"name": "lab-x"}], r"agents.hosts\[0\].name: lab host 'lab-x' is failed: "
+                                      r"SSH to lab-x failed"),
+                ([{"name": "lab-broker"}], r"agents.hosts\[0\].name: lab host 'lab-broker' "
+                                           r"has no agent")):
+            with pytest.raises(SpecError, match=error):
+                controller.engine.create_campaign(parse_spec({
+                    "name": "x", "agents": {"hosts": hosts}}))
+        campaign_id = controller.engine.create_campaign(spec)
+        assert controller.run_campaign(campaign_id) == "done"
+        with controller.sessions() as s:
+            (run,) = s.query(RunRow).filter_by(campaign_id=campaign_id).all()
+        results = load_results(controller.layout, campaign_id)
+        report = render_report(controller, campaign_id, standalone=True)
+    print(f"campaign done after {time.monotonic() - started:.1f} s")
+    assert sorted(run.run_metadata["agent_hosts"].values()) == ["lab-a", "lab-b"]
+    assert run.run_metadata["host"] == "lab-broker"
+    assert run.run_metadata["endpoint"]["host"] == lab.hosts["lab-broker"].address
+    assert run.run_metadata["broker"]["config"].startswith("# generated by mqttbed")
+
+    (point,) = results.points
+    assert (point.messages_sent, point.deliveries_expected, point.deliveries_received,
+            point.lost, point.duplicates) == (150, 450, 450, 0, 0)
+    (run_entry,) = results.runs
+    agents = run_entry.clock.agents
+    assert len(agents) == 2
+    for clock in agents.values():
+        assert (clock.method, clock.discipline) == ("ntp", "none")
+        assert clock.offset_uncertainty_us_max is not None
+        assert 0 < clock.offset_uncertainty_us_max < 1_000_000   # half an HTTP round trip
+        assert clock.estimates is not None and clock.estimates >= 2   # re-probed in the run
+    print(json.dumps({agent: clock.model_dump() for agent, clock in agents.items()}))
+    # the report shows them too, one row per agent
+    table = report[report.index('<table id="agent-clocks">'):]
+    table = table[:table.index("</table>")]
+    assert table.count("<td class=\"l\">ntp</td><td class=\"l\">none</td>") == 2
+    # the broker was sampled on its host and the samples came back
+    assert point.broker.samples > 0 and point.broker.rss_bytes_max > 0
+    print(point.broker.model_dump())
+
+    # (lab-x was never reached, so nothing is there to delete: only its record goes)
+    removed = mqttbed("lab", "remove", *HOSTS, "lab-x", data_dir=data)
+    assert removed.stdout.splitlines() == [f"{name}: removed" for name in [*HOSTS, "lab-x"]]
+    for host in lab.hosts.values():
+        assert not (Path(host.home) / ".mqttbed").exists()
+    sessions = open_database(database_url(data))
+    with sessions() as s:
+        assert s.query(LabHostRow).count() == 0
+    sessions.kw["bind"].dispose()
+
+
+def test_host_arguments_and_extras_are_checked_with_the_bad_value_named():
+    assert HostArg.parse("pi-07=pi@192.168.1.57:2222") == HostArg("pi-07", "pi@192.168.1.57",
+                                                                 2222)
+    assert HostArg.parse("pi@10.0.0.9") == HostArg("10.0.0.9", "pi@10.0.0.9", None)
+    for text, error in (("pi-07=192.168.1.57", "expected [name=]user@address[:port]"),
+                        ("pi@10.0.0.9:99999", "port '99999' is not 1-65535"),
+                        ("-x=pi@10.0.0.9", "name '-x' must be 1-64 letters")):
+        with pytest.raises(LabError, match=re.escape(f"host {text!r}: {error}")):
+            HostArg.parse(text)
+    assert parse_extras("pi5") == ["agent", "pi5"]
+    with pytest.raises(LabError, match=r"--extras 'agent,analytics': unknown analytics"):
+        parse_extras("agent,analytics")
+    with pytest.raises(LabError, match="pi .* and pi5 .* cannot both be installed"):
+        parse_extras("pi,pi5")
+
+
+def test_an_agent_host_needs_an_address_or_a_lab_host_name():
+    with pytest.raises(SpecError, match=r"agents: hosts\[0\]: give host \(user@address\) or "
+                                        r"the name of a lab host"):
+        parse_spec({"name": "x", "agents": {"hosts": [{"count": 2}]}})
+    with pytest.raises(SpecError, match=r"broker.host"):
+        parse_spec({"name": "x", "broker": {"backend": "mosquitto", "host": ""}})
