@@ -176,9 +176,10 @@ def test_scope_that_stops_answering_marks_the_run_and_keeps_software_figures(
     table = run_events(controller, campaign_id, run.id)
     sources = table.group_by("clock_source").aggregate([("kind", "count")]).to_pylist()
     by_source = {row["clock_source"]: row["kind_count"] for row in sources}
-    # software: every publish, both deliveries of each, both subscriptions; the scope:
-    # one row (its one watched subscriber) per acquisition made before it hung
-    assert by_source == {"user": 600 + 2 * 600 + 2, "scope": scope["acquisitions"]}
+    # software: every publish and both subscriptions on the user clock, both deliveries
+    # of each publish on the kernel's receive stamp; the scope: one row (its one watched
+    # subscriber) per acquisition made before it hung
+    assert by_source == {"user": 600 + 2, "kernel": 2 * 600, "scope": scope["acquisitions"]}
 
 
 def test_short_run_flags_the_scope_shortfall_after_the_measure_timeout(controller):
