@@ -102,6 +102,7 @@ class _Client:
     last_pub_ns: int = 0
     send_lag_max_ns: int = 0
     subscribing: str = ""  # the topic whose SUBACK a subscriber waits for
+    last_delivery_ns: int = 0  # user-space time of its latest delivery (0: none yet)
     # (first publisher index, end, warm-up messages) per stream of a message mix
     warmup_ranges: tuple[tuple[int, int, int], ...] = ()
 
@@ -390,6 +391,7 @@ class MqttSession:
         except ValueError:
             return  # not one of ours (e.g. a stray retained message)
         client.received.add((pub_index, seq))
+        client.last_delivery_ns = t_user
         spec = client.spec
         if t_kernel is None:
             self._user_deliveries += 1
@@ -440,9 +442,12 @@ class MqttSession:
                 client.conn.flush()
 
     def run(self, t_start_ns: int, t_deadline_ns: int, abort: Callable[[], bool],
-            t_publish_end_ns: int | None = None) -> None:
+            t_publish_end_ns: int | None = None,
+            drain_idle: tuple[int, int] | None = None) -> None:
         """Publish on schedule from ``t_start_ns`` and receive until done or the deadline;
-        nothing is published after ``t_publish_end_ns`` (default: the deadline).
+        nothing is published after ``t_publish_end_ns`` (default: the deadline). With
+        ``drain_idle`` (the window's end, an idle time; ``timing.drain_idle_s``), a
+        subscriber is done once no delivery reached it for the idle time after the window.
 
         Open-loop publishers: message k is due at ``t_start + offset + k / rate``; a late
         send goes out at once and keeps its intended time, so coordinated omission stays
@@ -483,7 +488,9 @@ class MqttSession:
                     now = monotonic_ns()
                 if now > publish_end:
                     due.clear()  # the publishing window is over: acks and drain only
-                if self._finished(due, now > publish_end) or now > t_deadline_ns:
+                idle_since = (now - drain_idle[1] if drain_idle is not None
+                              and now - drain_idle[0] >= drain_idle[1] else None)
+                if self._finished(due, now > publish_end, idle_since) or now > t_deadline_ns:
                     return
                 wait_ns = (due[0][0] - now) if due else 50_000_000
                 self.pump(min(wait_ns, 50_000_000) / 1e9)
@@ -532,7 +539,10 @@ class MqttSession:
                       spec.qos, seq < spec.warmup_messages, t_intended_ns, t_pub, None, _USER,
                       None))
 
-    def _finished(self, due: list[tuple[int, int, int]], window_over: bool = False) -> bool:
+    def _finished(self, due: list[tuple[int, int, int]], window_over: bool = False,
+                  idle_since_ns: int | None = None) -> bool:
+        """Whether every client is done; a subscriber whose latest delivery (or the
+        window's end) is before ``idle_since_ns`` is done draining."""
         if due:
             return False
         for client in self._clients:
@@ -541,7 +551,8 @@ class MqttSession:
                 return False  # a closed-loop publisher waits for its acknowledgements
             if spec.role == Role.PUBLISHER and spec.qos > 0 and client.acked < client.sent:
                 return False
-            if spec.role == Role.SUBSCRIBER and len(client.received) < spec.expected_messages:
+            if (spec.role == Role.SUBSCRIBER and len(client.received) < spec.expected_messages
+                    and (idle_since_ns is None or client.last_delivery_ns >= idle_since_ns)):
                 return False
         return True
 

@@ -152,7 +152,9 @@ class AssignmentRunner:
                         # closed loop: publish for the window, then drain (open loop keeps
                         # sending late messages until the deadline: they are measured)
                         t_publish_end_ns=self._start_ns + a.window_ns
-                        if any(c.closed_loop for c in a.clients) else None)
+                        if any(c.closed_loop for c in a.clients) else None,
+                        drain_idle=None if a.drain_idle_s is None else (
+                            self._start_ns + a.window_ns, int(a.drain_idle_s * 1e9)))
             if tracker is not None:
                 tracker.stop()
             if uploader.error is not None:

@@ -342,11 +342,24 @@ class Timing(_Strict):
 
     start_lead_s: float = Field(0.5, gt=0, le=60, description="start time handed out ahead")
     drain_s: float = Field(1.0, ge=0, le=600, description="wait for late deliveries")
+    drain_idle_s: float | None = Field(
+        None, gt=0, le=600,
+        description="end a subscriber's drain once no delivery reached it for this long "
+                    "(drain_s stays the bound); default: wait all of drain_s unless every "
+                    "expected message arrived (a closed-loop subscriber cannot know how "
+                    "many to expect, so it always waits drain_s)")
     setup_timeout_s: float = Field(30.0, gt=0, le=3600)
     heartbeat_timeout_s: float = Field(3.0, gt=0, le=600)
     upload_interval_s: float | None = Field(
         None, gt=0, le=3600, description="how often agents upload their events during the "
                                          "run; default 1 s, 0.2 s with a scope")
+
+    @model_validator(mode="after")
+    def _idle_within_drain(self) -> Timing:
+        if self.drain_idle_s is not None and self.drain_idle_s > self.drain_s:
+            raise ValueError(f"drain_idle_s {self.drain_idle_s} is longer than drain_s "
+                             f"{self.drain_s}, which bounds the drain: raise drain_s")
+        return self
 
 
 class ScopeChannels(_Strict):

@@ -129,6 +129,7 @@ def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint
         per_agent[agent].append(client.model_copy(update=update))
     return {agent: Assignment(run_id=run_id, campaign_id=campaign_id, broker=broker[agent],
                               clients=mine, window_ns=window_ns, drain_s=spec.timing.drain_s,
+                              drain_idle_s=spec.timing.drain_idle_s,
                               connect_timeout_s=spec.timing.setup_timeout_s,
                               force_clock_probe=spec.agents.force_clock_probe,
                               clock_probe_interval_s=spec.agents.clock_probe_interval_s,

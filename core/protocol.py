@@ -171,6 +171,7 @@ class Assignment(Message):
     window_ns: int = 0  # publishing window of the whole run, from the start time
     connect_timeout_s: float = 30.0
     drain_s: float = 1.0
+    drain_idle_s: float | None = None  # the spec's timing.drain_idle_s
     # the MQTT client for mqtt-tcp: mqttbed's lean one, or paho (TLS, comparison)
     mqtt_client: Literal["lean", "paho"] = "lean"
     heartbeat_timeout_s: float = 3.0  # the spec's timing.heartbeat_timeout_s, both ways

@@ -189,3 +189,35 @@ def test_each_client_uses_the_broker_its_assignment_names(broker):
     assert peers == {"pub-0": broker.port, "sub-0": broker.port, "sub-1": elsewhere.port}
     receivers = {e[3] for e in events if e[0] == "delivery"}
     assert receivers == {"sub-0"}   # two unbridged brokers: sub-1 hears nothing
+
+
+@pytest.mark.integration  # Mosquitto
+def test_an_idle_drain_ends_a_subscriber_that_waits_for_more_than_will_come(broker):
+    """timing.drain_idle_s: a subscriber expecting messages that never come (lost, or a
+    closed-loop count it cannot know) is done once nothing reached it for the idle time
+    after the window; without it, it waits for the deadline."""
+    waits = []
+    for idle in (300_000_000, None):
+        pub, *subs = clients(2)
+        subs = [s.model_copy(update={"expected_messages": MESSAGES + 10}) for s in subs]
+        events: list = []
+        session = MqttSession(broker, [pub, *subs], VirtualGpio(), events.append)
+        try:
+            session.connect(timeout_s=10)
+            start = monotonic_ns() + 50_000_000
+            window_end = start + MESSAGES * 1_000_000_000 // RATE_HZ
+            deadline = window_end + 3_000_000_000
+            session.run(start, deadline, abort=lambda: False,
+                        drain_idle=None if idle is None else (window_end, idle))
+            ended = monotonic_ns()
+            assert session.counts() == (MESSAGES, 2 * MESSAGES)
+        finally:
+            session.close()
+        last = max(e[12] for e in events if e[0] == "delivery")
+        waits.append((ended - max(last, window_end), ended - deadline))
+    (idle_wait, idle_vs_deadline), (full_wait, full_vs_deadline) = waits
+    # idle: done 0.3 s after the later of the last delivery and the window's end, long
+    # before the deadline (the loop checks every 50 ms at most)
+    assert 300_000_000 <= idle_wait < 1_500_000_000 and idle_vs_deadline < -1_000_000_000
+    # no idle time: it waited out the deadline
+    assert full_vs_deadline >= 0 and full_wait >= 3_000_000_000

@@ -211,3 +211,10 @@ def test_scope_subscriber_selector_must_be_a_rank_or_first_last():
 def test_unknown_scope_dialect_is_named():
     with pytest.raises(SpecError, match=r"measurement\.scope\.dialect: bad value 'tek'"):
         parse_spec(spec_with(measurement={"scope": {"resource": "virtual", "dialect": "tek"}}))
+
+
+def test_an_idle_drain_longer_than_the_drain_is_refused_naming_both():
+    with pytest.raises(SpecError, match=r"timing: drain_idle_s 2\.0 is longer than drain_s 1\.0"):
+        parse_spec(spec_with(timing={"drain_s": 1, "drain_idle_s": 2}))
+    timing = parse_spec(spec_with(timing={"drain_s": 30, "drain_idle_s": 2})).timing
+    assert (timing.drain_s, timing.drain_idle_s) == (30, 2)
