@@ -8,6 +8,7 @@ no broker samples) or a campaign missing entirely gives an empty frame, not an e
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,10 +30,20 @@ SAMPLES_DDL = ("t_ns bigint, cpu_percent double, rss_bytes bigint, bytes_recv bi
                "bytes_sent bigint")
 
 
-def _has_data_files(directory: Path) -> bool:
+# Parquet bytes on disk per partition of a frame held in memory (several times that once
+# decoded): a quickstart's few MB are one partition, 100 MB of events a handful.
+HELD_BYTES_PER_PARTITION = 16 * 1024 * 1024
+
+
+def _data_files(directory: Path) -> list[Path]:
     # Spark skips names starting with "." or "_" (temporary files, _SUCCESS markers).
-    return directory.is_dir() and any(
-        not f.name.startswith((".", "_")) for f in directory.glob("*.parquet"))
+    if not directory.is_dir():
+        return []
+    return [f for f in directory.glob("*.parquet") if not f.name.startswith((".", "_"))]
+
+
+def _has_data_files(directory: Path) -> bool:
+    return bool(_data_files(directory))
 
 
 def read_runs(spark: SparkSession, root: Path, campaign_id: str, run_ids: Sequence[str],
@@ -52,3 +63,19 @@ def read_runs(spark: SparkSession, root: Path, campaign_id: str, run_ids: Sequen
     frame = spark.read.schema(ddl).option("basePath", str(root)).parquet(*paths)
     return frame.where((F.col("campaign_id") == campaign_id)
                        & F.col("run_id").isin(list(run_ids)))
+
+
+def read_runs_held(spark: SparkSession, root: Path, campaign_id: str, run_ids: Sequence[str],
+                   ddl: str) -> DataFrame:
+    """:func:`read_runs`, read once and held in memory in few partitions; unpersist it.
+
+    Every figure pass scans the same rows: without this, each pass re-reads the run's many
+    small chunk files, a task per file group, and on a small campaign Spark's per-file and
+    per-task overhead is most of the analysis. The rows are the same; only where they come
+    from changes. Cached with Spark's default (memory, spilling to disk).
+    """
+    campaign_dir = Path(root) / f"campaign_id={campaign_id}"
+    stored = sum(f.stat().st_size for run_id in run_ids
+                 for f in _data_files(campaign_dir / f"run_id={run_id}"))
+    partitions = max(1, math.ceil(stored / HELD_BYTES_PER_PARTITION))
+    return read_runs(spark, root, campaign_id, run_ids, ddl).coalesce(partitions).cache()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mqttbed.analytics.confidence import bootstrap_interval
-from mqttbed.analytics.datasets import EVENTS_DDL, SAMPLES_DDL, read_runs
+from mqttbed.analytics.datasets import EVENTS_DDL, SAMPLES_DDL, read_runs, read_runs_held
 from mqttbed.analytics.figures import (
     POINT_LEVEL,
     RUN_LEVEL,
@@ -127,11 +127,24 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
         [(run.run_id, RUN_LEVEL, run.run_id) for run in runs]
         + [(run.run_id, POINT_LEVEL, str(run.point_index)) for run in runs if run.state == DONE],
         "run_id string, level string, key string")
-    events, scope_events = split_by_clock(
-        read_runs(spark, events_path, campaign_id, run_ids, EVENTS_DDL))
+    stored_events = read_runs_held(spark, events_path, campaign_id, run_ids, EVENTS_DDL)
+    try:
+        return _compute(spark, campaign, campaign_id, runs, levels, stored_events,
+                        read_runs(spark, samples_path, campaign_id, run_ids, SAMPLES_DDL),
+                        records_path, tuple(section_types))
+    finally:
+        stored_events.unpersist()
+
+
+def _compute(spark: SparkSession, campaign: dict[str, Any], campaign_id: str,
+             runs: list[RunInfo], levels: Any, stored_events: Any, samples: Any,
+             records_path: Path | None, section_types: tuple[type[BackendSection], ...]
+             ) -> CampaignStats:
+    """compute_campaign_stats over the campaign's events as read (held in memory)."""
+    run_ids = [run.run_id for run in runs]
+    events, scope_events = split_by_clock(stored_events)
     events = _on_receive_clock(events, [run.run_id for run in runs
                                         if run.receive_clock == "user"])
-    section_types = tuple(section_types)
     records = (read_runs(spark, records_path, campaign_id, run_ids, RECORDS_DDL)
                if records_path is not None and section_types else None)
     faulted = [(run.run_id, run.fault_at_ns) for run in runs if run.fault_at_ns is not None]
@@ -144,8 +157,7 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
                if publisher_streams else None)
     inputs = _Inputs(
         figures=compute_level_figures(
-            events, read_runs(spark, samples_path, campaign_id, run_ids, SAMPLES_DDL), levels,
-            faults, streams),
+            events, samples, levels, faults, streams),
         scope=scope_figures(scope_events, levels),
         sync_errors=time_sync_errors(events, levels) if any(
             run.mode == "time-sync" for run in runs) else {},
