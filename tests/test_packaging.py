@@ -39,3 +39,20 @@ def test_a_built_package_carries_templates_campaigns_migrations_and_the_c_and_p4
     assert {"pams.p4", "pams.p4info.txtpb"} <= {p.name for p in p4.iterdir()}
     assert (p4 / "ebpf" / "pams.bpf.c").is_file()
     assert (package / "network" / "topology.py").is_file()
+
+
+def test_every_tracked_package_folder_is_listed_in_setuptools_packages():
+    """A folder with an ``__init__.py`` that ``packages`` leaves out is missing from
+    ``pip install .`` and the images, while the editable dev install still finds it."""
+    import tomllib
+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    package_of_folder = {folder: package for package, folder in setuptools["package-dir"].items()}
+    tracked = subprocess.run(["git", "ls-files", "*__init__.py"], cwd=REPO, capture_output=True,
+                             text=True, check=True).stdout.splitlines()
+    in_tree = set()
+    for name in tracked:
+        top, *rest = Path(name).parent.parts or ("",)
+        if top in package_of_folder:
+            in_tree.add(".".join([package_of_folder[top], *rest]))
+    assert in_tree - set(setuptools["packages"]) == set()
