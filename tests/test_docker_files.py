@@ -154,6 +154,7 @@ def test_every_mqttbed_variable_set_is_one_the_code_reads():
     assert ours & {"MQTTBED_AGENT_TOKEN", "MQTTBED_TOKEN"} == set()
 
 
+@pytest.mark.integration  # Spark's Master and Worker print their usage from a JVM
 def test_every_command_uses_subcommands_and_options_the_real_cli_has():
     from mqttbed.controller.cli import build_parser
 
@@ -237,6 +238,7 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+@pytest.mark.integration  # a real controller and agent
 def test_entrypoints_serve_a_controller_and_register_an_agent_from_a_token_file(tmp_path):
     controller_entry = DOCKER / "controller-entrypoint.sh"
     agent_entry = DOCKER / "agent-entrypoint.sh"
