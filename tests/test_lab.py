@@ -165,6 +165,30 @@ def test_lab_hosts_are_provisioned_run_a_campaign_and_are_removed(lab, tmp_path)
     assert point.broker.samples > 0 and point.broker.rss_bytes_max > 0
     print(point.broker.model_dump())
 
+    # an upgrade: lab-a's install drifted (a module edited there, its record names another
+    # build): status says outdated, and upgrade puts this controller's build back
+    site_a = next((Path(lab.hosts["lab-a"].home) / ".mqttbed" / "venv" / "lib").glob(
+        "python3*/site-packages"))
+    edited = site_a / "mqttbed" / "agents" / "facts.py"
+    original = edited.read_bytes()
+    edited.write_text("raise SystemExit('an old build')\n")
+    sessions = open_database(database_url(data))
+    with sessions() as s:
+        row = s.get(LabHostRow, "lab-a")
+        current = row.facts["build"]
+        row.facts = {**row.facts, "build": "0123456789abcdef"}
+        s.commit()
+    sessions.kw["bind"].dispose()
+    builds = {e["name"]: e["build"] for e in json.loads(
+        mqttbed("lab", "status", "--json", data_dir=data).stdout)}
+    assert builds["lab-a"].startswith("outdated") and builds["lab-b"] == "current"
+    upgraded = mqttbed("lab", "upgrade", "lab-a", data_dir=data)
+    assert upgraded.stdout.splitlines()[-1] == "lab-a: upgraded (mqttbed 0.1.0)"
+    assert edited.read_bytes() == original
+    (entry,) = json.loads(mqttbed("lab", "status", "--json", "lab-a", data_dir=data).stdout)
+    assert (entry["build"], entry["facts"]["build"], entry["answers"]) == (
+        "current", current, "mqttbed 0.1.0")
+
     # (lab-x was never reached, so nothing is there to delete: only its record goes)
     removed = mqttbed("lab", "remove", *HOSTS, "lab-x", data_dir=data)
     assert removed.stdout.splitlines() == [f"{name}: removed" for name in [*HOSTS, "lab-x"]]
