@@ -17,12 +17,18 @@ from tests.conftest import child_processes
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 
-def test_the_comparison_campaign_sweeps_both_brokers_over_the_papers_subscriber_counts():
+def test_the_comparison_campaign_sweeps_three_brokers_over_the_papers_subscriber_counts():
     spec = load_spec(builtin_spec_path("fpga-vs-software"))
     runs = plan_runs(spec)
-    assert spec.repetitions == 20 and len(runs) == 2 * 5 * 20
-    points = {(r.point.spec.broker.backend, r.point.spec.workload.subscribers) for r in runs}
-    assert points == {(b, n) for b in ("mosquitto", "fpga") for n in (2, 10, 20, 50, 100)}
+    assert spec.repetitions == 20 and len(runs) == 3 * 5 * 20
+    # (fpga-model leaves engine out: the backend's default, model)
+    brokers = {"mosquitto": ("mosquitto", None), "fpga-model": ("fpga", None),
+               "fpga-rtl": ("fpga", "rtl")}
+    points = {(r.point.params["scenario"], r.point.spec.broker.backend,
+               r.point.spec.broker.model_dump().get("engine"), r.point.spec.workload.subscribers)
+              for r in runs}
+    assert points == {(name, *brokers[name], n) for name in brokers
+                      for n in (2, 10, 20, 50, 100)}
     assert {r.point.spec.workload.qos for r in runs} == {0}
     # one run sends for a few seconds
     w = spec.workload

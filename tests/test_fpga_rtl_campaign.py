@@ -1,4 +1,5 @@
-"""campaigns/fpga-rtl.yaml from the CLI: Mosquitto against the RTL broker in Verilator.
+"""campaigns/fpga-vs-software.yaml from the CLI: Mosquitto, the FPGA model and the FPGA
+broker's RTL in Verilator, at one subscriber count and one repetition.
 
 The run takes a minute or more with its Spark session, over the RTL tests' share of
 `make test`: it runs in `make rtl-test` (MQTTBED_RTL_FULL=1)."""
@@ -7,13 +8,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from mqttbed.campaigns.spec import SpecError, builtin_spec_path, parse_spec
+from mqttbed.api.report import render_report
+from mqttbed.campaigns.spec import (
+    SpecError,
+    builtin_spec_path,
+    load_spec,
+    parse_spec,
+    plan_runs,
+)
+from mqttbed.controller.controller import create_controller
+from mqttbed.core.settings import Settings
 from tests.conftest import child_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
@@ -25,25 +37,35 @@ def test_a_bad_engine_names_the_field_and_the_value():
         parse_spec({**base, "broker": {"backend": "fpga", "engine": "vhdl"}})
 
 
+def test_the_quick_rtl_campaign_pairs_mosquitto_with_the_rtl():
+    runs = plan_runs(load_spec(builtin_spec_path("fpga-rtl")))
+    assert [(r.point.params["scenario"], r.point.spec.broker.model_dump().get("engine"))
+            for r in runs] == [("mosquitto", None), ("fpga-rtl", "rtl")]
+
+
 @pytest.mark.skipif(os.environ.get("MQTTBED_RTL_FULL") != "1",
-                    reason="two runs and a Spark session: make rtl-test")
-def test_mqttbed_run_against_the_rtl_reports_cycle_latency_beside_mosquitto(tmp_path):
+                    reason="three runs and a Spark session: make rtl-test")
+def test_the_papers_comparison_runs_against_the_rtl_and_reports_its_cycle_latency(tmp_path):
+    spec = yaml.safe_load(builtin_spec_path("fpga-vs-software").read_text())
+    spec.update(sweep={"workload.subscribers": [4]}, repetitions=1)
+    path = tmp_path / "fpga-vs-software-4.yaml"
+    path.write_text(yaml.safe_dump(spec))
     cli = Path(sys.executable).with_name("mqttbed")
-    done = subprocess.run([str(cli), "run", str(builtin_spec_path("fpga-rtl")),
-                           "--data-dir", str(tmp_path / "d")],
+    data = tmp_path / "d"
+    done = subprocess.run([str(cli), "run", str(path), "--data-dir", str(data)],
                           capture_output=True, text=True, timeout=380,
                           env={**os.environ, "COLUMNS": "200",
                                "PYSPARK_PYTHON": sys.executable})
     assert done.returncode == 0, done.stderr[-3000:]
     stats_line = next(line for line in done.stdout.splitlines() if line.startswith("stats:"))
     stats = json.loads(Path(stats_line.split(":", 1)[1].strip()).read_text())
-    points = {p["backend"]: p for p in stats["points"]}
-    assert set(points) == {"mosquitto", "fpga"}
+    points = {p["params"]["scenario"]: p for p in stats["points"]}
+    assert set(points) == {"mosquitto", "fpga-model", "fpga-rtl"}
     for point in points.values():
-        # 100 PUBLISHes, the first 10 warm-up (not counted in the point)
-        assert point["messages_sent"] == 90 and point["deliveries_received"] == 4 * 90
+        # 100 PUBLISHes, the first 20 warm-up (not counted in the point)
+        assert point["messages_sent"] == 80 and point["deliveries_received"] == 4 * 80
         assert point["lost"] == 0 and point["duplicates"] == 0
-    section = points["fpga"]["sections"]["hardware_latency"]
+    section = points["fpga-rtl"]["sections"]["hardware_latency"]
     assert section["publish_packets"] == 100 and section["copies_per_publish"] == 4
     # The design is clocked, so every PUBLISH of the same size takes the same cycles:
     # one byte per cycle in (76 bytes), lookup, one byte per cycle out per copy.
@@ -54,4 +76,32 @@ def test_mqttbed_run_against_the_rtl_reports_cycle_latency_beside_mosquitto(tmp_
     assert last["p50"] - first["p50"] == 3 * 770
     assert section["emulator_first_copy_ns"]["count"] == 100
     assert section["modelled_first_copy_ns"]["count"] == 0
+    # the model's section: its modelled pipeline, no cycles
+    model = points["fpga-model"]["sections"]["hardware_latency"]
+    assert model["modelled_first_copy_ns"]["p50"] == pytest.approx(799.2)
+    assert model["rtl_first_copy_ns"]["count"] == 0
     assert child_processes("mqttbed-fpga-rtl") == []
+
+    # the report: the RTL's cycle latency in the FPGA section's table, Mosquitto's
+    # measured latency in the summary, each in its point's row
+    with create_controller(Settings(data_dir=data)) as controller:
+        report = render_report(controller, stats["campaign_id"], standalone=True)
+    rtl_row = table_row(report, "section-hardware_latency", "scenario=fpga-rtl")
+    assert rtl_row["rtl_first_copy_ns p50"] == f"{first['p50']:.1f}"
+    mosquitto_row = table_row(report, "summary", "scenario=mosquitto")
+    assert mosquitto_row["lat p50 µs"] == f"{points['mosquitto']['latency_us']['p50']:.1f}"
+
+
+def table_row(report: str, table_id: str, label_part: str) -> dict[str, str]:
+    """The row of an HTML table of the report whose label contains ``label_part``, as
+    {column header: cell text}."""
+    table = report[report.index(f'<table id="{table_id}"'):]
+    table = table[:table.index("</table>")]
+    headers = [re.sub(r"<[^>]+>", "", h).strip()
+               for h in re.findall(r"<th[^>]*>(.*?)</th>", table, re.S)]
+    for row in re.findall(r"<tr>(.*?)</tr>", table, re.S):
+        cells = [re.sub(r"<[^>]+>", "", c).strip()
+                 for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+        if cells and label_part in cells[0]:
+            return dict(zip(headers, cells, strict=True))
+    raise AssertionError(f"no row with {label_part!r} in table {table_id}")
