@@ -11,9 +11,11 @@ from fastapi import FastAPI
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening-ready TCP socket bound to ``host:port`` (0 picks a free port).
+    """A TCP socket bound to ``host:port`` (0 picks a free port) and listening.
 
     Binding before the app exists lets the app know its own URL (agents are told it).
+    Listening at once means the URL can be printed as soon as it is known: a client that
+    connects before the server's loop runs waits in the backlog, not refused.
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -22,6 +24,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
     # delayed ACK (~40 ms), which would pass for network delay in clock probes.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
+    sock.listen(socket.SOMAXCONN)
     return sock
 
 

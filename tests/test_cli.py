@@ -100,3 +100,22 @@ def test_report_writes_one_self_contained_html_file(served, tmp_path):
     assert "Plotly.newPlot" in html and "plotly.js" in html[:5_000_000]
     assert 'src="http' not in html and "/static/" not in html  # nothing fetched
     assert "plot-latency-cdf" in html
+
+
+def test_the_url_serve_prints_takes_connections_before_its_server_loop_runs():
+    """`mqttbed serve` prints its URL once the socket is bound, before uvicorn runs: the
+    socket listens already, so a client that connects at once waits in the backlog
+    instead of being refused (CI saw "Connection refused" right after the line)."""
+    import socket
+
+    from mqttbed.controller.embedded import bind_socket
+
+    sock = bind_socket("127.0.0.1", 0)
+    try:
+        with socket.create_connection(sock.getsockname(), timeout=2) as client:
+            client.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            accepted, _ = sock.accept()   # what the server's loop does once it runs
+            with accepted:
+                assert accepted.recv(100).startswith(b"GET / HTTP/1.1")
+    finally:
+        sock.close()
