@@ -85,7 +85,7 @@ def test_the_papers_comparison_runs_against_the_rtl_and_reports_its_cycle_latenc
     # the report: the RTL's cycle latency in the FPGA section's table, Mosquitto's
     # measured latency in the summary, each in its point's row
     with create_controller(Settings(data_dir=data)) as controller:
-        report = render_report(controller, stats["campaign_id"], standalone=True)
+        report = render_report(controller, stats["campaign"]["id"], standalone=True)
     rtl_row = table_row(report, "section-hardware_latency", "scenario=fpga-rtl")
     assert rtl_row["rtl_first_copy_ns p50"] == f"{first['p50']:.1f}"
     mosquitto_row = table_row(report, "summary", "scenario=mosquitto")
