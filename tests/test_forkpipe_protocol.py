@@ -204,8 +204,15 @@ class Deployed:
     def processes(self) -> int:
         """Live processes in the broker's tree, the listener included."""
         root = psutil.Process(self.backend.metadata()["pid"])
-        return 1 + sum(p.status() != psutil.STATUS_ZOMBIE
-                       for p in root.children(recursive=True) if p.is_running())
+        return 1 + sum(_alive(p) for p in root.children(recursive=True))
+
+
+def _alive(process: psutil.Process) -> bool:
+    """Running and not a zombie; a child that ended since it was listed is not alive."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def deploy(sanitizers: bool, **options: object) -> Deployed:
