@@ -234,24 +234,23 @@ class Lab:
         """
         if extras:
             self.wheels.mqttbed_wheel()   # once, before the hosts want it
-        with ThreadPoolExecutor(min(PARALLEL_HOSTS, len(hosts))) as pool:
-            futures = [pool.submit(self._provision_one, host, access, extras, remote_dir)
-                       for host in hosts]
-        failures = [str(f.exception()) for f in futures if f.exception() is not None]
-        if failures:
-            raise LabError("; ".join(failures))
-        return [f.result() for f in futures]
+        return self._provision_all([(host, access, extras, remote_dir) for host in hosts])
 
     def upgrade(self, names: list[str]) -> list[LabHostRow]:
         """Install the current mqttbed on provisioned hosts (all when ``names`` is empty)."""
-        rows = self._rows(names)
-        hosts = [HostArg(row.name, row.destination, row.ssh_port) for row in rows]
         self.wheels.mqttbed_wheel()
-        with ThreadPoolExecutor(min(PARALLEL_HOSTS, max(len(rows), 1))) as pool:
-            futures = [pool.submit(self._provision_one, host,
-                                   Access(row.key_filename, row.known_hosts, row.trust_new),
-                                   [e for e in row.extras.split(",") if e], row.remote_dir)
-                       for host, row in zip(hosts, rows, strict=True)]
+        return self._provision_all([
+            (HostArg(row.name, row.destination, row.ssh_port),
+             Access(row.key_filename, row.known_hosts, row.trust_new),
+             [e for e in row.extras.split(",") if e], row.remote_dir)
+            for row in self._rows(names)])
+
+    def _provision_all(self, jobs: list[tuple[HostArg, Access, list[str], str | None]]
+                       ) -> list[LabHostRow]:
+        """:meth:`_provision_one` for every job, up to PARALLEL_HOSTS at once; raise
+        LabError naming each host that failed."""
+        with ThreadPoolExecutor(min(PARALLEL_HOSTS, max(len(jobs), 1))) as pool:
+            futures = [pool.submit(self._provision_one, *job) for job in jobs]
         failures = [str(f.exception()) for f in futures if f.exception() is not None]
         if failures:
             raise LabError("; ".join(failures))
