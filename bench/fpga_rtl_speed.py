@@ -2,8 +2,8 @@
 design, against the behavioural model's ``BrokerModel.handle`` on the same packets.
 
 One subscriber of ``sync/pmu``, N PUBLISHes of 76 bytes (64-byte payload), no sockets on
-either side: the RTL harness's ``--bench`` mode drives the design one byte per cycle and
-clocks it until idle after each packet; the model is called in this process. Prints
+either side: the RTL harness's ``--bench`` mode drives the design one beat (W bytes) per
+cycle and clocks it until idle after each packet; the model is called in this process. Prints
 packets/s of each, the RTL's cycles per packet and simulated cycles per second, and the
 ratio RTL / model, measured in this one script.
 

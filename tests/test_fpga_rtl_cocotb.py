@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def test_the_whole_broker_against_the_model(tmp_path):
-    assert run_cocotb("cocotb_top", "cocotb_broker", tmp_path) == (3, 0)
+    assert run_cocotb("cocotb_top", "cocotb_broker", tmp_path) == (5, 0)
 
 
 def test_the_message_queue(tmp_path):

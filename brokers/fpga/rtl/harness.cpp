@@ -1,10 +1,11 @@
 // mqttbed-fpga-rtl: the Verilated FPGA broker (mqtt_broker.v) behind a real UDP socket.
 //
-// Each datagram received is driven into s_axis one byte per clock (source address and port
-// in tuser); the design is clocked until it is idle again, and every packet it puts out on
-// m_axis is sent as one datagram to the address and port in its tuser. The clock only runs
+// Each datagram received is driven into s_axis one beat per clock, W bytes a beat (the
+// design's width, kBeat below; tkeep marks the bytes of the last beat; source address and
+// port in tuser); the design is clocked until it is idle again, and every packet it puts
+// out on m_axis is sent as one datagram to the address and port in its tuser. The clock only runs
 // while there is work, so an idle broker costs no CPU. Per packet answered it records the
-// design's cycles from the first byte in to the last byte of each copy out (receive to
+// design's cycles from the first beat in to the last beat of each copy out (receive to
 // send, as the paper's 799.2 ns), and the harness's own measured time from recvfrom to each
 // sendto (CLOCK_MONOTONIC).
 //
@@ -32,6 +33,34 @@
 
 namespace {
 
+// Bytes per beat: the width of tkeep (Verilator stores a signal least significant byte
+// first, as an integer or an array of 32-bit words: a beat's bytes are copied in and out).
+constexpr size_t kBeat = sizeof(Vmqtt_broker::s_axis_tkeep) * 8;
+static_assert(sizeof(Vmqtt_broker::s_axis_tdata) == kBeat, "tdata is W bytes");
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "signals are copied bytewise");
+
+template <typename T>
+void put_bytes(T& signal, const uint8_t* bytes, size_t n) {
+    std::memset(&signal, 0, sizeof signal);
+    std::memcpy(&signal, bytes, n);
+}
+
+template <typename T>
+void put_keep(T& signal, size_t n) {
+    uint8_t mask[sizeof signal] = {};
+    for (size_t i = 0; i < n; i++) mask[i / 8] |= uint8_t(1u << (i % 8));
+    std::memcpy(&signal, mask, sizeof signal);
+}
+
+template <typename T>
+size_t keep_count(const T& signal) {     // the low lanes in use
+    uint8_t mask[sizeof signal];
+    std::memcpy(mask, &signal, sizeof signal);
+    size_t n = 0;
+    while (n < kBeat && (mask[n / 8] >> (n % 8) & 1)) n++;
+    return n;
+}
+
 constexpr size_t kMaxDatagram = 65535;
 constexpr size_t kSamplesKept = 200000;
 constexpr long kIoIntervalNs = 50000000;
@@ -51,7 +80,7 @@ long now_ns() {
 struct Output {
     std::vector<uint8_t> bytes;
     uint64_t dest;          // {ip, port}
-    uint64_t done_cycle;    // cycle its last byte left the design
+    uint64_t done_cycle;    // cycle its last beat left the design
 };
 
 // Per packet kind, the kept per-packet values (oldest dropped past kSamplesKept).
@@ -86,15 +115,17 @@ public:
         *first_in_cycle = cycle_;
         uint64_t user = (uint64_t(ip) << 16) | port;
         for (size_t i = 0; i < len;) {
+            size_t n = len - i < kBeat ? len - i : kBeat;
             top_.s_axis_tvalid = 1;
-            top_.s_axis_tdata = data[i];
-            top_.s_axis_tlast = i + 1 == len;
+            put_bytes(top_.s_axis_tdata, data + i, n);
+            put_keep(top_.s_axis_tkeep, n);
+            top_.s_axis_tlast = i + n == len;
             top_.s_axis_tuser = user;
             top_.clk = 0;
             top_.eval();
             bool accepted = top_.s_axis_tready;
             tick();
-            if (accepted) i++;
+            if (accepted) i += n;
         }
         top_.s_axis_tvalid = 0;
         top_.s_axis_tlast = 0;
@@ -125,7 +156,10 @@ private:
                 outputs_.push_back(Output{{}, top_.m_axis_tuser, 0});
                 in_packet_ = true;
             }
-            outputs_.back().bytes.push_back(top_.m_axis_tdata);
+            auto& bytes = outputs_.back().bytes;
+            size_t n = keep_count(top_.m_axis_tkeep);
+            bytes.resize(bytes.size() + n);
+            std::memcpy(bytes.data() + bytes.size() - n, &top_.m_axis_tdata, n);
             if (top_.m_axis_tlast) {
                 outputs_.back().done_cycle = cycle_;
                 in_packet_ = false;

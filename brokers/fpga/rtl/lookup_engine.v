@@ -6,6 +6,9 @@
 //   subscriber  read `name + ID` for ID = 1..count, one ID per cycle (pipelined reads)
 //   execute     add (SUBSCRIBE), tombstone and free (UNSUBSCRIBE), or send (PUBLISH)
 //
+// A PUBLISH's jobs carry its descriptor's pid field unchanged: where the message lies in
+// its message queue entries (mqtt_parser.v), for the packet generator.
+//
 // The table operations are tables.py's, word for word: home word CRC-32(key, seed) mod
 // depth, 8-word probe window, refusal when no word of the window is free, IDs count + 1,
 // at most 4,095 subscribers per filter, tombstones (0.0.0.0:0) on UNSUBSCRIBE with the
@@ -61,7 +64,18 @@ module lookup_engine #(
     // DISCONNECT: a walk over every Topic Table word, row by row
     reg [AW-4:0] disc_row;
     reg [2:0]    disc_k;
-    wire [TW-1:0] disc_word = t_words[disc_k*TW +: TW];
+    // the row's first name at word disc_k or after (a row without one is passed in a cycle)
+    reg          dw_found;
+    reg [2:0]    dw_k;
+    integer      di;
+    always @(*) begin
+        dw_found = 1'b0; dw_k = 3'd0;
+        for (di = 0; di < 8; di = di + 1)
+            if (!dw_found && di >= disc_k && t_words[di*TW + TW - 1]) begin
+                dw_found = 1'b1; dw_k = di[2:0];
+            end
+    end
+    wire [TW-1:0] disc_word = t_words[dw_k*TW +: TW];
 
     wire [79:0] n_tag = {n_c0, n_cS, n_len};
 
@@ -190,7 +204,8 @@ module lookup_engine #(
                     OP_DISCONNECT: begin
                         // the model's clean session: every subscription of the address
                         // goes. The tables have no address index, so every Topic Table
-                        // word is visited and its IDs scanned as by UNSUBSCRIBE.
+                        // row is read (8 words, 2 cycles) and the IDs of each name in it
+                        // scanned as by UNSUBSCRIBE.
                         disc_row <= 0;
                         disc_k <= 0;
                         n_last <= 1'b1;
@@ -227,7 +242,7 @@ module lookup_engine #(
             E_SCAN: if (!scan_stall) begin        // stage 2: subscriber, one ID per cycle
                 if (scan_copy) begin
                     j_wr_en <= 1'b1;
-                    j_wr_data <= {JOB_PUB_COPY, sw_dest, 16'd0, 8'd0, msg_len, topic_len};
+                    j_wr_data <= {JOB_PUB_COPY, sw_dest, pid, 8'd0, msg_len, topic_len};
                 end
                 if (op == OP_SUBSCRIBE && sw_found && sw_dest == TOMBSTONE && !reuse_valid) begin
                     reuse_valid <= 1'b1; reuse_id <= rid; reuse_slot <= sw_slot;
@@ -307,21 +322,27 @@ module lookup_engine #(
                     OP_DISCONNECT: ;
                     default: if (n_last) begin   // PUBLISH: the message leaves the queue
                         j_wr_en <= 1'b1;
-                        j_wr_data <= {JOB_PUB_END, 48'd0, 24'd0, msg_len, topic_len};
+                        j_wr_data <= {JOB_PUB_END, 48'd0, pid, 8'd0, msg_len, topic_len};
                     end
                 endcase
                 state <= op == OP_DISCONNECT ? E_DISC_NEXT : n_last ? E_IDLE : E_NAME;
             end
             E_DISC_RD: state <= E_DISC_CHK;       // a row: 8 words, one per bank
             E_DISC_CHK: begin
-                if (disc_word[TW-1]) begin         // a name: its tag, count and word
+                if (dw_found) begin                // a name: its tag, count and word
                     {n_c0, n_cS, n_len} <= disc_word[12 +: 80];
                     count <= disc_word[11:0];
-                    t_slot <= {disc_row, disc_k};
+                    t_slot <= {disc_row, dw_k};
+                    disc_k <= dw_k;
                     rid <= 12'd1;
                     state <= E_DISC_GO;
-                end else
-                    state <= E_DISC_NEXT;
+                end else if (&disc_row)
+                    state <= E_IDLE;
+                else begin                         // no more names in the row
+                    disc_row <= disc_row + 1'b1;
+                    disc_k <= 3'd0;
+                    state <= E_DISC_RD;
+                end
             end
             E_DISC_GO: state <= E_SCAN;           // ID 1's read is issued now
             E_DISC_NEXT: begin

@@ -1,64 +1,67 @@
 // MQTT parser (seed 000, 5.3): dispatcher and `#` rewriter.
 //
-// Takes one UDP payload per AXI4-Stream packet, one byte per beat, the source IPv4
-// address and port in tuser ({ip[31:0], port[15:0]}). The dispatcher checks the packet as
+// Takes one UDP payload per AXI4-Stream packet, W bytes per beat (byte i of the datagram in
+// beat i / W, lane i % W, tdata[8*lane +: 8]; tkeep marks the lanes in use: every beat but
+// the last is full, the last one's lanes are the low ones), the source IPv4 address and
+// port in tuser ({ip[31:0], port[15:0]}). The dispatcher checks the packet as
 // core/mqtt_codec.py decode() does (fixed header, remaining length, fields, UTF-8 strings,
 // reserved flags; a datagram that is not exactly one well-formed packet is dropped and
-// counted) and writes a PUBLISH's topic name and message into the message queue as they
-// arrive. Only once the last byte has been checked does it issue the packet to the lookup
-// engine, as a descriptor stream: a header beat, then one beat per name to look up.
+// counted). A beat is checked LANES bytes per cycle (the byte checks below are unrolled
+// LANES times, a chain as long as the lanes): a beat takes ceil(bytes in it / LANES)
+// cycles, one cycle when LANES == W. A PUBLISH's beats are written into the message queue
+// whole, as they arrive (one queue entry per beat); only once the last byte has been checked
+// does the parser issue the packet to the lookup engine, as a descriptor stream: a header
+// beat, then one beat per name to look up.
 //
 // Topic names are never stored: each name is carried as its two CRC-32 hashes (the Topic
 // Table's and the Subscriber Table's seeds, tables.py) and its length. The rewriter snapshots
-// the hashes at every '/' of a PUBLISH topic, so `a/b/c` is issued as `a/b/c`, `a/b/#`,
-// `a/#` (tables.rewritten_names order), one name per cycle.
+// the hashes at every '/' of a PUBLISH topic (the CRC runs through the lanes, so a beat's
+// '/'s are all seen in its cycles) and hashes the `#` on issue, so `a/b/c` is issued as
+// `a/b/c`, `a/b/#`, `a/#` (tables.rewritten_names order), one name per cycle.
 //
 // Hardware limits (the packet is dropped and counted in `dropped_limit`): more than
 // MAX_NAMES-1 levels separators in a PUBLISH topic, more than MAX_NAMES filters in one
-// SUBSCRIBE/UNSUBSCRIBE, a topic + message longer than the message queue.
+// SUBSCRIBE/UNSUBSCRIBE, a PUBLISH of more beats than the message queue has entries, a
+// topic + message over 65,535 bytes (the jobs' length field; no UDP datagram is that long).
 `default_nettype none
 module mqtt_parser #(
+    parameter W = 128,           // bytes per beat
+    parameter LANES = 16,        // bytes checked per cycle (divides W)
     parameter MAX_NAMES = 16,
     parameter QAW = 10
 ) (
-    input  wire         clk,
-    input  wire         rst,
-    input  wire [7:0]   s_tdata,
-    input  wire         s_tvalid,
-    output wire         s_tready,
-    input  wire         s_tlast,
-    input  wire [47:0]  s_tuser,
-    // message queue, write side
-    output wire         q_wr_en,
-    output wire [7:0]   q_wr_data,
-    output reg          q_commit,
-    output reg          q_abort,
-    input  wire         q_full,
-    input  wire         q_others,
+    input  wire           clk,
+    input  wire           rst,
+    input  wire [8*W-1:0] s_tdata,
+    input  wire [W-1:0]   s_tkeep,
+    input  wire           s_tvalid,
+    output wire           s_tready,
+    input  wire           s_tlast,
+    input  wire [47:0]    s_tuser,
+    // message queue, write side (one entry per beat)
+    output wire           q_wr_en,
+    output wire [8*W-1:0] q_wr_data,
+    output wire           q_commit,
+    output wire           q_abort,
+    input  wire           q_full,
+    input  wire           q_others,
     // descriptors to the lookup engine
-    output reg  [106:0] d_tdata,
-    output reg          d_tvalid,
-    input  wire         d_tready,
-    output reg          d_tlast,
-    output reg  [31:0]  dropped_malformed,
-    output reg  [31:0]  dropped_limit,
-    output wire         busy
+    output reg  [106:0]   d_tdata,
+    output reg            d_tvalid,
+    input  wire           d_tready,
+    output reg            d_tlast,
+    output reg  [31:0]    dropped_malformed,
+    output reg  [31:0]    dropped_limit,
+    output wire           busy
 );
     `include "mqtt_defs.vh"
 
     localparam P_FIRST = 2'd0, P_RL = 2'd1, P_BODY = 2'd2, P_EMIT = 2'd3;
-    localparam F_SKIP = 5'd0, F_EMPTY = 5'd1,
-               F_TLEN_H = 5'd2, F_TLEN_L = 5'd3, F_TOPIC = 5'd4, F_PID_H = 5'd5,
-               F_PID_L = 5'd6, F_PAYLOAD = 5'd7,
-               F_SPID_H = 5'd8, F_SPID_L = 5'd9, F_FLEN_H = 5'd10, F_FLEN_L = 5'd11,
-               F_FILTER = 5'd12, F_QOS = 5'd13,
-               F_SLEN_H = 5'd14, F_SLEN_L = 5'd15, F_SDATA = 5'd16, F_LEVEL = 5'd17,
-               F_CFLAGS = 5'd18, F_KA_H = 5'd19, F_KA_L = 5'd20, F_CDONE = 5'd21;
-    // CONNECT string/binary fields, in packet order
-    localparam C_NAME = 3'd0, C_CLIENT = 3'd1, C_WTOPIC = 3'd2, C_WMSG = 3'd3,
-               C_USER = 3'd4, C_PASS = 3'd5;
     localparam NW = $clog2(MAX_NAMES + 1);
+    localparam CHUNKS = W / LANES;
+    localparam CW = CHUNKS > 1 ? $clog2(CHUNKS) : 1;
 
+    // ---- the packet's state: registers ----------------------------------
     reg [1:0]  phase;
     reg [4:0]  fs;
     reg [3:0]  ptype, pflags;
@@ -79,83 +82,146 @@ module mqtt_parser #(
     reg [7:0]  cflags;
     reg        name_ok;
     reg [7:0]  code;
-    // names to issue
-    reg [31:0] ent_c0 [0:MAX_NAMES-1];
-    reg [31:0] ent_cS [0:MAX_NAMES-1];
-    reg [15:0] ent_len [0:MAX_NAMES-1];
-    reg        ent_ref [0:MAX_NAMES-1];
+    // names to issue, name k at [32*k +: 32] etc.
+    reg [32*MAX_NAMES-1:0] ent_c0, ent_cS;
+    reg [16*MAX_NAMES-1:0] ent_len;
+    reg [MAX_NAMES-1:0]    ent_ref;
     reg [NW-1:0] nent;
     reg [31:0] top_c0, top_cS;
     reg [15:0] top_len;
-    reg [15:0] msg_len;
+    reg [15:0] msg_len;      // topic + message bytes of a PUBLISH
+    reg [2:0]  hdr_in;        // fixed header bytes: 1 + remaining length bytes
+    reg [10:0] nbeats;                  // queue entries written for this PUBLISH
     reg [NW:0] emit_i;
+    reg [CW-1:0] chunk;                 // the lanes of the beat being checked
 
-    wire body_byte_to_queue = phase == P_BODY && !bad && !limit && ptype == 4'd3 &&
-                              (fs == F_TOPIC || fs == F_PAYLOAD);
-    // Queue full: wait while earlier messages drain; if only this packet's bytes fill it,
-    // the message can never fit and the packet is dropped (the byte is consumed).
-    wire q_stall = body_byte_to_queue && q_full && q_others;
-    assign s_tready = phase != P_EMIT && !q_stall;
-    assign busy = phase != P_FIRST;
+    // ---- the beat: queue writes, backpressure -------------------------------------------
+    wire       first_chunk = chunk == 0;
+    wire       is_publish = phase == P_FIRST ? s_tdata[7:4] == 4'd3 : ptype == 4'd3;
+    wire       to_queue = first_chunk && is_publish && (phase == P_FIRST || !limit);
+    // Queue full: wait while earlier messages drain; if only this packet's beats fill it,
+    // the message can never fit and the packet is dropped (the beat is consumed).
+    wire       q_stall = to_queue && q_full && q_others;
+    wire       q_overflow = s_tvalid && to_queue && q_full && !q_others;
+    wire       last_chunk;
+    wire       in_beat = phase != P_EMIT && s_tvalid && !q_stall;
+    assign s_tready = phase != P_EMIT && !q_stall && last_chunk;
+    assign busy = phase != P_FIRST || chunk != 0;
+    // written in the cycle the beat's first chunk is checked, so `q_full` is never late
+    assign q_wr_en = in_beat && to_queue && !q_full;
+    assign q_wr_data = s_tdata;
 
-    wire take = s_tvalid && s_tready;
-    wire [7:0] b = s_tdata;
-    // written in the cycle the byte is taken, so `q_full` is never a cycle late
-    assign q_wr_en = take && body_byte_to_queue && !q_full;
-    assign q_wr_data = b;
-
-    // UTF-8 (strict, as Python's decoder) and U+0000, one byte of a string
-    reg        u_ok;
-    reg [1:0]  u_need_n;
-    reg [7:0]  u_lo_n, u_hi_n;
-    always @(*) begin
-        u_ok = 1'b1; u_need_n = 2'd0; u_lo_n = 8'h80; u_hi_n = 8'hBF;
-        if (u_need != 0) begin
-            u_ok = b >= u_lo && b <= u_hi;
-            u_need_n = u_need - 2'd1;
-        end else if (b == 8'h00) u_ok = 1'b0;
-        else if (b < 8'h80) u_ok = 1'b1;
-        else if (b >= 8'hC2 && b <= 8'hDF) u_need_n = 2'd1;
-        else if (b == 8'hE0) begin u_need_n = 2'd2; u_lo_n = 8'hA0; end
-        else if (b == 8'hED) begin u_need_n = 2'd2; u_hi_n = 8'h9F; end
-        else if (b >= 8'hE1 && b <= 8'hEF) u_need_n = 2'd2;
-        else if (b == 8'hF0) begin u_need_n = 2'd3; u_lo_n = 8'h90; end
-        else if (b >= 8'hF1 && b <= 8'hF3) u_need_n = 2'd3;
-        else if (b == 8'hF4) begin u_need_n = 2'd3; u_hi_n = 8'h8F; end
-        else u_ok = 1'b0;
-    end
-
-    wire [31:0] c0_n = crc32_byte(c0, b);
-    wire [31:0] cS_n = crc32_byte(cS, b);
-    wire [15:0] len16 = {s_tdata, 8'd0};
-
-    // What follows a finished CONNECT field
-    function automatic [2:0] after_connect(input [2:0] field, input [7:0] flags);
-        begin
-            after_connect = 3'd7;               // 7: no more fields
-            case (field)
-                C_CLIENT: after_connect = flags[2] ? C_WTOPIC : flags[7] ? C_USER :
-                                          flags[6] ? C_PASS : 3'd7;
-                C_WTOPIC: after_connect = C_WMSG;
-                C_WMSG:   after_connect = flags[7] ? C_USER : flags[6] ? C_PASS : 3'd7;
-                C_USER:   after_connect = flags[6] ? C_PASS : 3'd7;
-                default:  after_connect = 3'd7;
-            endcase
+    // this cycle's lanes; keep_x[LANES] is the first lane of the next chunk (0 past the beat)
+    wire [8*LANES-1:0] lane_data = s_tdata[8*LANES*chunk +: 8*LANES];
+    wire [LANES-1:0]   lane_keep = s_tkeep[LANES*chunk +: LANES];
+    wire               next_keep;
+    generate
+        if (CHUNKS > 1) begin : more
+            assign next_keep = chunk != CHUNKS - 1 && s_tkeep[LANES*(chunk + 1'b1)];
+        end else begin : one
+            assign next_keep = 1'b0;
         end
-    endfunction
+    endgenerate
+    wire [LANES:0] keep_x = {next_keep, lane_keep};
+    assign last_chunk = !next_keep;
 
-    // --- the byte FSM -------------------------------------------------------------------
-    reg [4:0]  fs_n;
-    reg        bad_n, limit_n, last_ok;
-    reg [15:0] field_len;
-    reg        field_done;
-    integer    k;
+    // ---- the byte checks: LANES lanes (mqtt_parser_lane.v) one after another -------------
+    localparam SW = 383 + NW;
+    wire [SW*(LANES + 1)-1:0] st;     // the state before lane l at [SW*l +: SW]
+    assign st[0 +: SW] = {phase, fs, ptype, pflags, rl_value, rl_count, rem, bad, limit,
+                          src, pid, slen, spos, u_need, u_lo, u_hi, c0, cS, prev, seen_hash,
+                          refused, cfield, cflags, name_ok, code, nent, top_c0, top_cS,
+                          top_len, msg_len, hdr_in, 1'b0};
+    wire [LANES-1:0]    ev, ev_ref;
+    wire [32*LANES-1:0] ev_c0, ev_cS;
+    wire [16*LANES-1:0] ev_len;
+    wire [NW*LANES-1:0] ev_slot;
+    genvar gl;
+    generate
+        for (gl = 0; gl < LANES; gl = gl + 1) begin : lane
+            mqtt_parser_lane #(.MAX_NAMES(MAX_NAMES), .NW(NW), .SW(SW)) check (
+                .st_in(st[SW*gl +: SW]), .valid(keep_x[gl]), .b(lane_data[8*gl +: 8]),
+                .blast(s_tlast && !keep_x[gl + 1]), .tuser(s_tuser),
+                .st_out(st[SW*(gl + 1) +: SW]), .ev(ev[gl]), .ev_c0(ev_c0[32*gl +: 32]),
+                .ev_cS(ev_cS[32*gl +: 32]), .ev_len(ev_len[16*gl +: 16]), .ev_ref(ev_ref[gl]));
+            // the name slot lane gl writes: nent before it
+            assign ev_slot[NW*gl +: NW] = st[SW*gl + 100 +: NW];
+        end
+    endgenerate
+    wire [1:0]               phase_n;
+    wire [4:0]               fs_n;
+    wire [3:0]               ptype_n;
+    wire [3:0]               pflags_n;
+    wire [27:0]              rl_value_n;
+    wire [1:0]               rl_count_n;
+    wire [27:0]              rem_n;
+    wire                     bad_n;
+    wire                     limit_c;
+    wire [47:0]              src_n;
+    wire [15:0]              pid_n;
+    wire [15:0]              slen_n;
+    wire [15:0]              spos_n;
+    wire [1:0]               u_need_n;
+    wire [7:0]               u_lo_n;
+    wire [7:0]               u_hi_n;
+    wire [31:0]              c0_n;
+    wire [31:0]              cS_n;
+    wire [7:0]               prev_n;
+    wire                     seen_hash_n;
+    wire                     refused_n;
+    wire [2:0]               cfield_n;
+    wire [7:0]               cflags_n;
+    wire                     name_ok_n;
+    wire [7:0]               code_n;
+    wire [NW-1:0]            nent_n;
+    wire [31:0]              top_c0_n;
+    wire [31:0]              top_cS_n;
+    wire [15:0]              top_len_n;
+    wire [15:0]              msg_len_n;
+    wire [2:0]               hdr_in_n;
+    wire                     last_ok;
+    assign {phase_n, fs_n, ptype_n, pflags_n, rl_value_n, rl_count_n, rem_n, bad_n,
+             limit_c, src_n, pid_n, slen_n, spos_n, u_need_n, u_lo_n, u_hi_n, c0_n, cS_n,
+             prev_n, seen_hash_n, refused_n, cfield_n, cflags_n, name_ok_n, code_n,
+             nent_n, top_c0_n, top_cS_n, top_len_n, msg_len_n, hdr_in_n,
+             last_ok} = st[SW*LANES +: SW];
+    // the names the lanes completed, into their slots (per slot, the lane that names it:
+    // constant indices only, so a mux per slot and lane)
+    wire [32*MAX_NAMES-1:0] ent_c0_n, ent_cS_n;
+    wire [16*MAX_NAMES-1:0] ent_len_n;
+    wire [MAX_NAMES-1:0]    ent_ref_n;
+    genvar gk;
+    generate
+        for (gk = 0; gk < MAX_NAMES; gk = gk + 1) begin : slot
+            reg [80:0] name;
+            integer    m;
+            always @(*) begin
+                name = {ent_c0[32*gk +: 32], ent_cS[32*gk +: 32], ent_len[16*gk +: 16],
+                        ent_ref[gk]};
+                for (m = 0; m < LANES; m = m + 1)
+                    if (ev[m] && ev_slot[NW*m +: NW] == gk)
+                        name = {ev_c0[32*m +: 32], ev_cS[32*m +: 32], ev_len[16*m +: 16],
+                                ev_ref[m]};
+            end
+            assign {ent_c0_n[32*gk +: 32], ent_cS_n[32*gk +: 32], ent_len_n[16*gk +: 16],
+                    ent_ref_n[gk]} = name;
+        end
+    endgenerate
+    wire limit_n = limit_c || q_overflow;     // larger than the whole queue
+    wire ended = s_tlast && last_chunk;       // the chunk with the datagram's last byte
+
+    // The packet's last chunk: commit a PUBLISH's entries, or take back a dropped packet's,
+    // in this cycle (the next packet's first beat may be written in the next)
+    wire end_now = in_beat && ended;
+    wire end_malformed = bad_n || !last_ok;
+    wire end_limit = !end_malformed && limit_n;
+    assign q_abort = end_now && (end_malformed || end_limit);
+    assign q_commit = end_now && !end_malformed && !end_limit && ptype_n == 4'd3;
 
     always @(posedge clk) begin
-        q_commit <= 1'b0;
-        q_abort <= 1'b0;
         if (rst) begin
             phase <= P_FIRST;
+            chunk <= 0;
             d_tvalid <= 1'b0;
             d_tlast <= 1'b0;
             dropped_malformed <= 0;
@@ -171,241 +237,54 @@ module mqtt_parser #(
                     d_tvalid <= 1'b1;
                     d_tlast <= emit_i == {1'b0, nent} + (ptype == 4'd3 ? 1'b1 : 1'b0);
                     if (emit_i == 0) begin
+                        // a PUBLISH's packet id is not needed further on: its place carries
+                        // where the message lies in its queue entries (packet_gen.v)
                         d_tdata <= {ptype == 4'd1 ? OP_CONNECT : ptype == 4'd3 ? OP_PUBLISH :
                                     ptype == 4'd8 ? OP_SUBSCRIBE : ptype == 4'd10 ?
                                     OP_UNSUBSCRIBE : ptype == 4'd12 ? OP_PINGREQ :
-                                    OP_DISCONNECT, pid, src, code, msg_len, top_len};
+                                    OP_DISCONNECT,
+                                    ptype == 4'd3 ? {hdr_in, pflags[2:1] != 2'd0, nbeats,
+                                                     1'b0} : pid,
+                                    src, code, msg_len, top_len};
                     end else if (ptype == 4'd3) begin
                         // the rewriter: the topic itself, then `prefix/#` longest first
                         if (emit_i == 1)
                             d_tdata <= {26'd0, top_c0, top_cS, top_len, 1'b0};
                         else
-                            d_tdata <= {26'd0, ent_c0[nent - emit_i + 1],
-                                        ent_cS[nent - emit_i + 1],
-                                        ent_len[nent - emit_i + 1], 1'b0};
+                            d_tdata <= {26'd0,
+                                        crc32_byte(ent_c0[32*(nent - emit_i + 1) +: 32], "#"),
+                                        crc32_byte(ent_cS[32*(nent - emit_i + 1) +: 32], "#"),
+                                        ent_len[16*(nent - emit_i + 1) +: 16], 1'b0};
                     end else begin
-                        d_tdata <= {26'd0, ent_c0[emit_i - 1], ent_cS[emit_i - 1],
-                                    ent_len[emit_i - 1], ent_ref[emit_i - 1]};
+                        d_tdata <= {26'd0, ent_c0[32*(emit_i - 1) +: 32],
+                                    ent_cS[32*(emit_i - 1) +: 32],
+                                    ent_len[16*(emit_i - 1) +: 16], ent_ref[emit_i - 1]};
                     end
                     emit_i <= emit_i + 1'b1;
                 end
             end
-        end else if (take) begin
-            fs_n = fs;
-            bad_n = bad;
-            limit_n = limit;
-            last_ok = 1'b0;
-            field_done = 1'b0;
-            field_len = 16'd0;
-            if (phase == P_FIRST) begin
-                ptype <= b[7:4];
-                pflags <= b[3:0];
-                src <= s_tuser;
-                rl_value <= 0;
-                rl_count <= 0;
-                nent <= 0;
-                msg_len <= 0;
-                pid <= 0;
-                code <= 0;
-                // reserved packet types, reserved fixed-header flags (2.2.1, 2.2.2)
-                bad_n = b[7:4] == 4'd0 || b[7:4] == 4'd15 ||
-                        (b[7:4] != 4'd3 && b[3:0] != ((b[7:4] == 4'd6 || b[7:4] == 4'd8 ||
-                                                      b[7:4] == 4'd10) ? 4'd2 : 4'd0)) ||
-                        (b[7:4] == 4'd3 && (b[2:1] == 2'd3 || (b[3] && b[2:1] == 2'd0))) ||
-                        s_tlast;            // one byte cannot hold a fixed header
-                limit_n = 1'b0;
-                if (!s_tlast) phase <= P_RL;
-            end else if (phase == P_RL) begin
-                rl_value <= rl_value | ({21'd0, b[6:0]} << (7 * rl_count));
-                rl_count <= rl_count + 1'b1;
-                if (b[7] && rl_count == 2'd3) bad_n = 1'b1;          // past four bytes
-                if (!b[7] || rl_count == 2'd3) begin
-                    rem <= rl_value | ({21'd0, b[6:0]} << (7 * rl_count));
-                    phase <= P_BODY;
-                    case (ptype)
-                        4'd1:  begin fs_n = F_SLEN_H; cfield <= C_NAME; end
-                        4'd3:  fs_n = F_TLEN_H;
-                        4'd8, 4'd10: fs_n = F_SPID_H;
-                        4'd12, 4'd14: fs_n = F_EMPTY;
-                        default: fs_n = F_SKIP;
-                    endcase
-                    // an empty body ends here: only PINGREQ and DISCONNECT may
-                    last_ok = (fs_n == F_EMPTY || fs_n == F_SKIP) &&
-                              (rl_value | ({21'd0, b[6:0]} << (7 * rl_count))) == 0;
-                end
-            end else begin  // P_BODY
-                rem <= rem - 1'b1;
-                if (rem == 0) bad_n = 1'b1;   // bytes beyond the remaining length
-                case (fs)
-                    F_SKIP: ;
-                    F_EMPTY: bad_n = 1'b1;
-                    // ---- PUBLISH --------------------------------------------------
-                    F_TLEN_H: begin slen[15:8] <= b; fs_n = F_TLEN_L; end
-                    F_TLEN_L: begin
-                        slen[7:0] <= b; spos <= 0; u_need <= 0; c0 <= TOPIC_SEED;
-                        cS <= SUBSCRIBER_SEED;
-                        if ({slen[15:8], b} == 16'd0) bad_n = 1'b1;  // empty topic (4.7.3)
-                        fs_n = F_TOPIC;
-                    end
-                    F_TOPIC: begin
-                        if (!u_ok || b == "+" || b == "#") bad_n = 1'b1;
-                        u_need <= u_need_n; u_lo <= u_lo_n; u_hi <= u_hi_n;
-                        c0 <= c0_n; cS <= cS_n;
-                        spos <= spos + 1'b1;
-                        if (b == "/") begin
-                            if (nent == MAX_NAMES - 1) limit_n = 1'b1;
-                            else begin
-                                ent_c0[nent] <= crc32_byte(c0_n, "#");
-                                ent_cS[nent] <= crc32_byte(cS_n, "#");
-                                ent_len[nent] <= spos + 16'd2;
-                                nent <= nent + 1'b1;
-                            end
-                        end
-                        if (spos + 1'b1 == slen) begin
-                            if (u_need_n != 0) bad_n = 1'b1;
-                            top_c0 <= c0_n; top_cS <= cS_n; top_len <= slen;
-                            fs_n = pflags[2:1] != 0 ? F_PID_H : F_PAYLOAD;
-                        end
-                    end
-                    F_PID_H: begin pid[15:8] <= b; fs_n = F_PID_L; end
-                    F_PID_L: begin
-                        pid[7:0] <= b;
-                        if ({pid[15:8], b} == 16'd0) bad_n = 1'b1;
-                        fs_n = F_PAYLOAD;
-                    end
-                    F_PAYLOAD: ;
-                    // ---- SUBSCRIBE / UNSUBSCRIBE -----------------------------------
-                    F_SPID_H: begin pid[15:8] <= b; fs_n = F_SPID_L; end
-                    F_SPID_L: begin
-                        pid[7:0] <= b;
-                        if ({pid[15:8], b} == 16'd0) bad_n = 1'b1;
-                        fs_n = F_FLEN_H;
-                    end
-                    F_FLEN_H: begin slen[15:8] <= b; fs_n = F_FLEN_L; end
-                    F_FLEN_L: begin
-                        slen[7:0] <= b; spos <= 0; u_need <= 0; c0 <= TOPIC_SEED;
-                        cS <= SUBSCRIBER_SEED; seen_hash <= 1'b0; refused <= 1'b0;
-                        if ({slen[15:8], b} == 16'd0) begin   // empty filter: refused
-                            if (nent == MAX_NAMES) limit_n = 1'b1;
-                            else begin
-                                ent_c0[nent] <= TOPIC_SEED; ent_cS[nent] <= SUBSCRIBER_SEED;
-                                ent_len[nent] <= 0; ent_ref[nent] <= 1'b1;
-                                nent <= nent + 1'b1;
-                            end
-                            fs_n = ptype == 4'd8 ? F_QOS : F_FLEN_H;
-                        end else
-                            fs_n = F_FILTER;
-                    end
-                    F_FILTER: begin
-                        if (!u_ok) bad_n = 1'b1;
-                        u_need <= u_need_n; u_lo <= u_lo_n; u_hi <= u_hi_n;
-                        c0 <= c0_n; cS <= cS_n;
-                        spos <= spos + 1'b1;
-                        prev <= b;
-                        // tables.filter_refusal: '+', '#' not last or not after '/'
-                        if (b == "#") seen_hash <= 1'b1;
-                        if (b == "+" || seen_hash || (b == "#" && (spos == 0 || prev != "/")))
-                            refused <= 1'b1;
-                        if (spos + 1'b1 == slen) begin
-                            if (u_need_n != 0) bad_n = 1'b1;
-                            if (nent == MAX_NAMES) limit_n = 1'b1;
-                            else begin
-                                ent_c0[nent] <= c0_n; ent_cS[nent] <= cS_n;
-                                ent_len[nent] <= slen;
-                                ent_ref[nent] <= refused || b == "+" || seen_hash ||
-                                                 (b == "#" && (spos == 0 || prev != "/"));
-                                nent <= nent + 1'b1;
-                            end
-                            fs_n = ptype == 4'd8 ? F_QOS : F_FLEN_H;
-                        end
-                    end
-                    F_QOS: begin
-                        if (b > 8'd2) bad_n = 1'b1;
-                        fs_n = F_FLEN_H;
-                    end
-                    // ---- CONNECT ---------------------------------------------------
-                    F_SLEN_H: begin slen[15:8] <= b; fs_n = F_SLEN_L; end
-                    F_SLEN_L: begin
-                        slen[7:0] <= b; spos <= 0; u_need <= 0;
-                        if (cfield == C_NAME) name_ok <= {slen[15:8], b} == 16'd4;
-                        if ({slen[15:8], b} == 16'd0) begin
-                            field_done = 1'b1;
-                        end else
-                            fs_n = F_SDATA;
-                    end
-                    F_SDATA: begin
-                        if (cfield != C_WMSG && cfield != C_PASS) begin
-                            if (!u_ok) bad_n = 1'b1;
-                            u_need <= u_need_n; u_lo <= u_lo_n; u_hi <= u_hi_n;
-                        end
-                        if (cfield == C_NAME && b != (spos == 0 ? "M" : spos == 1 ? "Q" : "T"))
-                            name_ok <= 1'b0;
-                        spos <= spos + 1'b1;
-                        if (spos + 1'b1 == slen) begin
-                            if (cfield != C_WMSG && cfield != C_PASS && u_need_n != 0)
-                                bad_n = 1'b1;
-                            field_done = 1'b1;
-                        end
-                    end
-                    F_LEVEL: begin
-                        code <= (b == 8'd4 && name_ok) ? 8'd0 : 8'd1;
-                        fs_n = F_CFLAGS;
-                    end
-                    F_CFLAGS: begin
-                        cflags <= b;
-                        if (b[0]) bad_n = 1'b1;                          // 3.1.2.3
-                        if (b[2] ? b[4:3] == 2'd3 : (b[4:3] != 0 || b[5])) bad_n = 1'b1;
-                        if (b[6] && !b[7]) bad_n = 1'b1;                 // 3.1.2.9
-                        fs_n = F_KA_H;
-                    end
-                    F_KA_H: fs_n = F_KA_L;
-                    F_KA_L: begin fs_n = F_SLEN_H; cfield <= C_CLIENT; end
-                    F_CDONE: bad_n = 1'b1;
-                    default: bad_n = 1'b1;
-                endcase
-                if (field_done) begin
-                    if (cfield == C_NAME)
-                        fs_n = F_LEVEL;
-                    else if (after_connect(cfield, cflags) == 3'd7)
-                        fs_n = F_CDONE;
-                    else begin
-                        fs_n = F_SLEN_H;
-                        cfield <= after_connect(cfield, cflags);
-                    end
-                end
-                // a packet may end only on a field boundary where its type may end
-                case (ptype)
-                    4'd1:  last_ok = fs_n == F_CDONE;
-                    4'd3:  last_ok = fs_n == F_PAYLOAD;
-                    4'd8, 4'd10: last_ok = fs_n == F_FLEN_H &&
-                                           (nent != 0 || (fs == F_FILTER || fs == F_QOS ||
-                                                          fs == F_FLEN_L));
-                    default: last_ok = 1'b1;
-                endcase
-                if (rem != 1) last_ok = 1'b0;
-            end
-            fs <= fs_n;
-            bad <= bad_n;
-            limit <= limit_n;
-            // topic and message into the message queue
-            if (body_byte_to_queue) begin
-                if (q_full) limit_n = 1'b1;                 // larger than the whole queue
-                else
-                    msg_len <= msg_len + 1'b1;
-                limit <= limit_n;
-            end
-            if (s_tlast) begin
-                if (bad_n || !last_ok) begin
+        end else if (in_beat) begin
+            chunk <= last_chunk ? {CW{1'b0}} : chunk + 1'b1;
+            phase <= phase_n; fs <= fs_n; ptype <= ptype_n; pflags <= pflags_n;
+            rl_value <= rl_value_n; rl_count <= rl_count_n; rem <= rem_n; bad <= bad_n;
+            limit <= limit_n; src <= src_n; pid <= pid_n; slen <= slen_n; spos <= spos_n;
+            u_need <= u_need_n; u_lo <= u_lo_n; u_hi <= u_hi_n; c0 <= c0_n; cS <= cS_n;
+            prev <= prev_n; seen_hash <= seen_hash_n; refused <= refused_n;
+            cfield <= cfield_n; cflags <= cflags_n; name_ok <= name_ok_n; code <= code_n;
+            ent_c0 <= ent_c0_n; ent_cS <= ent_cS_n; ent_len <= ent_len_n;
+            ent_ref <= ent_ref_n; nent <= nent_n; top_c0 <= top_c0_n; top_cS <= top_cS_n;
+            top_len <= top_len_n; msg_len <= msg_len_n; hdr_in <= hdr_in_n;
+            if (first_chunk)
+                nbeats <= (phase == P_FIRST ? 11'd0 : nbeats) + {10'd0, q_wr_en};
+            if (ended) begin
+                if (end_malformed) begin
                     dropped_malformed <= dropped_malformed + 1'b1;
-                    q_abort <= 1'b1;
                     phase <= P_FIRST;
-                end else if (limit_n) begin
+                end else if (end_limit) begin
                     dropped_limit <= dropped_limit + 1'b1;
-                    q_abort <= 1'b1;
                     phase <= P_FIRST;
-                end else if (ptype == 4'd1 || ptype == 4'd3 || ptype == 4'd8 ||
-                             ptype == 4'd10 || ptype == 4'd12 || ptype == 4'd14) begin
-                    if (ptype == 4'd3) q_commit <= 1'b1;
+                end else if (ptype_n == 4'd1 || ptype_n == 4'd3 || ptype_n == 4'd8 ||
+                             ptype_n == 4'd10 || ptype_n == 4'd12 || ptype_n == 4'd14) begin
                     emit_i <= 0;
                     phase <= P_EMIT;
                 end else

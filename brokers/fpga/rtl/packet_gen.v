@@ -1,10 +1,22 @@
-// MQTT packet generator (seed 000, 5.6): turns the lookup engine's jobs into MQTT packets,
-// one byte per beat on an AXI4-Stream with the destination {ip, port} in tuser. A PUBLISH
-// copy is built as encode_publish(topic, message) builds it (QoS 0, retain clear): 0x30,
-// remaining length, topic length, then topic and message replayed from the message queue
-// once per destination; CONNACK, SUBACK, UNSUBACK and PINGRESP from the job's fields.
+// MQTT packet generator (seed 000, 5.6): turns the lookup engine's jobs into MQTT packets on
+// an AXI4-Stream of W bytes per beat (tkeep: the low lanes in use, every beat but a packet's
+// last full), the destination {ip, port} in tuser. CONNACK, SUBACK, UNSUBACK and PINGRESP
+// are one beat, made from the job's fields. A PUBLISH copy is built as
+// encode_publish(topic, message) builds it (QoS 0, retain clear): 0x30, the remaining length
+// (1-3 bytes), then the received packet from its topic length field on, with the packet
+// identifier of a QoS 1/2 PUBLISH taken out. The received packet is read from its message
+// queue entries (one beat each, as received): output lane j of beat k is byte
+// k*W + j + d of the received packet, d = (its fixed header length - ours) before the
+// message and 2 more after it when the identifier goes, so each output beat is cut from two
+// neighbouring entries.
+//
+// The head message's first entry is kept once read (until the message is popped): a copy
+// of a message of one entry (W = 128: a PUBLISH of up to 128 bytes) then goes out in the
+// cycle its job is taken, one copy per cycle; the first copy and longer messages read
+// their entries, one per cycle, behind a cycle of read latency.
 `default_nettype none
 module packet_gen #(
+    parameter W = 128,           // bytes per beat, 32 or more (a SUBACK is one beat)
     parameter QAW = 10,
     parameter MAX_CODES = 16
 ) (
@@ -14,11 +26,12 @@ module packet_gen #(
     input  wire           j_tvalid,
     output wire           j_tready,
     // message queue, read side
-    output wire [QAW-1:0] q_rd_offset,
-    input  wire [7:0]     q_rd_data,
+    output reg  [QAW-1:0] q_rd_offset,
+    input  wire [8*W-1:0] q_rd_data,
     output reg            q_pop,
     output reg  [QAW:0]   q_pop_len,
-    output reg  [7:0]     m_tdata,
+    output reg  [8*W-1:0] m_tdata,
+    output reg  [W-1:0]   m_tkeep,
     output reg            m_tvalid,
     input  wire           m_tready,
     output reg            m_tlast,
@@ -27,15 +40,16 @@ module packet_gen #(
 );
     `include "mqtt_defs.vh"
 
-    localparam G_IDLE = 2'd0, G_HEAD = 2'd1, G_TAIL = 2'd2;
-    localparam T_NONE = 2'd0, T_QUEUE = 2'd1, T_CODES = 2'd2;
+    localparam G_IDLE = 2'd0, G_LOAD = 2'd1, G_OUT = 2'd2;
+    localparam LW = $clog2(W);
     reg [1:0]  g;
-    reg [7:0]  head [0:4];
-    reg [2:0]  head_len, hi;
-    reg [1:0]  tail;
-    reg [15:0] tail_len, ti;
-    reg [7:0]  codes [0:MAX_CODES-1];
+    reg [8*MAX_CODES-1:0] codes;
     reg [4:0]  ncodes;
+    reg [8*W-1:0] cur;           // the entry of the beat going out (entry k)
+    reg [8*W-1:0] e0;            // the head message's first entry, once read
+    reg        e0_valid;
+    reg [15:0] k;                // output beat
+    reg [QAW-1:0] ri;            // entry k + 1, on q_rd_data in G_OUT
 
     wire [2:0]  jop = j_tdata[106:104];
     wire [47:0] jaddr = j_tdata[103:56];
@@ -43,15 +57,112 @@ module packet_gen #(
     wire [7:0]  jcode = j_tdata[39:32];
     wire [15:0] jmsg = j_tdata[31:16];
     wire [15:0] jtopic = j_tdata[15:0];
-    wire [15:0] rl = jmsg + 16'd2;       // topic length field + topic + message
+    // a PUBLISH job's pid field (mqtt_parser.v): received fixed header length, packet
+    // identifier present, entries
+    wire [2:0]  jhdr_in = jpid[15:13];
+    wire        jhas_pid = jpid[12];
+    wire [10:0] jentries = jpid[11:1];
+
+    // ---- a PUBLISH copy's geometry, from the job ------------------------------------------
+    wire [16:0] rl = {1'b0, jmsg} + 17'd2;      // topic length field + topic + message
+    wire [2:0]  jhout = rl < 17'd128 ? 3'd2 : rl < 17'd16384 ? 3'd3 : 3'd4;
+    wire [31:0] jhdr = {5'd0, rl[16:14],
+                        rl < 17'd16384 ? 1'b0 : 1'b1, rl[13:7],
+                        rl < 17'd128 ? 1'b0 : 1'b1, rl[6:0], 8'h30};
+    wire [2:0]  jd1 = jhdr_in - jhout;
+    wire [2:0]  jd2 = jd1 + (jhas_pid ? 3'd2 : 3'd0);
+    wire [16:0] jsplit = {14'd0, jhout} + 17'd2 + {1'b0, jtopic};
+    wire [16:0] jlen = {14'd0, jhout} + rl;
+    wire [15:0] jbeats = 16'((jlen + W - 1) >> LW);
+    // ... and registered for the beats after the first
+    reg  [2:0]  r_hout, r_d1, r_d2;
+    reg  [31:0] r_hdr;
+    reg  [16:0] r_split, r_len;
+    reg  [15:0] r_beats;
+
+    // ---- one output beat of a PUBLISH copy: entries k and k + 1 -> beat k -----------------
+    wire        at_job = g == G_IDLE;
+    wire [8*W-1:0] b_cur = at_job ? e0 : cur;
+    wire [15:0] b_k = at_job ? 16'd0 : k;
+    wire [2:0]  b_hout = at_job ? jhout : r_hout;
+    wire [2:0]  b_d1 = at_job ? jd1 : r_d1;
+    wire [2:0]  b_d2 = at_job ? jd2 : r_d2;
+    wire [31:0] b_hdr = at_job ? jhdr : r_hdr;
+    wire [16:0] b_split = at_job ? jsplit : r_split;
+    wire [16:0] b_len = at_job ? jlen : r_len;
+    wire [15:0] b_beats = at_job ? jbeats : r_beats;
+    wire [31:0] kw = {16'd0, b_k} << LW;
+    // lanes below `n` bytes from the beat's start
+    function automatic [W-1:0] below(input [31:0] n_abs, input [31:0] base);
+        begin
+            if (n_abs <= base) below = {W{1'b0}};
+            else if (n_abs - base >= W) below = {W{1'b1}};
+            else below = ~({W{1'b1}} << (n_abs - base));
+        end
+    endfunction
+    wire [W-1:0]     in_topic = below({15'd0, b_split}, kw);
+    wire [W-1:0]     b_keep = below({15'd0, b_len}, kw);
+    wire [16*W-1:0]  window = {q_rd_data, b_cur};
+    wire [16*W-1:0]  s1 = window >> {b_d1, 3'b000};
+    wire [16*W-1:0]  s2 = window >> {b_d2, 3'b000};
+    // lane by lane (a generate loop: Verilator unrolls no procedural loop this long and
+    // would shift the whole window for each lane's dynamic select)
+    wire [8*W-1:0]   b_cut;
+    genvar gj;
+    generate
+        for (gj = 0; gj < W; gj = gj + 1) begin : lane
+            assign b_cut[8*gj +: 8] = in_topic[gj] ? s1[8*gj +: 8] : s2[8*gj +: 8];
+        end
+    endgenerate
+    reg  [8*W-1:0]   b_data;
+    always @(*) begin                         // beat 0: our fixed header, 2 to 4 bytes
+        b_data = b_cut;
+        if (b_k == 0) begin
+            b_data[15:0] = b_hdr[15:0];
+            if (b_hout >= 3'd3) b_data[23:16] = b_hdr[23:16];
+            if (b_hout == 3'd4) b_data[31:24] = b_hdr[31:24];
+        end
+    end
+    wire b_last = b_k + 16'd1 == b_beats;
+
+    // ---- the other packets: one beat ------------------------------------------------------
+    reg [8*MAX_CODES-1:0] all_codes;
+    always @(*) begin
+        all_codes = codes;
+        all_codes[8*ncodes[3:0] +: 8] = jcode;
+    end
+    reg [8*(MAX_CODES + 4)-1:0] one_beat;
+    reg [5:0] one_len;
+    always @(*) begin
+        one_beat = 0;
+        one_len = 6'd4;
+        case (jop)
+            JOB_CONNACK: one_beat[31:0] = {jcode, 8'h00, 8'h02, 8'h20};
+            JOB_PINGRESP: begin one_beat[15:0] = {8'h00, 8'hD0}; one_len = 6'd2; end
+            JOB_UNSUBACK: one_beat[31:0] = {jpid[7:0], jpid[15:8], 8'h02, 8'hB0};
+            default: begin  // JOB_SUBACK_END: the codes so far and this one
+                one_beat = {all_codes, jpid[7:0], jpid[15:8], {3'd0, ncodes} + 8'd3, 8'h90};
+                one_len = {1'b0, ncodes} + 6'd5;
+            end
+        endcase
+    end
 
     wire out_free = !m_tvalid || m_tready;
-    // a new job only once the last packet's last byte is taken: tuser belongs to it
+    // a new job only once the last packet's last beat is taken: tuser belongs to it
     assign j_tready = g == G_IDLE && !q_pop && out_free;
     assign busy = g != G_IDLE || m_tvalid;
-    // the queue's registered read runs one byte ahead of the output
-    wire advance = g == G_TAIL && tail == T_QUEUE && out_free;
-    assign q_rd_offset = advance ? ti[QAW-1:0] + 1'b1 : ti[QAW-1:0];
+    wire take = j_tvalid && j_tready;
+    wire emit = g == G_OUT && out_free;
+
+    always @(*) begin
+        q_rd_offset = 0;
+        case (g)
+            G_IDLE: q_rd_offset = e0_valid ? 1 : 0;
+            G_LOAD: q_rd_offset = 1;
+            G_OUT: q_rd_offset = emit ? ri + 1'b1 : ri;
+            default: ;
+        endcase
+    end
 
     always @(posedge clk) begin
         q_pop <= 1'b0;
@@ -60,75 +171,62 @@ module packet_gen #(
             g <= G_IDLE;
             m_tvalid <= 1'b0;
             ncodes <= 0;
+            e0_valid <= 1'b0;
         end else case (g)
-            G_IDLE: if (j_tvalid && j_tready) begin
-                hi <= 0;
-                ti <= 0;
-                tail <= T_NONE;
-                tail_len <= 0;
+            G_IDLE: if (take) begin
                 m_tuser <= jaddr;
-                g <= G_HEAD;
+                r_hout <= jhout; r_d1 <= jd1; r_d2 <= jd2; r_hdr <= jhdr;
+                r_split <= jsplit; r_len <= jlen; r_beats <= jbeats;
+                k <= 0;
+                ri <= 1;
                 case (jop)
                     JOB_PUB_COPY: begin
-                        head[0] <= 8'h30;
-                        if (rl < 16'd128) begin
-                            head[1] <= rl[7:0];
-                            head[2] <= jtopic[15:8]; head[3] <= jtopic[7:0];
-                            head_len <= 3'd4;
+                        if (!e0_valid)
+                            g <= G_LOAD;              // entry 0 is read now
+                        else if (jentries == 11'd1) begin
+                            // the whole copy is in the kept entry: out now
+                            m_tvalid <= 1'b1;
+                            m_tdata <= b_data;
+                            m_tkeep <= b_keep;
+                            m_tlast <= 1'b1;
                         end else begin
-                            head[1] <= {1'b1, rl[6:0]}; head[2] <= {1'b0, rl[13:7]};
-                            head[3] <= jtopic[15:8]; head[4] <= jtopic[7:0];
-                            head_len <= 3'd5;
+                            cur <= e0;                // entry 1 is read now
+                            g <= G_OUT;
                         end
-                        tail <= T_QUEUE;
-                        tail_len <= jmsg;
                     end
                     JOB_PUB_END: begin
                         q_pop <= 1'b1;
-                        q_pop_len <= jmsg[QAW:0];
-                        g <= G_IDLE;
-                    end
-                    JOB_CONNACK: begin
-                        head[0] <= 8'h20; head[1] <= 8'h02; head[2] <= 8'h00;
-                        head[3] <= jcode; head_len <= 3'd4;
-                    end
-                    JOB_PINGRESP: begin
-                        head[0] <= 8'hD0; head[1] <= 8'h00; head_len <= 3'd2;
-                    end
-                    JOB_UNSUBACK: begin
-                        head[0] <= 8'hB0; head[1] <= 8'h02; head[2] <= jpid[15:8];
-                        head[3] <= jpid[7:0]; head_len <= 3'd4;
+                        q_pop_len <= jentries[QAW:0];
+                        e0_valid <= 1'b0;
                     end
                     JOB_SUBACK_CODE: begin
-                        codes[ncodes[3:0]] <= jcode;
+                        codes[8*ncodes[3:0] +: 8] <= jcode;
                         ncodes <= ncodes + 1'b1;
-                        g <= G_IDLE;
                     end
-                    default: begin  // JOB_SUBACK_END: the last code, then the packet
-                        codes[ncodes[3:0]] <= jcode;
-                        ncodes <= 0;
-                        head[0] <= 8'h90; head[1] <= {3'd0, ncodes} + 8'd3;
-                        head[2] <= jpid[15:8]; head[3] <= jpid[7:0]; head_len <= 3'd4;
-                        tail <= T_CODES;
-                        tail_len <= {11'd0, ncodes} + 16'd1;
+                    default: begin    // CONNACK, PINGRESP, UNSUBACK, SUBACK_END
+                        if (jop == JOB_SUBACK_END) ncodes <= 0;
+                        m_tvalid <= 1'b1;
+                        m_tdata <= {{(8*W - 8*(MAX_CODES + 4)){1'b0}}, one_beat};
+                        m_tkeep <= ~({W{1'b1}} << one_len);
+                        m_tlast <= 1'b1;
                     end
                 endcase
             end
-            G_HEAD: if (out_free) begin
-                m_tvalid <= 1'b1;
-                m_tdata <= head[hi];
-                m_tlast <= hi == head_len - 1'b1 && tail == T_NONE;
-                hi <= hi + 1'b1;
-                if (hi == head_len - 1'b1)
-                    g <= tail == T_NONE ? G_IDLE : G_TAIL;
+            G_LOAD: begin                             // entry 0 on the read bus
+                cur <= q_rd_data;
+                e0 <= q_rd_data;
+                e0_valid <= 1'b1;
+                g <= G_OUT;
             end
-            G_TAIL: if (out_free) begin
+            G_OUT: if (emit) begin                    // entry k in cur, k + 1 on the bus
                 m_tvalid <= 1'b1;
-                m_tdata <= tail == T_QUEUE ? q_rd_data : codes[ti[3:0]];
-                m_tlast <= ti == tail_len - 1'b1;
-                ti <= ti + 1'b1;
-                if (ti == tail_len - 1'b1)
-                    g <= G_IDLE;
+                m_tdata <= b_data;
+                m_tkeep <= b_keep;
+                m_tlast <= b_last;
+                cur <= q_rd_data;
+                k <= k + 1'b1;
+                ri <= ri + 1'b1;
+                if (b_last) g <= G_IDLE;
             end
             default: g <= G_IDLE;
         endcase
