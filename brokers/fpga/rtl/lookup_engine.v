@@ -21,7 +21,7 @@ module lookup_engine #(
 ) (
     input  wire         clk,
     input  wire         rst,
-    input  wire [106:0] d_tdata,
+    input  wire [187:0] d_tdata,     // DESC_W: {header, name} (mqtt_defs.vh)
     input  wire         d_tvalid,
     output wire         d_tready,
     input  wire         d_tlast,
@@ -78,6 +78,28 @@ module lookup_engine #(
     wire [TW-1:0] disc_word = t_words[dw_k*TW +: TW];
 
     wire [79:0] n_tag = {n_c0, n_cS, n_len};
+
+    // the descriptor beat: the packet's header and one name
+    wire [106:0] d_hdr = d_tdata[187:81];
+    wire [2:0]   d_op = d_hdr[106:104];
+    wire         d_refused = d_tdata[0];
+    wire         d_name_read = (d_op == OP_PUBLISH || d_op == OP_SUBSCRIBE ||
+                                d_op == OP_UNSUBSCRIBE) && !(d_op == OP_SUBSCRIBE && d_refused);
+
+    // a name beat taken (E_IDLE for a packet's first, E_NAME for the others): the Topic
+    // Table's read is issued in the same cycle
+    task take_name;
+        begin
+            {n_c0, n_cS, n_len} <= d_tdata[80:1];
+            n_last <= d_tlast;
+            result <= 8'd0;
+            if (d_op == OP_SUBSCRIBE && d_refused) begin
+                result <= 8'h80;              // a filter the hardware cannot serve
+                state <= E_NEXT;
+            end else
+                state <= E_TOPIC;
+        end
+    endtask
 
     function automatic [79:0] sub_tag(input [31:0] c0, input [31:0] cS, input [15:0] len,
                                       input [11:0] id);
@@ -154,7 +176,8 @@ module lookup_engine #(
         s_rd_en = 1'b0; s_rd_home = key_home;
         key_id = rid + 12'd1;
         case (state)
-            E_NAME: t_rd_en = d_tvalid && !(op == OP_SUBSCRIBE && d_tdata[0]);
+            E_IDLE: t_rd_en = d_tvalid && !j_full && d_name_read;
+            E_NAME: t_rd_en = d_tvalid && d_name_read;
             E_TOPIC: begin
                 key_id = 12'd1;
                 s_rd_en = tw_found && tw_count != 0;
@@ -189,18 +212,17 @@ module lookup_engine #(
             state <= E_IDLE;
         end else case (state)
             E_IDLE: if (d_tvalid && !j_full) begin
-                {op, pid, src, result, msg_len, topic_len} <= d_tdata;
-                case (d_tdata[106:104])
+                {op, pid, src, result, msg_len, topic_len} <= d_hdr;
+                case (d_op)
                     OP_CONNECT: begin
                         j_wr_en <= 1'b1;
-                        j_wr_data <= {JOB_CONNACK, d_tdata[87:40], 16'd0, d_tdata[39:32],
-                                      32'd0};
+                        j_wr_data <= {JOB_CONNACK, d_hdr[87:40], 16'd0, d_hdr[39:32], 32'd0};
                     end
                     OP_PINGREQ: begin
                         j_wr_en <= 1'b1;
-                        j_wr_data <= {JOB_PINGRESP, d_tdata[87:40], 56'd0};
+                        j_wr_data <= {JOB_PINGRESP, d_hdr[87:40], 56'd0};
                     end
-                    OP_PUBLISH, OP_SUBSCRIBE, OP_UNSUBSCRIBE: state <= E_NAME;
+                    OP_PUBLISH, OP_SUBSCRIBE, OP_UNSUBSCRIBE: take_name;
                     OP_DISCONNECT: begin
                         // the model's clean session: every subscription of the address
                         // goes. The tables have no address index, so every Topic Table
@@ -214,16 +236,7 @@ module lookup_engine #(
                     default: ;
                 endcase
             end
-            E_NAME: if (d_tvalid) begin
-                {n_c0, n_cS, n_len} <= d_tdata[80:1];
-                n_last <= d_tlast;
-                result <= 8'd0;
-                if (op == OP_SUBSCRIBE && d_tdata[0]) begin
-                    result <= 8'h80;              // a filter the hardware cannot serve
-                    state <= E_NEXT;
-                end else
-                    state <= E_TOPIC;             // the Topic Table's read is issued now
-            end
+            E_NAME: if (d_tvalid) take_name;
             E_TOPIC: begin                        // stage 1: topic
                 t_found <= tw_found;
                 t_room <= tw_found || tw_free;

@@ -37,7 +37,8 @@ module mqtt_broker #(
     wire [8*W-1:0] q_wr_data, q_rd_data;
     wire [QUEUE_AW-1:0] q_rd_offset;
     wire [QUEUE_AW:0]   q_pop_len;
-    wire [106:0] d_tdata, j_wr_data, j_tdata;
+    wire [187:0] d_tdata;               // DESC_W
+    wire [106:0] j_wr_data, j_tdata;
     wire         d_tvalid, d_tready, d_tlast, j_wr_en, j_full, j_afull, j_tvalid, j_tready;
     wire         parser_busy, engine_busy, gen_busy;
 

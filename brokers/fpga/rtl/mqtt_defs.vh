@@ -17,11 +17,15 @@ endfunction
 localparam [31:0] TOPIC_SEED = 32'h00000000;        // tables.py _TOPIC_SEED
 localparam [31:0] SUBSCRIBER_SEED = 32'h5BD1E995;   // tables.py _SUBSCRIBER_SEED
 
-// Descriptor beats, parser -> lookup engine (one AXI4-Stream packet per MQTT packet).
-// Header beat: {op, pid, src, code, msg_len, topic_len}; entry beats: {crc0, crcS, len, refused}.
+// Descriptor beats, parser -> lookup engine (one AXI4-Stream packet per MQTT packet, one
+// beat per name to look up, or one beat for a packet without names): every beat is
+// {header, name}, header = {op, pid, src, code, msg_len, topic_len} (the packet's, repeated
+// in each beat, so a one-name packet is one beat), name = {crc0, crcS, len, refused}.
 localparam OP_NONE = 3'd0, OP_CONNECT = 3'd1, OP_PUBLISH = 3'd2, OP_SUBSCRIBE = 3'd3,
            OP_UNSUBSCRIBE = 3'd4, OP_PINGREQ = 3'd5, OP_DISCONNECT = 3'd6;
-localparam DESC_W = 3 + 16 + 48 + 8 + 16 + 16;     // 107 bits
+localparam HDR_W = 3 + 16 + 48 + 8 + 16 + 16;      // 107 bits
+localparam NAME_W = 32 + 32 + 16 + 1;              // 81 bits
+localparam DESC_W = HDR_W + NAME_W;                // 188 bits
 
 // Jobs, lookup engine -> packet generator.
 localparam JOB_PUB_COPY = 3'd0, JOB_PUB_END = 3'd1, JOB_CONNACK = 3'd2, JOB_PINGRESP = 3'd3,

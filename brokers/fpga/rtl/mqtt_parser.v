@@ -46,7 +46,7 @@ module mqtt_parser #(
     input  wire           q_full,
     input  wire           q_others,
     // descriptors to the lookup engine
-    output reg  [106:0]   d_tdata,
+    output reg  [187:0]   d_tdata,     // DESC_W (mqtt_defs.vh)
     output reg            d_tvalid,
     input  wire           d_tready,
     output reg            d_tlast,
@@ -234,32 +234,33 @@ module mqtt_parser #(
                     d_tlast <= 1'b0;
                     phase <= P_FIRST;
                 end else begin
+                    // beat emit_i: the packet's header and its name emit_i (mqtt_defs.vh)
                     d_tvalid <= 1'b1;
-                    d_tlast <= emit_i == {1'b0, nent} + (ptype == 4'd3 ? 1'b1 : 1'b0);
-                    if (emit_i == 0) begin
-                        // a PUBLISH's packet id is not needed further on: its place carries
-                        // where the message lies in its queue entries (packet_gen.v)
-                        d_tdata <= {ptype == 4'd1 ? OP_CONNECT : ptype == 4'd3 ? OP_PUBLISH :
-                                    ptype == 4'd8 ? OP_SUBSCRIBE : ptype == 4'd10 ?
-                                    OP_UNSUBSCRIBE : ptype == 4'd12 ? OP_PINGREQ :
-                                    OP_DISCONNECT,
-                                    ptype == 4'd3 ? {hdr_in, pflags[2:1] != 2'd0, nbeats,
-                                                     1'b0} : pid,
-                                    src, code, msg_len, top_len};
-                    end else if (ptype == 4'd3) begin
+                    d_tlast <= ptype == 4'd3 ? emit_i == {1'b0, nent} :
+                               ptype == 4'd8 || ptype == 4'd10 ? emit_i + 1'b1 == {1'b0, nent} :
+                               1'b1;
+                    // a PUBLISH's packet id is not needed further on: its place carries
+                    // where the message lies in its queue entries (packet_gen.v)
+                    d_tdata[DESC_W-1:NAME_W] <= {
+                        ptype == 4'd1 ? OP_CONNECT : ptype == 4'd3 ? OP_PUBLISH :
+                        ptype == 4'd8 ? OP_SUBSCRIBE : ptype == 4'd10 ? OP_UNSUBSCRIBE :
+                        ptype == 4'd12 ? OP_PINGREQ : OP_DISCONNECT,
+                        ptype == 4'd3 ? {hdr_in, pflags[2:1] != 2'd0, nbeats, 1'b0} : pid,
+                        src, code, msg_len, top_len};
+                    if (ptype == 4'd3) begin
                         // the rewriter: the topic itself, then `prefix/#` longest first
-                        if (emit_i == 1)
-                            d_tdata <= {26'd0, top_c0, top_cS, top_len, 1'b0};
+                        if (emit_i == 0)
+                            d_tdata[NAME_W-1:0] <= {top_c0, top_cS, top_len, 1'b0};
                         else
-                            d_tdata <= {26'd0,
-                                        crc32_byte(ent_c0[32*(nent - emit_i + 1) +: 32], "#"),
-                                        crc32_byte(ent_cS[32*(nent - emit_i + 1) +: 32], "#"),
-                                        ent_len[16*(nent - emit_i + 1) +: 16], 1'b0};
-                    end else begin
-                        d_tdata <= {26'd0, ent_c0[32*(emit_i - 1) +: 32],
-                                    ent_cS[32*(emit_i - 1) +: 32],
-                                    ent_len[16*(emit_i - 1) +: 16], ent_ref[emit_i - 1]};
-                    end
+                            d_tdata[NAME_W-1:0] <= {
+                                crc32_byte(ent_c0[32*(nent - emit_i) +: 32], "#"),
+                                crc32_byte(ent_cS[32*(nent - emit_i) +: 32], "#"),
+                                ent_len[16*(nent - emit_i) +: 16], 1'b0};
+                    end else if (ptype == 4'd8 || ptype == 4'd10) begin
+                        d_tdata[NAME_W-1:0] <= {ent_c0[32*emit_i +: 32], ent_cS[32*emit_i +: 32],
+                                                ent_len[16*emit_i +: 16], ent_ref[emit_i]};
+                    end else
+                        d_tdata[NAME_W-1:0] <= {NAME_W{1'b0}};
                     emit_i <= emit_i + 1'b1;
                 end
             end
