@@ -6,6 +6,12 @@
 //   subscriber  read `name + ID` for ID = 1..count, one ID per cycle (pipelined reads)
 //   execute     add (SUBSCRIBE), tombstone and free (UNSUBSCRIBE), or send (PUBLISH)
 //
+// A PUBLISH's name has all three in one cycle after it is taken (both reads are issued as
+// it is taken: the topic's window and ID 1's), and the next name is taken in that cycle:
+// names with at most one subscriber follow one per cycle, each further subscriber adds a
+// cycle. SUBSCRIBE, UNSUBSCRIBE and DISCONNECT go through the stages one after another
+// (they write the tables; the next packet's reads come after their writes).
+//
 // A PUBLISH's jobs carry its descriptor's pid field unchanged: where the message lies in
 // its message queue entries (mqtt_parser.v), for the packet generator.
 //
@@ -40,7 +46,7 @@ module lookup_engine #(
     localparam E_IDLE = 4'd0, E_NAME = 4'd1, E_TOPIC = 4'd2, E_SCAN = 4'd3,
                E_SUB_NEW = 4'd4, E_SUB_PUT = 4'd5, E_TRAIL_RD = 4'd6, E_TRAIL_CHK = 4'd7,
                E_TOPIC_WR = 4'd8, E_NEXT = 4'd9, E_DISC_RD = 4'd10, E_DISC_CHK = 4'd11,
-               E_DISC_GO = 4'd12, E_DISC_NEXT = 4'd13;
+               E_DISC_GO = 4'd12, E_DISC_NEXT = 4'd13, E_PUB = 4'd14;
     reg [3:0] state;
 
     // the packet
@@ -97,7 +103,7 @@ module lookup_engine #(
                 result <= 8'h80;              // a filter the hardware cannot serve
                 state <= E_NEXT;
             end else
-                state <= E_TOPIC;
+                state <= d_op == OP_PUBLISH ? E_PUB : E_TOPIC;
         end
     endtask
 
@@ -163,12 +169,29 @@ module lookup_engine #(
     wire [AW-1:0] sw_free_slot = s_home_q + {{(AW - 3){1'b0}}, sw_fk};
     wire [47:0] TOMBSTONE = 48'd0;
 
-    // the key of ID `id` under the current name, and where its window starts
+    // ---- PUBLISH: one name per cycle --------------------------------------------------
+    // Taking a PUBLISH's name issues both reads at once: its Topic Table window and the
+    // Subscriber Table window of `name + 1` (ID 1, whose key needs only the name). In E_PUB
+    // both are on the read buses: a name with at most one subscriber is served in that
+    // cycle (its copy or nothing; the packet's last name's job also pops the message) and
+    // the next PUBLISH name is taken in the same cycle, so names follow one per cycle. A
+    // name with more subscribers goes on to the scan, ID 2 on.
+    wire [11:0] p_count = tw_found ? tw_count : 12'd0;
+    wire        p_copy = p_count != 0 && sw_found && sw_dest != TOMBSTONE;
+    wire        p_many = p_count > 12'd1;
+    wire        p_done = state == E_PUB && !j_full && !p_many;
+    wire        pub_take = d_tvalid && d_op == OP_PUBLISH &&
+                           ((state == E_IDLE && !j_full) || state == E_NAME || p_done);
+
+    // the key of ID `id` under the current name (or under the name being taken), and
+    // where its window starts
     reg  [11:0] key_id;
-    wire [79:0] key_tag = sub_tag(n_c0, n_cS, n_len, key_id);
+    wire [79:0] key_tag = pub_take ? sub_tag(d_tdata[80:49], d_tdata[48:17], d_tdata[16:1], 12'd1)
+                                   : sub_tag(n_c0, n_cS, n_len, key_id);
     wire [AW-1:0] key_home = key_tag[16 + 32 +: AW];   // CRC with the subscriber seed
 
-    assign d_tready = (state == E_IDLE && !j_full) || state == E_NAME;
+    assign d_tready = (state == E_IDLE && !j_full) || state == E_NAME ||
+                      (p_done && d_op == OP_PUBLISH);
     assign busy = state != E_IDLE;
 
     always @(*) begin
@@ -187,8 +210,13 @@ module lookup_engine #(
             E_TRAIL_RD: key_id = count;
             E_DISC_RD: begin t_rd_en = 1'b1; t_rd_home = {disc_row, 3'b000}; end
             E_DISC_GO: begin key_id = 12'd1; s_rd_en = 1'b1; end
+            E_PUB: begin key_id = 12'd2; s_rd_en = !j_full && p_many; end
             default: ;
         endcase
+        if (pub_take) begin
+            t_rd_en = 1'b1;
+            s_rd_en = 1'b1;
+        end
         // the scan issues the next ID's read unless it stops or waits
         if (state == E_SCAN)
             s_rd_en = !scan_stall && !scan_stop;
@@ -253,9 +281,10 @@ module lookup_engine #(
                     state <= E_NEXT;              // nothing to send / nothing to remove
             end
             E_SCAN: if (!scan_stall) begin        // stage 2: subscriber, one ID per cycle
-                if (scan_copy) begin
+                if (scan_copy) begin              // the packet's last copy pops the message
                     j_wr_en <= 1'b1;
-                    j_wr_data <= {JOB_PUB_COPY, sw_dest, pid, 8'd0, msg_len, topic_len};
+                    j_wr_data <= {scan_stop && n_last ? JOB_PUB_COPY_END : JOB_PUB_COPY,
+                                  sw_dest, pid, 8'd0, msg_len, topic_len};
                 end
                 if (op == OP_SUBSCRIBE && sw_found && sw_dest == TOMBSTONE && !reuse_valid) begin
                     reuse_valid <= 1'b1; reuse_id <= rid; reuse_slot <= sw_slot;
@@ -266,6 +295,8 @@ module lookup_engine #(
                     s_wr_slot <= sw_slot;
                     s_wr_data <= {1'b1, s_tag_q, TOMBSTONE};
                     state <= E_TRAIL_RD;
+                end else if (scan_stop && scan_copy && n_last) begin
+                    state <= E_IDLE;              // popped by its last copy
                 end else if (scan_stop) begin
                     if (op == OP_SUBSCRIBE && !(sw_found && sw_dest == src))
                         state <= reuse_valid || (sw_found && sw_dest == TOMBSTONE) ?
@@ -278,6 +309,29 @@ module lookup_engine #(
                     end
                 end else
                     rid <= rid + 12'd1;
+            end
+            E_PUB: if (!j_full) begin             // stages 1-3 for a name, ID 1 at once
+                if (p_many) begin                 // more subscribers: the scan, ID 2 on
+                    if (p_copy) begin
+                        j_wr_en <= 1'b1;
+                        j_wr_data <= {JOB_PUB_COPY, sw_dest, pid, 8'd0, msg_len, topic_len};
+                    end
+                    count <= p_count;
+                    rid <= 12'd2;
+                    state <= E_SCAN;
+                end else begin
+                    if (p_copy || n_last) begin
+                        j_wr_en <= 1'b1;
+                        j_wr_data <= {p_copy ? (n_last ? JOB_PUB_COPY_END : JOB_PUB_COPY) :
+                                      JOB_PUB_END, p_copy ? sw_dest : 48'd0, pid, 8'd0,
+                                      msg_len, topic_len};
+                    end
+                    if (pub_take) begin
+                        {op, pid, src, result, msg_len, topic_len} <= d_hdr;
+                        take_name;
+                    end else
+                        state <= n_last ? E_IDLE : E_NAME;
+                end
             end
             E_SUB_NEW: begin                      // new ID = count + 1 (read issued here)
                 if (count == MAX_COUNT || (count == 0 && !t_room)) begin

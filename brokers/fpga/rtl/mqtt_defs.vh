@@ -29,5 +29,6 @@ localparam DESC_W = HDR_W + NAME_W;                // 188 bits
 
 // Jobs, lookup engine -> packet generator.
 localparam JOB_PUB_COPY = 3'd0, JOB_PUB_END = 3'd1, JOB_CONNACK = 3'd2, JOB_PINGRESP = 3'd3,
-           JOB_UNSUBACK = 3'd4, JOB_SUBACK_CODE = 3'd5, JOB_SUBACK_END = 3'd6;
+           JOB_UNSUBACK = 3'd4, JOB_SUBACK_CODE = 3'd5, JOB_SUBACK_END = 3'd6,
+           JOB_PUB_COPY_END = 3'd7;   // a PUBLISH's last copy: sent, then the message popped
 localparam JOB_W = 3 + 48 + 16 + 8 + 16 + 16;      // {op, addr, pid, code, msg_len, topic_len}

@@ -12,8 +12,12 @@
 //
 // The head message's first entry is kept once read (until the message is popped): a copy
 // of a message of one entry (W = 128: a PUBLISH of up to 128 bytes) then goes out in the
-// cycle its job is taken, one copy per cycle; the first copy and longer messages read
-// their entries, one per cycle, behind a cycle of read latency.
+// cycle its job is taken, one copy per cycle; longer messages read their entries, one per
+// cycle, behind a cycle of read latency. A message is popped by its last copy's job
+// (JOB_PUB_COPY_END), or by JOB_PUB_END if it has no copy, in the cycle that copy's last
+// beat goes out; that cycle's read is the next message's first entry, so its first copy
+// too goes out in the cycle its job is taken: back to back, one-entry messages with a copy
+// each leave one per cycle.
 `default_nettype none
 module packet_gen #(
     parameter W = 128,           // bytes per beat, 32 or more (a SUBACK is one beat)
@@ -28,8 +32,8 @@ module packet_gen #(
     // message queue, read side
     output reg  [QAW-1:0] q_rd_offset,
     input  wire [8*W-1:0] q_rd_data,
-    output reg            q_pop,
-    output reg  [QAW:0]   q_pop_len,
+    output wire           q_pop,
+    output wire [QAW:0]   q_pop_len,
     output reg  [8*W-1:0] m_tdata,
     output reg  [W-1:0]   m_tkeep,
     output reg            m_tvalid,
@@ -48,6 +52,9 @@ module packet_gen #(
     reg [8*W-1:0] cur;           // the entry of the beat going out (entry k)
     reg [8*W-1:0] e0;            // the head message's first entry, once read
     reg        e0_valid;
+    reg        e0_bus;           // ... or on q_rd_data: last cycle read offset 0 of the head
+    reg        r_end;            // the copy going out pops its message
+    reg [10:0] r_entries;
     reg [15:0] k;                // output beat
     reg [QAW-1:0] ri;            // entry k + 1, on q_rd_data in G_OUT
 
@@ -82,7 +89,8 @@ module packet_gen #(
 
     // ---- one output beat of a PUBLISH copy: entries k and k + 1 -> beat k -----------------
     wire        at_job = g == G_IDLE;
-    wire [8*W-1:0] b_cur = at_job ? e0 : cur;
+    wire [8*W-1:0] e0_now = e0_valid ? e0 : q_rd_data;
+    wire [8*W-1:0] b_cur = at_job ? e0_now : cur;
     wire [15:0] b_k = at_job ? 16'd0 : k;
     wire [2:0]  b_hout = at_job ? jhout : r_hout;
     wire [2:0]  b_d1 = at_job ? jd1 : r_d1;
@@ -149,56 +157,72 @@ module packet_gen #(
 
     wire out_free = !m_tvalid || m_tready;
     // a new job only once the last packet's last beat is taken: tuser belongs to it
-    assign j_tready = g == G_IDLE && !q_pop && out_free;
+    assign j_tready = g == G_IDLE && out_free;
     assign busy = g != G_IDLE || m_tvalid;
     wire take = j_tvalid && j_tready;
     wire emit = g == G_OUT && out_free;
+    wire is_copy = jop == JOB_PUB_COPY || jop == JOB_PUB_COPY_END;
+    wire have_e0 = e0_valid || e0_bus;
+    // the job's copy goes out in the cycle it is taken (one entry, first entry at hand)
+    wire copy_now = take && is_copy && have_e0 && jentries == 11'd1;
+
+    // popped now: PUB_END, a one-cycle last copy, or a longer last copy's last beat
+    assign q_pop = (take && (jop == JOB_PUB_END || (copy_now && jop == JOB_PUB_COPY_END))) ||
+                   (emit && b_last && r_end);
+    assign q_pop_len = g == G_OUT ? r_entries[QAW:0] : jentries[QAW:0];
 
     always @(*) begin
         q_rd_offset = 0;
         case (g)
-            G_IDLE: q_rd_offset = e0_valid ? 1 : 0;
+            G_IDLE: q_rd_offset = q_pop ? q_pop_len[QAW-1:0] :
+                                  take && is_copy && have_e0 && !copy_now ? 1 :
+                                  e0_valid ? 1 : 0;
             G_LOAD: q_rd_offset = 1;
-            G_OUT: q_rd_offset = emit ? ri + 1'b1 : ri;
+            G_OUT: q_rd_offset = q_pop ? q_pop_len[QAW-1:0] : emit ? ri + 1'b1 : ri;
             default: ;
         endcase
     end
 
     always @(posedge clk) begin
-        q_pop <= 1'b0;
         if (m_tvalid && m_tready) m_tvalid <= 1'b0;
+        // the head's entry 0 is on the bus next cycle: read at offset 0 with no pop, or at
+        // the popped length (the next message's first entry)
+        e0_bus <= q_pop || q_rd_offset == 0;
         if (rst) begin
             g <= G_IDLE;
             m_tvalid <= 1'b0;
             ncodes <= 0;
             e0_valid <= 1'b0;
+            e0_bus <= 1'b0;
         end else case (g)
             G_IDLE: if (take) begin
                 m_tuser <= jaddr;
                 r_hout <= jhout; r_d1 <= jd1; r_d2 <= jd2; r_hdr <= jhdr;
                 r_split <= jsplit; r_len <= jlen; r_beats <= jbeats;
+                r_end <= jop == JOB_PUB_COPY_END;
+                r_entries <= jentries;
                 k <= 0;
                 ri <= 1;
                 case (jop)
-                    JOB_PUB_COPY: begin
-                        if (!e0_valid)
+                    JOB_PUB_COPY, JOB_PUB_COPY_END: begin
+                        if (!have_e0)
                             g <= G_LOAD;              // entry 0 is read now
-                        else if (jentries == 11'd1) begin
-                            // the whole copy is in the kept entry: out now
+                        else if (copy_now) begin
+                            // the whole copy is in the first entry: out now
                             m_tvalid <= 1'b1;
                             m_tdata <= b_data;
                             m_tkeep <= b_keep;
                             m_tlast <= 1'b1;
+                            e0 <= e0_now;
+                            e0_valid <= jop == JOB_PUB_COPY;
                         end else begin
-                            cur <= e0;                // entry 1 is read now
+                            cur <= e0_now;            // entry 1 is read now
+                            e0 <= e0_now;
+                            e0_valid <= 1'b1;
                             g <= G_OUT;
                         end
                     end
-                    JOB_PUB_END: begin
-                        q_pop <= 1'b1;
-                        q_pop_len <= jentries[QAW:0];
-                        e0_valid <= 1'b0;
-                    end
+                    JOB_PUB_END: e0_valid <= 1'b0;
                     JOB_SUBACK_CODE: begin
                         codes[8*ncodes[3:0] +: 8] <= jcode;
                         ncodes <= ncodes + 1'b1;
@@ -226,7 +250,10 @@ module packet_gen #(
                 cur <= q_rd_data;
                 k <= k + 1'b1;
                 ri <= ri + 1'b1;
-                if (b_last) g <= G_IDLE;
+                if (b_last) begin
+                    g <= G_IDLE;
+                    if (r_end) e0_valid <= 1'b0;
+                end
             end
             default: g <= G_IDLE;
         endcase

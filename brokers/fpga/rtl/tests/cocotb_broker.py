@@ -180,15 +180,13 @@ async def publishes_over_several_beats_match_the_model(dut):
 
 
 @cocotb.test()
-async def back_to_back_publishes_to_one_subscriber_come_every_7_cycles_and_the_beat_s(dut):
+async def back_to_back_publishes_to_one_subscriber_come_every_3_cycles_and_the_beat_s(dut):
     """The rate the design keeps up: 76-byte PUBLISHes of `sync/pmu` (one beat each) to one
-    subscriber, the sink always ready. The lookup engine serves one request at a time and
-    the parser waits for it to take the packet's last name, so a PUBLISH takes the beat's
-    cycles in (76 bytes, LANES a cycle: 5 at 16) and 6: the engine taking the first
-    descriptor beat (the header and `sync/pmu`); `sync/pmu` in four (the Topic Table read,
-    the count, subscriber ID 1's read and its copy, done); the engine taking `sync/#`, the
-    last name, after which the parser takes the next beat while the engine finishes
-    `sync/#` (no subscriber)."""
+    subscriber, the sink always ready. A PUBLISH takes the beat's cycles in (76 bytes,
+    LANES a cycle: 5 at 16) and 3 for its two descriptor beats (`sync/pmu`, `sync/#`): the
+    first registered, then each taken by the lookup engine in a cycle (a name with at most
+    one subscriber is served in the cycle after it is taken, while the next is taken), the
+    parser free again in the cycle the last is taken."""
     await reset(dut)
     sink = Sink(dut)
     await send(dut, encode(Subscribe(1, (("sync/pmu", 0),))), CLIENTS[0])
@@ -202,7 +200,7 @@ async def back_to_back_publishes_to_one_subscriber_come_every_7_cycles_and_the_b
     await idle(dut)
     assert len(publish) == 76 and len(sink.packets) == 1 + 50
     # 49 periods, then the last beat's own cycles
-    assert (end - start) / 10 == 49 * (chunks + 6) + chunks
+    assert (end - start) / 10 == 49 * (chunks + 3) + chunks
 
 
 @cocotb.test()
