@@ -16,8 +16,13 @@ module sync_fifo #(
 );
     reg [W-1:0] mem [0:(1 << AW) - 1];
     reg [AW:0] wp, rp;
-    assign full = (wp - rp) == (1 << AW);
-    assign almost_full = (wp - rp) >= (1 << AW) - 1;
+    // the count in AW + 1 bits: `wp - rp` in a comparison with an integer would be computed
+    // 32 bits wide, and read as huge once wp has wrapped and rp not yet (almost_full then
+    // stalled the lookup engine a cycle: one PUBLISH in 16 a cycle late to its last copy)
+    localparam [AW:0] CAP = 1 << AW;
+    wire [AW:0] used = wp - rp;
+    assign full = used == CAP;
+    assign almost_full = used >= CAP - 1'b1;
     assign m_tvalid = wp != rp;
     assign m_tdata = mem[rp[AW-1:0]];
     always @(posedge clk) begin
