@@ -169,6 +169,11 @@ module lookup_engine #(
     wire [AW-1:0] sw_free_slot = s_home_q + {{(AW - 3){1'b0}}, sw_fk};
     wire [47:0] TOMBSTONE = 48'd0;
 
+    // the scan (E_SCAN): ID rid's window on the read bus
+    wire scan_copy = op == OP_PUBLISH && sw_found && sw_dest != TOMBSTONE;
+    wire scan_stall = scan_copy && j_full;
+    wire scan_stop = (op != OP_PUBLISH && sw_found && sw_dest == src) || rid == count;
+
     // ---- PUBLISH: one name per cycle --------------------------------------------------
     // Taking a PUBLISH's name issues both reads at once: its Topic Table window and the
     // Subscriber Table window of `name + 1` (ID 1, whose key needs only the name). In E_PUB
@@ -180,8 +185,12 @@ module lookup_engine #(
     wire        p_copy = p_count != 0 && sw_found && sw_dest != TOMBSTONE;
     wire        p_many = p_count > 12'd1;
     wire        p_done = state == E_PUB && !j_full && !p_many;
+    // ... and the scan's last ID of a PUBLISH's last name, when it is a copy, takes the
+    // next PUBLISH as well: copies follow one per cycle across PUBLISHes
+    wire        scan_last_copy = state == E_SCAN && scan_copy && scan_stop && n_last && !j_full;
+    wire        pub_next = p_done || scan_last_copy;
     wire        pub_take = d_tvalid && d_op == OP_PUBLISH &&
-                           ((state == E_IDLE && !j_full) || state == E_NAME || p_done);
+                           ((state == E_IDLE && !j_full) || state == E_NAME || pub_next);
 
     // the key of ID `id` under the current name (or under the name being taken), and
     // where its window starts
@@ -191,7 +200,7 @@ module lookup_engine #(
     wire [AW-1:0] key_home = key_tag[16 + 32 +: AW];   // CRC with the subscriber seed
 
     assign d_tready = (state == E_IDLE && !j_full) || state == E_NAME ||
-                      (p_done && d_op == OP_PUBLISH);
+                      (pub_next && d_op == OP_PUBLISH);
     assign busy = state != E_IDLE;
 
     always @(*) begin
@@ -226,9 +235,6 @@ module lookup_engine #(
             s_rd_en = 1'b1;
     end
 
-    wire scan_copy = op == OP_PUBLISH && sw_found && sw_dest != TOMBSTONE;
-    wire scan_stall = scan_copy && j_full;
-    wire scan_stop = (op != OP_PUBLISH && sw_found && sw_dest == src) || rid == count;
 
     always @(posedge clk) begin
         j_wr_en <= 1'b0;
@@ -296,7 +302,11 @@ module lookup_engine #(
                     s_wr_data <= {1'b1, s_tag_q, TOMBSTONE};
                     state <= E_TRAIL_RD;
                 end else if (scan_stop && scan_copy && n_last) begin
-                    state <= E_IDLE;              // popped by its last copy
+                    if (pub_take) begin           // popped by its last copy; the next one
+                        {op, pid, src, result, msg_len, topic_len} <= d_hdr;
+                        take_name;
+                    end else
+                        state <= E_IDLE;
                 end else if (scan_stop) begin
                     if (op == OP_SUBSCRIBE && !(sw_found && sw_dest == src))
                         state <= reuse_valid || (sw_found && sw_dest == TOMBSTONE) ?
