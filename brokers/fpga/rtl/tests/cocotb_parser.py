@@ -192,6 +192,14 @@ def entries_of(datagrams: list[bytes]) -> list[bytes]:
     return out
 
 
+def first_difference(got: list[list[int]], want: list[list[int]]) -> str:
+    for i, (g, w) in enumerate(zip(got, want, strict=False)):
+        if g != w:
+            return (f"descriptor packet {i}: got {[header(b) | {'name': name(b)} for b in g]}, "
+                    f"want {[header(b) | {'name': name(b)} for b in w]}")
+    return f"got {len(got)} descriptor packets, want {len(want)}"
+
+
 def header(beat: int) -> dict[str, int]:
     h = beat >> 81
     return {"op": h >> 104, "pid": h >> 88 & 0xFFFF, "src": h >> 40 & (1 << 48) - 1,
@@ -302,7 +310,7 @@ async def fast_and_byte_wise_paths_issue_the_same_descriptors_for_random_publish
     await slow
     await idle(pt, ps)
     packets = out.packets()
-    assert packets == slow_out.packets()
+    assert packets == slow_out.packets(), first_difference(packets, slow_out.packets())
     assert len(packets) == len(datagrams)
     for packet, datagram in zip(packets, datagrams, strict=True):
         check_publish(packet, datagram)
@@ -347,7 +355,8 @@ async def mixed_packets_leave_in_order_and_the_queue_holds_the_same_beats(dut):
     await fast
     await slow
     await idle(pt, ps)
-    assert out.packets() == slow_out.packets()
+    assert out.packets() == slow_out.packets(), first_difference(out.packets(),
+                                                                 slow_out.packets())
     assert pt.dropped_malformed.value.integer == ps.dropped_malformed.value.integer > 20
     assert pt.dropped_limit.value.integer == ps.dropped_limit.value.integer == 0
     assert writes.fast > 50
