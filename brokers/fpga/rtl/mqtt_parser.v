@@ -10,8 +10,16 @@
 // LANES times, a chain as long as the lanes): a beat takes ceil(bytes in it / LANES)
 // cycles, one cycle when LANES == W. A PUBLISH's beats are written into the message queue
 // whole, as they arrive (one queue entry per beat); only once the last byte has been checked
-// does the parser issue the packet to the lookup engine, as a descriptor stream: a header
-// beat, then one beat per name to look up.
+// does the parser issue the packet to the lookup engine, as a descriptor stream: one beat
+// per name to look up, each {header, name} (mqtt_defs.vh), one beat for a packet without
+// names.
+//
+// Fast path (mqtt_parser_fast.v, FAST_ENABLE): a single-beat QoS 0 PUBLISH whose topic is
+// printable ASCII of up to FAST_TOPIC bytes and FAST_LEVELS levels is taken whole in one
+// cycle and issued through a pipeline, so such PUBLISHes come in one a cycle (the paper's
+// rate, 6.2) where the byte checks take ceil(bytes / LANES) cycles each; the descriptor
+// beats are the ones the byte checks would issue. Everything else takes the byte checks.
+// Packets leave in arrival order: the two paths never hold packets at the same time.
 //
 // Topic names are never stored: each name is carried as its two CRC-32 hashes (the Topic
 // Table's and the Subscriber Table's seeds, tables.py) and its length. The rewriter snapshots

@@ -97,7 +97,8 @@ module mqtt_parser_fast #(
     wire [SLOTS*STAGES-1:0] o_names;           // thermometer: '/'s (k + 1 or more at k)
     wire [32*STAGES-1:0]  o_c0, o_cS;
     wire [SLW*STAGES-1:0] o_slots;
-    wire [STAGES:0]       rdy /* verilator split_var */;                  // stage s may load (rdy[STAGES]: emitter)
+    // stage s may load its registers (rdy[STAGES]: the emitter may take a packet)
+    wire [STAGES:0]       rdy /* verilator split_var */;
     assign ready = rdy[0];
 
     genvar gs, gk;
