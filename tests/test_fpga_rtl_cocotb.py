@@ -3,7 +3,8 @@
 One toplevel (cocotb_top.v: the broker, and a message queue on its own ports) is built
 once per source hash (build.run_cocotb); the cocotb tests compare
 the whole broker with the behavioural model (back to back, with backpressure), check the
-rewriter's lookup names against zlib's CRC-32, and fill the message queue.
+rewriter's lookup names against zlib's CRC-32, hold the parser's fast path to its byte-wise
+path (rate, descriptors, order, queue), and fill the message queue.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 def test_the_whole_broker_against_the_model(tmp_path):
     assert run_cocotb("cocotb_top", "cocotb_broker", tmp_path) == (5, 0)
+
+
+def test_the_parsers_fast_path(tmp_path):
+    assert run_cocotb("cocotb_top", "cocotb_parser", tmp_path) == (5, 0)
 
 
 def test_the_message_queue(tmp_path):

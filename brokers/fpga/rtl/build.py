@@ -95,9 +95,8 @@ def ensure_synth() -> Path:
     return _make("synth", build_dir() / "stat.txt", "yosys")
 
 
-RTL_SOURCES = ("mqtt_broker.v", "mqtt_parser.v", "mqtt_parser_lane.v", "msg_queue.v",
-               "lookup_engine.v",
-               "hash_table.v", "sync_fifo.v", "packet_gen.v")
+RTL_SOURCES = ("mqtt_broker.v", "mqtt_parser.v", "mqtt_parser_lane.v", "mqtt_parser_fast.v",
+               "msg_queue.v", "lookup_engine.v", "hash_table.v", "sync_fifo.v", "packet_gen.v")
 
 
 def run_cocotb(toplevel: str, test_module: str, results_dir: Path) -> tuple[int, int]:

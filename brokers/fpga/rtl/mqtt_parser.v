@@ -10,8 +10,16 @@
 // LANES times, a chain as long as the lanes): a beat takes ceil(bytes in it / LANES)
 // cycles, one cycle when LANES == W. A PUBLISH's beats are written into the message queue
 // whole, as they arrive (one queue entry per beat); only once the last byte has been checked
-// does the parser issue the packet to the lookup engine, as a descriptor stream: a header
-// beat, then one beat per name to look up.
+// does the parser issue the packet to the lookup engine, as a descriptor stream: one beat
+// per name to look up, each {header, name} (mqtt_defs.vh), one beat for a packet without
+// names.
+//
+// Fast path (mqtt_parser_fast.v, FAST_ENABLE): a single-beat QoS 0 PUBLISH whose topic is
+// printable ASCII of up to FAST_TOPIC bytes and FAST_LEVELS levels is taken whole in one
+// cycle and issued through a pipeline, so such PUBLISHes come in one a cycle (the paper's
+// rate, 6.2) where the byte checks take ceil(bytes / LANES) cycles each; the descriptor
+// beats are the ones the byte checks would issue. Everything else takes the byte checks.
+// Packets leave in arrival order: the two paths never hold packets at the same time.
 //
 // Topic names are never stored: each name is carried as its two CRC-32 hashes (the Topic
 // Table's and the Subscriber Table's seeds, tables.py) and its length. The rewriter snapshots
@@ -28,7 +36,10 @@ module mqtt_parser #(
     parameter W = 128,           // bytes per beat
     parameter LANES = 16,        // bytes checked per cycle (divides W)
     parameter MAX_NAMES = 16,
-    parameter QAW = 10
+    parameter QAW = 10,
+    parameter FAST_ENABLE = 1,   // the fast path for single-beat QoS 0 PUBLISHes (below)
+    parameter FAST_TOPIC = 28,   // ... topics of up to this many bytes (the paper's 256 bits)
+    parameter FAST_LEVELS = 4    // ... and levels (at least 2; at most MAX_NAMES are taken)
 ) (
     input  wire           clk,
     input  wire           rst,
@@ -46,10 +57,10 @@ module mqtt_parser #(
     input  wire           q_full,
     input  wire           q_others,
     // descriptors to the lookup engine
-    output reg  [187:0]   d_tdata,     // DESC_W (mqtt_defs.vh)
-    output reg            d_tvalid,
+    output wire [187:0]   d_tdata,     // DESC_W (mqtt_defs.vh)
+    output wire           d_tvalid,
     input  wire           d_tready,
-    output reg            d_tlast,
+    output wire           d_tlast,
     output reg  [31:0]    dropped_malformed,
     output reg  [31:0]    dropped_limit,
     output wire           busy
@@ -94,6 +105,47 @@ module mqtt_parser #(
     reg [10:0] nbeats;                  // queue entries written for this PUBLISH
     reg [NW:0] emit_i;
     reg [CW-1:0] chunk;                 // the lanes of the beat being checked
+    reg [187:0]  sd_tdata;              // the byte-wise path's descriptor beat
+    reg          sd_tvalid, sd_tlast;
+
+    // ---- the fast path (mqtt_parser_fast.v) and the order between the two --------------
+    // Packets leave in arrival order: an eligible first beat goes to the fast path only
+    // while the byte-wise path is idle (no packet in its lanes, nothing being issued), and
+    // a packet starts in the byte-wise path only once the fast path has issued everything.
+    wire       slow_idle = phase == P_FIRST && chunk == 0;
+    wire       fast_eligible, fast_ready, fast_empty;
+    wire [187:0] fd_tdata;
+    wire       fd_tvalid, fd_tlast;
+    wire       fast_sel = FAST_ENABLE && slow_idle && fast_eligible;
+    // the fast path writes and commits its beat in the cycle it takes it; a full queue
+    // holds the only committed entries (nothing is in the byte-wise path): it waits
+    wire       fast_take = s_tvalid && fast_sel && fast_ready && !q_full;
+    wire       slow_valid = s_tvalid && !fast_sel && (!slow_idle || fast_empty);
+    wire       slow_ready;
+    generate
+        if (FAST_ENABLE) begin : fast
+            localparam LEVELS = FAST_LEVELS < MAX_NAMES ? FAST_LEVELS : MAX_NAMES;
+            mqtt_parser_fast #(.W(W), .FAST_TOPIC(FAST_TOPIC), .SLOTS(LEVELS - 1)) path (
+                .clk(clk), .rst(rst), .s_tdata(s_tdata), .s_tkeep(s_tkeep),
+                .s_tlast(s_tlast), .s_tuser(s_tuser), .eligible(fast_eligible),
+                .ready(fast_ready), .take(fast_take), .empty(fast_empty),
+                .d_tdata(fd_tdata), .d_tvalid(fd_tvalid), .d_tready(d_tready),
+                .d_tlast(fd_tlast));
+        end else begin : no_fast
+            assign fast_eligible = 1'b0;
+            assign fast_ready = 1'b0;
+            assign fast_empty = 1'b1;
+            assign fd_tdata = 188'd0;
+            assign fd_tvalid = 1'b0;
+            assign fd_tlast = 1'b0;
+        end
+    endgenerate
+    assign s_tready = fast_sel ? fast_ready && !q_full :
+                      slow_ready && (!slow_idle || fast_empty);
+    // at most one of the two has a descriptor beat out
+    assign d_tvalid = sd_tvalid || fd_tvalid;
+    assign d_tdata = fd_tvalid ? fd_tdata : sd_tdata;
+    assign d_tlast = fd_tvalid ? fd_tlast : sd_tlast;
 
     // ---- the beat: queue writes, backpressure -------------------------------------------
     wire       first_chunk = chunk == 0;
@@ -102,13 +154,14 @@ module mqtt_parser #(
     // Queue full: wait while earlier messages drain; if only this packet's beats fill it,
     // the message can never fit and the packet is dropped (the beat is consumed).
     wire       q_stall = to_queue && q_full && q_others;
-    wire       q_overflow = s_tvalid && to_queue && q_full && !q_others;
+    wire       q_overflow = slow_valid && to_queue && q_full && !q_others;
     wire       last_chunk;
-    wire       in_beat = phase != P_EMIT && s_tvalid && !q_stall;
-    assign s_tready = phase != P_EMIT && !q_stall && last_chunk;
-    assign busy = phase != P_FIRST || chunk != 0;
+    wire       in_beat = phase != P_EMIT && slow_valid && !q_stall;
+    assign slow_ready = phase != P_EMIT && !q_stall && last_chunk;
+    assign busy = !slow_idle || !fast_empty;
     // written in the cycle the beat's first chunk is checked, so `q_full` is never late
-    assign q_wr_en = in_beat && to_queue && !q_full;
+    wire       slow_wr_en = in_beat && to_queue && !q_full;
+    assign q_wr_en = slow_wr_en || fast_take;
     assign q_wr_data = s_tdata;
 
     // this cycle's lanes; keep_x[LANES] is the first lane of the next chunk (0 past the beat)
@@ -216,32 +269,33 @@ module mqtt_parser #(
     wire end_malformed = bad_n || !last_ok;
     wire end_limit = !end_malformed && limit_n;
     assign q_abort = end_now && (end_malformed || end_limit);
-    assign q_commit = end_now && !end_malformed && !end_limit && ptype_n == 4'd3;
+    assign q_commit = end_now && !end_malformed && !end_limit && ptype_n == 4'd3 ||
+                      fast_take;
 
     always @(posedge clk) begin
         if (rst) begin
             phase <= P_FIRST;
             chunk <= 0;
-            d_tvalid <= 1'b0;
-            d_tlast <= 1'b0;
+            sd_tvalid <= 1'b0;
+            sd_tlast <= 1'b0;
             dropped_malformed <= 0;
             dropped_limit <= 0;
             nent <= 0;
         end else if (phase == P_EMIT) begin
-            if (!d_tvalid || d_tready) begin
-                if (d_tvalid && d_tlast) begin
-                    d_tvalid <= 1'b0;
-                    d_tlast <= 1'b0;
+            if (!sd_tvalid || d_tready) begin
+                if (sd_tvalid && sd_tlast) begin
+                    sd_tvalid <= 1'b0;
+                    sd_tlast <= 1'b0;
                     phase <= P_FIRST;
                 end else begin
                     // beat emit_i: the packet's header and its name emit_i (mqtt_defs.vh)
-                    d_tvalid <= 1'b1;
-                    d_tlast <= ptype == 4'd3 ? emit_i == {1'b0, nent} :
+                    sd_tvalid <= 1'b1;
+                    sd_tlast <= ptype == 4'd3 ? emit_i == {1'b0, nent} :
                                ptype == 4'd8 || ptype == 4'd10 ? emit_i + 1'b1 == {1'b0, nent} :
                                1'b1;
                     // a PUBLISH's packet id is not needed further on: its place carries
                     // where the message lies in its queue entries (packet_gen.v)
-                    d_tdata[DESC_W-1:NAME_W] <= {
+                    sd_tdata[DESC_W-1:NAME_W] <= {
                         ptype == 4'd1 ? OP_CONNECT : ptype == 4'd3 ? OP_PUBLISH :
                         ptype == 4'd8 ? OP_SUBSCRIBE : ptype == 4'd10 ? OP_UNSUBSCRIBE :
                         ptype == 4'd12 ? OP_PINGREQ : OP_DISCONNECT,
@@ -250,17 +304,17 @@ module mqtt_parser #(
                     if (ptype == 4'd3) begin
                         // the rewriter: the topic itself, then `prefix/#` longest first
                         if (emit_i == 0)
-                            d_tdata[NAME_W-1:0] <= {top_c0, top_cS, top_len, 1'b0};
+                            sd_tdata[NAME_W-1:0] <= {top_c0, top_cS, top_len, 1'b0};
                         else
-                            d_tdata[NAME_W-1:0] <= {
+                            sd_tdata[NAME_W-1:0] <= {
                                 crc32_byte(ent_c0[32*(nent - emit_i) +: 32], "#"),
                                 crc32_byte(ent_cS[32*(nent - emit_i) +: 32], "#"),
                                 ent_len[16*(nent - emit_i) +: 16], 1'b0};
                     end else if (ptype == 4'd8 || ptype == 4'd10) begin
-                        d_tdata[NAME_W-1:0] <= {ent_c0[32*emit_i +: 32], ent_cS[32*emit_i +: 32],
+                        sd_tdata[NAME_W-1:0] <= {ent_c0[32*emit_i +: 32], ent_cS[32*emit_i +: 32],
                                                 ent_len[16*emit_i +: 16], ent_ref[emit_i]};
                     end else
-                        d_tdata[NAME_W-1:0] <= {NAME_W{1'b0}};
+                        sd_tdata[NAME_W-1:0] <= {NAME_W{1'b0}};
                     emit_i <= emit_i + 1'b1;
                 end
             end
@@ -276,7 +330,7 @@ module mqtt_parser #(
             ent_ref <= ent_ref_n; nent <= nent_n; top_c0 <= top_c0_n; top_cS <= top_cS_n;
             top_len <= top_len_n; msg_len <= msg_len_n; hdr_in <= hdr_in_n;
             if (first_chunk)
-                nbeats <= (phase == P_FIRST ? 11'd0 : nbeats) + {10'd0, q_wr_en};
+                nbeats <= (phase == P_FIRST ? 11'd0 : nbeats) + {10'd0, slow_wr_en};
             if (ended) begin
                 if (end_malformed) begin
                     dropped_malformed <= dropped_malformed + 1'b1;

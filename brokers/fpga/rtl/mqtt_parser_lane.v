@@ -142,6 +142,7 @@ module mqtt_parser_lane #(
                 rl_count_n = 0;
                 nent_n = 0;
                 msg_len_n = 0;
+                top_len_n = 0;      // the header's topic length: 0 but in a PUBLISH
                 pid_n = 0;
                 code_n = 0;
                 // reserved packet types, reserved fixed-header flags (2.2.1, 2.2.2)
