@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def test_the_whole_broker_against_the_model(tmp_path):
-    assert run_cocotb("cocotb_top", "cocotb_broker", tmp_path) == (5, 0)
+    assert run_cocotb("cocotb_top", "cocotb_broker", tmp_path) == (7, 0)
 
 
 def test_the_parsers_fast_path(tmp_path):

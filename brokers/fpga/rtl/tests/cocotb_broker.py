@@ -23,7 +23,6 @@ from mqttbed.core.mqtt_codec import Connect, Subscribe, Unsubscribe, encode, enc
 CLIENTS = [("10.0.0.1", 1883), ("10.0.0.2", 40000), ("192.168.1.7", 5)]
 SEEDS = (0x00000000, 0x5BD1E995)     # tables.py: Topic Table, Subscriber Table
 W = 128                               # bytes per beat (mqtt_broker.v's default)
-LANES = 16                            # bytes the parser checks per cycle (its default)
 
 
 def user(address: tuple[str, int]) -> int:
@@ -179,28 +178,64 @@ async def publishes_over_several_beats_match_the_model(dut):
     assert dut.dropped_malformed.value.integer == 0
 
 
-@cocotb.test()
-async def back_to_back_publishes_to_one_subscriber_come_every_3_cycles_and_the_beat_s(dut):
-    """The rate the design keeps up: 76-byte PUBLISHes of `sync/pmu` (one beat each) to one
-    subscriber, the sink always ready. A PUBLISH takes the beat's cycles in (76 bytes,
-    LANES a cycle: 5 at 16) and 3 for its two descriptor beats (`sync/pmu`, `sync/#`): the
-    first registered, then each taken by the lookup engine in a cycle (a name with at most
-    one subscriber is served in the cycle after it is taken, while the next is taken), the
-    parser free again in the cycle the last is taken."""
+async def publish_rate(dut, subscribers: int, topic: str = "pmu",
+                       count: int = 50) -> tuple[int, list[int]]:
+    """Drive `count` 76-byte PUBLISHes of `topic` back to back to a topic with `subscribers`
+    subscribers, the sink always ready; return the cycles the PUBLISHes took to go in and
+    the cycle of each copy out, from the first beat in."""
     await reset(dut)
     sink = Sink(dut)
-    await send(dut, encode(Subscribe(1, (("sync/pmu", 0),))), CLIENTS[0])
+    for client in range(subscribers):
+        await send(dut, encode(Subscribe(1, ((topic, 0),))), (f"10.0.1.{client + 1}", 7000))
     await idle(dut)
-    publish = encode_publish("sync/pmu", bytes(64))
-    chunks = -(-len(publish) // LANES)
+    out: list[int] = []
     start = cocotb.utils.get_sim_time("ns")
-    for _ in range(50):
-        await send(dut, publish, CLIENTS[1])
-    end = cocotb.utils.get_sim_time("ns")
+
+    async def monitor() -> None:
+        while True:
+            await ReadOnly()
+            if dut.m_axis_tvalid.value and dut.m_axis_tready.value:
+                out.append(int((cocotb.utils.get_sim_time("ns") - start) // 10))
+            await RisingEdge(dut.clk)
+
+    cocotb.start_soon(monitor())
+    publish = encode_publish(topic, bytes(72 - len(topic)))
+    assert len(publish) == 76
+    for _ in range(count):
+        await send(dut, publish, CLIENTS[2])
+    took = int((cocotb.utils.get_sim_time("ns") - start) // 10)
     await idle(dut)
-    assert len(publish) == 76 and len(sink.packets) == 1 + 50
-    # 49 periods, then the last beat's own cycles
-    assert (end - start) / 10 == 49 * (chunks + 3) + chunks
+    assert len(sink.packets) == subscribers + count * subscribers
+    return took, out
+
+
+@cocotb.test()
+async def one_level_publishes_go_in_one_a_cycle_and_copies_out_one_a_cycle(dut):
+    """The paper's rate (6.2: a PUBLISH every cycle at 100 MHz): one-beat PUBLISHes of a
+    one-level topic are taken one per cycle, and with one subscriber their copies leave one
+    per cycle, back to back."""
+    took, out = await publish_rate(dut, subscribers=1)
+    assert took == 50
+    assert out == list(range(out[0], out[0] + 50))
+
+
+@cocotb.test()
+async def copies_leave_one_a_cycle_across_publishes_to_four_subscribers(dut):
+    """With four subscribers the output is the bound: a copy every cycle, across PUBLISHes
+    (the scan's last copy takes the next PUBLISH's name; the generator reads the next
+    message's entry as it pops the last one)."""
+    _, out = await publish_rate(dut, subscribers=4)
+    assert out == list(range(out[0], out[0] + 200))
+
+
+@cocotb.test()
+async def a_two_level_publish_takes_a_cycle_per_name(dut):
+    """`sync/pmu` is looked up as `sync/pmu` and `sync/#` (the rewriter, 5.3): two names,
+    so back to back a PUBLISH every 2 cycles, its copy every 2 cycles. The parser's fast
+    path takes the first few a cycle apart until its pipeline is full."""
+    took, out = await publish_rate(dut, subscribers=1, topic="sync/pmu")
+    assert out == list(range(out[0], out[0] + 100, 2))
+    assert 2 * 50 - 4 <= took < 2 * 50
 
 
 @cocotb.test()
