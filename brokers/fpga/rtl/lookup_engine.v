@@ -235,7 +235,6 @@ module lookup_engine #(
             s_rd_en = 1'b1;
     end
 
-
     always @(posedge clk) begin
         j_wr_en <= 1'b0;
         t_wr_en <= 1'b0;
