@@ -269,41 +269,32 @@ std::string records_json(const std::map<std::string, LatencyLog>& logs) {
     return s + "}\n";
 }
 
-// --bench-stream: the same PUBLISHes as --bench but of a one-level topic (`pmu`: one name,
-// the paper's one-PUBLISH-per-cycle case) and back to back, without waiting for idle.
-int bench_stream(long count) {
+// --bench and --bench-stream: `count` 76-byte PUBLISHes of `topic` to one subscriber, no
+// sockets: one at a time, each clocked to idle (as the harness serves datagrams), or back
+// to back without waiting (the design's own rate). --bench uses `sync/pmu`, --bench-stream
+// a one-level topic (`pmu`: one name, the paper's one-PUBLISH-per-cycle case).
+int bench(long count, const std::string& topic, bool back_to_back) {
     Broker broker(100.0);
     uint64_t first;
-    const uint8_t subscribe[] = {0x82, 0x08, 0x00, 0x01, 0x00, 0x03, 'p', 'm', 'u', 0x00};
-    broker.handle(subscribe, sizeof subscribe, 0x7f000001, 40000, &first);
-    std::vector<uint8_t> publish = {0x30, 74, 0x00, 0x03, 'p', 'm', 'u'};
-    publish.resize(76, 0x5a);
-    long start = now_ns();
-    uint64_t start_cycle = broker.cycles();
-    size_t copies = broker.stream(publish.data(), publish.size(), count, 0x7f000001, 40001).size();
-    double seconds = (now_ns() - start) / 1e9;
-    std::printf("{\"packets\": %ld, \"copies\": %zu, \"seconds\": %.6f, \"packets_per_s\": %.1f, "
-                "\"cycles_per_packet\": %.3f}\n", count, copies, seconds, count / seconds,
-                double(broker.cycles() - start_cycle) / count);
-    return copies == size_t(count) ? 0 : 1;
-}
-
-int bench(long count) {
-    Broker broker(100.0);
-    uint64_t first;
-    const uint8_t subscribe[] = {0x82, 0x0d, 0x00, 0x01, 0x00, 0x08, 's', 'y', 'n', 'c',
-                                 '/', 'p', 'm', 'u', 0x00};
-    broker.handle(subscribe, sizeof subscribe, 0x7f000001, 40000, &first);
-    std::vector<uint8_t> publish = {0x30, 74, 0x00, 0x08, 's', 'y', 'n', 'c', '/', 'p', 'm', 'u'};
+    const uint8_t n = uint8_t(topic.size());
+    std::vector<uint8_t> subscribe = {0x82, uint8_t(5 + n), 0x00, 0x01, 0x00, n};
+    subscribe.insert(subscribe.end(), topic.begin(), topic.end());
+    subscribe.push_back(0x00);
+    broker.handle(subscribe.data(), subscribe.size(), 0x7f000001, 40000, &first);
+    std::vector<uint8_t> publish = {0x30, 74, 0x00, n};
+    publish.insert(publish.end(), topic.begin(), topic.end());
     publish.resize(76, 0x5a);
     long start = now_ns();
     uint64_t start_cycle = broker.cycles();
     uint64_t copies = 0;
-    for (long i = 0; i < count; i++)
-        copies += broker.handle(publish.data(), publish.size(), 0x7f000001, 40001, &first).size();
+    if (back_to_back)
+        copies = broker.stream(publish.data(), publish.size(), count, 0x7f000001, 40001).size();
+    else
+        for (long i = 0; i < count; i++)
+            copies += broker.handle(publish.data(), publish.size(), 0x7f000001, 40001, &first).size();
     double seconds = (now_ns() - start) / 1e9;
     std::printf("{\"packets\": %ld, \"copies\": %llu, \"seconds\": %.6f, \"packets_per_s\": %.1f, "
-                "\"cycles_per_packet\": %.2f}\n", count, (unsigned long long)copies, seconds,
+                "\"cycles_per_packet\": %.3f}\n", count, (unsigned long long)copies, seconds,
                 count / seconds, double(broker.cycles() - start_cycle) / count);
     return copies == uint64_t(count) ? 0 : 1;
 }
@@ -328,8 +319,8 @@ int main(int argc, char** argv) {
         else if (a == "--records-file") records_file = value();
         else if (a == "--io-file") io_file = value();
         else if (a == "--clock-mhz") clock_mhz = std::atof(value().c_str());
-        else if (a == "--bench") return bench(std::atol(value().c_str()));
-        else if (a == "--bench-stream") return bench_stream(std::atol(value().c_str()));
+        else if (a == "--bench") return bench(std::atol(value().c_str()), "sync/pmu", false);
+        else if (a == "--bench-stream") return bench(std::atol(value().c_str()), "pmu", true);
         else if (a.rfind("+verilator", 0) == 0) continue;
         else { std::fprintf(stderr, "mqttbed-fpga-rtl: unknown argument %s\n", a.c_str()); return 2; }
     }
