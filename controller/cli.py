@@ -334,15 +334,25 @@ def _agent(args: argparse.Namespace) -> int:
 
 
 def _broker_run(args: argparse.Namespace) -> int:
-    """Run a broker model in the foreground; its own options follow its name."""
-    from mqttbed.brokers.adaptive.server import main as adaptive
-    from mqttbed.brokers.fpga.server import main as fpga_model
-    from mqttbed.brokers.mqttsn.server import main as mqtt_sn
-    from mqttbed.brokers.mqttst.cli import main as mqtt_st
+    """Run a backend's standalone server in the foreground; its own options follow its name."""
+    from mqttbed.core.backends import declaration
+    from mqttbed.core.errors import SpecError
 
-    models = {"fpga-model": fpga_model, "mqtt-sn": mqtt_sn, "mqtt-st": mqtt_st,
-              "adaptive": adaptive}
-    return models[args.model](args.model_options)
+    try:
+        server = declaration(args.model).standalone
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    if server is None:
+        raise SpecError(f"backend {args.model!r} has no standalone server; those that do: "
+                        f"{', '.join(standalone_backends())}")
+    return server.serve(list(args.model_options))
+
+
+def standalone_backends() -> list[str]:
+    """The backends ``mqttbed broker run`` can start (they declare a standalone server)."""
+    from mqttbed.core.backends import backend_names, declaration
+
+    return [name for name in backend_names() if declaration(name).standalone is not None]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -433,12 +443,14 @@ def build_parser() -> argparse.ArgumentParser:
     broker_commands = broker.add_subparsers(dest="broker_command", required=True)
     broker_run = broker_commands.add_parser(
         "run", help="run a broker model in the foreground until Ctrl-C or SIGTERM",
-        description="e.g. `mqttbed broker run fpga-model --port 1883`, `mqttbed broker run "
+        description="e.g. `mqttbed broker run fpga --port 1883`, `mqttbed broker run "
                     "mqtt-sn --port 1884`, `mqttbed broker run mqtt-st --brokers 3 --port "
                     "1883`, `mqttbed broker run adaptive --port 1883 --policy historic`; "
-                    "`mqttbed broker run MODEL --help` lists its options")
-    broker_run.add_argument("model", choices=["fpga-model", "mqtt-sn", "mqtt-st", "adaptive"],
-                            help="which model")
+                    "`mqttbed broker run NAME --help` lists its options")
+    # (no choices: listing them imports every backend, and an agent-only install has none)
+    broker_run.add_argument("model", metavar="NAME",
+                            help="the backend whose server to run (e.g. fpga, mqtt-sn, mqtt-st, "
+                                 "adaptive)")
     broker_run.add_argument("model_options", nargs=argparse.REMAINDER,
                             help="the model's own options (--port N, ...)")
     broker_run.set_defaults(func=_broker_run)

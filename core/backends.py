@@ -23,7 +23,8 @@ installing a package. Modules are imported only when a backend is asked for.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import entry_points
@@ -42,13 +43,13 @@ ENTRY_POINT_GROUP = "mqttbed.backends"
 
 # The backends mqttbed ships: name -> "module:ATTRIBUTE" of its declaration.
 BUILTIN_BACKENDS: dict[str, str] = {
-    "mosquitto": "mqttbed.brokers.mosquitto:DECLARATION",
-    "fpga": "mqttbed.brokers.fpga:DECLARATION",
-    "forkpipe": "mqttbed.brokers.forkpipe:DECLARATION",
-    "mqtt-sn": "mqttbed.brokers.mqttsn:DECLARATION",
-    "p4": "mqttbed.brokers.p4:DECLARATION",
-    "mqtt-st": "mqttbed.brokers.mqttst:DECLARATION",
-    "adaptive": "mqttbed.brokers.adaptive:DECLARATION",
+    "mosquitto": "mqttbed.brokers.mosquitto.declaration:DECLARATION",
+    "fpga": "mqttbed.brokers.fpga.declaration:DECLARATION",
+    "forkpipe": "mqttbed.brokers.forkpipe.declaration:DECLARATION",
+    "mqtt-sn": "mqttbed.brokers.mqttsn.declaration:DECLARATION",
+    "p4": "mqttbed.brokers.p4.declaration:DECLARATION",
+    "mqtt-st": "mqttbed.brokers.mqttst.declaration:DECLARATION",
+    "adaptive": "mqttbed.brokers.adaptive.declaration:DECLARATION",
 }
 
 
@@ -218,6 +219,19 @@ class BackendDeclaration:
     report_figures: ReportFigures | None = None
     # ``mqttbed broker run NAME``: the foreground server, if it has one.
     standalone: StandaloneServer | None = None
+    # Options for a short run on this machine, yielded by a context (which may start what
+    # they point at, e.g. the broker an ``external`` backend measures); the conformance
+    # suite and the docs' examples deploy with them. None: the options' defaults.
+    example_options: Callable[[], AbstractContextManager[dict[str, Any]]] | None = None
+
+    @contextmanager
+    def example(self) -> Iterator[dict[str, Any]]:
+        """The ``broker:`` section of a short run on this machine (``example_options``)."""
+        if self.example_options is None:
+            yield {"backend": self.name}
+            return
+        with self.example_options() as options:
+            yield {"backend": self.name, **options}
 
     def backend_class(self) -> type[BrokerBackend]:
         """The backend class (imports its module)."""
@@ -307,6 +321,12 @@ def check_features(features: BrokerFeatures, backend: str, qos: Sequence[int]) -
         why = f" ({features.note})" if features.note else ""
         raise ValueError(f"workload.qos {missing[0]}: broker {backend} delivers QoS "
                          f"{', '.join(map(str, sorted(features.qos)))} only{why}")
+
+
+@contextmanager
+def fixed_options(**options: Any) -> Iterator[dict[str, Any]]:
+    """``example_options`` for a backend whose example needs only fixed values."""
+    yield dict(options)
 
 
 def options_model(name: str) -> type[BaseModel]:

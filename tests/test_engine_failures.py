@@ -17,7 +17,6 @@ import pytest
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.db import AgentRow, ChunkRow, RunRow, TransitionRow
 from mqttbed.controller.states import RunState
-from mqttbed.core.backends import backend_names
 from mqttbed.core.events import EVENT_COLUMNS
 from mqttbed.core.protocol import ResultChunk
 from tests.conftest import child_processes
@@ -97,42 +96,7 @@ def test_killed_agent_fails_run_with_reason_keeps_uploaded_events_and_next_run_p
     assert child_processes("mosquitto") == []
 
 
-# What to kill of each backend: a marker of its broker process's command line. For p4
-# that is the MQTT-SN gateway behind the switch; for mqtt-st one broker of the tree.
-BROKER_PROCESS = {"mosquitto": "mosquitto -c", "forkpipe": "mqttbed-forkpipe",
-                  "fpga": "mqttbed.brokers.fpga", "mqtt-sn": "mqttbed.brokers.mqttsn",
-                  "p4": "mqttbed.brokers.mqttsn", "mqtt-st": "mosquitto -c",
-                  "adaptive": "mqttbed.brokers.adaptive"}
-BROKER_OPTIONS = {"mqtt-st": {"brokers": 2}}
-
-
-@pytest.mark.parametrize("backend", sorted(BROKER_PROCESS))
-def test_broker_killed_mid_run_fails_the_run_with_the_signal_and_keeps_events(
-        controller, updates, backend):
-    """Fault row "broker killed mid-run (every backend)"."""
-    assert sorted(BROKER_PROCESS) == backend_names()  # a new backend gets a row here
-    spec = {"name": f"kill-{backend}", "agents": {"count": 2},
-            "broker": {"backend": backend, **BROKER_OPTIONS.get(backend, {})},
-            "workload": {"publishers": 1, "subscribers": 2, "rate_hz": 200, "messages": 1000,
-                         "warmup_messages": 0},
-            "timing": {"heartbeat_timeout_s": 5.0, "upload_interval_s": 0.25}}
-    campaign_id, thread, result = start_campaign(controller, spec)
-    run_id = f"{campaign_id}-r0000"
-    wait_for(lambda: RunState.RUNNING in updates.states(run_id), 60, "run to start")
-    wait_for(lambda: sum(stored_rows(controller, run_id).values()) > 50, 15, "some chunks")
-    victim = child_processes(BROKER_PROCESS[backend])[0]
-    victim.kill()
-    thread.join(60)
-    assert not thread.is_alive()
-
-    run = only_run(controller, campaign_id)
-    assert run.state == RunState.FAILED and result["status"] == "failed"
-    assert run.reason.startswith("broker died: SIGKILL; "), run.reason
-    assert f"(pid {victim.pid}) exited with code -9 (killed by SIGKILL)" in run.reason
-    stored = sum(stored_rows(controller, run_id).values())
-    assert stored > 50 and dataset_rows(controller, campaign_id, run_id) == stored
-    assert child_processes("mqttbed.agents") == []
-    assert child_processes(BROKER_PROCESS[backend]) == []
+# A broker killed mid-run, for every backend: tests/test_backend_conformance.py.
 
 
 def test_every_transition_is_recorded_in_order(controller, updates):

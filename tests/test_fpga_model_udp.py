@@ -1,4 +1,4 @@
-"""``mqttbed broker run fpga-model`` over real UDP sockets, with clients that know only MQTT."""
+"""``mqttbed broker run fpga`` over real UDP sockets, with clients that know only MQTT."""
 
 from __future__ import annotations
 
@@ -59,13 +59,13 @@ def free_udp_port() -> int:
 
 
 class ModelProcess:
-    """``mqttbed broker run fpga-model`` started from the command line, on a given port."""
+    """``mqttbed broker run fpga`` started from the command line, on a given port."""
 
     def __init__(self, tmp_path: Path, *extra: str):
         self.port = free_udp_port()
         self.stats_file = tmp_path / "model-stats.json"
         self.proc = subprocess.Popen(
-            [str(CLI), "broker", "run", "fpga-model", "--port", str(self.port),
+            [str(CLI), "broker", "run", "fpga", "--port", str(self.port),
              "--stats-file", str(self.stats_file), *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
@@ -92,7 +92,7 @@ def model(tmp_path):
     process = ModelProcess(tmp_path)
     yield process
     process.kill()
-    assert child_processes("fpga-model") == []
+    assert child_processes("broker run fpga") == []
 
 
 def udp_client(port: int) -> socket.socket:
@@ -335,7 +335,7 @@ def test_the_model_started_on_a_port_in_use_says_so_and_exits_2(tmp_path):
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
         taken.bind(("127.0.0.1", 0))
         port = taken.getsockname()[1]
-        done = subprocess.run([str(CLI), "broker", "run", "fpga-model", "--port", str(port)],
+        done = subprocess.run([str(CLI), "broker", "run", "fpga", "--port", str(port)],
                               capture_output=True, text=True, timeout=20,
                               env={**os.environ})
     assert done.returncode == 2

@@ -1,6 +1,6 @@
 """The FPGA broker model as a UDP server: one socket, one loop, stats on the way out.
 
-Run it with ``mqttbed broker run fpga-model --port N`` (or ``python -m
+Run it with ``mqttbed broker run fpga --port N`` (or ``python -m
 mqttbed.brokers.fpga --port N``). For every packet it records the emulator's measured
 latency (datagram received to each copy handed to the kernel, CLOCK_MONOTONIC) beside the
 modelled hardware latency (:mod:`.timing`). On SIGTERM or SIGINT it writes its counters,
@@ -203,7 +203,7 @@ def write_json_atomically(path: Path, document: dict[str, Any]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="mqttbed broker run fpga-model",
+        prog="mqttbed broker run fpga",
         description="Behavioural model of the FPGA MQTT broker (MQTT 3.1.1 over UDP, QoS 0).")
     parser.add_argument("--host", default="127.0.0.1", help="IPv4 address to bind "
                         "(the hardware's Subscriber Table holds IPv4 destinations only)")

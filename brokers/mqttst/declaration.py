@@ -1,9 +1,11 @@
 """The ``mqtt-st`` backend, as mqttbed knows it."""
 
+from functools import partial
+
 from mqttbed.brokers.mqttst.backend import PLACEMENTS, Options, unavailable
 from mqttbed.brokers.mqttst.report import locality_figures
 from mqttbed.brokers.mqttst.section import MqttSt
-from mqttbed.core.backends import BackendDeclaration, ServerCommand
+from mqttbed.core.backends import BackendDeclaration, ServerCommand, fixed_options
 
 DECLARATION = BackendDeclaration(
     name="mqtt-st",
@@ -15,4 +17,5 @@ DECLARATION = BackendDeclaration(
     placements=PLACEMENTS,
     report_figures=locality_figures,
     standalone=ServerCommand("mqttbed.brokers.mqttst.cli:main"),
+    example_options=partial(fixed_options, brokers=2),
 )
