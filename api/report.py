@@ -271,6 +271,44 @@ def section_tables(points: list[PointStats], show_backend: bool) -> list[dict[st
     return list(tables.values())
 
 
+def broker_ranking(points: list[PointStats]) -> list[dict[str, Any]]:
+    """Brokers side by side, best first: at each sweep point every broker measured (the
+    same parameters but the broker), brokers are ranked by p50 latency, and a broker that
+    lost messages there ranks after every broker that did not. Each row: the mean rank
+    over those points, the points it was ranked at, and its median p50 and worst p99
+    latency and total loss over all its points. Empty for a campaign of one broker."""
+    if len({p.backend for p in points}) < 2:
+        return []
+    shared: dict[str, list[PointStats]] = {}
+    for point in points:
+        key = json.dumps({k: v for k, v in point.params.items()
+                          if k not in ("broker.backend", "scenario")}, sort_keys=True,
+                         default=str)
+        shared.setdefault(key, []).append(point)
+    ranks: dict[str, list[int]] = {}
+    for members in shared.values():
+        measured = [m for m in members if m.latency_us.p50 is not None]
+        if len({m.backend for m in measured}) < 2:
+            continue
+        ordered = sorted(measured, key=lambda m: (m.lost > 0, m.latency_us.p50))
+        for rank, member in enumerate(ordered, start=1):
+            ranks.setdefault(member.backend, []).append(rank)
+    rows = []
+    for backend in sorted({p.backend for p in points}):
+        own = [p for p in points if p.backend == backend]
+        p50s = sorted(p.latency_us.p50 for p in own if p.latency_us.p50 is not None)
+        p99s = [p.latency_us.p99 for p in own if p.latency_us.p99 is not None]
+        mine = ranks.get(backend, [])
+        rows.append({"backend": backend,
+                     "mean_rank": sum(mine) / len(mine) if mine else None,
+                     "ranked_points": len(mine), "points": len(own),
+                     "median_p50_us": p50s[len(p50s) // 2] if p50s else None,
+                     "worst_p99_us": max(p99s) if p99s else None,
+                     "lost": sum(p.lost for p in own)})
+    return sorted(rows, key=lambda r: (r["mean_rank"] is None, r["mean_rank"] or 0,
+                                       r["backend"]))
+
+
 def report_context(controller: Controller, campaign_id: str) -> dict[str, Any]:
     """Everything the report template shows for one campaign."""
     import yaml
@@ -294,6 +332,7 @@ def report_context(controller: Controller, campaign_id: str) -> dict[str, Any]:
                          for agent_id, clock in r.clock.agents.items()
                          if clock.method != "same-clock"] if stats else [],
         "section_tables": section_tables(points, show_backend),
+        "broker_ranking": broker_ranking(points),
         "scope_errors": [f"{r.run_id}: {r.error}" for p in points if p.scope
                          for r in p.scope.runs if r.error],
         "scope_shortfalls": [f"{r.run_id}: {r.acquisitions} of {r.requested}"

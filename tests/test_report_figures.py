@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from mqttbed.analytics.results import CampaignStats, results_model
-from mqttbed.api.report import build_figures, scope_table
+from mqttbed.api.report import broker_ranking, build_figures, scope_table
 
 
 def dist(p50: float, **extra: float) -> dict[str, float]:
@@ -161,3 +161,32 @@ def test_the_report_shows_partial_runs_and_points_and_the_scope_shortfall(contro
     assert ('id="scope-shortfall">The scope made fewer acquisitions\nthan asked for in 1 '
             f"run(s), so their scope figures rest on fewer: {campaign_id}-r0001: 8 of 20") in html
     assert "<td>8 of 20</td>" in html
+
+
+def test_brokers_are_ranked_by_p50_at_each_shared_point_and_a_lossy_one_ranks_last():
+    # at 2 subscribers: nats 101 µs < mosquitto 103 µs < amqtt 104 µs, but nats lost some;
+    # at 10: mosquitto 100 < nats 102; amqtt was not measured there
+    points = [point(3, "mosquitto", 2, 1.0, 0.1), point(1, "nats", 2, 1.0, 0.1),
+              point(4, "amqtt", 2, 1.0, 0.1), point(0, "mosquitto", 10, 1.0, 0.1),
+              point(2, "nats", 10, 1.0, 0.1)]
+    points[1]["lost"] = 7
+    rows = broker_ranking(stats(points).points)
+    assert [r["backend"] for r in rows] == ["mosquitto", "amqtt", "nats"]
+    by = {r["backend"]: r for r in rows}
+    assert by["mosquitto"]["mean_rank"] == 1.0 and by["mosquitto"]["ranked_points"] == 2
+    assert by["amqtt"]["mean_rank"] == 2.0 and by["amqtt"]["ranked_points"] == 1
+    assert by["nats"]["mean_rank"] == 2.5 and by["nats"]["lost"] == 7
+    assert by["mosquitto"]["median_p50_us"] == 103.0 and by["mosquitto"]["worst_p99_us"] == 206
+    assert broker_ranking(stats([point(0, "mosquitto", 2, 1.0, 0.1)]).points) == []
+
+
+def test_a_backends_own_figures_come_from_its_declaration():
+    # mqtt-st declares the locality plot; a campaign without that sweep gets none
+    with_locality = [point(0, "mqtt-st", 2, 1.0, 0.1), point(1, "mqtt-st", 2, 1.0, 0.1)]
+    for i, pct in enumerate((0, 100)):   # (the first numeric parameter is the x axis)
+        with_locality[i]["params"] = {"broker.locality_percent": pct,
+                                      **with_locality[i]["params"]}
+    figures = build_figures(stats(with_locality), {})
+    (curve,) = figures["plot-locality"]["data"]
+    assert curve["x"] == [0, 100] and curve["y"] == [0.1, 0.101]
+    assert "plot-locality" not in build_figures(stats([point(0, "mqtt-st", 2, 1.0, 0.1)]), {})
