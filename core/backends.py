@@ -49,6 +49,7 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "p4": "mqttbed.brokers.p4:DECLARATION",
     "mqtt-st": "mqttbed.brokers.mqttst:DECLARATION",
     "adaptive": "mqttbed.brokers.adaptive:DECLARATION",
+    "external": "mqttbed.brokers.external:DECLARATION",
 }
 
 
