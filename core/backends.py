@@ -50,6 +50,7 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "mqtt-st": "mqttbed.brokers.mqttst:DECLARATION",
     "adaptive": "mqttbed.brokers.adaptive:DECLARATION",
     "external": "mqttbed.brokers.external:DECLARATION",
+    "command": "mqttbed.brokers.command:DECLARATION",
 }
 
 

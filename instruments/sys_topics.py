@@ -118,10 +118,11 @@ class SysTopicsSampler:
                                        f"(SUBACK {packet.return_codes[0]:#x})")
 
     def _read(self) -> None:
-        assert self._sock is not None
+        sock = self._sock   # stop() takes the attribute away; this thread keeps its own
+        assert sock is not None
         try:
             while True:
-                self._keep(read_packet(self._sock))
+                self._keep(read_packet(sock))
         except StreamClosed:
             if not self._stopping.is_set():
                 self.error = "the broker closed the connection"
