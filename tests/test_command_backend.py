@@ -241,3 +241,21 @@ def test_a_campaign_on_a_command_broker_delivers_every_qos1_message(controller):
     assert broker["backend"] == "command" and broker["exit_code"] == 0
     assert broker["version"].startswith("mosquitto version 2.")
     assert child_processes("mqttbed-command-") == [] and child_processes("mqttbed.agents") == []
+
+
+@pytest.mark.integration  # mqttbed's own MQTT-SN gateway, started as any command
+def test_a_udp_broker_is_ready_when_its_pingreq_is_answered():
+    backend = CommandBackend()
+    endpoint = backend.deploy({"command": f"{sys.executable} -m mqttbed.brokers.mqttsn "
+                                          "--host 127.0.0.1 --port {port}",
+                               "transport": "mqtt-sn-udp"}, LocalHost())
+    try:
+        assert endpoint.transport == "mqtt-sn-udp" and backend.health() is None
+        external = create_backend("external")   # the same broker, reached by URL
+        external.deploy({"url": f"mqtt-sn-udp://127.0.0.1:{endpoint.port}"}, LocalHost())
+        assert external.health() is None
+        external.teardown()
+        assert external.deployment().sys_topics.error.startswith("not sampled: $SYS is read "
+                                                                 "over MQTT/TCP")
+    finally:
+        backend.teardown()

@@ -68,6 +68,13 @@ def test_nothing_listening_fails_within_seconds_naming_address_and_os_error():
     assert str(raised.value) == f"external broker {url}: connection refused (ECONNREFUSED)"
 
 
+def test_a_udp_broker_that_is_not_there_is_named_by_its_os_error():
+    url = f"mqtt-sn-udp://127.0.0.1:{free_port()}"
+    with pytest.raises(BackendError, match=f"external broker {url}: connection refused "
+                                           r"\(ECONNREFUSED\)"):
+        ExternalBackend().deploy({"url": url}, LocalHost())
+
+
 def test_a_refused_connect_names_the_connack_code_and_its_meaning():
     refused = (r"external broker mqtt://127\.0\.0\.1:\d+: CONNECT refused with CONNACK "
                r"return code 5 not authorized")

@@ -58,7 +58,7 @@ class CommandDeployment(DeploymentRecord):
     user: str | None = None
     transport: Transport
     ready_after_s: float | None = Field(None, description="from start to its first answer")
-    stop_grace_s: float
+    stop_grace_s: float | None = None
     sys_topics: SysTopicsRecord | None = None
 
 
@@ -214,9 +214,7 @@ class CommandBackend:
 
     def deployment(self) -> CommandDeployment:
         """What was deployed: command, config and its hash, program and its hash, version."""
-        options = self._options or Options.model_construct(command="")
-        proc = self._proc
-        config = self._config
+        options, proc, config = self._options, self._proc, self._config
         return CommandDeployment(
             backend=self.name, version=self._version or self._sys.version(),
             binary=self._binary, binary_sha256=self._binary_sha256, config=config,
@@ -225,9 +223,12 @@ class CommandBackend:
             port=self._port, pid=None if proc is None else proc.pid,
             exit_code=None if proc is None else proc.exit_code,
             log_tail=None if proc is None else proc.log_tail(),
-            preset=options.preset, command=self._argv, command_line=shlex.join(self._argv),
-            env=self._env, user=options.user, transport=options.transport,
-            ready_after_s=self._ready_after_s, stop_grace_s=options.stop_grace_s,
+            preset=None if options is None else options.preset, command=self._argv,
+            command_line=shlex.join(self._argv), env=self._env,
+            user=None if options is None else options.user,
+            transport=Transport.MQTT_TCP if options is None else options.transport,
+            ready_after_s=self._ready_after_s,
+            stop_grace_s=None if options is None else options.stop_grace_s,
             sys_topics=self._sys.record())
 
     def section_records(self) -> SectionRecords:
