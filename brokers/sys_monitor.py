@@ -61,6 +61,10 @@ class SysMonitor:
         if self._sampler is not None and self._kept is None:
             self._kept = self._sampler.stop()
 
+    def connected(self) -> bool:
+        """Whether the sampler's session with the broker is up right now."""
+        return self._sampler is not None and self._sampler.connected
+
     def samples(self) -> list[SysSample]:
         """The numeric values so far (all of them once stopped)."""
         if self._kept is not None:

@@ -148,6 +148,12 @@ class SysTopicsSampler:
                 self.dropped += 1
 
     @property
+    def connected(self) -> bool:
+        """Whether the session is up and being read (False once the broker closed it)."""
+        return (self._thread is not None and self._thread.is_alive()
+                and not self._stopping.is_set())
+
+    @property
     def samples(self) -> list[SysSample]:
         """A copy of the numeric samples so far, in arrival order."""
         with self._lock:

@@ -90,7 +90,10 @@ def test_a_broker_killed_mid_run_makes_health_say_why(tmp_path):
         watched.deploy({"url": url, "sample": {"pid": broker.pid}, "sys_topics": False},
                        LocalHost())
         unwatched.deploy({"url": url, "sys_topics": False}, LocalHost())
+        by_sys = ExternalBackend()   # its $SYS session stands for the broker while it is up
+        by_sys.deploy({"url": url}, LocalHost())
         assert watched.health() is None and unwatched.health() is None
+        assert by_sys.health() is None
         broker.kill()
         broker.wait(5)
         assert eventually(lambda: watched.health() is not None, 3)
@@ -98,7 +101,9 @@ def test_a_broker_killed_mid_run_makes_health_say_why(tmp_path):
                                     "(mosquitto) has ended")
         assert eventually(lambda: unwatched.health() is not None, 3)
         assert unwatched.health() == f"external broker {url}: connection refused (ECONNREFUSED)"
-        for backend in (watched, unwatched):
+        assert eventually(lambda: by_sys.health() is not None, 3)
+        assert by_sys.health() == unwatched.health()
+        for backend in (watched, unwatched, by_sys):
             backend.teardown()
 
 

@@ -3,7 +3,8 @@
 Deploy checks, before the run starts, that the broker answers its protocol (a CONNECT
 gets an accepting CONNACK over TCP, a PINGREQ its PINGRESP over UDP) and fails within
 seconds naming the address and the OS error, or the CONNACK's refusal. While the run
-measures, ``health()`` checks that a TCP connection still opens (a PINGREQ over UDP).
+measures, ``health()`` relies on the ``$SYS`` sampler's session while it is up, else
+checks that a TCP connection still opens (a PINGREQ over UDP).
 Optionally the broker's process tree on this machine is sampled for CPU, memory and
 I/O, and its ``$SYS`` topics are read. Teardown stops mqttbed's own samplers only.
 """
@@ -111,6 +112,10 @@ class ExternalBackend:
             return (f"external broker {self._options.url}: its process "
                     f"{self._process.pid} ({self._sampled.name if self._sampled else '?'}) "
                     "has ended")
+        if self._sys.connected():
+            # The $SYS session is a live connection already: no new one to open (each
+            # would be a line or two in the broker's log, twice a second).
+            return None
         if (reason := self._liveness.check()) is not None:
             return f"external broker {self._options.url}: {reason}"
         return None
