@@ -50,6 +50,8 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "p4": "mqttbed.brokers.p4.declaration:DECLARATION",
     "mqtt-st": "mqttbed.brokers.mqttst.declaration:DECLARATION",
     "adaptive": "mqttbed.brokers.adaptive.declaration:DECLARATION",
+    "external": "mqttbed.brokers.external.declaration:DECLARATION",
+    "command": "mqttbed.brokers.command.declaration:DECLARATION",
 }
 
 

@@ -1,0 +1,48 @@
+"""The $SYS sampler: numbers only, bounded memory, and the probes' words for failures."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mqttbed.brokers.reachability import describe_connack
+from mqttbed.instruments.sys_topics import SysTopicsSampler, SysTopicsUnavailable, numeric_value
+from tests.generic_support import free_port, own_mosquitto, refusing_broker
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.mark.parametrize(("payload", "value"), [
+    (b"42", 42.0), (b" 0.25\n", 0.25), (b"-3", -3.0), (b"1e3", 1000.0),
+    (b"mosquitto version 2.0.11", None), (b"12 seconds", None), (b"nan", None),
+    (b"inf", None), (b"\xff", None), (b"", None),
+])
+def test_only_finite_numbers_are_values(payload, value):
+    assert numeric_value(payload) == value
+
+
+def test_connack_codes_are_named_as_the_standard_names_them():
+    assert describe_connack(5) == "5 not authorized"
+    assert describe_connack(4) == "4 bad username or password"
+    assert describe_connack(9) == "9 reserved, not a 3.1.1 return code"
+
+
+@pytest.mark.integration  # Mosquitto
+def test_memory_is_bounded_and_what_did_not_fit_is_counted(tmp_path):
+    with own_mosquitto(tmp_path) as (_, port):
+        sampler = SysTopicsSampler("127.0.0.1", port, max_samples=5)
+        sampler.start()
+        time.sleep(0.3)   # the retained $SYS values come at once
+        samples = sampler.stop()
+        assert sampler.stop() == samples   # twice: the same
+    assert len(samples) == 5 and sampler.dropped > 0 and sampler.error is None
+    assert sampler.texts()["$SYS/broker/version"].startswith("mosquitto version ")
+
+
+def test_a_refusing_or_absent_broker_is_named():
+    with refusing_broker(5) as port, pytest.raises(SysTopicsUnavailable,
+                                                   match="CONNACK return code 5"):
+        SysTopicsSampler("127.0.0.1", port).start()
+    with pytest.raises(SysTopicsUnavailable, match="cannot connect to 127.0.0.1"):
+        SysTopicsSampler("127.0.0.1", free_port()).start()
