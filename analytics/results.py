@@ -289,6 +289,13 @@ class Timeline(_Block):
     deliveries: list[int] = Field(default_factory=list)
 
 
+class SysTopicSeries(_Block):
+    """One ``$SYS`` topic's values during a run, as the broker published them."""
+
+    t_s: list[float] = Field(default_factory=list, description="since the run's start time")
+    value: list[float] = Field(default_factory=list, description="in the broker's own unit")
+
+
 class Series(_Block):
     """Plot series: a latency CDF per point index (101 quantiles), a timeline per run."""
 
@@ -297,6 +304,9 @@ class Series(_Block):
         default_factory=dict, description="point index -> stream of a message mix -> its "
                                           "latency CDF (101 quantiles)")
     latency_timeline: dict[str, Timeline] = Field(default_factory=dict)
+    sys_topics: dict[str, dict[str, SysTopicSeries]] = Field(
+        default_factory=dict, description="run -> $SYS topic -> its values over the run, for "
+                                          "brokers that publish $SYS (Mosquitto does)")
 
 
 class CampaignRef(_Block):

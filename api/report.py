@@ -133,6 +133,35 @@ def backend_figures(backend: str) -> ReportFigures | None:
         return None
 
 
+# Mosquitto's cumulative message counters on $SYS: their slope is the broker's own rate.
+SYS_COUNTERS = {"$SYS/broker/messages/received": "received",
+                "$SYS/broker/messages/sent": "sent"}
+
+
+def sys_rate_figure(stats: CampaignStats, run_label: dict[str, str]
+                    ) -> dict[str, Any] | None:
+    """Messages/s the broker itself counted (the slope of its $SYS message counters), per
+    run over the run's time; None when no run's broker published those counters."""
+    data = []
+    for run_id, topics in list(stats.series.sys_topics.items())[:MAX_TIMELINE_RUNS]:
+        for topic, direction in SYS_COUNTERS.items():
+            series = topics.get(topic)
+            if series is None or len(series.t_s) < 2:
+                continue
+            pairs = list(zip(series.t_s, series.value, strict=True))
+            rates = [(t1, (v1 - v0) / (t1 - t0)) for (t0, v0), (t1, v1)
+                     in zip(pairs, pairs[1:], strict=False) if t1 > t0]
+            data.append({"type": "scatter", "mode": "lines",
+                         "name": f"{run_label.get(run_id, run_id)}: {direction}",
+                         "x": [t for t, _ in rates], "y": [r for _, r in rates]})
+    if not data:
+        return None
+    return {"data": data, "layout": {
+        "title": {"text": "Broker's own message rate ($SYS counters, per update interval)"},
+        "xaxis": {"title": {"text": "time since the run's start (s)"}},
+        "yaxis": {"title": {"text": "messages/s"}}}}
+
+
 def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Every plot of the report as a Plotly figure (data + layout), keyed by element id."""
     points = stats.points
@@ -195,6 +224,9 @@ def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[
                                 if len(timeline) > MAX_TIMELINE_RUNS else "")},
                    "xaxis": {"title": {"text": "time since first measured publish (s)"}},
                    "yaxis": _AXIS_US}}
+
+    if (broker_rates := sys_rate_figure(stats, run_label)) is not None:
+        figures["plot-sys-rates"] = broker_rates   # beside latency over time
 
     names = [labels[p.point_index] for p in points]
     figures["plot-delivery"] = {"data": [

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import sessionmaker
 
-from mqttbed.analytics.results import CampaignStats, ScopeRun, results_model
+from mqttbed.analytics.results import CampaignStats, ScopeRun, SysTopicSeries, results_model
 from mqttbed.analytics.results_files import STATS_JSON
 from mqttbed.campaigns.spec import Workload
 from mqttbed.controller.db import CampaignRow, RunRow
 from mqttbed.controller.engine import RunEngine, latest_attempts
 from mqttbed.controller.states import CAMPAIGN_UNDER_WAY, CampaignStatus
-from mqttbed.controller.storage import DataLayout
+from mqttbed.controller.storage import DataLayout, read_sys_samples
 from mqttbed.core.backends import section_types
 from mqttbed.core.errors import MqttbedError
 from mqttbed.core.events import publisher_client_id
@@ -76,8 +76,30 @@ def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: st
         get_spark(settings), events_path=layout.events, samples_path=layout.broker_samples,
         records_path=layout.backend_records, section_types=section_types(),
         campaign={"id": campaign.id, "name": campaign.name, "spec": campaign.spec}, runs=runs)
+    series = stats.series.model_copy(update={"sys_topics": sys_topic_series(layout, rows)})
+    stats = stats.model_copy(update={"series": series})
     json_path, parquet_path = write_stats(stats, layout.campaign_dir(campaign_id))
     return stats, json_path, parquet_path
+
+
+def sys_topic_series(layout: DataLayout, rows: list[RunRow]
+                     ) -> dict[str, dict[str, SysTopicSeries]]:
+    """Each run's ``$SYS`` values by topic, timed from the run's start (runs without any,
+    or from before the start time was recorded, are left out)."""
+    found: dict[str, dict[str, SysTopicSeries]] = {}
+    for row in rows:
+        t_start_ns = (row.run_metadata or {}).get("t_start_ns")
+        samples = read_sys_samples(layout, row.campaign_id, row.id)
+        if t_start_ns is None or not samples:
+            continue
+        by_topic: dict[str, tuple[list[float], list[float]]] = {}
+        for sample in sorted(samples, key=lambda s: s.t_ns):
+            times, values = by_topic.setdefault(sample.topic, ([], []))
+            times.append((sample.t_ns - t_start_ns) / 1e9)
+            values.append(sample.value)
+        found[row.id] = {topic: SysTopicSeries(t_s=times, value=values)
+                         for topic, (times, values) in sorted(by_topic.items())}
+    return found
 
 
 def reanalysis_status(engine: RunEngine, campaign_id: str

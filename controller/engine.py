@@ -48,6 +48,7 @@ from mqttbed.controller.storage import (
     write_backend_records,
     write_broker_samples,
     write_json,
+    write_sys_samples,
 )
 from mqttbed.core.backends import (
     BrokerBackend,
@@ -63,6 +64,7 @@ from mqttbed.core.errors import RunFailed
 from mqttbed.core.host import Host
 from mqttbed.core.process_journal import reap_stale as reap_processes
 from mqttbed.core.protocol import Endpoint, Shutdown, StartAt, Subscribe
+from mqttbed.core.samples import SysTopicsSource
 from mqttbed.core.ssh import SshError, SshHost
 from mqttbed.network.topology import reap_stale
 
@@ -627,6 +629,8 @@ class RunEngine:
         if isinstance(backend, FaultSchedule):
             run.run_metadata["faults"] = [fault.model_dump() for fault in backend.faults()]
         write_broker_samples(self.ctx.layout, run.campaign_id, run.id, samples)
+        if isinstance(backend, SysTopicsSource):
+            write_sys_samples(self.ctx.layout, run.campaign_id, run.id, backend.sys_samples())
         if (section := declaration(backend.name).results_section) is not None:
             write_backend_records(self.ctx.layout, run.campaign_id, run.id,
                                   section.key, backend.section_records())

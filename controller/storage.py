@@ -23,8 +23,11 @@ from typing import Any
 
 from mqttbed.core.events import EVENT_COLUMNS, arrow_schema
 from mqttbed.core.names import check_name
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerStatsSample, SysSample
 from mqttbed.core.sections import SectionRecords
+
+# A run's numeric $SYS values (time, topic, value), beside its run.json.
+SYS_TOPICS_FILE = "sys_topics.parquet"
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,35 @@ def write_broker_samples(layout: DataLayout, campaign_id: str, run_id: str,
     path = layout.run_samples(campaign_id, run_id) / "samples.parquet"
     _atomic_write_table(table, path)
     return path
+
+
+def write_sys_samples(layout: DataLayout, campaign_id: str, run_id: str,
+                      samples: list[SysSample]) -> Path | None:
+    """Write the numeric ``$SYS`` values a broker published during a run (beside run.json,
+    not among the resource samples: Spark reads those as one dataset of their own schema);
+    None when there are none."""
+    import pyarrow as pa
+
+    if not samples:
+        return None
+    table = pa.table({"t_ns": pa.array([s.t_ns for s in samples], pa.int64()),
+                      "topic": pa.array([s.topic for s in samples], pa.string()),
+                      "value": pa.array([s.value for s in samples], pa.float64())})
+    path = layout.run_dir(campaign_id, run_id) / SYS_TOPICS_FILE
+    _atomic_write_table(table, path)
+    return path
+
+
+def read_sys_samples(layout: DataLayout, campaign_id: str, run_id: str) -> list[SysSample]:
+    """A run's ``$SYS`` values as written by :func:`write_sys_samples` (none: empty)."""
+    import pyarrow.parquet as pq
+
+    path = layout.run_dir(campaign_id, run_id) / SYS_TOPICS_FILE
+    if not path.exists():
+        return []
+    columns = pq.read_table(path).to_pydict()
+    return [SysSample(t_ns=t, topic=topic, value=value) for t, topic, value in
+            zip(columns["t_ns"], columns["topic"], columns["value"], strict=True)]
 
 
 def write_backend_records(layout: DataLayout, campaign_id: str, run_id: str, section: str,

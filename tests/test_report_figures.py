@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from mqttbed.analytics.results import CampaignStats, results_model
+from mqttbed.analytics.results import CampaignStats, SysTopicSeries, results_model
 from mqttbed.api.report import broker_ranking, build_figures, scope_table
 
 
@@ -190,3 +190,15 @@ def test_a_backends_own_figures_come_from_its_declaration():
     (curve,) = figures["plot-locality"]["data"]
     assert curve["x"] == [0, 100] and curve["y"] == [0.1, 0.101]
     assert "plot-locality" not in build_figures(stats([point(0, "mqtt-st", 2, 1.0, 0.1)]), {})
+
+
+def test_the_brokers_own_rate_is_the_slope_of_its_sys_counters():
+    document = stats([point(0, "mosquitto", 2, 1.0, 0.1)])
+    document = document.model_copy(update={"series": document.series.model_copy(update={
+        "sys_topics": {"r1": {
+            "$SYS/broker/messages/received": SysTopicSeries(t_s=[0.0, 1.0, 3.0],
+                                                            value=[10.0, 110.0, 510.0]),
+            "$SYS/broker/uptime": SysTopicSeries(t_s=[0.0, 1.0], value=[5.0, 6.0])}}})})
+    (curve,) = build_figures(document, {})["plot-sys-rates"]["data"]
+    assert curve["x"] == [1.0, 3.0] and curve["y"] == [100.0, 200.0]
+    assert "plot-sys-rates" not in build_figures(stats([point(0, "fpga", 2, 1.0, 0.1)]), {})

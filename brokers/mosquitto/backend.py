@@ -20,11 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mqttbed.brokers.processes import BrokerProcess, capture_output, start_listening
 from mqttbed.brokers.remote import RemoteBrokerProcess
+from mqttbed.brokers.sys_monitor import SysMonitor, SysTopicsRecord
 from mqttbed.core.backends import DeploymentRecord
 from mqttbed.core.errors import BackendError, MissingSystemDependency
 from mqttbed.core.host import Host, ProcessHandle, raise_nofile_limit, sha256_file
 from mqttbed.core.protocol import Endpoint, Transport
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerStatsSample, SysSample
 from mqttbed.core.sections import SectionRecords
 from mqttbed.core.ssh import SshError, SshHost
 
@@ -54,6 +55,12 @@ class Options(BaseModel):
         default=True, description="disable Nagle, so small messages are not held back")
     stats_interval_s: float = Field(
         default=0.2, gt=0, description="seconds between resource samples of the broker")
+    sys_interval_s: int = Field(
+        default=1, ge=0, le=3600, description="seconds between the broker's $SYS updates "
+                                              "(Mosquitto's sys_interval; 0 = none)")
+    sys_topics: bool = Field(
+        default=True, description="subscribe to $SYS/# during the run and keep the numeric "
+                                  "values as a time series (one more client on the broker)")
 
 
 class MosquittoLimits(BaseModel):
@@ -75,6 +82,7 @@ class MosquittoDeployment(DeploymentRecord):
 
     limits: MosquittoLimits
     stats_interval_s: float
+    sys_topics: SysTopicsRecord | None = None
 
 
 class MosquittoBackend:
@@ -92,6 +100,7 @@ class MosquittoBackend:
         self._port: int | None = None
         self._torn_down = False
         self._nofile: int | None = None
+        self._sys = SysMonitor()
 
     # -- deploy -------------------------------------------------------------------------
 
@@ -115,6 +124,8 @@ class MosquittoBackend:
             port, handle = self._start(options, host, self._proc)
             self._port = port
             self._proc.watch(handle, options.stats_interval_s)
+            if options.sys_topics and options.sys_interval_s > 0:
+                self._sys.start(Endpoint(host=host.address, port=port))
         except BaseException:
             # A failed deploy must leave nothing behind: no process, no directory.
             self.teardown()
@@ -206,7 +217,12 @@ class MosquittoBackend:
             stats_interval_s=options.stats_interval_s, port=self._port,
             pid=None if proc is None else proc.pid,
             exit_code=None if proc is None else proc.exit_code,
-            log_tail=None if proc is None else proc.log_tail())
+            log_tail=None if proc is None else proc.log_tail(),
+            sys_topics=self._sys.record())
+
+    def sys_samples(self) -> list[SysSample]:
+        """The numeric ``$SYS`` values Mosquitto published since deploy."""
+        return self._sys.samples()
 
     # -- teardown -----------------------------------------------------------------------
 
@@ -219,6 +235,7 @@ class MosquittoBackend:
         if self._torn_down:
             return
         self._torn_down = True
+        self._sys.stop()   # before the broker goes: its last values, not a lost connection
         if self._proc is not None:
             self._proc.stop(timeout_s=5.0)
             self._proc.remove()
@@ -288,6 +305,7 @@ def render_config(options: Options, address: str, port: int, workdir: Path) -> s
         "log_type error",
         "log_type warning",
         "log_type notice",
+        f"sys_interval {options.sys_interval_s}",
     ]
     if os.geteuid() == 0:
         # Started as root, Mosquitto drops to user `mosquitto`, which cannot write the
