@@ -26,12 +26,21 @@ from mqttbed.controller.analysis import load_results
 from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import CampaignRow, RunRow
 from mqttbed.controller.states import CampaignStatus
+from mqttbed.core.backends import declaration
+from mqttbed.core.report_figures import (
+    FigurePoint,
+    ReportFigures,
+    flat_figures,
+    numeric_axis,
+    scalar_versus_parameter,
+    series_key,
+)
+from mqttbed.core.report_figures import point_label as label_of
 from mqttbed.core.sections import Distribution
 
 TEMPLATES = Path(__file__).with_name("templates")
 MAX_TIMELINE_RUNS = 40
 _AXIS_US = {"title": {"text": "µs"}}
-_NOT_SWEPT = ("broker.backend", "scenario")
 
 
 def plotly_js_path() -> Path:
@@ -47,32 +56,13 @@ def templates() -> Environment:
 
 
 def point_label(point: PointStats, show_backend: bool) -> str:
-    parts = [f"{k.split('.')[-1]}={v}" for k, v in point.params.items()
-             if k != "broker.backend"]
-    if show_backend:
-        parts.insert(0, point.backend)
-    return ", ".join(parts) or "all runs"
+    return label_of(point.params, point.backend, show_backend)
 
 
-def _numeric_axis(points: list[PointStats]) -> str | None:
-    """The swept parameter to put on an x axis: the first one with numbers only (a
-    switch like broker.acceleration is not a number, though Python's bool is an int)."""
-    keys = [k for k in (points[0].params if points else {}) if k not in _NOT_SWEPT]
-    for key in keys:
-        if all(isinstance(v := p.params.get(key), int | float) and not isinstance(v, bool)
-               for p in points):
-            return key
-    return None
-
-
-def _series_key(point: PointStats, x_key: str | None) -> str:
-    """Which curve a point belongs to: everything but the x parameter (without a numeric
-    parameter the x axis names the points, and there is one curve per backend)."""
-    if x_key is None:
-        return point.backend
-    rest = {k: v for k, v in point.params.items() if k not in (x_key, "broker.backend")}
-    name = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in rest.items())
-    return f"{point.backend}" + (f" ({name})" if name else "")
+def figure_point(point: PointStats) -> FigurePoint:
+    """A point as backends' report figures (and the scalar plots here) see it."""
+    return FigurePoint(point.point_index, point.backend, point.params,
+                       flat_figures(point.model_dump(mode="json")))
 
 
 def _interval_bars(values: list[float], intervals: list[tuple[float, float] | None]
@@ -91,10 +81,10 @@ def _versus_parameter(points: list[PointStats],
                       first_last: bool = False) -> dict[str, Any]:
     """p50 with its 95 % interval across runs, and p99, of ``figure`` against the swept
     parameter; a curve per backend."""
-    x_key = _numeric_axis(points)
+    x_key = numeric_axis([p.params for p in points])
     curves: dict[str, list[PointStats]] = {}
     for point in points:
-        curves.setdefault(_series_key(point, x_key), []).append(point)
+        curves.setdefault(series_key(point.params, point.backend, x_key), []).append(point)
     data = []
     for name, members in curves.items():
         members = [m for m in members if figure(m).p50 is not None]
@@ -134,59 +124,13 @@ def _versus_parameter(points: list[PointStats],
         "xaxis": {"title": {"text": x_key or "sweep point"}}}}
 
 
-def _scalar_versus_parameter(points: list[PointStats],
-                             value: Callable[[PointStats], float | None],
-                             spread: Callable[[PointStats], float | None],
-                             title: str, unit: str) -> dict[str, Any]:
-    """A per-point number (± its spread) against the swept parameter; a curve per the
-    rest of the point's parameters (e.g. one per placement and publisher count)."""
-    x_key = _numeric_axis(points)
-    curves: dict[str, list[PointStats]] = {}
-    for point in points:
-        if value(point) is not None:
-            curves.setdefault(_series_key(point, x_key), []).append(point)
-    data = []
-    for name, members in curves.items():
-        if x_key:
-            members.sort(key=lambda m: m.params[x_key])
-        data.append({"type": "scatter", "mode": "lines+markers", "name": name,
-                     "x": [m.params[x_key] if x_key else point_label(m, False)
-                           for m in members],
-                     "y": [value(m) for m in members],
-                     "error_y": {"type": "data", "array": [spread(m) or 0 for m in members]}})
-    return {"data": data, "layout": {"title": {"text": title},
-                                     "yaxis": {"title": {"text": unit}},
-                                     "xaxis": {"title": {"text": x_key or "sweep point"}}}}
-
-
-LOCALITY_KEY = "broker.locality_percent"
-
-
-def _locality_figure(points: list[PointStats], spec: dict[str, Any]) -> dict[str, Any]:
-    """The MQTT-ST paper's Fig. 6: mean latency (ms) against locality, a curve per point
-    series, and the ``benchmark`` (cloud) points averaged over their broker's locations."""
-    default = spec.get("workload", {}).get("placement")
-    placement = {sc.get("name"): sc.get("workload.placement", default)
-                 for sc in spec.get("scenarios", [])}
-
-    def mean_ms(point: PointStats) -> float | None:
-        return None if point.latency_us.mean is None else point.latency_us.mean / 1e3
-
-    figure = _scalar_versus_parameter(points, mean_ms, lambda p: None,
-                                      "End-to-end latency against locality (mean over "
-                                      "deliveries)", "ms")
-    cloud: dict[float, list[float]] = {}
-    for point in points:
-        where = placement.get(point.params.get("scenario"), default)
-        if where == "benchmark" and (ms := mean_ms(point)) is not None:
-            cloud.setdefault(point.params[LOCALITY_KEY], []).append(ms)
-    if cloud and max(len(v) for v in cloud.values()) > 1:   # several locations to average
-        x = sorted(cloud)
-        figure["data"].append({"type": "scatter", "mode": "lines+markers",
-                               "name": "cloud, mean over its locations", "x": x,
-                               "y": [sum(cloud[k]) / len(cloud[k]) for k in x],
-                               "line": {"dash": "dash"}})
-    return figure
+def backend_figures(backend: str) -> ReportFigures | None:
+    """The figures backend ``backend`` adds to a report (None: none, or it is no longer
+    installed: its results still show, without its own plots)."""
+    try:
+        return declaration(backend).report_figures
+    except ValueError:
+        return None
 
 
 def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -195,7 +139,12 @@ def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[
     show_backend = len({p.backend for p in points}) > 1
     labels = {p.point_index: point_label(p, show_backend) for p in points}
     references = spec.get("report", {}).get("reference", [])
+    plain = [figure_point(p) for p in points]
     figures: dict[str, dict[str, Any]] = {}
+    # what each backend of the campaign adds (e.g. MQTT-ST's latency against locality)
+    for backend in sorted({p.backend for p in points}):
+        if (own := backend_figures(backend)) is not None:
+            figures |= own([p for p in plain if p.backend == backend], spec)
 
     cdf = stats.series.latency_cdf_us
     levels = [i / 100 for i in range(101)]
@@ -219,19 +168,18 @@ def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[
     if any(p.publication_msgs_per_s is not None for p in points) and spec.get(
             "workload", {}).get("pacing") == "closed-loop":
         # The MQTT-ST paper's Figs. 3-5: QoS 2 publication throughput and mean delay.
-        figures["plot-publication"] = _scalar_versus_parameter(
-            points, lambda p: p.publication_msgs_per_s, lambda p: p.publication_msgs_per_s_std,
+        figures["plot-publication"] = scalar_versus_parameter(
+            plain, lambda p: p.figures.get("publication_msgs_per_s"),
+            lambda p: p.figures.get("publication_msgs_per_s_std"),
             "Publication throughput per publisher, closed loop (mean ± std over publishers)",
             "messages/s")
-        figures["plot-mean-delay"] = _scalar_versus_parameter(
-            points, lambda p: p.latency_us.mean, lambda p: None,
+        figures["plot-mean-delay"] = scalar_versus_parameter(
+            plain, lambda p: p.figures.get("latency_us.mean"), lambda p: None,
             "End-to-end delay (mean over deliveries)", "µs")
-    if any(LOCALITY_KEY in p.params for p in points):
-        figures["plot-locality"] = _locality_figure(points, spec)
     if any(p.fault is not None for p in points):
-        figures["plot-fault"] = _scalar_versus_parameter(
-            points, lambda p: p.fault.delivery_resumed_s.mean if p.fault else None,
-            lambda p: p.fault.delivery_resumed_s.std if p.fault else None,
+        figures["plot-fault"] = scalar_versus_parameter(
+            plain, lambda p: p.figures.get("fault.delivery_resumed_s.mean"),
+            lambda p: p.figures.get("fault.delivery_resumed_s.std"),
             "After the fault: until every subscriber received again (mean ± std over runs)",
             "s")
 

@@ -7,9 +7,9 @@ from fastapi import APIRouter
 import mqttbed
 from mqttbed.api.deps import CoreDep, UserDep
 from mqttbed.api.schemas import AgentPublic, BackendPublic, Health
-from mqttbed.brokers.registry import backend_names, options_model, unavailable_reason
 from mqttbed.controller.analysis import results_type
 from mqttbed.controller.db import AgentRow
+from mqttbed.core.backends import backend_names, options_model, unavailable_reason
 
 public = APIRouter(prefix="/api/v1", tags=["system"])
 router = APIRouter(prefix="/api/v1", tags=["system"], dependencies=[UserDep])

@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, load_average, paho_fanout, pct, ratio, run_campaign, spreads  # noqa: E402
 
-from mqttbed.brokers.mosquitto import MosquittoBackend, Options  # noqa: E402
+from mqttbed.brokers.mosquitto.backend import MosquittoBackend, Options  # noqa: E402
 from mqttbed.core.host import LocalHost  # noqa: E402
 
 SUBSCRIBERS = 10

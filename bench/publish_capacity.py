@@ -29,7 +29,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, load_average, ratio  # noqa: E402
 
-from mqttbed.brokers.mosquitto import MosquittoBackend, Options  # noqa: E402
+from mqttbed.brokers.mosquitto.backend import MosquittoBackend, Options  # noqa: E402
 from mqttbed.core.host import LocalHost  # noqa: E402
 
 PAYLOAD_BYTES = 100

@@ -56,7 +56,7 @@ class BrokerSection(BaseModel):
 
     @model_validator(mode="after")
     def _options_fit_backend(self) -> BrokerSection:
-        from mqttbed.brokers.registry import options_model
+        from mqttbed.core.backends import options_model
 
         try:
             model = options_model(self.backend)
@@ -67,7 +67,7 @@ class BrokerSection(BaseModel):
 
     def options(self) -> BaseModel:
         """Return the backend's own options model for this section."""
-        from mqttbed.brokers.registry import options_model
+        from mqttbed.core.backends import options_model
 
         return options_model(self.backend).model_validate(self.model_dump(exclude={"host"}))
 
@@ -510,15 +510,19 @@ class CampaignSpec(_Strict):
         description="named sets of overrides; each is crossed with the sweep")
 
     @model_validator(mode="after")
-    def _placement_fits_backend(self) -> CampaignSpec:
-        from mqttbed.brokers.registry import backend_class
+    def _workload_fits_backend(self) -> CampaignSpec:
+        """A placement the backend does not take, or a QoS its broker does not deliver, is
+        refused here, before anything runs."""
+        from mqttbed.core.backends import check_features, declaration
 
+        declared = declaration(self.broker.backend)
         placement = self.workload.placement
-        supported = getattr(backend_class(self.broker.backend), "placements", ())
-        if placement is not None and placement not in supported:
+        if placement is not None and placement not in declared.placements:
             raise ValueError(f"workload.placement {placement!r}: backend "
                              f"{self.broker.backend} deploys one broker; placements are for "
                              f"backends that deploy several (mqtt-st)")
+        qos = [stream.qos for stream in self.workload.streams or ()] or [self.workload.qos]
+        check_features(declared.features_for(self.broker.options()), self.broker.backend, qos)
         return self
 
     @model_validator(mode="after")

@@ -14,12 +14,12 @@ from sqlalchemy.orm import sessionmaker
 
 from mqttbed.analytics.results import CampaignStats, ScopeRun, results_model
 from mqttbed.analytics.results_files import STATS_JSON
-from mqttbed.brokers.registry import section_types
 from mqttbed.campaigns.spec import Workload
 from mqttbed.controller.db import CampaignRow, RunRow
 from mqttbed.controller.engine import RunEngine, latest_attempts
 from mqttbed.controller.states import CAMPAIGN_UNDER_WAY, CampaignStatus
 from mqttbed.controller.storage import DataLayout
+from mqttbed.core.backends import section_types
 from mqttbed.core.errors import MqttbedError
 from mqttbed.core.events import publisher_client_id
 from mqttbed.core.settings import Settings

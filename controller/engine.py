@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import sessionmaker
 
 from mqttbed.agents.deploy import AgentPool, Site
-from mqttbed.brokers.base import BrokerBackend
-from mqttbed.brokers.registry import create_backend
 from mqttbed.campaigns.spec import CampaignSpec, plan_runs
 from mqttbed.controller.agent_sites import AgentSites, open_sites
 from mqttbed.controller.assignments import (
@@ -36,7 +34,7 @@ from mqttbed.controller.assignments import (
 from mqttbed.controller.db import CampaignRow, LabHostRow, RunRow, TransitionRow, utcnow
 from mqttbed.controller.documents import CampaignUpdate, DocumentStream, RunUpdate
 from mqttbed.controller.impaired_links import ImpairedLinks, has_impaired_clients
-from mqttbed.controller.lab import REMOTE_BACKENDS, resolve_named_hosts, target_of
+from mqttbed.controller.lab import lab_host_backends, resolve_named_hosts, target_of
 from mqttbed.controller.registry import AgentRegistry, RunInbox
 from mqttbed.controller.scope_recorder import ScopeRecorder
 from mqttbed.controller.states import (
@@ -50,6 +48,15 @@ from mqttbed.controller.storage import (
     write_backend_records,
     write_broker_samples,
     write_json,
+)
+from mqttbed.core.backends import (
+    BrokerBackend,
+    FaultSchedule,
+    MultiBroker,
+    OwnNetwork,
+    RunsOnLabHost,
+    create_backend,
+    declaration,
 )
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.errors import RunFailed
@@ -377,12 +384,18 @@ class RunEngine:
     def _deploy(self, run: RunRow, live: _LiveRun) -> None:
         """Broker up, agents registered and assigned, every subscriber holding its SUBACK."""
         spec, registry = live.spec, self.ctx.registry
-        live.backend = create_backend(spec.broker.backend)
-        if (prepare := getattr(live.backend, "prepare", None)) is not None:
-            prepare(spec.workload)
-        host = self._broker_host(spec, live)
-        endpoint = live.backend.deploy(spec.broker.options(), host)
-        run.run_metadata = {"broker": live.backend.metadata(),
+        live.backend = backend = create_backend(spec.broker.backend)
+        if isinstance(backend, MultiBroker):
+            backend.prepare(spec.workload)
+        lab_host = self._broker_lab_host(spec, live)
+        if lab_host is None:
+            host: Host = self.ctx.host
+            endpoint = backend.deploy(spec.broker.options(), host)
+        else:
+            assert isinstance(backend, RunsOnLabHost)   # checked by _broker_lab_host
+            host = lab_host
+            endpoint = backend.deploy_on_lab_host(spec.broker.options(), lab_host)
+        run.run_metadata = {"broker": backend.deployment().model_dump(mode="json"),
                             "endpoint": endpoint.model_dump(), "host": host.name}
         placement = None
         if has_impaired_clients(spec):
@@ -397,7 +410,8 @@ class RunEngine:
         run.run_metadata["agent_hosts"] = live.pool.hosts
         agent_ids = self._await_agents(live.pool, spec, run.campaign_id)
         assignments = plan_assignments(spec, run.id, run.campaign_id, endpoint, agent_ids,
-                                       getattr(live.backend, "broker_of", None), placement)
+                                       backend.broker_of if isinstance(backend, MultiBroker)
+                                       else None, placement)
         # An agent gives up on a controller silent as long as it gives up on an agent.
         assignments = {a: x.model_copy(update={"heartbeat_timeout_s":
                                                spec.timing.heartbeat_timeout_s})
@@ -432,14 +446,14 @@ class RunEngine:
         if live.recorder is not None:
             live.recorder.set_clocks({a: r.clock for a, r in ready.items()})
 
-    def _broker_host(self, spec: CampaignSpec, live: _LiveRun) -> Host:
-        """Where the broker runs: the lab host ``broker.host`` names, or this machine."""
+    def _broker_lab_host(self, spec: CampaignSpec, live: _LiveRun) -> SshHost | None:
+        """The lab host ``broker.host`` names, or None: the broker runs on this machine."""
         if spec.broker.host is None:
-            return self.ctx.host
-        if spec.broker.backend not in REMOTE_BACKENDS:
+            return None
+        if not isinstance(live.backend, RunsOnLabHost):
             raise RunFailed(f"broker.host {spec.broker.host!r}: backend {spec.broker.backend} "
                             f"runs on this machine only; on a lab host: "
-                            f"{', '.join(REMOTE_BACKENDS)}")
+                            f"{', '.join(lab_host_backends())}")
         with self.ctx.sessions() as s:
             row = s.get(LabHostRow, spec.broker.host)
         if row is None:
@@ -452,10 +466,10 @@ class RunEngine:
 
     def _agent_sites(self, spec: CampaignSpec, backend: BrokerBackend) -> tuple[AgentSites, str]:
         """Where the agents run and the controller URL they use: the backend's placement
-        if it offers one (``brokers.base``), else the campaign's hosts or this machine."""
+        if it has one (``OwnNetwork``), else the campaign's hosts or this machine."""
         needed = agents_needed(spec)
-        place = getattr(backend, "agent_placement", None)
-        placement = place(agent_roles(spec, needed), self.ctx.controller_url) if place else None
+        placement = (backend.agent_placement(agent_roles(spec, needed), self.ctx.controller_url)
+                     if isinstance(backend, OwnNetwork) else None)
         if placement is None:
             return open_sites(spec, self.ctx.host, needed), self.ctx.controller_url
         if spec.agents.hosts:
@@ -467,10 +481,10 @@ class RunEngine:
                         ) -> tuple[AgentSites, ClientPlacement]:
         """Agents of impaired groups in namespaces behind their links; the rest as usual."""
         spec, backend = live.spec, live.backend
-        if getattr(backend, "agent_placement", None) is not None:
+        if isinstance(backend, OwnNetwork):
             raise RunFailed(f"backend {spec.broker.backend} places the agents in its own "
                             "network: network.impairments are not supported with it")
-        if getattr(backend, "broker_of", None) is not None:
+        if isinstance(backend, MultiBroker):
             raise RunFailed(f"backend {spec.broker.backend} deploys several brokers: "
                             "network.impairments are not supported with it yet")
         if spec.agents.hosts:
@@ -491,8 +505,8 @@ class RunEngine:
             self.ctx.registry.send(agent_id, StartAt(run_id=run.id, t_start_ns=t_start))
         if live.recorder is not None:
             live.recorder.start(t_start)
-        if (started := getattr(live.backend, "started", None)) is not None:
-            started(t_start)  # e.g. arms a fault at a time of the run
+        if isinstance(live.backend, FaultSchedule):
+            live.backend.started(t_start)  # e.g. arms a fault at a time of the run
         window_ns = run_window_ns(spec)
         # closed loop: the window is what publishers are given, not a schedule to wait out
         closed_loop = spec.workload.pacing == "closed-loop"
@@ -609,13 +623,13 @@ class RunEngine:
         """Store the broker's samples and metadata, then stop it."""
         backend.teardown()  # its sampler takes one last sample on the way down
         samples = backend.stats()
-        run.run_metadata["broker"] = backend.metadata()
-        if (faults := getattr(backend, "faults", None)) is not None:
-            run.run_metadata["faults"] = [fault.model_dump() for fault in faults()]
+        run.run_metadata["broker"] = backend.deployment().model_dump(mode="json")
+        if isinstance(backend, FaultSchedule):
+            run.run_metadata["faults"] = [fault.model_dump() for fault in backend.faults()]
         write_broker_samples(self.ctx.layout, run.campaign_id, run.id, samples)
-        if backend.results_section is not None:
+        if (section := declaration(backend.name).results_section) is not None:
             write_backend_records(self.ctx.layout, run.campaign_id, run.id,
-                                  backend.results_section.key, backend.section_records())
+                                  section.key, backend.section_records())
         write_json(self.ctx.layout.run_dir(run.campaign_id, run.id) / "run.json",
                    {"run_id": run.id, "params": run.params, "repetition": run.repetition,
                     "metadata": run.run_metadata})

@@ -32,6 +32,7 @@ from sqlalchemy.orm import sessionmaker
 
 from mqttbed.campaigns.spec import CampaignSpec
 from mqttbed.controller.db import LabHostRow, utcnow
+from mqttbed.core.backends import RunsOnLabHost, backend_names, declaration
 from mqttbed.core.errors import MqttbedError, SpecError
 from mqttbed.core.ssh import SshError, SshHost, SshTarget
 
@@ -40,8 +41,18 @@ EXTRAS = ("agent", "pi", "pi5")
 REMOTE_DIR_NAME = ".mqttbed"
 PIP_TIMEOUT_S = 600
 PARALLEL_HOSTS = 4
-# Backends whose broker can be deployed to a lab host over SSH (broker.host).
-REMOTE_BACKENDS = ("mosquitto",)
+
+
+def lab_host_backends() -> list[str]:
+    """Backends whose broker can be deployed to a lab host over SSH (``broker.host``)."""
+    return [name for name in backend_names() if declaration(name).supports(RunsOnLabHost)]
+
+
+def check_lab_host_backend(backend: str) -> None:
+    """Raise SpecError unless ``backend`` can run its broker on a lab host."""
+    if not declaration(backend).supports(RunsOnLabHost):
+        raise SpecError(f"broker.host: backend {backend!r} runs on the controller's machine "
+                        f"only; on a lab host: {', '.join(lab_host_backends())}")
 
 
 class LabError(MqttbedError):
@@ -443,10 +454,7 @@ def resolve_named_hosts(spec: CampaignSpec, sessions: sessionmaker) -> CampaignS
             raise SpecError(f"broker.host: no lab host named {spec.broker.host!r}; known: "
                             f"{', '.join(sorted(rows)) or 'none'} (mqttbed lab provision "
                             "adds one)")
-        if spec.broker.backend not in REMOTE_BACKENDS:
-            raise SpecError(f"broker.host: backend {spec.broker.backend!r} runs on the "
-                            f"controller's machine only; on a lab host: "
-                            f"{', '.join(REMOTE_BACKENDS)}")
+        check_lab_host_backend(spec.broker.backend)
     hosts = []
     for i, entry in enumerate(spec.agents.hosts):
         if entry.host:

@@ -1,8 +1,15 @@
-"""Resource samples of a broker's process tree: the contract between monitors and backends."""
+"""What brokers are sampled for during a run: the contract between monitors and backends.
+
+- :class:`BrokerStatsSample`: resource use of the broker's process tree.
+- :class:`SysSample`: one numeric value a broker published on its ``$SYS`` topics.
+- :class:`SysTopicsSource`: a backend that keeps the ``$SYS`` samples of its run.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class BrokerStatsSample(BaseModel):
@@ -15,3 +22,26 @@ class BrokerStatsSample(BaseModel):
     bytes_recv: int         # cumulative since deploy
     bytes_sent: int         # cumulative since deploy
     processes: int
+
+
+class SysSample(BaseModel):
+    """One numeric value a broker published on a ``$SYS`` topic, as it arrived.
+
+    The broker decides what and how often (Mosquitto: every ``sys_interval`` seconds,
+    10 by default); the value is the payload read as a number, in the broker's own unit
+    (``$SYS/broker/load/bytes/received/1min`` is bytes per minute, averaged by the broker).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    t_ns: int = Field(description="arrival at the sampling client, CLOCK_MONOTONIC")
+    topic: str = Field(description="e.g. $SYS/broker/clients/connected")
+    value: float
+
+
+@runtime_checkable
+class SysTopicsSource(Protocol):
+    """A backend that samples its broker's ``$SYS`` topics during the run."""
+
+    def sys_samples(self) -> list[SysSample]:
+        """The numeric ``$SYS`` values received since deploy (all of them after teardown)."""
+        ...

@@ -61,7 +61,7 @@ def controller(tmp_path, updates) -> Iterator[Controller]:
 def broker():
     """A Mosquitto on this machine for one test: its endpoint (test modules of other
     brokers define their own ``broker``)."""
-    from mqttbed.brokers.mosquitto import MosquittoBackend, Options
+    from mqttbed.brokers.mosquitto.backend import MosquittoBackend, Options
     from mqttbed.core.host import LocalHost
 
     backend = MosquittoBackend()

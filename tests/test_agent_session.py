@@ -9,7 +9,7 @@ import pytest
 
 from mqttbed.agents.gpio import VirtualGpio
 from mqttbed.agents.mqtt_session import MqttSession
-from mqttbed.brokers.mosquitto import MosquittoBackend, Options
+from mqttbed.brokers.mosquitto.backend import MosquittoBackend, Options
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import PAYLOAD_MIN_BYTES, decode_payload, encode_payload
 from mqttbed.core.host import LocalHost

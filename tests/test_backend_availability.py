@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mqttbed.brokers import mosquitto
 from mqttbed.brokers.forkpipe import backend as forkpipe
-from mqttbed.brokers.registry import backend_names, unavailable_reason
+from mqttbed.brokers.mosquitto import backend as mosquitto
+from mqttbed.core.backends import backend_names, unavailable_reason
 
 
 @pytest.mark.integration  # Mosquitto, a C compiler, clang and bpftool installed

@@ -14,10 +14,10 @@ import httpx
 import pyarrow.dataset as ds
 import pytest
 
-from mqttbed.brokers.registry import backend_names
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.db import AgentRow, ChunkRow, RunRow, TransitionRow
 from mqttbed.controller.states import RunState
+from mqttbed.core.backends import backend_names
 from mqttbed.core.events import EVENT_COLUMNS
 from mqttbed.core.protocol import ResultChunk
 from tests.conftest import child_processes

@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from mqttbed.brokers.base import BrokerBackend
 from mqttbed.brokers.forkpipe import build
 from mqttbed.brokers.forkpipe.backend import ForkPipeBackend, Options
 from mqttbed.brokers.processes import processes_in_group
-from mqttbed.brokers.registry import create_backend, options_model
 from mqttbed.campaigns.spec import builtin_spec_path, expand_points, load_spec, parse_spec
+from mqttbed.core.backends import BrokerBackend, create_backend, options_model
 from mqttbed.core.errors import MissingSystemDependency, SpecError
 from mqttbed.core.host import LocalHost
 from mqttbed.core.protocol import Endpoint

@@ -9,9 +9,8 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from mqttbed.brokers.base import BrokerBackend
 from mqttbed.brokers.fpga.backend import FpgaBackend, Options
-from mqttbed.brokers.registry import backend_names, create_backend, options_model
+from mqttbed.core.backends import BrokerBackend, backend_names, create_backend, options_model
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import LocalHost
 from mqttbed.core.mqtt_codec import SubAck, Subscribe, decode, encode, encode_publish

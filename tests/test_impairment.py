@@ -26,9 +26,9 @@ import pyarrow.dataset as ds
 import pytest
 import yaml
 
-from mqttbed.brokers.registry import backend_names
 from mqttbed.campaigns.spec import builtin_spec_path, expand_points, load_spec, parse_spec
 from mqttbed.controller.db import RunRow
+from mqttbed.core.backends import backend_names
 from mqttbed.core.errors import SpecError
 from mqttbed.network.commands import ip, run, tc
 from mqttbed.network.topology import JOURNAL_DIR, leftovers, reap_stale, tagged_processes

@@ -16,7 +16,7 @@ import pytest
 
 from mqttbed.agents.gpio import VirtualGpio
 from mqttbed.agents.mqtt_session import MqttSession
-from mqttbed.brokers.mosquitto import MosquittoBackend, Options
+from mqttbed.brokers.mosquitto.backend import MosquittoBackend, Options
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.assignments import plan_assignments
 from mqttbed.controller.controller import create_controller

@@ -18,9 +18,8 @@ import psutil
 import pytest
 from pydantic import ValidationError
 
-from mqttbed.brokers.base import BrokerBackend
-from mqttbed.brokers.mosquitto import MosquittoBackend, Options
-from mqttbed.brokers.registry import backend_names, create_backend, options_model
+from mqttbed.brokers.mosquitto.backend import MosquittoBackend, Options
+from mqttbed.core.backends import BrokerBackend, backend_names, create_backend, options_model
 from mqttbed.core.errors import MissingSystemDependency
 from mqttbed.core.host import LocalHost
 from mqttbed.core.protocol import Endpoint, Transport

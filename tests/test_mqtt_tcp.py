@@ -9,7 +9,7 @@ import pytest
 
 from mqttbed.agents.mqtt_tcp import TcpMqttClient
 from mqttbed.agents.rx_timestamps import RealtimeToMonotonic
-from mqttbed.brokers.mosquitto import MosquittoBackend, Options
+from mqttbed.brokers.mosquitto.backend import MosquittoBackend, Options
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.host import LocalHost
 from mqttbed.core.protocol import Endpoint

@@ -12,7 +12,7 @@ import pytest
 from mqttbed.agents.gpio import VirtualGpio
 from mqttbed.agents.mqtt_session import MqttSession
 from mqttbed.brokers.mqttsn.backend import MqttSnBackend, Options
-from mqttbed.brokers.registry import create_backend
+from mqttbed.core.backends import create_backend
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.host import LocalHost
 from mqttbed.core.mqttsn import (

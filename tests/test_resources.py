@@ -12,7 +12,7 @@ import paho.mqtt.client as mqtt
 import psutil
 import pytest
 
-from mqttbed.brokers.mosquitto import MosquittoBackend, Options
+from mqttbed.brokers.mosquitto.backend import MosquittoBackend, Options
 from mqttbed.core.host import LocalHost, LocalProcess
 from mqttbed.core.samples import BrokerStatsSample
 from mqttbed.instruments.resources import ProcessTreeSampler, summarize

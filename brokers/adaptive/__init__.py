@@ -11,3 +11,7 @@ paper's policies (:mod:`mqttbed.core.withholding`), with lazy or eager allocatio
 - :mod:`.backend`: the ``adaptive`` broker backend; :mod:`.section`: its ``withholding`` figures.
 - :mod:`.shaped_client`: a subscriber that answers RTT queries late on purpose (tests, bench).
 """
+
+from mqttbed.brokers.adaptive.declaration import DECLARATION
+
+__all__ = ["DECLARATION"]

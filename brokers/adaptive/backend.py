@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from mqttbed.brokers.adaptive.broker import BrokerConfig
-from mqttbed.brokers.adaptive.section import WithholdingFigures, withholding_records
+from mqttbed.brokers.adaptive.section import withholding_records
 from mqttbed.brokers.fpga.backend import _read_json
 from mqttbed.brokers.mqttsn.backend import _read_io_counters  # same stats file keys
 from mqttbed.brokers.processes import BrokerProcess, wait_for_ready_file
@@ -106,7 +106,6 @@ class AdaptiveBackend:
     """Deploys the adaptive broker as a subprocess and keeps its counters and samples."""
 
     name = "adaptive"
-    results_section = WithholdingFigures
 
     def __init__(self) -> None:
         self._options: Options | None = None
@@ -120,7 +119,7 @@ class AdaptiveBackend:
         """Start the broker on ``host``; return its TCP endpoint once it listens."""
         if self._proc is not None or self._torn_down:
             raise BackendError("this AdaptiveBackend was already deployed; create a new one "
-                               "per run (mqttbed.brokers.registry.create_backend)")
+                               "per run (mqttbed.core.backends.create_backend)")
         options = spec if isinstance(spec, Options) else Options.model_validate(spec)
         self._options = options
         try:

@@ -2,3 +2,7 @@
 
 ``backend`` deploys it (``broker.backend: forkpipe``); ``build`` compiles it from ``src/``.
 """
+
+from mqttbed.brokers.forkpipe.declaration import DECLARATION
+
+__all__ = ["DECLARATION"]

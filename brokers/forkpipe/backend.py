@@ -118,7 +118,6 @@ class ForkPipeBackend:
     """Deploys one mqttbed-forkpipe process tree on a host and samples its resource use."""
 
     name = "forkpipe"
-    results_section = None  # its figures are the common ones
 
     def __init__(self) -> None:
         self._options: Options | None = None
@@ -148,7 +147,7 @@ class ForkPipeBackend:
         """Build if needed, start the broker on ``host``; return where clients connect."""
         if self._proc is not None or self._torn_down:
             raise BackendError("this ForkPipeBackend was already deployed; create a new one "
-                               "per run (mqttbed.brokers.registry.create_backend)")
+                               "per run (mqttbed.core.backends.create_backend)")
         options = spec if isinstance(spec, Options) else Options.model_validate(spec)
         self._options = options
         self._binary = str(_resolve_binary(options))

@@ -9,3 +9,7 @@
 - :mod:`.rtl`: the broker as synthesizable Verilog, its Verilator UDP harness and builds
   (``engine: rtl``).
 """
+
+from mqttbed.brokers.fpga.declaration import DECLARATION
+
+__all__ = ["DECLARATION"]

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mqttbed.brokers.fpga.board import BoardDeployment, BoardOptions
 from mqttbed.brokers.fpga.rtl.build import ensure_sim, source_hash
-from mqttbed.brokers.fpga.section import FpgaPipelineLatency, publish_records
+from mqttbed.brokers.fpga.section import publish_records
 from mqttbed.brokers.fpga.server import describe_values
 from mqttbed.brokers.fpga.tables import DEFAULT_PROBE_WINDOW, PAPER_DEPTH_WORDS
 from mqttbed.brokers.fpga.timing import PipelineTiming
@@ -95,7 +95,6 @@ class FpgaBackend:
     """Deploys the FPGA broker: the behavioural model as a subprocess, or a board over SSH."""
 
     name = "fpga"
-    results_section = FpgaPipelineLatency
 
     def __init__(self) -> None:
         self._options: Options | None = None
@@ -112,7 +111,7 @@ class FpgaBackend:
         """Start the model on ``host`` (or program the board); return the UDP endpoint."""
         if self._endpoint is not None or self._torn_down:
             raise BackendError("this FpgaBackend was already deployed; create a new one per "
-                               "run (mqttbed.brokers.registry.create_backend)")
+                               "run (mqttbed.core.backends.create_backend)")
         options = spec if isinstance(spec, Options) else Options.model_validate(spec)
         self._options = options
         try:

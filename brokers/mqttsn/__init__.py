@@ -5,3 +5,7 @@
 - :mod:`.server`: the gateway as a UDP server (``mqttbed broker run mqtt-sn``).
 - :mod:`.backend`: the ``mqtt-sn`` broker backend; :mod:`.section`: its ``packets`` figures.
 """
+
+from mqttbed.brokers.mqttsn.declaration import DECLARATION
+
+__all__ = ["DECLARATION"]

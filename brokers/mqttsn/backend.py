@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mqttbed.brokers.fpga.backend import _read_json
-from mqttbed.brokers.mqttsn.section import Packets, packet_records
+from mqttbed.brokers.mqttsn.section import packet_records
 from mqttbed.brokers.processes import BrokerProcess, ping_over_udp, wait_for_ready_file
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host
@@ -62,7 +62,6 @@ class MqttSnBackend:
     """Deploys the MQTT-SN gateway as a subprocess and keeps its packet counters."""
 
     name = "mqtt-sn"
-    results_section = Packets
 
     def __init__(self) -> None:
         self._options: Options | None = None
@@ -80,7 +79,7 @@ class MqttSnBackend:
         """
         if self._proc is not None or self._torn_down:
             raise BackendError("this MqttSnBackend was already deployed; create a new one per "
-                               "run (mqttbed.brokers.registry.create_backend)")
+                               "run (mqttbed.core.backends.create_backend)")
         options = spec if isinstance(spec, Options) else Options.model_validate(spec)
         self._options = options
         try:

@@ -13,3 +13,7 @@ a spanning tree over their links and forward every publication along it, once.
   :mod:`.topology`: cluster shapes and the converged-tree check, pure;
   :mod:`.cli`: ``mqttbed broker run mqtt-st``; :mod:`.signalling`: PINGREQ sizes.
 """
+
+from mqttbed.brokers.mqttst.declaration import DECLARATION
+
+__all__ = ["DECLARATION"]

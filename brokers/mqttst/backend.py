@@ -32,17 +32,16 @@ import shutil
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mqttbed.brokers.base import Fault
-from mqttbed.brokers.mosquitto import MosquittoBackend
-from mqttbed.brokers.mosquitto import Options as MosquittoOptions
-from mqttbed.brokers.mosquitto import unavailable as mosquitto_unavailable
+from mqttbed.brokers.mosquitto.backend import MosquittoBackend
+from mqttbed.brokers.mosquitto.backend import Options as MosquittoOptions
+from mqttbed.brokers.mosquitto.backend import unavailable as mosquitto_unavailable
 from mqttbed.brokers.mqttst.cluster import Cluster, TreeOptions, free_port_range, topology_edges
-from mqttbed.brokers.mqttst.section import MqttSt
 from mqttbed.brokers.mqttst.wan import DelayProxies, Geography, check_geography, wan_delays
+from mqttbed.core.backends import Fault
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host, LocalHost
@@ -60,6 +59,10 @@ class Failure(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     broker: Literal["root"] | int = Field(description="'root' (as elected) or an index")
     at_s: float = Field(gt=0, le=3600, description="seconds after the run's start")
+
+
+# The workload.placement values this backend takes.
+PLACEMENTS = ("benchmark", "distributed", "locality")
 
 
 class Options(BaseModel):
@@ -140,8 +143,6 @@ class MqttStBackend:
     """K Mosquittos with tree nodes, clients spread over them, a broker killed on demand."""
 
     name = "mqtt-st"
-    results_section = MqttSt
-    placements: ClassVar[tuple[str, ...]] = ("benchmark", "distributed", "locality")
 
     def __init__(self) -> None:
         self._placement = "distributed"
@@ -180,7 +181,7 @@ class MqttStBackend:
     def deploy(self, spec: Options | Mapping[str, Any], host: Host) -> Endpoint:
         if self._cluster is not None or self._single is not None or self._torn_down:
             raise BackendError("this MqttStBackend was already deployed; create a new one "
-                               "per run (mqttbed.brokers.registry.create_backend)")
+                               "per run (mqttbed.core.backends.create_backend)")
         if not isinstance(host, LocalHost):
             raise BackendError("the mqtt-st backend deploys its brokers on this machine only")
         options = spec if isinstance(spec, Options) else Options.model_validate(spec)

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mqttbed.brokers.mosquitto import Options as MosquittoOptions
-from mqttbed.brokers.mosquitto import _find_binary, _render_config
+from mqttbed.brokers.mosquitto.backend import Options as MosquittoOptions
+from mqttbed.brokers.mosquitto.backend import find_binary, render_config
 from mqttbed.brokers.mqttst.capability import DEFAULT_ALPHA, DEFAULT_BETA
 from mqttbed.brokers.mqttst.run_node import EXIT_BIND_FAILED
 from mqttbed.brokers.mqttst.topology import TOPOLOGIES, topology_edges, tree_verdict
@@ -173,7 +173,7 @@ class Cluster:
             raise BackendError("this Cluster was started already; make a new one")
         self._started = True
         try:
-            self._binary = _find_binary(None)
+            self._binary = find_binary(None)
             if self._workdir is None:
                 self._workdir = self.host.make_dir("mqttbed-mqtt-st-")
             for broker in self._brokers:
@@ -188,7 +188,7 @@ class Cluster:
     def _start_mosquitto(self, broker: _Broker) -> None:
         assert self._binary is not None
         conf = broker.dir / "mosquitto.conf"
-        conf.write_text(_render_config(MosquittoOptions(), self.address, broker.port, broker.dir)
+        conf.write_text(render_config(MosquittoOptions(), self.address, broker.port, broker.dir)
                         + self.mosquitto_conf_extra.rstrip("\n") + "\n")
         handle = self.host.spawn([self._binary, "-c", str(conf)],
                                  log_path=broker.dir / "stdout.log")

@@ -4,3 +4,7 @@
 this machine); ``ebpf/pams.bpf.c`` is the same pipeline running in the kernel, the one
 the tests and runs use; ``tables`` writes either one's tables.
 """
+
+from mqttbed.brokers.p4.declaration import DECLARATION
+
+__all__ = ["DECLARATION"]

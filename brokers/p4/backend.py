@@ -35,14 +35,14 @@ from urllib.parse import urlsplit
 
 from pydantic import Field
 
-from mqttbed.brokers.base import AgentPlacement
 from mqttbed.brokers.mqttsn.backend import MqttSnBackend
 from mqttbed.brokers.mqttsn.backend import Options as GatewayOptions
-from mqttbed.brokers.mqttsn.section import Packets, packet_records
+from mqttbed.brokers.mqttsn.section import packet_records
 from mqttbed.brokers.p4.build import SOURCE
 from mqttbed.brokers.p4.controller import PamsController
 from mqttbed.brokers.p4.dataplane import EbpfSwitch
 from mqttbed.brokers.p4.tables import EbpfTables
+from mqttbed.core.backends import AgentPlacement
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host
 from mqttbed.core.protocol import Endpoint
@@ -76,7 +76,6 @@ class P4Backend:
     """The PAMS switch (eBPF) with its controller, and the MQTT-SN gateway behind it."""
 
     name = "p4"
-    results_section = Packets
 
     def __init__(self) -> None:
         self._options: Options | None = None

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mqttbed.brokers.processes import BrokerProcess, capture_output, start_listening
 from mqttbed.brokers.remote import RemoteBrokerProcess
+from mqttbed.core.backends import DeploymentRecord
 from mqttbed.core.errors import BackendError, MissingSystemDependency
 from mqttbed.core.host import Host, ProcessHandle, raise_nofile_limit, sha256_file
 from mqttbed.core.protocol import Endpoint, Transport
@@ -55,11 +56,31 @@ class Options(BaseModel):
         default=0.2, gt=0, description="seconds between resource samples of the broker")
 
 
+class MosquittoLimits(BaseModel):
+    """The queue and connection limits a run's Mosquitto had.
+
+    Mosquitto drops QoS 0 messages to a subscriber whose queue is full, without telling
+    anyone: a delivery figure means nothing without these limits."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_queued_messages: int
+    max_inflight_messages: int
+    set_tcp_nodelay: bool
+    max_connections: int
+    nofile: int | None = Field(None, description="the open-file limit it inherited")
+
+
+class MosquittoDeployment(DeploymentRecord):
+    """What one Mosquitto deploy was."""
+
+    limits: MosquittoLimits
+    stats_interval_s: float
+
+
 class MosquittoBackend:
     """Deploys one Mosquitto process on a host and samples its resource use."""
 
     name = "mosquitto"
-    results_section = None  # its figures are the common ones
 
     def __init__(self) -> None:
         self._options: Options | None = None
@@ -78,14 +99,14 @@ class MosquittoBackend:
         """Start Mosquitto on ``host`` with ``spec``'s limits; return where clients connect."""
         if self._proc is not None or self._torn_down:
             raise BackendError("this MosquittoBackend was already deployed; create a new one "
-                               "per run (mqttbed.brokers.registry.create_backend)")
+                               "per run (mqttbed.core.backends.create_backend)")
         options = spec if isinstance(spec, Options) else Options.model_validate(spec)
         self._options = options
         if isinstance(host, SshHost):
             return self._deploy_remote(options, host)
         # what a local broker inherits (a lab host keeps its own limits)
         self._nofile = raise_nofile_limit() if host.name == "local" else None
-        self._binary = _find_binary(options.binary)
+        self._binary = find_binary(options.binary)
         self._binary_sha256 = sha256_file(Path(self._binary))
         self._proc = BrokerProcess(self.name, host, "mqttbed-mosquitto-",
                                    log_names=("stdout.log", "mosquitto.log"))
@@ -100,8 +121,9 @@ class MosquittoBackend:
             raise
         return Endpoint(host=host.address, port=port, transport=Transport.MQTT_TCP)
 
-    def _deploy_remote(self, options: Options, host: SshHost) -> Endpoint:
+    def deploy_on_lab_host(self, spec: Options | Mapping[str, Any], host: SshHost) -> Endpoint:
         """Start Mosquitto on a lab host: config copied there, sampled there."""
+        options = self._first_deploy(spec)
         self._binary = options.binary or _find_remote_binary(host)
         self._binary_sha256 = host.run(["sha256sum", self._binary],
                                        "hash mosquitto").split()[0]
@@ -113,7 +135,7 @@ class MosquittoBackend:
             binary = self._binary
 
             def launch(port: int) -> ProcessHandle:
-                self._config = _render_config(options, host.address, port,
+                self._config = render_config(options, host.address, port,
                                               Path(str(proc.remote_dir)))
                 conf = proc.put_text("mosquitto.conf", self._config)
                 return host.spawn([binary, "-c", str(conf)], log_path=proc.dir / "stdout.log")
@@ -129,6 +151,15 @@ class MosquittoBackend:
             raise
         return Endpoint(host=host.address, port=port, transport=Transport.MQTT_TCP)
 
+    def _first_deploy(self, spec: Options | Mapping[str, Any]) -> Options:
+        """The validated options of this backend's one deploy."""
+        if self._proc is not None or self._torn_down:
+            raise BackendError("this MosquittoBackend was already deployed; create a new one "
+                               "per run (mqttbed.core.backends.create_backend)")
+        options = spec if isinstance(spec, Options) else Options.model_validate(spec)
+        self._options = options
+        return options
+
     def _start(self, options: Options, host: Host,
                proc: BrokerProcess) -> tuple[int, ProcessHandle]:
         """Start Mosquitto on a free port (a new config per attempt)."""
@@ -136,7 +167,7 @@ class MosquittoBackend:
         binary, conf_path = self._binary, proc.dir / "mosquitto.conf"
 
         def launch(port: int) -> ProcessHandle:
-            self._config = _render_config(options, host.address, port, proc.dir)
+            self._config = render_config(options, host.address, port, proc.dir)
             conf_path.write_text(self._config)
             return host.spawn([binary, "-c", str(conf_path)], log_path=proc.dir / "stdout.log")
 
@@ -158,33 +189,24 @@ class MosquittoBackend:
         """Return the resource samples of the broker's process tree taken since deploy."""
         return [] if self._proc is None else self._proc.samples()
 
-    def metadata(self) -> dict[str, Any]:
+    def deployment(self) -> MosquittoDeployment:
         """Return what was deployed: version, binary and config with hashes, queue limits."""
         options = self._options or Options()
         config = self._config or ""
         proc = self._proc
-        return {
-            "backend": self.name,
-            "version": self._version,
-            "binary": self._binary,
-            "binary_sha256": self._binary_sha256,
-            "config": config,
-            "config_sha256": hashlib.sha256(config.encode()).hexdigest() if config else None,
-            # Mosquitto drops QoS 0 messages to a subscriber whose queue is full, without
-            # telling anyone: a delivery figure means nothing without these limits.
-            "limits": {
-                "max_queued_messages": options.max_queued_messages,
-                "max_inflight_messages": options.max_inflight_messages,
-                "set_tcp_nodelay": options.set_tcp_nodelay,
-                "max_connections": options.max_connections,
-                "nofile": self._nofile,
-            },
-            "stats_interval_s": options.stats_interval_s,
-            "port": self._port,
-            "pid": None if proc is None else proc.pid,
-            "exit_code": None if proc is None else proc.exit_code,
-            "log_tail": None if proc is None else proc.log_tail(),
-        }
+        return MosquittoDeployment(
+            backend=self.name, version=self._version, binary=self._binary,
+            binary_sha256=self._binary_sha256, config=config,
+            config_sha256=hashlib.sha256(config.encode()).hexdigest() if config else None,
+            limits=MosquittoLimits(
+                max_queued_messages=options.max_queued_messages,
+                max_inflight_messages=options.max_inflight_messages,
+                set_tcp_nodelay=options.set_tcp_nodelay,
+                max_connections=options.max_connections, nofile=self._nofile),
+            stats_interval_s=options.stats_interval_s, port=self._port,
+            pid=None if proc is None else proc.pid,
+            exit_code=None if proc is None else proc.exit_code,
+            log_tail=None if proc is None else proc.log_tail())
 
     # -- teardown -----------------------------------------------------------------------
 
@@ -205,13 +227,13 @@ class MosquittoBackend:
 def unavailable() -> str | None:
     """Why Mosquitto cannot be deployed here with default options, or None if it can."""
     try:
-        _find_binary(None)
+        find_binary(None)
     except MissingSystemDependency as exc:
         return str(exc)
     return None
 
 
-def _find_binary(configured: str | None) -> str:
+def find_binary(configured: str | None) -> str:
     """Return the mosquitto executable to run, or say how to install one."""
     if configured is not None:
         if os.path.isfile(configured) and os.access(configured, os.X_OK):
@@ -251,7 +273,7 @@ def _probe_version(binary: str, host: Host, workdir: Path) -> str:
     return match.group(1) if match else "unknown"
 
 
-def _render_config(options: Options, address: str, port: int, workdir: Path) -> str:
+def render_config(options: Options, address: str, port: int, workdir: Path) -> str:
     """Return the full config text for one deploy (recorded verbatim in the metadata)."""
     lines = [
         "# generated by mqttbed for one run; recorded in the run's metadata",

@@ -1,0 +1,336 @@
+"""What a broker backend is, what it may also do, and how mqttbed finds one.
+
+A backend is one folder under ``brokers/`` (or an installed package) that declares
+everything about itself in one :class:`BackendDeclaration`: its options model, whether it
+can run here, its results section, the report figures it adds, the MQTT features its
+broker has, and which optional capabilities its backend class implements. The engine,
+CLI, lab, spec validation and report ask the declaration; none of them names a backend.
+
+Optional capabilities are small runtime-checkable protocols, checked with ``isinstance``
+on the backend (or ``issubclass`` on its class), never looked up with ``getattr``:
+
+- :class:`MultiBroker`: deploys several brokers and says which one each client uses;
+- :class:`FaultSchedule`: causes a fault at a time of the run, and reports it;
+- :class:`OwnNetwork`: builds its own network and places the run's agents in it;
+- :class:`RunsOnLabHost`: can deploy its broker on a lab host over SSH;
+- :class:`StandaloneServer`: runs by hand as ``mqttbed broker run NAME``.
+
+Backends are found in :data:`BUILTIN_BACKENDS` and in the ``mqttbed.backends`` entry-point
+group (a name → ``module:ATTRIBUTE`` of a declaration), so a user adds a broker by
+installing a package. Modules are imported only when a backend is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from importlib.metadata import entry_points
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mqttbed.core.host import Host
+from mqttbed.core.protocol import ClientAssignment, Endpoint
+from mqttbed.core.report_figures import ReportFigures
+from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.sections import BackendSection, SectionRecords
+from mqttbed.core.ssh import SshHost
+
+ENTRY_POINT_GROUP = "mqttbed.backends"
+
+# The backends mqttbed ships: name -> "module:ATTRIBUTE" of its declaration.
+BUILTIN_BACKENDS: dict[str, str] = {
+    "mosquitto": "mqttbed.brokers.mosquitto:DECLARATION",
+    "fpga": "mqttbed.brokers.fpga:DECLARATION",
+    "forkpipe": "mqttbed.brokers.forkpipe:DECLARATION",
+    "mqtt-sn": "mqttbed.brokers.mqttsn:DECLARATION",
+    "p4": "mqttbed.brokers.p4:DECLARATION",
+    "mqtt-st": "mqttbed.brokers.mqttst:DECLARATION",
+    "adaptive": "mqttbed.brokers.adaptive:DECLARATION",
+    "external": "mqttbed.brokers.external:DECLARATION",
+    "command": "mqttbed.brokers.command:DECLARATION",
+}
+
+
+# -- what a deploy recorded -------------------------------------------------------------
+
+class DeploymentRecord(BaseModel):
+    """What a backend deployed for one run; a backend subclasses it for its own details."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    backend: str
+    managed: bool = Field(True, description="started and stopped by mqttbed (False: a "
+                                            "broker that was already running)")
+    version: str | None = None
+    binary: str | None = None
+    binary_sha256: str | None = None
+    config: str | None = Field(None, description="the config text, verbatim")
+    config_sha256: str | None = None
+    port: int | None = None
+    pid: int | None = Field(None, description="the broker's (root) process, where known")
+    exit_code: int | None = None
+    log_tail: str | None = Field(None, description="the broker's last log lines")
+
+
+class Fault(BaseModel):
+    """A fault a backend caused during a run, on purpose (e.g. a broker killed)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    at_ns: int = Field(description="when, on CLOCK_MONOTONIC of the controller's machine")
+    what: str = Field(description="e.g. 'killed broker 2 (the root)'")
+
+
+@dataclass(frozen=True)
+class AgentPlacement:
+    """Where a backend wants the run's agents: a host per agent, and the controller's URL
+    as those hosts reach it."""
+
+    hosts: list[Host]
+    controller_url: str
+
+
+# -- the contract and its optional capabilities --------------------------------------
+
+@runtime_checkable
+class BrokerBackend(Protocol):
+    """A broker deployed per run: deploy, check, sample, tear down."""
+
+    name: str
+
+    def deploy(self, spec: Any, host: Host) -> Endpoint:
+        """Start the broker described by ``spec`` (the campaign's broker section) on ``host``."""
+        ...
+
+    def health(self) -> str | None:
+        """Return None while healthy, else the reason the broker is unusable."""
+        ...
+
+    def stats(self) -> list[BrokerStatsSample]:
+        """Return the resource samples taken since deploy."""
+        ...
+
+    def deployment(self) -> DeploymentRecord:
+        """Return what was deployed: version, config and its hash, binary hash, process."""
+        ...
+
+    def section_records(self) -> SectionRecords:
+        """Return, after teardown, the run's raw values for ``results_section``'s figures."""
+        ...
+
+    def teardown(self) -> None:
+        """Stop the broker and remove everything it left; safe to call twice."""
+        ...
+
+
+@runtime_checkable
+class MultiBroker(Protocol):
+    """Deploys several brokers; each client is told which one to use."""
+
+    def prepare(self, workload: Any) -> None:
+        """Called with the run's workload before deploy (it decides the clients' homes)."""
+        ...
+
+    def broker_of(self, client: ClientAssignment) -> Endpoint:
+        """After deploy: the broker ``client`` connects to."""
+        ...
+
+
+@runtime_checkable
+class FaultSchedule(Protocol):
+    """Causes a fault at a time of the run (e.g. kills a broker) and says what it did."""
+
+    def started(self, t_start_ns: int) -> None:
+        """The run's common start time (CLOCK_MONOTONIC) was handed out: arm the faults."""
+        ...
+
+    def faults(self) -> list[Fault]:
+        """After teardown: what was done, and when."""
+        ...
+
+
+@runtime_checkable
+class OwnNetwork(Protocol):
+    """Builds its own network, and says where the run's agents must run in it."""
+
+    def agent_placement(self, roles: list[frozenset[str]], controller_url: str
+                        ) -> AgentPlacement | None:
+        """One host per agent (``roles[i]``: the client roles agent ``i`` plays), in that
+        order, and the controller's URL there; None keeps the engine's default."""
+        ...
+
+
+@runtime_checkable
+class RunsOnLabHost(Protocol):
+    """Can deploy its broker on a lab host (``broker.host``) over SSH."""
+
+    def deploy_on_lab_host(self, spec: Any, host: SshHost) -> Endpoint:
+        """Start the broker on the lab host ``host``; sampled there."""
+        ...
+
+
+@runtime_checkable
+class StandaloneServer(Protocol):
+    """A broker that runs by hand in the foreground: ``mqttbed broker run NAME``."""
+
+    def serve(self, argv: list[str]) -> int:
+        """Run until Ctrl-C or SIGTERM with the command line's own options; exit status."""
+        ...
+
+
+# -- the declaration ---------------------------------------------------------------------
+
+class BrokerFeatures(BaseModel):
+    """What the broker can do over MQTT; a spec asking for more is refused before a run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    qos: frozenset[int] = Field(frozenset({0, 1, 2}), description="QoS levels it delivers")
+    retained: bool = Field(True, description="keeps and delivers retained messages")
+    wildcards: bool = Field(True, description="subscriptions with + and #")
+    note: str = Field("", description="where these limits come from")
+
+
+@runtime_checkable
+class DeclaresFeatures(Protocol):
+    """Options whose values decide the broker's features (e.g. a preset of a command)."""
+
+    def broker_features(self) -> BrokerFeatures:
+        """The features of the broker these options deploy."""
+        ...
+
+
+@dataclass(frozen=True)
+class BackendDeclaration:
+    """Everything mqttbed knows about one backend, declared in the backend's folder."""
+
+    name: str
+    summary: str
+    # The pydantic model of the campaign's ``broker:`` section for this backend.
+    options: type[BaseModel]
+    # "module:Class" of the backend, imported only when a run deploys it.
+    backend: str
+    # Why it cannot be deployed here with default options, or None.
+    unavailable: Callable[[], str | None]
+    results_section: type[BackendSection] | None = None
+    features: BrokerFeatures = field(default_factory=BrokerFeatures)
+    # ``workload.placement`` values it takes (a MultiBroker backend).
+    placements: tuple[str, ...] = ()
+    # Figures it adds to the campaign report, keyed by element id.
+    report_figures: ReportFigures | None = None
+    # ``mqttbed broker run NAME``: the foreground server, if it has one.
+    standalone: StandaloneServer | None = None
+
+    def backend_class(self) -> type[BrokerBackend]:
+        """The backend class (imports its module)."""
+        module_name, _, class_name = self.backend.partition(":")
+        cls: type[BrokerBackend] = getattr(importlib.import_module(module_name), class_name)
+        return cls
+
+    def create(self) -> BrokerBackend:
+        """A new, undeployed backend."""
+        backend = self.backend_class()()
+        if not isinstance(backend, BrokerBackend):
+            # A declaration pointing at a class that misses part of the contract is a
+            # programming error; catching it here beats an AttributeError mid-run.
+            raise TypeError(f"{self.backend} does not implement BrokerBackend")
+        return backend
+
+    def supports(self, capability: type) -> bool:
+        """Whether the backend class implements ``capability`` (one of the protocols)."""
+        return issubclass(self.backend_class(), capability)
+
+    def features_for(self, options: BaseModel) -> BrokerFeatures:
+        """The broker's features with these options (options may decide them)."""
+        if isinstance(options, DeclaresFeatures):
+            return options.broker_features()
+        return self.features
+
+
+# -- the registry ------------------------------------------------------------------------
+
+@cache
+def _targets() -> Mapping[str, str]:
+    """name -> "module:ATTRIBUTE": the built-in table, then installed plug-ins."""
+    found = dict(BUILTIN_BACKENDS)
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        if point.name in found and found[point.name] != point.value:
+            raise RuntimeError(f"two broker backends are named {point.name!r}: "
+                               f"{found[point.name]} and {point.value} (entry point group "
+                               f"{ENTRY_POINT_GROUP}); uninstall or rename one")
+        found[point.name] = point.value
+    return found
+
+
+def refresh() -> None:
+    """Look for installed plug-ins again (after a package was installed or removed)."""
+    _targets.cache_clear()
+    declaration.cache_clear()
+
+
+def backend_names() -> list[str]:
+    """The names of every backend, built-in and installed, sorted."""
+    return sorted(_targets())
+
+
+@cache
+def declaration(name: str) -> BackendDeclaration:
+    """The declaration of backend ``name``; a clear error for an unknown name."""
+    try:
+        target = _targets()[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown broker backend {name!r}; available: "
+                         f"{', '.join(backend_names())}") from None
+    module_name, _, attribute = target.partition(":")
+    found = getattr(importlib.import_module(module_name), attribute or "DECLARATION")
+    if not isinstance(found, BackendDeclaration):
+        raise TypeError(f"{target} (backend {name!r}) is not a BackendDeclaration")
+    if found.name != name:
+        raise TypeError(f"{target} declares backend {found.name!r}, registered as {name!r}")
+    return found
+
+
+def create_backend(name: str) -> BrokerBackend:
+    """A new, undeployed instance of backend ``name``."""
+    return declaration(name).create()
+
+
+def section_types() -> tuple[type[BackendSection], ...]:
+    """The results sections every backend declares (imports each declaration)."""
+    found = (declaration(name).results_section for name in backend_names())
+    return tuple(section for section in found if section is not None)
+
+
+def check_features(features: BrokerFeatures, backend: str, qos: Sequence[int]) -> None:
+    """Raise ValueError naming ``workload.qos`` when the workload needs a QoS level the
+    broker does not deliver (the workloads use no retained messages or wildcards yet)."""
+    missing = sorted(set(qos) - features.qos)
+    if missing:
+        why = f" ({features.note})" if features.note else ""
+        raise ValueError(f"workload.qos {missing[0]}: broker {backend} delivers QoS "
+                         f"{', '.join(map(str, sorted(features.qos)))} only{why}")
+
+
+def options_model(name: str) -> type[BaseModel]:
+    """The pydantic model that validates backend ``name``'s ``broker:`` section."""
+    return declaration(name).options
+
+
+def unavailable_reason(name: str) -> str | None:
+    """Why backend ``name`` cannot be deployed here with default options, or None."""
+    return declaration(name).unavailable()
+
+
+@dataclass(frozen=True)
+class ServerCommand:
+    """A :class:`StandaloneServer` that is a ``main(argv) -> int`` function, imported only
+    when it runs ("module:function")."""
+
+    target: str
+
+    def serve(self, argv: list[str]) -> int:
+        """Run the server's main with ``argv``."""
+        module_name, _, function = self.target.partition(":")
+        main: Callable[[list[str]], int] = getattr(importlib.import_module(module_name),
+                                                   function)
+        return main(argv)
