@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -87,6 +88,15 @@ def test_rabbitmq_keeps_its_node_data_logs_and_cookie_in_the_run_directory():
     assert "-start_epmd false" in env["ERL_AFLAGS"]
     assert "listeners.tcp = none" in config.splitlines()
     assert presets.preset("rabbitmq").user == "rabbitmq"
+
+
+def test_rabbitmqs_launch_script_passes_shellcheck(tmp_path):
+    shellcheck = Path(sys.executable).parent / "shellcheck"   # the dev extra's
+    script = tmp_path / "launch.sh"
+    argv, _, _ = rendered("rabbitmq")
+    script.write_text("#!/bin/sh\n" + argv[2])
+    checked = subprocess.run([str(shellcheck), str(script)], capture_output=True, text=True)
+    assert (checked.returncode, checked.stdout) == (0, "")
 
 
 def test_nats_keeps_jetstream_in_the_run_directory_under_a_server_name_of_the_port():

@@ -64,7 +64,7 @@ class CommandPreset(BaseModel):
 # replaces this shell.
 _RABBITMQ_LAUNCH = """\
 started=
-for attempt in 1 2 3 4 5 6 7 8; do
+for _ in 1 2 3 4 5 6 7 8; do
     ERL_EPMD_PORT=$(shuf -i 20000-32767 -n 1)
     epmd -port "$ERL_EPMD_PORT" -address 127.0.0.1 &
     epmd_pid=$!
