@@ -39,6 +39,10 @@ command -v yosys >/dev/null 2>&1 || need+=(yosys)
 # Agents read their clock discipline with chronyc; the chrony parser is tested against a
 # real chronyd (two of them, with -x: they never touch this machine's clock).
 [ -x /usr/sbin/chronyd ] && command -v chronyc >/dev/null 2>&1 || need+=(chrony)
+# Third-party brokers run as `command` presets (brokers/command/presets.py), each a private
+# instance per run: RabbitMQ with its MQTT plugin (Erlang comes with it) and NATS server.
+[ -x /usr/sbin/rabbitmq-server ] || need+=(rabbitmq-server)
+command -v nats-server >/dev/null 2>&1 || need+=(nats-server)
 # Spark 4 needs Java 17 or newer.
 if ! java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])'; then
     need+=(default-jre-headless)
