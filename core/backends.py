@@ -52,6 +52,9 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "adaptive": "mqttbed.brokers.adaptive.declaration:DECLARATION",
     "external": "mqttbed.brokers.external.declaration:DECLARATION",
     "command": "mqttbed.brokers.command.declaration:DECLARATION",
+    "rabbitmq": "mqttbed.brokers.command.named:RABBITMQ",
+    "nats": "mqttbed.brokers.command.named:NATS",
+    "amqtt": "mqttbed.brokers.command.named:AMQTT",
 }
 
 

@@ -20,7 +20,7 @@ import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -66,6 +66,8 @@ class CommandBackend:
     """Deploys a broker from a command template (see the module docstring)."""
 
     name = "command"
+    # a named preset's backend narrows this to its own options (brokers/command/named.py)
+    options_model: ClassVar[type[Options]] = Options
 
     def __init__(self) -> None:
         self._options: Options | None = None
@@ -91,7 +93,8 @@ class CommandBackend:
         if isinstance(host, SshHost):
             raise BackendError(f"backend command runs brokers on this machine only, not on "
                                f"lab host {host.name}")
-        options = spec if isinstance(spec, Options) else Options.model_validate(spec)
+        options = (spec if isinstance(spec, self.options_model)
+                   else self.options_model.model_validate(spec))
         self._options = options
         account = _account(options.user)
         self._proc = proc = BrokerProcess(self.name, host, "mqttbed-command-",
