@@ -50,7 +50,7 @@ def test_the_declaration_is_complete_and_names_a_backend_that_meets_the_contract
     assert declared.options.model_fields["backend"].default == name, \
         "the options model's backend field defaults to the backend's name"
     cls = declared.backend_class()
-    assert issubclass(cls, BrokerBackend) and cls.name == name
+    assert isinstance(declared.create(), BrokerBackend) and cls.name == name
     assert bool(declared.placements) == issubclass(cls, MultiBroker), \
         "a backend that places clients on several brokers declares its placements"
     assert declared.features.qos <= {0, 1, 2} and declared.features.qos
@@ -144,7 +144,7 @@ def test_a_broker_killed_mid_run_fails_the_run_with_that_reason_and_keeps_its_ev
 
     run = only_run(controller, campaign_id)
     assert run.state == RunState.FAILED and result["status"] == "failed"
-    assert run.reason.startswith("broker"), run.reason
+    assert "broker" in run.reason, run.reason
     if deployed.managed:
         assert f"(pid {victim.pid}) exited with code -9 (killed by SIGKILL)" in run.reason
     stored = sum(stored_rows(controller, run_id).values())

@@ -6,7 +6,10 @@ topics, and never starts, stops or signals it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import threading
 import time
 
 import psutil
@@ -212,3 +215,78 @@ def test_a_campaign_against_an_external_broker_delivers_every_qos1_message(tmp_p
                           .read_text())["metadata"]
     assert metadata["broker"]["managed"] is False
     assert metadata["broker"]["sampled_process"]["pid"] == broker.pid
+
+
+class DroppingRelay:
+    """A TCP relay in front of a broker that, told to, closes every client's connection
+    and refuses new ones: a broker that drops all its clients mid-run."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.pairs: list[tuple[socket.socket, socket.socket]] = []
+        self.dropped = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.dropped.is_set():
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            for sock in (client, upstream):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.pairs.append((client, upstream))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+
+    def drop_everyone(self) -> None:
+        self.dropped.set()
+        self.server.close()
+        for pair in self.pairs:
+            for sock in pair:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_broker_that_drops_every_client_mid_run_fails_the_run_and_keeps_its_events(
+        tmp_path, controller, updates):
+    from tests.test_engine_failures import dataset_rows, start_campaign, stored_rows, wait_for
+
+    with own_mosquitto(tmp_path) as (broker, port):
+        relay = DroppingRelay(port)
+        spec = {"name": "dropped", "agents": {"count": 2},
+                "broker": {"backend": "external", "url": f"mqtt://127.0.0.1:{relay.port}",
+                           "sys_topics": False},
+                "workload": {"publishers": 1, "subscribers": 2, "rate_hz": 200,
+                             "messages": 2000, "warmup_messages": 0},
+                "timing": {"heartbeat_timeout_s": 5.0, "upload_interval_s": 0.25}}
+        campaign_id, thread, result = start_campaign(controller, spec)
+        run_id = f"{campaign_id}-r0000"
+        wait_for(lambda: "running" in updates.states(run_id), 60, "run to start")
+        wait_for(lambda: sum(stored_rows(controller, run_id).values()) > 50, 15,
+                 "some chunks")
+        relay.drop_everyone()
+        thread.join(60)
+        assert not thread.is_alive()
+        assert broker.poll() is None   # the broker itself was never touched
+    with controller.sessions() as s:
+        (run,) = s.query(RunRow).filter_by(campaign_id=campaign_id).all()
+    assert run.state == "failed" and result["status"] == "failed"
+    # every client says so: "agent …: RuntimeError: sub-0: broker closed the connection; …"
+    assert run.reason.count("broker closed the connection") == 3, run.reason
+    stored = sum(stored_rows(controller, run_id).values())
+    assert stored > 50 and dataset_rows(controller, campaign_id, run_id) == stored
