@@ -289,7 +289,7 @@ def test_a_broker_that_drops_every_client_mid_run_fails_the_run_and_keeps_its_ev
     assert run.state == "failed" and result["status"] == "failed"
     # the clients say so: "agent …: RuntimeError: sub-0: broker closed the connection; …"
     # (a reset can come first: "connection lost: [Errno 104] Connection reset by peer")
-    assert re.search(r"sub-\d: (broker closed the connection|connection lost)",
+    assert re.search(r"(sub|pub)-\d: (broker closed the connection|connection lost)",
                      run.reason), run.reason
     stored = sum(stored_rows(controller, run_id).values())
     assert stored > 50 and dataset_rows(controller, campaign_id, run_id) == stored
