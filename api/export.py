@@ -69,9 +69,12 @@ def manifest(core: Controller, campaign_id: str) -> dict[str, Any]:
     backends = []
     for run in runs:
         broker = (run.run_metadata or {}).get("broker", {})
+        # source_sha256: the sources of a broker that runs from mqttbed's own code (the
+        # adaptive broker, the FPGA model or RTL, the MQTT-SN gateway), whose version is
+        # mqttbed's.
         backends.append({key: broker.get(key) for key in
-                         ("backend", "version", "binary", "binary_sha256", "config_sha256",
-                          "limits")} | {"run_id": run.id})
+                         ("backend", "version", "binary", "binary_sha256", "source_sha256",
+                          "config_sha256", "limits")} | {"run_id": run.id})
     return {
         "mqttbed_version": mqttbed.__version__,
         "exported_at": datetime.now(UTC).isoformat(),

@@ -93,7 +93,7 @@ def measure(name: str, target, args: tuple, seconds: float) -> dict:
     backend = MosquittoBackend()
     endpoint = backend.deploy(Options(), LocalHost())
     try:
-        broker = psutil.Process(backend.metadata()["pid"])
+        broker = psutil.Process(backend.deployment().pid)
         out: mp.Queue = mp.Queue()
         proc = mp.get_context("spawn").Process(target=target,
                                                args=(endpoint.host, endpoint.port, seconds,

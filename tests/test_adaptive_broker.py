@@ -44,7 +44,7 @@ class Broker:
         self.backend = AdaptiveBackend()
         self.endpoint: Endpoint = self.backend.deploy(Options(**{**FAST, **options}),
                                                       LocalHost())
-        self.pid = self.backend.metadata()["pid"]
+        self.pid = self.backend.deployment().pid
         self.shaped = ShapedSubscribers(self.endpoint.host, self.endpoint.port)
         self.publisher = RawClient(self.endpoint)
         self.publisher.handshake("publisher")
@@ -84,7 +84,7 @@ def brokers() -> Iterator[list[Broker]]:
         # teardown leaves nothing: the process is gone, its directory removed
         assert not psutil.pid_exists(broker.pid) or psutil.Process(broker.pid).status() == \
             psutil.STATUS_ZOMBIE
-        assert broker.backend.metadata()["exit_code"] == 0
+        assert broker.backend.deployment().exit_code == 0
 
 
 def start(brokers: list[Broker], **options: object) -> Broker:

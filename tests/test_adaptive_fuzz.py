@@ -62,4 +62,4 @@ def test_mutated_packets_are_refused_and_a_well_behaved_client_is_still_served()
     finally:
         shaped.close()
         backend.teardown()
-    assert backend.metadata()["exit_code"] == 0
+    assert backend.deployment().exit_code == 0

@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from mqttbed.brokers.forkpipe import build
-from mqttbed.brokers.forkpipe.backend import ForkPipeBackend, Options
+from mqttbed.brokers.forkpipe.backend import ForkPipeBackend, ForkPipeLeftovers, Options
 from mqttbed.brokers.processes import processes_in_group
 from mqttbed.campaigns.spec import builtin_spec_path, expand_points, load_spec, parse_spec
 from mqttbed.core.backends import BrokerBackend, create_backend, options_model
@@ -42,7 +42,7 @@ def fifos_under(path: Path) -> list[Path]:
 @pytest.mark.parametrize("sanitizers", [False, True], ids=["release", "sanitized"])
 def test_kill_9_of_the_listener_leaves_no_process_and_no_pipe(sanitizers):
     deployed = deploy(sanitizers)
-    listener = deployed.backend.metadata()["pid"]
+    listener = deployed.backend.deployment().pid
     try:
         clients = [deployed.client(f"c{i}") for i in range(4)]
         for n, client in enumerate(clients):
@@ -102,30 +102,31 @@ def _answers(port: int) -> bool:
 @pytest.mark.integration  # the C broker
 def test_teardown_with_connected_subscribers_leaves_no_process_no_pipe_no_directory():
     deployed = deploy(sanitizers=False)
-    listener = deployed.backend.metadata()["pid"]
+    listener = deployed.backend.deployment().pid
     workdir = deployed.state.parent
     clients = [deployed.client(f"c{i}") for i in range(5)]
     for client in clients:
         client.subscribe("td/a", "td/b/#")
     clients[0].send(publish("td/a", b"in flight"))
     deployed.backend.teardown()
-    assert deployed.backend.metadata()["leftovers"] == {"processes": 0, "pipes": 0}
+    assert deployed.backend.deployment().leftovers == ForkPipeLeftovers(processes=0, pipes=0)
     assert processes_in_group(listener) == []
     assert not workdir.exists()
     deployed.backend.teardown()  # a second teardown is harmless
 
 
 @pytest.mark.integration  # the C broker
-def test_metadata_records_version_binary_hash_command_line_and_build():
+def test_deployment_records_version_binary_hash_command_line_and_build():
     deployed = deploy(sanitizers=False)
     try:
-        meta = deployed.backend.metadata()
-        assert meta["backend"] == "forkpipe" and meta["version"] == "0.1.0"
-        assert len(meta["binary_sha256"]) == 64
-        assert f"--port {deployed.endpoint.port}" in meta["config"]
-        assert "--select-timeout-ms 20" in meta["config"]
-        assert meta["build"]["variant"] == "release" and meta["build"]["compiler"] != "unknown"
-        assert meta["options"]["select_timeout_ms"] == 20
+        record = deployed.backend.deployment()
+        assert record.backend == "forkpipe" and record.version == "0.1.0"
+        assert record.binary_sha256 is not None and len(record.binary_sha256) == 64
+        assert record.config is not None
+        assert f"--port {deployed.endpoint.port}" in record.config
+        assert "--select-timeout-ms 20" in record.config
+        assert record.build.variant == "release" and record.build.compiler != "unknown"
+        assert record.options.select_timeout_ms == 20
     finally:
         assert_clean_teardown(deployed)
 
@@ -156,7 +157,7 @@ def test_a_refused_fork_fails_health_with_the_reason():
         reason = deployed.backend.health()
         assert reason is not None and "Resource temporarily unavailable" in reason
         deployed.backend.teardown()
-        assert "cannot fork" in deployed.backend.metadata()["process_failure"]
+        assert "cannot fork" in (deployed.backend.deployment().process_failure or "")
     finally:
         deployed.backend.teardown()
 
@@ -288,7 +289,7 @@ def test_teardown_right_after_clients_leave_still_counts_every_byte_once():
         subscriber.close()
     publisher.close()
     assert_clean_teardown(deployed)
-    assert deployed.backend.metadata()["settled_s"] is not None
+    assert deployed.backend.deployment().settled_s is not None
     samples = deployed.backend.stats()
     written = samples[-1].bytes_sent - samples[0].bytes_sent
     delivered = 10 * 20 * len(one)

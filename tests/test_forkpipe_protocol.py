@@ -21,6 +21,7 @@ import pytest
 from mqttbed.brokers.forkpipe.backend import (
     COUNTERS_FILE,
     ForkPipeBackend,
+    ForkPipeLeftovers,
     Options,
     read_socket_bytes,
 )
@@ -203,7 +204,7 @@ class Deployed:
 
     def processes(self) -> int:
         """Live processes in the broker's tree, the listener included."""
-        root = psutil.Process(self.backend.metadata()["pid"])
+        root = psutil.Process(self.backend.deployment().pid)
         return 1 + sum(_alive(p) for p in root.children(recursive=True))
 
 
@@ -228,10 +229,10 @@ def assert_clean_teardown(deployed: Deployed) -> None:
     for client in deployed.clients:
         client.close()
     deployed.backend.teardown()
-    meta = deployed.backend.metadata()
-    assert meta["sanitizer_reports"] == [], meta["sanitizer_reports"][0]
-    assert meta["leftovers"] == {"processes": 0, "pipes": 0}
-    assert meta["process_failure"] is None
+    record = deployed.backend.deployment()
+    assert record.sanitizer_reports == [], record.sanitizer_reports[0]
+    assert record.leftovers == ForkPipeLeftovers(processes=0, pipes=0)
+    assert record.process_failure is None
 
 
 @pytest.fixture(params=["release", "sanitized"])

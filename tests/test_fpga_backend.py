@@ -9,7 +9,7 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from mqttbed.brokers.fpga.backend import FpgaBackend, Options
+from mqttbed.brokers.fpga.backend import FpgaBackend, ModelLatency, Options
 from mqttbed.core.backends import BrokerBackend, backend_names, create_backend, options_model
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import LocalHost
@@ -51,23 +51,24 @@ def test_deployed_model_relays_over_udp_and_teardown_records_what_it_did():
     finally:
         subscriber.close()
         publisher.close()
-    pid = backend.metadata()["pid"]
+    pid = backend.deployment().pid
     backend.teardown()
     backend.teardown()                                  # idempotent
-    meta = backend.metadata()
-    assert meta["backend"] == "fpga" and meta["target"] == "model"
-    assert meta["exit_code"] == 0 and not os.path.exists(f"/proc/{pid}")
-    assert meta["model_stats"]["counters"]["publish_copies"] == 10
-    assert meta["model_stats"]["counters"]["pingreq"] == 1          # the deploy's probe
-    latency = meta["hardware_latency_ns"]
-    assert latency["publish_packets"] == 10
+    record = backend.deployment()
+    assert record.backend == "fpga" and record.target == "model" and record.engine == "model"
+    assert record.exit_code == 0 and not os.path.exists(f"/proc/{pid}")
+    assert record.model_stats is not None
+    assert record.model_stats["counters"]["publish_copies"] == 10
+    assert record.model_stats["counters"]["pingreq"] == 1          # the deploy's probe
+    latency = record.hardware_latency_ns
+    assert isinstance(latency, ModelLatency) and latency.publish_packets == 10
     # found under the rewritten name line/# (lookup index 1): one rewriter cycle later
-    assert latency["modelled"]["first_copy"]["mean"] == pytest.approx(799.2 + 10)
-    assert latency["emulator_measured"]["first_copy"]["mean"] > 0
-    assert len(meta["version"]["model_source_sha256"]) == 64
+    assert latency.modelled.first_copy["mean"] == pytest.approx(799.2 + 10)
+    assert (latency.emulator_measured.first_copy["mean"] or 0) > 0
+    assert record.source_sha256 is not None and len(record.source_sha256) == 64
     assert len(backend.stats()) >= 2 and all(s.rss_bytes > 0 for s in backend.stats())
     # the samples' bytes are the model's own UDP counts (a sampler cannot see recvfrom)
-    counters, last = meta["model_stats"]["counters"], backend.stats()[-1]
+    counters, last = record.model_stats["counters"], backend.stats()[-1]
     publish_bytes = 10 * len(encode_publish("line/0", bytes(40)))
     assert last.bytes_recv == counters["bytes_in"] > publish_bytes
     assert last.bytes_sent == counters["bytes_out"] > publish_bytes
@@ -79,14 +80,16 @@ def test_a_model_that_dies_is_reported_by_health_with_its_exit():
     backend = FpgaBackend()
     backend.deploy(Options(), LocalHost())
     try:
-        os.kill(backend.metadata()["pid"], signal.SIGKILL)
+        pid = backend.deployment().pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 5
         while backend.health() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         assert "exited with code -9" in (backend.health() or "")
     finally:
         backend.teardown()
-    assert backend.metadata()["model_stats"] is None      # killed: no stats written
+    assert backend.deployment().model_stats is None      # killed: no stats written
 
 
 def test_a_backend_is_deployed_once():

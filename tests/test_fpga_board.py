@@ -85,13 +85,14 @@ def test_board_deploy_copies_checks_sha256_and_programs_with_fpgautil_b(sshd, bi
         remote = sshd.root / "remote" / bitstream.name
         assert (sshd.root / "fpgautil-argv").read_text().splitlines() == ["-b", str(remote)]
         assert remote.read_bytes() == bitstream.read_bytes()
-        meta = backend.metadata()
+        record = backend.deployment()
         local_sha = hashlib.sha256(bitstream.read_bytes()).hexdigest()
-        assert meta["target"] == "board" and meta["bitstream_sha256"] == local_sha
-        assert meta["board"]["remote_sha256"] == local_sha
-        assert meta["board"]["fpgautil_argv"] == ["fpgautil", "-b", str(remote)]
-        assert "successfully" in meta["board"]["fpgautil_output"]
-        assert meta["validated_on_hardware"] is False
+        assert record.target == "board" and record.bitstream_sha256 == local_sha
+        assert record.board is not None and record.board.remote_sha256 == local_sha
+        assert record.board.fpgautil_argv == ["fpgautil", "-b", str(remote)]
+        assert "successfully" in record.board.fpgautil_output
+        assert record.validated_on_hardware is False
+        assert record.engine is None and record.pid is None
         assert backend.health() is None and backend.stats() == []
     finally:
         backend.teardown()

@@ -105,7 +105,8 @@ def test_a_full_table_fails_set_up_with_the_suback_refusal():
             session.close()
     finally:
         backend.teardown()
-    assert backend.metadata()["model_stats"]["counters"]["subscribe_refused"] == 1
+    model_stats = backend.deployment().model_stats
+    assert model_stats is not None and model_stats["counters"]["subscribe_refused"] == 1
 
 
 def test_an_unanswered_udp_broker_fails_set_up_with_its_address():

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from pydantic import ValidationError
 
-from mqttbed.brokers.mosquitto.backend import MosquittoBackend, Options
+from mqttbed.brokers.mosquitto.backend import MosquittoBackend, MosquittoLimits, Options
 from mqttbed.core.backends import BrokerBackend, backend_names, create_backend, options_model
 from mqttbed.core.errors import MissingSystemDependency
 from mqttbed.core.host import LocalHost
@@ -99,7 +99,7 @@ def test_deploy_accepts_the_spec_as_a_plain_mapping():
         endpoint = backend.deploy({"backend": "mosquitto", "max_queued_messages": 42},
                                   LocalHost())
         assert backend.health() is None
-        assert backend.metadata()["limits"]["max_queued_messages"] == 42
+        assert backend.deployment().limits.max_queued_messages == 42
         with socket.create_connection((endpoint.host, endpoint.port), timeout=1):
             pass
     finally:
@@ -110,8 +110,9 @@ def test_deploy_accepts_the_spec_as_a_plain_mapping():
 def test_teardown_leaves_no_broker_process():
     backend = MosquittoBackend()
     backend.deploy(Options(), LocalHost())
-    pid = backend.metadata()["pid"]
-    conf_dir = Path(re.search(r"log_dest file (\S+)", backend.metadata()["config"])[1]).parent
+    record = backend.deployment()
+    pid = record.pid
+    conf_dir = Path(re.search(r"log_dest file (\S+)", record.config)[1]).parent
     assert psutil.pid_exists(pid) and conf_dir.is_dir()
 
     backend.teardown()
@@ -124,31 +125,32 @@ def test_teardown_leaves_no_broker_process():
 
 
 @pytest.mark.integration  # Mosquitto
-def test_metadata_records_version_config_hash_and_queue_limits():
+def test_deployment_records_version_config_hash_and_queue_limits():
     backend = MosquittoBackend()
     try:
         backend.deploy(Options(max_queued_messages=7, max_inflight_messages=3,
                                set_tcp_nodelay=False), LocalHost())
-        meta = backend.metadata()
+        record = backend.deployment()
     finally:
         backend.teardown()
 
-    assert meta["backend"] == "mosquitto"
-    assert re.fullmatch(r"\d+\.\d+\.\d+", meta["version"]), meta["version"]
-    assert meta["binary_sha256"] == hashlib.sha256(Path(meta["binary"]).read_bytes()).hexdigest()
-    assert meta["config_sha256"] == hashlib.sha256(meta["config"].encode()).hexdigest()
-    config_lines = meta["config"].splitlines()
-    assert f"listener {meta['port']} 127.0.0.1" in config_lines
+    assert record.backend == "mosquitto"
+    assert record.version is not None and re.fullmatch(r"\d+\.\d+\.\d+", record.version)
+    assert record.binary is not None and record.config is not None
+    assert record.binary_sha256 == hashlib.sha256(Path(record.binary).read_bytes()).hexdigest()
+    assert record.config_sha256 == hashlib.sha256(record.config.encode()).hexdigest()
+    config_lines = record.config.splitlines()
+    assert f"listener {record.port} 127.0.0.1" in config_lines
     assert "max_queued_messages 7" in config_lines
     assert "max_inflight_messages 3" in config_lines
     assert "set_tcp_nodelay false" in config_lines
     assert "persistence false" in config_lines
-    assert meta["limits"] == {"max_queued_messages": 7, "max_inflight_messages": 3,
-                              "set_tcp_nodelay": False, "max_connections": -1,
-                              "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
+    assert record.limits == MosquittoLimits(
+        max_queued_messages=7, max_inflight_messages=3, set_tcp_nodelay=False,
+        max_connections=-1, nofile=resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     # The log outlives the directory it was written in.
-    assert isinstance(backend.metadata()["log_tail"], str)
-    assert backend.metadata()["config"] == meta["config"]
+    assert isinstance(backend.deployment().log_tail, str)
+    assert backend.deployment().config == record.config
 
 
 @pytest.mark.integration  # Mosquitto
@@ -176,7 +178,8 @@ def test_queue_limit_is_in_force_for_an_offline_subscriber():
 def test_health_reports_reason_when_broker_is_killed(deployed):
     backend, _ = deployed
     assert backend.health() is None
-    pid = backend.metadata()["pid"]
+    pid = backend.deployment().pid
+    assert pid is not None
 
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 3

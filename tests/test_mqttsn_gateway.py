@@ -131,7 +131,7 @@ def test_register_subscribe_publish_by_id_predefined_and_short_name(gateway):
     pub.send(Publish(topic_id, 0, b"gone"))   # no session any more: dropped, unanswered
     assert pub.nothing_arrives()
     backend.teardown()
-    stats = backend.metadata()["gateway_stats"]
+    stats = backend.deployment().gateway_stats
     assert stats["dropped_by_reason"] == {"unknown client": 1}
     assert stats["sent_by_type"]["REGISTER"] == 2
     records = backend.section_records()
@@ -151,7 +151,7 @@ def test_unknown_ids_unknown_clients_and_malformed_datagrams_are_counted_as_drop
     assert stranger.ask(Connect("w", 30, will=True)) == Connack(ReturnCode.NOT_SUPPORTED)
     assert client.ask(Pingreq()) == Pingresp()   # everything before it was handled
     backend.teardown()
-    stats = backend.metadata()["gateway_stats"]
+    stats = backend.deployment().gateway_stats
     assert stats["dropped_by_reason"] == {"unknown topic id": 1, "unknown pre-defined topic id": 1,
                                           "unknown client": 1, "malformed": 2,
                                           "will not supported": 1}
@@ -166,7 +166,7 @@ def test_a_silent_client_is_dropped_after_one_and_a_half_keep_alive_periods(gate
     client.send(Subscribe(2, "t", NORMAL))
     assert client.nothing_arrives()
     backend.teardown()
-    reasons = backend.metadata()["gateway_stats"]["dropped_by_reason"]
+    reasons = backend.deployment().gateway_stats["dropped_by_reason"]
     assert reasons == {"keep-alive expired": 1, "unknown client": 1}
 
 
@@ -218,6 +218,6 @@ def test_the_agents_session_speaks_mqtt_sn_with_exact_and_wildcard_subscribers(g
     assert all(e[9] < e[10] for e in deliveries)
     assert len(gpio.edges()) == 50 + 4 * 50
     backend.teardown()
-    stats = backend.metadata()["gateway_stats"]
+    stats = backend.deployment().gateway_stats
     assert stats["received_by_type"]["PUBLISH"] == 50 and stats["sent_by_type"]["PUBLISH"] == 200
     assert stats["received_by_type"]["DISCONNECT"] == 5 and stats["broker_dropped"] == 0

@@ -23,11 +23,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mqttbed import __version__
 from mqttbed.brokers.adaptive.broker import BrokerConfig
 from mqttbed.brokers.adaptive.section import withholding_records
 from mqttbed.brokers.fpga.backend import _read_json
 from mqttbed.brokers.mqttsn.backend import _read_io_counters  # same stats file keys
 from mqttbed.brokers.processes import BrokerProcess, wait_for_ready_file
+from mqttbed.core.backends import DeploymentRecord
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host
 from mqttbed.core.protocol import Endpoint, Transport
@@ -102,6 +104,37 @@ class Options(BaseModel):
         return argv + ([] if self.lazy_allocation else ["--eager-allocation"])
 
 
+class AdaptiveSemantics(BaseModel):
+    """What of MQTT the broker implements (fixed by its code, recorded with each run)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    mqtt: str = "3.1.1"
+    qos_in: tuple[int, ...] = (0, 1, 2)
+    max_granted_qos: int = 1
+    sessions: str = "clean only (clean session 0 accepted, nothing kept)"
+    retain: str = "not stored, never set on delivery"
+    will: bool = True
+    wildcards: tuple[str, ...] = ("+", "#")
+    ordered_topics: bool = False
+    rtt_query_topic: str = "$adaptive/rtt"
+
+
+class AdaptiveDeployment(DeploymentRecord):
+    """What one adaptive broker deploy was; ``version`` is mqttbed's (the broker is in it)."""
+
+    transport: Transport = Transport.MQTT_TCP
+    source_sha256: str = Field(description="the broker's, the codec's and the withholding "
+                                           "policies' sources")
+    options: Options
+    endpoint: str | None = Field(None, description="host:port")
+    semantics: AdaptiveSemantics = AdaptiveSemantics()
+    # The broker's final counters (a subprocess's stats file, read by .section):
+    # open-ended, so kept as they came.
+    broker_stats: dict[str, Any] | None = None
+    held_payload_bytes_series: list[tuple[int, int]] | None = Field(
+        None, description="(t_ns, payload bytes held) samples, from the broker's records")
+
+
 class AdaptiveBackend:
     """Deploys the adaptive broker as a subprocess and keeps its counters and samples."""
 
@@ -168,32 +201,22 @@ class AdaptiveBackend:
         """The broker's samples (after teardown): rtt_ms, withheld_s, held_payload_bytes."""
         return self._broker_records
 
-    def metadata(self) -> dict[str, Any]:
+    def deployment(self) -> AdaptiveDeployment:
         """Return what was deployed, and after teardown the broker's counters and memory."""
         options = self._options or Options()
-        config = options.model_dump(mode="json")
-        proc = self._proc
-        return {
-            "backend": self.name,
-            "transport": Transport.MQTT_TCP.value,
-            "version": _broker_version(),
-            "config": config,
-            "config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True).encode())
-            .hexdigest(),
-            "endpoint": None if self._endpoint is None else
-            f"{self._endpoint.host}:{self._endpoint.port}",
-            "port": None if self._endpoint is None else self._endpoint.port,
-            "semantics": {"mqtt": "3.1.1", "qos_in": [0, 1, 2], "max_granted_qos": 1,
-                          "sessions": "clean only (clean session 0 accepted, nothing kept)",
-                          "retain": "not stored, never set on delivery", "will": True,
-                          "wildcards": ["+", "#"], "ordered_topics": False,
-                          "rtt_query_topic": "$adaptive/rtt"},
-            "pid": None if proc is None else proc.pid,
-            "exit_code": None if proc is None else proc.exit_code,
-            "log_tail": None if proc is None else proc.log_tail(),
-            "broker_stats": self._broker_stats,
-            "held_payload_bytes_series": (self._broker_records or {}).get("held_payload_bytes"),
-        }
+        config = json.dumps(options.model_dump(mode="json"), sort_keys=True)
+        proc, endpoint = self._proc, self._endpoint
+        return AdaptiveDeployment(
+            backend=self.name, version=__version__, source_sha256=_broker_source_sha256(),
+            config=config, config_sha256=hashlib.sha256(config.encode()).hexdigest(),
+            options=options,
+            endpoint=None if endpoint is None else f"{endpoint.host}:{endpoint.port}",
+            port=None if endpoint is None else endpoint.port,
+            pid=None if proc is None else proc.pid,
+            exit_code=None if proc is None else proc.exit_code,
+            log_tail=None if proc is None else proc.log_tail(),
+            broker_stats=self._broker_stats,
+            held_payload_bytes_series=(self._broker_records or {}).get("held_payload_bytes"))
 
     def teardown(self) -> None:
         """Stop the broker (it writes its files on SIGTERM), keep them; idempotent."""
@@ -216,9 +239,9 @@ def unavailable() -> str | None:
     return None
 
 
-def _broker_version() -> dict[str, str]:
-    """mqttbed's version and a hash of the broker's, the codec's and the policies' sources."""
-    from mqttbed import __version__
+def _broker_source_sha256() -> str:
+    """A hash of the broker's, the codec's and the policies' sources (what ran, beside
+    mqttbed's version)."""
     from mqttbed.core import mqtt_codec, withholding
 
     digest = hashlib.sha256()
@@ -226,4 +249,4 @@ def _broker_version() -> dict[str, str]:
     for path in [*(here / name for name in BROKER_SOURCES), Path(mqtt_codec.__file__),
                  Path(withholding.__file__)]:
         digest.update(path.read_bytes())
-    return {"mqttbed": __version__, "broker_source_sha256": digest.hexdigest()}
+    return digest.hexdigest()

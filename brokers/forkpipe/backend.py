@@ -67,6 +67,7 @@ from mqttbed.brokers.processes import (
     processes_in_group,
     start_listening,
 )
+from mqttbed.core.backends import DeploymentRecord
 from mqttbed.core.errors import BackendError, MissingSystemDependency
 from mqttbed.core.host import Host, ProcessHandle, sha256_file
 from mqttbed.core.protocol import Endpoint, Transport
@@ -114,6 +115,40 @@ class Options(BaseModel):
         default=0.2, gt=0, description="seconds between resource samples of the broker")
 
 
+class ForkPipeBuild(BaseModel):
+    """Which build of the broker ran."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    variant: Variant
+    compiler: str | None = Field(None, description="known only for a binary built here, "
+                                                   "not a configured one")
+
+
+class ForkPipeLeftovers(BaseModel):
+    """What the broker left behind after teardown: both must be 0."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    processes: int = Field(description="processes of its group still alive (then killed)")
+    pipes: int = Field(description="named pipes still in its state directory")
+
+
+class ForkPipeDeployment(DeploymentRecord):
+    """What one fork/pipe broker deploy was; ``config`` is its command line (its whole
+    configuration)."""
+
+    build: ForkPipeBuild
+    options: Options
+    stats_interval_s: float
+    process_failure: str | None = Field(None, description="the first fork/pipe the broker "
+                                                          "could not create, as it logged it")
+    sanitizer_reports: list[str] = Field(default_factory=list)
+    leftovers: ForkPipeLeftovers | None = Field(None, description="after teardown")
+    settled_s: float | None = Field(
+        None, description="how long teardown waited for the last client processes to end "
+                          f"before the final sample; None: still there after "
+                          f"{SETTLE_TIMEOUT_S:g} s")
+
+
 class ForkPipeBackend:
     """Deploys one mqttbed-forkpipe process tree on a host and samples its resource use."""
 
@@ -132,7 +167,7 @@ class ForkPipeBackend:
         # Read from the broker's directory at teardown, before it is removed.
         self._process_failure: str | None = None
         self._sanitizer_reports: list[str] = []
-        self._leftovers: dict[str, int] | None = None
+        self._leftovers: ForkPipeLeftovers | None = None
         self._settled_s: float | None = None
         self._torn_down = False
 
@@ -204,37 +239,28 @@ class ForkPipeBackend:
         """Return the resource samples of the broker's process tree taken since deploy."""
         return [] if self._proc is None else self._proc.samples()
 
-    def metadata(self) -> dict[str, Any]:
+    def deployment(self) -> ForkPipeDeployment:
         """Return what was deployed: version, binary and its hash, command line, options."""
         options = self._options or Options()
         config = " ".join(self._argv)
-        live = self._reports is not None and not self._torn_down
-        return {
-            "backend": self.name,
-            "version": self._version,
-            "binary": self._binary,
-            "binary_sha256": self._binary_sha256,
-            # The compiler is known only for a binary built here (not a configured one).
-            "build": {"variant": _variant(options).value, "compiler": self._compiler},
-            # The command line is this broker's whole configuration.
-            "config": config,
-            "config_sha256": hashlib.sha256(config.encode()).hexdigest() if config else None,
-            "options": options.model_dump(exclude={"backend", "binary"}),
-            "stats_interval_s": options.stats_interval_s,
-            "port": self._port,
-            "pid": None if self._proc is None else self._proc.pid,
-            "exit_code": None if self._proc is None else self._proc.exit_code,
-            "process_failure": self._reports.process_failure() if live
-            else self._process_failure,
-            "sanitizer_reports": self._reports.sanitizer_reports() if live
-            else list(self._sanitizer_reports),
-            # After teardown: what the broker left behind (both must be 0).
-            "leftovers": self._leftovers,
-            # How long teardown waited for the last client processes to end before the
-            # final sample (None: they had not all ended after SETTLE_TIMEOUT_S).
-            "settled_s": self._settled_s,
-            "log_tail": None if self._proc is None else self._proc.log_tail(),
-        }
+        # While it runs, ask its log; after teardown, what teardown read from it.
+        live = None if self._torn_down else self._reports
+        proc = self._proc
+        return ForkPipeDeployment(
+            backend=self.name, version=self._version, binary=self._binary,
+            binary_sha256=self._binary_sha256,
+            build=ForkPipeBuild(variant=_variant(options), compiler=self._compiler),
+            config=config,
+            config_sha256=hashlib.sha256(config.encode()).hexdigest() if config else None,
+            options=options, stats_interval_s=options.stats_interval_s, port=self._port,
+            pid=None if proc is None else proc.pid,
+            exit_code=None if proc is None else proc.exit_code,
+            process_failure=self._process_failure if live is None
+            else live.process_failure(),
+            sanitizer_reports=list(self._sanitizer_reports) if live is None
+            else live.sanitizer_reports(),
+            leftovers=self._leftovers, settled_s=self._settled_s,
+            log_tail=None if proc is None else proc.log_tail())
 
     # -- teardown -----------------------------------------------------------------------
 
@@ -285,7 +311,7 @@ class ForkPipeBackend:
                 return None
             time.sleep(0.02)
 
-    def _collect_leftovers(self, group: int) -> dict[str, int]:
+    def _collect_leftovers(self, group: int) -> ForkPipeLeftovers:
         """Count (and kill) processes of the broker's group and pipes still present."""
         stray = processes_in_group(group)
         for proc in stray:
@@ -297,7 +323,7 @@ class ForkPipeBackend:
         if self.state_dir is not None and self.state_dir.exists():
             pipes = sum(1 for path in self.state_dir.rglob("*")
                         if stat.S_ISFIFO(path.lstat().st_mode))
-        return {"processes": len(stray), "pipes": pipes}
+        return ForkPipeLeftovers(processes=len(stray), pipes=pipes)
 
 
 def read_socket_bytes(path: Path) -> tuple[int, int]:

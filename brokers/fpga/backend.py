@@ -31,13 +31,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from mqttbed import __version__
 from mqttbed.brokers.fpga.board import BoardDeployment, BoardOptions
 from mqttbed.brokers.fpga.rtl.build import ensure_sim, source_hash
 from mqttbed.brokers.fpga.section import publish_records
 from mqttbed.brokers.fpga.server import describe_values
 from mqttbed.brokers.fpga.tables import DEFAULT_PROBE_WINDOW, PAPER_DEPTH_WORDS
-from mqttbed.brokers.fpga.timing import PipelineTiming
+from mqttbed.brokers.fpga.timing import PipelineTiming, TimingDescription
 from mqttbed.brokers.processes import BrokerProcess, ping_over_udp, wait_for_ready_file
+from mqttbed.core.backends import DeploymentRecord
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host
 from mqttbed.core.mqtt_codec import PingReq, PingResp, decode, encode
@@ -89,6 +91,92 @@ class Options(BaseModel):
             raise ValueError(f"probe_window {self.probe_window} exceeds the table depth "
                              f"{depth}; use at most {depth}")
         return self
+
+
+# describe_values' statistics of one latency (mean, p50, p99, max; None without values).
+Statistics = dict[str, float | None]
+
+
+class CopyLatencies(BaseModel):
+    """A PUBLISH's first copy, last copy and their spread (ns)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    first_copy: Statistics
+    last_copy: Statistics
+    spread: Statistics
+
+
+class RtlCopyLatencies(CopyLatencies):
+    """The design's latencies, and its first copy in clock cycles."""
+
+    first_copy_cycles: Statistics
+
+
+class ModelLatency(BaseModel):
+    """The model's PUBLISH latencies: modelled hardware beside the emulator's measured."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    publish_packets: int
+    copies_per_publish_mean: float | None
+    modelled: CopyLatencies
+    emulator_measured: CopyLatencies
+
+
+class RtlLatency(BaseModel):
+    """An ``engine: rtl`` run's PUBLISH latencies: design cycles beside harness time."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    publish_packets: int
+    copies_per_publish_mean: float | None
+    clock_mhz: float
+    rtl: RtlCopyLatencies
+    harness_measured: CopyLatencies
+
+
+class NoPublishes(BaseModel):
+    """The broker saw no PUBLISH: there is no latency to summarise."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    publish_packets: Literal[0] = 0
+
+
+class FpgaSemantics(BaseModel):
+    """What of MQTT the FPGA broker implements (fixed by its design, recorded per run)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    qos: tuple[int, ...] = (0,)
+    retain: str = "ignored"
+    will: str = "ignored"
+    wildcards: tuple[str, ...] = ("prefix/#",)
+    unsubscribe: str = "tombstone (see brokers/fpga/tables.py)"
+
+
+class FpgaDeployment(DeploymentRecord):
+    """What one FPGA deploy was: the model or the RTL run here, or a board programmed.
+
+    ``version`` is mqttbed's for the model and the RTL (they are in it), None for a board;
+    the board's fields are None for the model and the RTL, and theirs for a board."""
+
+    target: Literal["board", "model"]
+    transport: Transport = Transport.MQTT_UDP
+    options: Options
+    endpoint: str | None = Field(None, description="host:port")
+    semantics: FpgaSemantics = FpgaSemantics()
+    timing_model: TimingDescription = Field(default_factory=lambda: PipelineTiming().describe())
+    # a board
+    board: BoardDeployment | None = None
+    bitstream_sha256: str | None = None
+    validated_on_hardware: bool | None = Field(
+        None, description="False for a board: its bitstream was never checked on hardware")
+    # the model or the RTL, run here
+    engine: Literal["model", "rtl"] | None = None
+    source_sha256: str | None = Field(None, description="model: the model's and the codec's "
+                                                        "sources; rtl: the design's sources")
+    stats_interval_s: float | None = None
+    # The model's or the harness's own stats file, written by the subprocess at exit:
+    # open-ended, so kept as it came.
+    model_stats: dict[str, Any] | None = None
+    hardware_latency_ns: ModelLatency | RtlLatency | NoPublishes | None = None
 
 
 class FpgaBackend:
@@ -172,43 +260,33 @@ class FpgaBackend:
         """Return the model's resource samples (none for a board: nothing runs here)."""
         return [] if self._proc is None else self._proc.samples()
 
-    def metadata(self) -> dict[str, Any]:
+    def deployment(self) -> FpgaDeployment:
         """Return what was deployed, and after teardown the model's counters and latencies."""
         options = self._options or Options()
-        config = options.model_dump(mode="json")
-        config_text = json.dumps(config, sort_keys=True)
-        meta: dict[str, Any] = {
-            "backend": self.name,
-            "target": "board" if options.board is not None else "model",
-            "transport": Transport.MQTT_UDP.value,
-            "config": config,
-            "config_sha256": hashlib.sha256(config_text.encode()).hexdigest(),
-            "endpoint": None if self._endpoint is None else
-            f"{self._endpoint.host}:{self._endpoint.port}",
-            "port": None if self._endpoint is None else self._endpoint.port,
-            "semantics": {"qos": [0], "retain": "ignored", "will": "ignored",
-                          "wildcards": ["prefix/#"],
-                          "unsubscribe": "tombstone (see brokers/fpga/tables.py)"},
-            "timing_model": PipelineTiming().describe(),
-        }
+        config = json.dumps(options.model_dump(mode="json"), sort_keys=True)
+        endpoint = self._endpoint
+        common: dict[str, Any] = {
+            "backend": self.name, "config": config,
+            "config_sha256": hashlib.sha256(config.encode()).hexdigest(), "options": options,
+            "endpoint": None if endpoint is None else f"{endpoint.host}:{endpoint.port}",
+            "port": None if endpoint is None else endpoint.port}
         if options.board is not None:
-            meta["board"] = self._board.as_metadata() if self._board else None
-            meta["bitstream_sha256"] = self._board.bitstream_sha256 if self._board else None
-            meta["validated_on_hardware"] = False
-            return meta
+            board = self._board
+            return FpgaDeployment(
+                **common, target="board", board=board, validated_on_hardware=False,
+                bitstream_sha256=None if board is None else board.bitstream_sha256)
         rtl = options.engine == "rtl"
-        meta.update({
-            "engine": options.engine,
-            "version": _rtl_version() if rtl else _model_version(),
-            "pid": None if self._proc is None else self._proc.pid,
-            "exit_code": None if self._proc is None else self._proc.exit_code,
-            "stats_interval_s": options.stats_interval_s,
-            "log_tail": None if self._proc is None else self._proc.log_tail(),
-            "model_stats": self._model_stats,
-            "hardware_latency_ns": (rtl_latency_summary(self._model_records) if rtl else
-                                    hardware_latency_summary(self._model_stats)),
-        })
-        return meta
+        proc = self._proc
+        return FpgaDeployment(
+            **common, target="model", engine=options.engine, version=__version__,
+            source_sha256=source_hash() if rtl else _model_source_sha256(),
+            pid=None if proc is None else proc.pid,
+            exit_code=None if proc is None else proc.exit_code,
+            stats_interval_s=options.stats_interval_s,
+            log_tail=None if proc is None else proc.log_tail(),
+            model_stats=self._model_stats,
+            hardware_latency_ns=(rtl_latency_summary(self._model_records) if rtl else
+                                 hardware_latency_summary(self._model_stats)))
 
     # -- teardown -----------------------------------------------------------------------
 
@@ -259,64 +337,57 @@ def probe_endpoint(endpoint: Endpoint, timeout_s: float) -> None:
     ping_over_udp(endpoint, timeout_s, encode(PingReq()), answer, "MQTT")
 
 
-def hardware_latency_summary(model_stats: dict[str, Any] | None) -> dict[str, Any] | None:
+def hardware_latency_summary(model_stats: dict[str, Any] | None
+                             ) -> ModelLatency | NoPublishes | None:
     """Return the PUBLISH latencies a report shows: modelled hardware beside measured emulator."""
     if not model_stats:
         return None
     publish = model_stats.get("latency_ns", {}).get("publish")
     if not publish:
-        return {"publish_packets": 0}
-    return {
-        "publish_packets": publish["packets"],
-        "copies_per_publish_mean": publish["copies"]["mean"],
-        "modelled": {"first_copy": publish["modelled_first_copy"],
-                     "last_copy": publish["modelled_last_copy"],
-                     "spread": publish["modelled_spread"]},
-        "emulator_measured": {"first_copy": publish["measured_first_copy"],
-                              "last_copy": publish["measured_last_copy"],
-                              "spread": publish["measured_spread"]},
-    }
+        return NoPublishes()
+    return ModelLatency(
+        publish_packets=publish["packets"],
+        copies_per_publish_mean=publish["copies"]["mean"],
+        modelled=CopyLatencies(first_copy=publish["modelled_first_copy"],
+                               last_copy=publish["modelled_last_copy"],
+                               spread=publish["modelled_spread"]),
+        emulator_measured=CopyLatencies(first_copy=publish["measured_first_copy"],
+                                        last_copy=publish["measured_last_copy"],
+                                        spread=publish["measured_spread"]))
 
 
-def rtl_latency_summary(records: dict[str, Any] | None) -> dict[str, Any] | None:
+def rtl_latency_summary(records: dict[str, Any] | None) -> RtlLatency | NoPublishes | None:
     """The PUBLISH latencies of an ``engine: rtl`` run: design cycles beside harness time."""
     if records is None:
         return None
     publish = records.get("publish")
     if not publish:
-        return {"publish_packets": 0}
+        return NoPublishes()
     values = publish["values"]
 
     def describe(name: str) -> dict[str, float | None]:
         return describe_values(deque(values.get(name, [])))
 
-    return {
-        "publish_packets": publish["packets"],
-        "copies_per_publish_mean": describe("copies")["mean"],
-        "clock_mhz": RTL_CLOCK_MHZ,
-        "rtl": {"first_copy": describe("rtl_first_copy"), "last_copy": describe("rtl_last_copy"),
-                "spread": describe("rtl_spread"),
-                "first_copy_cycles": describe("rtl_cycles_first_copy")},
-        "harness_measured": {"first_copy": describe("measured_first_copy"),
-                             "last_copy": describe("measured_last_copy"),
-                             "spread": describe("measured_spread")},
-    }
+    return RtlLatency(
+        publish_packets=publish["packets"],
+        copies_per_publish_mean=describe("copies")["mean"],
+        clock_mhz=RTL_CLOCK_MHZ,
+        rtl=RtlCopyLatencies(first_copy=describe("rtl_first_copy"),
+                             last_copy=describe("rtl_last_copy"),
+                             spread=describe("rtl_spread"),
+                             first_copy_cycles=describe("rtl_cycles_first_copy")),
+        harness_measured=CopyLatencies(first_copy=describe("measured_first_copy"),
+                                       last_copy=describe("measured_last_copy"),
+                                       spread=describe("measured_spread")))
 
 
-def _rtl_version() -> dict[str, str]:
-    """The RTL broker's version: mqttbed's, and the hash its build directory is named by."""
-    from mqttbed import __version__
-
-    return {"mqttbed": __version__, "rtl_source_sha256": source_hash()}
-
-
-def _model_version() -> dict[str, str]:
-    """The model's version: mqttbed's, and a hash of the model's source files."""
-    from mqttbed import __version__
+def _model_source_sha256() -> str:
+    """A hash of the model's source files and the codec's (what ran, beside mqttbed's
+    version)."""
     from mqttbed.core import mqtt_codec
 
     digest = hashlib.sha256()
     here = Path(__file__).parent
     for path in [*(here / name for name in MODEL_SOURCES), Path(mqtt_codec.__file__)]:
         digest.update(path.read_bytes())
-    return {"mqttbed": __version__, "model_source_sha256": digest.hexdigest()}
+    return digest.hexdigest()

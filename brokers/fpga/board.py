@@ -20,9 +20,8 @@ available where it was written.
 from __future__ import annotations
 
 import posixpath
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field, field_validator
 
@@ -61,7 +60,7 @@ def parse_udp_endpoint(value: str) -> tuple[str, int]:
 
 @dataclass(frozen=True)
 class BoardDeployment:
-    """What was loaded where: recorded in the run's metadata."""
+    """What was loaded where: recorded in the run's metadata (FpgaDeployment.board)."""
 
     host: str
     bitstream: str
@@ -70,9 +69,6 @@ class BoardDeployment:
     remote_sha256: str
     fpgautil_argv: list[str]
     fpgautil_output: str
-
-    def as_metadata(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def program_board(options: BoardOptions) -> BoardDeployment:

@@ -182,7 +182,7 @@ class FpgaModelServer:
             "malformed_reasons": dict(self.model.malformed_reasons.most_common(20)),
             "tables": self.model.tables.occupancy(),
             "latency_ns": {kind: log.summary() for kind, log in self.latency.items()},
-            "timing_model": self.timing.describe(),
+            "timing_model": self.timing.describe().model_dump(),
         }
 
     def records(self) -> dict[str, Any]:

@@ -38,10 +38,30 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from pydantic import BaseModel, ConfigDict
+
 ETHERNET_IP_UDP_HEADER_BYTES = 14 + 20 + 8
 FCS_BYTES = 4
 MIN_FRAME_BYTES = 64
 PREAMBLE_AND_GAP_BYTES = 8 + 12
+
+
+class TimingDescription(BaseModel):
+    """A :class:`PipelineTiming`'s constants and formula, as a run records them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    clock_mhz: float
+    broker_processing_ns: float
+    lookup_stages: int
+    message_queue_min_cycles: int
+    line_rate_gbps: float
+    cycle_ns: float
+    lookup_ns: float
+    formula: str = ("send_i = max(T_proc + read_i*T_clk, send_(i-1) + T_wire(L)); "
+                    "read_i = max(j_i, read_(i-1)+1); "
+                    "T_wire(L) = (max(46+L, 64) + 20) bytes * 8 / line rate")
+    source: str = ("seed 000 sections 5.3, 5.4, 6.2, 6.3; T_proc is the paper's measured "
+                   "799.2 ns, the rest is derived, not measured on hardware")
 
 
 @dataclass(frozen=True)
@@ -84,15 +104,7 @@ class PipelineTiming:
             sends.append(send)
         return sends
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> TimingDescription:
         """Return the constants and the formula, for a run's metadata."""
-        return {
-            **asdict(self),
-            "cycle_ns": self.cycle_ns,
-            "lookup_ns": self.lookup_ns,
-            "formula": "send_i = max(T_proc + read_i*T_clk, send_(i-1) + T_wire(L)); "
-                       "read_i = max(j_i, read_(i-1)+1); "
-                       "T_wire(L) = (max(46+L, 64) + 20) bytes * 8 / line rate",
-            "source": "seed 000 sections 5.3, 5.4, 6.2, 6.3; T_proc is the paper's measured "
-                      "799.2 ns, the rest is derived, not measured on hardware",
-        }
+        return TimingDescription(**asdict(self), cycle_ns=self.cycle_ns,
+                                 lookup_ns=self.lookup_ns)

@@ -22,9 +22,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from mqttbed import __version__
 from mqttbed.brokers.fpga.backend import _read_json
 from mqttbed.brokers.mqttsn.section import packet_records
 from mqttbed.brokers.processes import BrokerProcess, ping_over_udp, wait_for_ready_file
+from mqttbed.core.backends import DeploymentRecord
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host
 from mqttbed.core.mqttsn import Pingreq, Pingresp, decode, encode
@@ -56,6 +58,31 @@ class Options(BaseModel):
                 raise ValueError(f"pre-defined topic {topic_id}={name!r}: the id must be in "
                                  "1..65534 and the name non-empty, without wildcards")
         return topics
+
+
+class MqttSnSemantics(BaseModel):
+    """What of MQTT-SN the gateway implements (fixed by its code, recorded with each run)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    qos: tuple[int, ...] = (-1, 0, 1)
+    delivery_qos: int = 0
+    retain: str = "ignored"
+    will: str = "refused (CONNACK not supported)"
+    wildcards: tuple[str, ...] = ("+", "#")
+    sleeping_clients: bool = False
+
+
+class MqttSnDeployment(DeploymentRecord):
+    """What one MQTT-SN gateway deploy was; ``version`` is mqttbed's (the gateway is in it)."""
+
+    transport: Transport = Transport.MQTT_SN_UDP
+    source_sha256: str = Field(description="the gateway's and the MQTT-SN codec's sources")
+    options: Options
+    endpoint: str | None = Field(None, description="host:port")
+    semantics: MqttSnSemantics = MqttSnSemantics()
+    # The gateway's counters as it wrote them at teardown (a subprocess's stats file,
+    # read by mqttsn.section): open-ended, so kept as they came.
+    gateway_stats: dict[str, Any] | None = None
 
 
 class MqttSnBackend:
@@ -117,28 +144,26 @@ class MqttSnBackend:
         """Return the gateway's resource samples."""
         return [] if self._proc is None else self._proc.samples()
 
-    def metadata(self) -> dict[str, Any]:
+    def deployment(self) -> MqttSnDeployment:
         """Return what was deployed, and after teardown the gateway's counters."""
         options = self._options or Options()
-        config = options.model_dump(mode="json")
-        return {
-            "backend": self.name,
-            "transport": Transport.MQTT_SN_UDP.value,
-            "version": _gateway_version(),
-            "config": config,
-            "config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True).encode())
-            .hexdigest(),
-            "endpoint": None if self._endpoint is None else
+        config = json.dumps(options.model_dump(mode="json"), sort_keys=True)
+        return MqttSnDeployment(
+            backend=self.name, version=__version__, source_sha256=_gateway_source_sha256(),
+            config=config, config_sha256=hashlib.sha256(config.encode()).hexdigest(),
+            options=options,
+            endpoint=None if self._endpoint is None else
             f"{self._endpoint.host}:{self._endpoint.port}",
-            "port": None if self._endpoint is None else self._endpoint.port,
-            "semantics": {"qos": [-1, 0, 1], "delivery_qos": 0, "retain": "ignored",
-                          "will": "refused (CONNACK not supported)", "wildcards": ["+", "#"],
-                          "sleeping_clients": False},
-            "pid": None if self._proc is None else self._proc.pid,
-            "exit_code": None if self._proc is None else self._proc.exit_code,
-            "log_tail": None if self._proc is None else self._proc.log_tail(),
-            "gateway_stats": self._gateway_stats,
-        }
+            port=None if self._endpoint is None else self._endpoint.port,
+            pid=None if self._proc is None else self._proc.pid,
+            exit_code=None if self._proc is None else self._proc.exit_code,
+            log_tail=None if self._proc is None else self._proc.log_tail(),
+            gateway_stats=self._gateway_stats)
+
+    @property
+    def gateway_stats(self) -> dict[str, Any] | None:
+        """The gateway's final counters (after teardown; None before, or if it wrote none)."""
+        return self._gateway_stats
 
     def teardown(self) -> None:
         """Stop the gateway (it writes its counters on SIGTERM) and keep them; idempotent."""
@@ -176,13 +201,12 @@ def _read_io_counters(path: Path) -> tuple[int, int]:
     return (0, 0) if not stats else (int(stats["bytes_in"]), int(stats["bytes_out"]))
 
 
-def _gateway_version() -> dict[str, str]:
-    """mqttbed's version and a hash of the gateway's and the codec's sources."""
-    from mqttbed import __version__
+def _gateway_source_sha256() -> str:
+    """A hash of the gateway's and the codec's sources (what ran, beside mqttbed's version)."""
     from mqttbed.core import mqttsn
 
     digest = hashlib.sha256()
     here = Path(__file__).parent
     for path in [*(here / name for name in GATEWAY_SOURCES), Path(mqttsn.__file__)]:
         digest.update(path.read_bytes())
-    return {"mqttbed": __version__, "gateway_source_sha256": digest.hexdigest()}
+    return digest.hexdigest()

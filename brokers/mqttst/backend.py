@@ -27,6 +27,7 @@ regions go through delay proxies too.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import shutil
 import threading
@@ -36,12 +37,24 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mqttbed.brokers.mosquitto.backend import MosquittoBackend
+from mqttbed.brokers.mosquitto.backend import MosquittoBackend, MosquittoDeployment
 from mqttbed.brokers.mosquitto.backend import Options as MosquittoOptions
 from mqttbed.brokers.mosquitto.backend import unavailable as mosquitto_unavailable
-from mqttbed.brokers.mqttst.cluster import Cluster, TreeOptions, free_port_range, topology_edges
-from mqttbed.brokers.mqttst.wan import DelayProxies, Geography, check_geography, wan_delays
-from mqttbed.core.backends import Fault
+from mqttbed.brokers.mqttst.cluster import (
+    Cluster,
+    ClusterDeployment,
+    TreeOptions,
+    free_port_range,
+    topology_edges,
+)
+from mqttbed.brokers.mqttst.wan import (
+    DelayProxies,
+    DelayProxyRecord,
+    Geography,
+    check_geography,
+    wan_delays,
+)
+from mqttbed.core.backends import DeploymentRecord, Fault
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host, LocalHost
@@ -139,6 +152,64 @@ class Options(BaseModel):
         return TreeOptions(keepalive_s=self.keepalive_s, capabilities=used or None, **extra)
 
 
+class MqttStLimits(BaseModel):
+    """The queue limits every Mosquitto of the run had (as mosquitto's options)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_queued_messages: int
+    max_inflight_messages: int
+
+
+class ClientPath(BaseModel):
+    """Where one client sat and which broker it used, under a geography."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    region: str
+    broker: str = Field(description="the broker's index, or 'cloud' (placement benchmark)")
+    broker_region: str
+    delay_ms: float = Field(description="one way, client to broker (0: same region)")
+
+
+class MqttStGeography(BaseModel):
+    """The networked environment of a run: regions, delays, each client's path, proxies."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    broker_regions: list[str] = Field(description="per endpoint")
+    wan_delay_ms: dict[str, float]
+    locality_percent: int
+    clients: dict[str, ClientPath] = Field(description="client id -> its path")
+    proxy_prefix: str = Field(description="the delay proxies' prefix (reaped by it)")
+    proxy_prefix_journalled: bool
+    proxies: list[DelayProxyRecord]
+
+
+class MqttStDeployment(DeploymentRecord):
+    """What one mqtt-st deploy was: a tree of K brokers, or (placement benchmark) one
+    plain Mosquitto. ``config`` is the options as sorted JSON.
+
+    The tree's fields are empty for the benchmark, ``benchmark_broker`` None for a tree."""
+
+    placement: str = Field(description="the workload's placement (see PLACEMENTS)")
+    options: Options
+    serving_brokers: list[int] = Field(description="the broker indexes clients are placed on")
+    limits: MqttStLimits
+    tree_node_sources_sha256: str
+    geography: MqttStGeography | None = None
+    benchmark_broker: MosquittoDeployment | None = None
+    # the tree
+    endpoints: list[Endpoint] = Field(default_factory=list)
+    edges: list[tuple[int, int]] = Field(default_factory=list)
+    root: int | None = Field(None, description="the elected root's index")
+    convergence_s: float | None = Field(None, description="start to the first converged tree")
+    faults: list[Fault] = Field(default_factory=list)
+    root_at_end: int | None = None
+    cluster: ClusterDeployment | None = None
+    # Each node's stats file (a subprocess's, read by link_counts and
+    # node_counter_records): open-ended, so kept as they came; None for a node down.
+    states_at_convergence: list[dict[str, Any] | None] = Field(default_factory=list)
+    states_at_end: list[dict[str, Any] | None] = Field(default_factory=list)
+
+
 class MqttStBackend:
     """K Mosquittos with tree nodes, clients spread over them, a broker killed on demand."""
 
@@ -155,7 +226,7 @@ class MqttStBackend:
         self._endpoint_regions: list[str] = []   # per endpoint, under a geography
         self._proxies: DelayProxies | None = None
         self._proxy_dir: Path | None = None
-        self._client_paths: dict[str, dict[str, Any]] = {}
+        self._client_paths: dict[str, ClientPath] = {}
         self._placing = threading.Lock()
         self._samplers: dict[str, ProcessTreeSampler] = {}
         self._started_ns = 0
@@ -279,9 +350,8 @@ class MqttStBackend:
             host, port = self._proxies.route((endpoint.host, endpoint.port), delay_ms,
                                              f"client {region} -> broker {label} "
                                              f"({broker_region})")
-            self._client_paths[client.client_id] = {
-                "region": region, "broker": label, "broker_region": broker_region,
-                "delay_ms": delay_ms}
+            self._client_paths[client.client_id] = ClientPath(
+                region=region, broker=label, broker_region=broker_region, delay_ms=delay_ms)
         return endpoint.model_copy(update={"host": host, "port": port})
 
     # -- the run ------------------------------------------------------------------------
@@ -349,43 +419,39 @@ class MqttStBackend:
                 processes=sum(x.processes for x in alive)))
         return total
 
-    def metadata(self) -> dict[str, Any]:
+    def deployment(self) -> MqttStDeployment:
+        """What was deployed: the tree (or the benchmark's one Mosquitto), how it formed,
+        where the clients went, and the nodes' states at convergence and at the end."""
         options = self._options or Options()
-        meta: dict[str, Any] = {
-            "backend": self.name,
-            "placement": self._placement,
-            "options": options.model_dump(mode="json"),
-            "serving_brokers": self._serving,
-            "limits": {"max_queued_messages": options.max_queued_messages,
-                       "max_inflight_messages": options.max_inflight_messages},
-            "tree_node_sources_sha256": _sources_sha256(),
-        }
+        config = json.dumps(options.model_dump(mode="json"), sort_keys=True)
+        geography = None
         if self._geography is not None and self._proxies is not None:
-            meta["geography"] = {
-                "broker_regions": self._endpoint_regions,
-                "wan_delay_ms": options.wan_delay_ms,
-                "locality_percent": options.locality_percent,
-                "clients": self._client_paths,
-                "proxy_prefix": self._proxies.prefix,
-                "proxy_prefix_journalled": self._proxies.journalled,
-                "proxies": self._proxies.describe(),
-            }
+            with self._placing:  # broker_of adds paths as the agents are assigned
+                clients = dict(self._client_paths)
+            geography = MqttStGeography(
+                broker_regions=self._endpoint_regions, wan_delay_ms=options.wan_delay_ms,
+                locality_percent=options.locality_percent, clients=clients,
+                proxy_prefix=self._proxies.prefix,
+                proxy_prefix_journalled=self._proxies.journalled,
+                proxies=self._proxies.describe())
+        common: dict[str, Any] = {
+            "backend": self.name, "config": config,
+            "config_sha256": hashlib.sha256(config.encode()).hexdigest(),
+            "placement": self._placement, "options": options,
+            "serving_brokers": self._serving,
+            "limits": MqttStLimits(max_queued_messages=options.max_queued_messages,
+                                   max_inflight_messages=options.max_inflight_messages),
+            "tree_node_sources_sha256": _sources_sha256(), "geography": geography}
         if self._single is not None:
-            meta["benchmark_broker"] = self._single.metadata()
-            return meta
-        meta |= {
-            "endpoints": [e.model_dump() for e in self._endpoints],
-            "edges": topology_edges(options.topology, options.brokers),
-            "root": self._root,
-            "convergence_s": (None if self._converged_ns is None
-                              else (self._converged_ns - self._started_ns) / 1e9),
-            "faults": [f.model_dump() for f in self._faults],
-            "root_at_end": self._final_root,
-            "cluster": self._cluster.metadata() if self._cluster is not None else None,
-            "states_at_convergence": self._first_states,
-            "states_at_end": self._final_states,
-        }
-        return meta
+            return MqttStDeployment(**common, benchmark_broker=self._single.deployment())
+        return MqttStDeployment(
+            **common, endpoints=self._endpoints,
+            edges=topology_edges(options.topology, options.brokers), root=self._root,
+            convergence_s=(None if self._converged_ns is None
+                           else (self._converged_ns - self._started_ns) / 1e9),
+            faults=self._faults, root_at_end=self._final_root,
+            cluster=None if self._cluster is None else self._cluster.deployment(),
+            states_at_convergence=self._first_states, states_at_end=self._final_states)
 
     # -- teardown -----------------------------------------------------------------------
 

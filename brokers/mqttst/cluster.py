@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from mqttbed.brokers.mosquitto.backend import Options as MosquittoOptions
 from mqttbed.brokers.mosquitto.backend import find_binary, render_config
 from mqttbed.brokers.mqttst.capability import DEFAULT_ALPHA, DEFAULT_BETA
@@ -39,8 +41,8 @@ from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host, LocalHost, ProcessHandle, describe_exit, wait_for_tcp
 
-__all__ = ["TOPOLOGIES", "Cluster", "ClusterNotConverged", "TreeOptions", "free_port_range",
-           "topology_edges"]
+__all__ = ["TOPOLOGIES", "Cluster", "ClusterDeployment", "ClusterNotConverged", "TreeOptions",
+           "free_port_range", "topology_edges"]
 
 START_ATTEMPTS = 3
 MOSQUITTO_STARTUP_S = 5.0
@@ -129,6 +131,22 @@ class _Broker:
     def running(self) -> bool:
         return self.mosquitto is not None and self.node is not None and all(
             handle.poll() is None for handle in self.handles().values())
+
+
+class ClusterDeployment(BaseModel):
+    """What a cluster deployed: its brokers' ports and links, the nodes' options, and one
+    broker's Mosquitto config (the others differ only in their port and directory)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    brokers: int
+    address: str
+    client_ports: list[int]
+    link_ports: list[int] = Field(description="each node's link port (where peers dial it)")
+    topology: str | list[tuple[int, int]]
+    edges: list[tuple[int, int]]
+    options: TreeOptions
+    mosquitto_binary: str | None
+    mosquitto_config_broker_0: str | None
 
 
 class Cluster:
@@ -420,22 +438,17 @@ class Cluster:
         """The last lines of broker ``index``'s Mosquitto and node logs."""
         return self._log_tail(self._broker(index))
 
-    def metadata(self) -> dict[str, Any]:
+    def deployment(self) -> ClusterDeployment:
         """What was deployed: ports, links, options and one broker's Mosquitto config."""
         conf = self._brokers[0].dir / "mosquitto.conf"
-        return {
-            "brokers": len(self._brokers),
-            "address": self.address,
-            "client_ports": [broker.port for broker in self._brokers],
-            "link_ports": self.link_ports(),
-            "topology": self.topology if isinstance(self.topology, str) else
-            [list(pair) for pair in self.topology],
-            "edges": [list(edge) for edge in self.edges],
-            "options": {**vars(self.options), "capabilities": {
-                str(k): v for k, v in (self.options.capabilities or {}).items()}},
-            "mosquitto_binary": self._binary,
-            "mosquitto_config_broker_0": conf.read_text() if conf.exists() else None,
-        }
+        return ClusterDeployment(
+            brokers=len(self._brokers), address=self.address,
+            client_ports=[broker.port for broker in self._brokers],
+            link_ports=self.link_ports(),
+            topology=self.topology if isinstance(self.topology, str) else
+            [(a, b) for a, b in self.topology],
+            edges=self.edges, options=self.options, mosquitto_binary=self._binary,
+            mosquitto_config_broker_0=conf.read_text() if conf.exists() else None)
 
     # -- stop ---------------------------------------------------------------------------
 

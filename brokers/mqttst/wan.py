@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import LocalHost, LocalProcess
 from mqttbed.core.protocol import Role
@@ -139,6 +141,19 @@ class Geography:
         return sorted(i for i, ms in delay.items() if ms == best)
 
 
+class DelayProxyRecord(BaseModel):
+    """One delay proxy of a run: the paths through it, its delay, and what it did."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    paths: list[str] = Field(description="e.g. 'client us-west -> broker 1 (eu)'")
+    delay_ms: float = Field(description="added each way")
+    port: int
+    upstream: str = Field(description="host:port it forwards to")
+    # The proxy's own statistics file, written at exit (network.delay_proxy, a
+    # subprocess): open-ended, so kept as it came; None before it stopped.
+    stats: dict[str, Any] | None
+
+
 class DelayProxies:
     """Delay proxies on loopback, one per (upstream, delay), reaped with the run's prefix."""
 
@@ -149,7 +164,7 @@ class DelayProxies:
         self._proxies: dict[tuple[tuple[str, int], float], _Proxy] = {}
         self._lock = threading.Lock()
         self._closed = False
-        self._final: list[dict[str, Any]] | None = None
+        self._final: list[DelayProxyRecord] | None = None
         work_dir.mkdir(parents=True, exist_ok=True)
         # The journal lets the next controller's recover reap proxies of a SIGKILLed run;
         # without it (/run not writable: not root) they are reaped after the run only.
@@ -183,7 +198,7 @@ class DelayProxies:
                         f"{proxy.log}")
         return None
 
-    def close(self) -> list[dict[str, Any]]:
+    def close(self) -> list[DelayProxyRecord]:
         """Stop every proxy (SIGTERM: each writes its statistics), reap the prefix, and
         return what each did; safe to call twice."""
         with self._lock:
@@ -196,7 +211,7 @@ class DelayProxies:
                 self._final = [proxy.describe() for proxy in self._proxies.values()]
             return self._final
 
-    def describe(self) -> list[dict[str, Any]]:
+    def describe(self) -> list[DelayProxyRecord]:
         """Each proxy's path, delay and (once closed) its statistics."""
         return self._final if self._final is not None else [
             proxy.describe() for proxy in self._proxies.values()]
@@ -227,10 +242,10 @@ class _Proxy:
             time.sleep(0.01)
         self.port: int = json.loads(ready.read_text())["port"]
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> DelayProxyRecord:
         try:
             stats = json.loads(self.stats_file.read_text())
         except (OSError, ValueError):
             stats = None
-        return {"paths": list(self.paths), "delay_ms": self.delay_ms, "port": self.port,
-                "upstream": "{}:{}".format(*self.upstream), "stats": stats}
+        return DelayProxyRecord(paths=list(self.paths), delay_ms=self.delay_ms, port=self.port,
+                                upstream="{}:{}".format(*self.upstream), stats=stats)

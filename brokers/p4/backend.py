@@ -25,6 +25,7 @@ is killed with it), on failure paths too.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import threading
@@ -35,7 +36,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field
 
-from mqttbed.brokers.mqttsn.backend import MqttSnBackend
+from mqttbed.brokers.mqttsn.backend import MqttSnBackend, MqttSnDeployment
 from mqttbed.brokers.mqttsn.backend import Options as GatewayOptions
 from mqttbed.brokers.mqttsn.section import packet_records
 from mqttbed.brokers.p4.build import SOURCE
@@ -70,6 +71,28 @@ class Options(GatewayOptions):
         """The options of the gateway behind the switch."""
         return GatewayOptions.model_validate(
             self.model_dump(exclude={"backend", "acceleration"}))
+
+
+class P4Deployment(MqttSnDeployment):
+    """The gateway's deployment, and what the switch in front of it was and counted.
+
+    ``config`` is this backend's options (acceleration included) as sorted JSON, and
+    ``config_sha256`` that text's hash."""
+
+    options: Options  # the gateway's options, and acceleration
+    acceleration: bool
+    mechanism: str = MECHANISM
+    program_sha256: str = Field(description="the data plane's source, ebpf/pams.bpf.c")
+    topology_prefix: str | None = Field(None, description="the namespaces' and links' "
+                                                          "prefix (reaped by it)")
+    agent_roles: dict[str, list[str]] = Field(default_factory=dict,
+                                              description="agent host -> its client roles")
+    switch_counters: dict[str, int] | None = Field(None, description="the data plane's "
+                                                   "totals, by counter (after teardown)")
+    switch_port_counters: dict[str, dict[str, int]] | None = Field(
+        None, description="host -> {ingress, egress}: packets at its switch port")
+    controller_events: dict[str, int] | None = Field(
+        None, description="what the PAMS controller saw, by kind (with acceleration)")
 
 
 class P4Backend:
@@ -215,7 +238,7 @@ class P4Backend:
 
     def section_records(self) -> SectionRecords:
         """The gateway's packet counts and the switch's, per place (see :class:`Packets`)."""
-        records = packet_records(self._gateway.metadata()["gateway_stats"])
+        records = packet_records(self._gateway.gateway_stats)
         if self._counters is None or self._ports is None:
             return records
         ports = self._ports
@@ -230,21 +253,25 @@ class P4Backend:
                 "switch_publish_accelerated": [float(self._counters["publish_accelerated"])],
                 "subscribers_received": [by_role("subscriber", "egress")]}
 
-    def metadata(self) -> dict[str, Any]:
-        """The gateway's metadata, and what the switch was: mechanism, program, counters."""
+    def deployment(self) -> P4Deployment:
+        """The gateway's deployment, and what the switch was: mechanism, program, counters."""
         options = self._options or Options()
-        return {**self._gateway.metadata(),
-                "backend": self.name,
-                "acceleration": options.acceleration,
-                "config": options.model_dump(mode="json"),
-                "mechanism": MECHANISM,
-                "program_sha256": hashlib.sha256(SOURCE.read_bytes()).hexdigest(),
-                "topology_prefix": None if self._topology is None else self._topology.prefix,
-                "agent_roles": {name: sorted(roles) for name, roles in self._roles.items()},
-                "switch_counters": self._counters,
-                "switch_port_counters": self._ports,
-                "controller_events": None if self._controller is None
-                else dict(self._controller.events)}
+        config = json.dumps(options.model_dump(mode="json"), sort_keys=True)
+        gateway = self._gateway.deployment()
+        return P4Deployment(**{
+            **dict(gateway),
+            "backend": self.name,
+            "config": config,
+            "config_sha256": hashlib.sha256(config.encode()).hexdigest(),
+            "options": options,
+            "acceleration": options.acceleration,
+            "program_sha256": hashlib.sha256(SOURCE.read_bytes()).hexdigest(),
+            "topology_prefix": None if self._topology is None else self._topology.prefix,
+            "agent_roles": {name: sorted(roles) for name, roles in self._roles.items()},
+            "switch_counters": self._counters,
+            "switch_port_counters": self._ports,
+            "controller_events": None if self._controller is None
+            else dict(self._controller.events)})
 
 
 def unavailable() -> str | None:
