@@ -233,6 +233,7 @@ class MqttStBackend:
         self._converged_ns: int | None = None
         self._root: int | None = None
         self._first_states: list[dict[str, Any] | None] = []
+        self._serving_pid: int | None = None
         self._final_states: list[dict[str, Any] | None] = []
         self._final_root: int | None = None
         self._final_converged_ns: int | None = None
@@ -319,6 +320,8 @@ class MqttStBackend:
             self._serving = [options.locality_broker]
         else:
             self._serving = [i for i in range(options.brokers) if i != self._kill_index]
+        # the record's one process: the Mosquitto of the first broker clients use
+        self._serving_pid = self._cluster.processes().get(f"mosquitto-{self._serving[0]}")
         for name, pid in self._cluster.processes().items():
             sampler = ProcessTreeSampler(pid, options.stats_interval_s)
             sampler.start()
@@ -443,9 +446,10 @@ class MqttStBackend:
                                    max_inflight_messages=options.max_inflight_messages),
             "tree_node_sources_sha256": _sources_sha256(), "geography": geography}
         if self._single is not None:
-            return MqttStDeployment(**common, benchmark_broker=self._single.deployment())
+            single = self._single.deployment()
+            return MqttStDeployment(**common, pid=single.pid, benchmark_broker=single)
         return MqttStDeployment(
-            **common, endpoints=self._endpoints,
+            **common, pid=self._serving_pid, endpoints=self._endpoints,
             edges=topology_edges(options.topology, options.brokers), root=self._root,
             convergence_s=(None if self._converged_ns is None
                            else (self._converged_ns - self._started_ns) / 1e9),
