@@ -21,7 +21,7 @@ from mqttbed.brokers.external.backend import ExternalBackend
 from mqttbed.brokers.external.options import Options
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.db import RunRow
-from mqttbed.core.backends import BrokerBackend, create_backend, declaration
+from mqttbed.core.backends import BrokerBackend, RunsOnLabHost, create_backend, declaration
 from mqttbed.core.errors import BackendError, SpecError
 from mqttbed.core.host import LocalHost
 from mqttbed.core.samples import SysTopicsSource
@@ -175,11 +175,28 @@ def test_urls_give_the_transport_and_the_default_port():
 def test_sample_options_name_what_is_wrong():
     with pytest.raises(ValidationError, match="exactly one of pid and process_name"):
         Options(url="mqtt://h", sample={"pid": 1, "process_name": "x"})
-    with pytest.raises(ValidationError, match="lab_host 'pi-1': sampling a broker on a lab "
-                                              "host is not supported yet"):
+    with pytest.raises(ValidationError, match="give exactly one of pid and process_name"):
+        Options(url="mqtt://h", sample={"interval_s": 1})
+    with pytest.raises(ValidationError, match=re.escape(
+            "lab_host 'pi-1': the lab host is broker.host, not a sample option: write "
+            "host: pi-1 beside backend: external in the broker section")):
         Options(url="mqtt://h", sample={"process_name": "x", "lab_host": "pi-1"})
     with pytest.raises(ValidationError, match="Extra inputs"):
         Options(url="mqtt://h", port=1)
+
+
+def test_a_broker_on_a_lab_host_is_named_by_broker_host_not_by_sample():
+    spec = parse_spec({"name": "x", "broker": {
+        "backend": "external", "url": "mqtt://10.0.0.5", "host": "lab-broker",
+        "sample": {"process_name": "mosquitto"}}})
+    assert spec.broker.host == "lab-broker"
+    assert spec.broker.options().sample.process_name == "mosquitto"
+    assert declaration("external").supports(RunsOnLabHost)
+    with pytest.raises(SpecError) as raised:
+        parse_spec({"name": "x", "broker": {"backend": "external", "url": "mqtt://10.0.0.5",
+                                            "sample": {"pid": 7, "lab_host": "lab-broker"}}})
+    assert str(raised.value).startswith("broker.sample: ")
+    assert "lab_host 'lab-broker': the lab host is broker.host" in str(raised.value)
 
 
 def test_declared_features_decide_what_a_workload_may_ask():

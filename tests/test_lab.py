@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -26,14 +28,20 @@ from pathlib import Path
 import pytest
 
 from mqttbed.api.report import render_report
+from mqttbed.brokers.external.backend import ExternalBackend
+from mqttbed.brokers.reachability import Unreachable, probe_mqtt_tcp
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.analysis import load_results
 from mqttbed.controller.controller import create_controller
 from mqttbed.controller.db import LabHostRow, RunRow, database_url, open_database
 from mqttbed.controller.lab import HostArg, LabError, parse_extras
-from mqttbed.core.errors import SpecError
+from mqttbed.core.errors import BackendError, SpecError
+from mqttbed.core.mqtt_codec import Connect, encode, encode_publish
 from mqttbed.core.settings import Settings
+from mqttbed.core.ssh import SshHost, SshTarget
 from mqttbed.network.lab import LabNetwork
+from tests.conftest import eventually
+from tests.generic_support import MOSQUITTO
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -198,6 +206,65 @@ def test_lab_hosts_are_provisioned_run_a_campaign_and_are_removed(lab, tmp_path)
     with sessions() as s:
         assert s.query(LabHostRow).count() == 0
     sessions.kw["bind"].dispose()
+
+
+def _answers(address: str, port: int) -> bool:
+    try:
+        probe_mqtt_tcp(address, port, 0.5)
+    except Unreachable:
+        return False
+    return True
+
+
+@pytest.mark.integration
+def test_an_external_broker_on_a_lab_host_is_sampled_there_and_left_running(lab, tmp_path):
+    host = lab.hosts["lab-broker"]
+    # started by hand in the host's namespace, under a name no other process here has
+    name = f"mq-{secrets.token_hex(4)}"
+    (tmp_path / name).symlink_to(MOSQUITTO)
+    conf = tmp_path / "broker.conf"
+    conf.write_text(f"listener 1883 {host.address}\nallow_anonymous true\n"
+                    "persistence false\nsys_interval 1\n")
+    broker = subprocess.Popen(["ip", "netns", "exec", host.netns, str(tmp_path / name), "-c",
+                               str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ssh = SshHost(SshTarget(host=host.ssh_destination, key_filename=str(lab.client_key),
+                            known_hosts=str(tmp_path / "known_hosts"), trust_new=True),
+                  name="lab-broker")
+    try:
+        assert eventually(lambda: _answers(host.address, 1883), 5)
+        url = f"mqtt://{host.address}:1883"
+        with pytest.raises(BackendError, match=f"process_name 'no-{name}': no process of that "
+                                               "name runs on lab host lab-broker"):
+            ExternalBackend().deploy_on_lab_host(
+                {"url": url, "sample": {"process_name": f"no-{name}"}}, ssh)
+        backend = ExternalBackend()
+        endpoint = backend.deploy_on_lab_host(
+            {"url": url, "sample": {"process_name": name, "interval_s": 0.05}}, ssh)
+        assert (endpoint.host, endpoint.port) == (host.address, 1883)
+        with socket.create_connection((host.address, 1883)) as client:   # some work for it
+            client.sendall(encode(Connect(client_id="load")))
+            client.sendall(encode_publish("load", bytes(200)) * 50_000)
+        assert eventually(lambda: any(s.cpu_percent > 0 for s in backend.stats()), 5)
+        assert backend.health() is None
+        backend.teardown()
+
+        samples = backend.stats()
+        assert {s.processes for s in samples} == {1} and min(s.rss_bytes for s in samples) > 0
+        rss_kb = int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{broker.pid}/status")
+                               .read_text()).group(1))
+        assert abs(samples[-1].rss_bytes - rss_kb * 1024) < 4 << 20   # the same process
+        assert [s.t_ns for s in samples] == sorted(s.t_ns for s in samples)
+        assert samples[-1].t_ns <= time.monotonic_ns()   # on this machine's clock
+        record = backend.deployment()
+        sampled = record.sampled_process
+        assert (sampled.host, sampled.pid, sampled.name) == ("lab-broker", broker.pid, name)
+        assert (record.pid, record.binary, record.managed) == (broker.pid, MOSQUITTO, False)
+        assert sampled.cmdline[0] == str(tmp_path / name) and len(record.binary_sha256) == 64
+        assert broker.poll() is None and _answers(host.address, 1883)   # never signalled
+    finally:
+        ssh.close()
+        broker.kill()
+        broker.wait(5)
 
 
 def test_host_arguments_and_extras_are_checked_with_the_bad_value_named():

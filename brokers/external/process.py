@@ -1,4 +1,5 @@
-"""Finding the process of a broker mqttbed did not start, to sample it (never to signal it)."""
+"""Finding the process of a broker mqttbed did not start, to sample it (never to signal it):
+on this machine (psutil), or on a lab host over SSH (:mod:`mqttbed.brokers.remote_sampling`)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,22 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
+from mqttbed.brokers.remote_sampling import RemoteProcess, process_with_pid, processes_named
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import sha256_file
+from mqttbed.core.ssh import SshError, SshHost
 
 
 class SampledProcess(BaseModel):
     """The process tree of an external broker that a run sampled."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    pid: int
+    host: str = Field("local", description="where it ran: local (this machine) or the name "
+                                           "of the lab host (broker.host) it was sampled on")
+    pid: int = Field(description="its process id there")
     name: str
     cmdline: list[str] = Field(default_factory=list)
-    exe: str | None = Field(None, description="its executable, where readable")
+    exe: str | None = Field(None, description="its executable's path there, where readable")
     exe_sha256: str | None = None
     interval_s: float
 
@@ -99,3 +104,48 @@ def gone(process: psutil.Process) -> bool:
         return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def find_remote_process(host: SshHost, pid: int | None, name: str | None) -> RemoteProcess:
+    """The broker's root process on lab host ``host``: ``pid``, or the one tree named ``name``.
+
+    Raises BackendError when SSH fails, the pid does not exist there, no process has the
+    name or several unrelated trees do, or the SSH user may not read its counters.
+    """
+    try:
+        if pid is not None:
+            found = process_with_pid(host, pid)
+            if found is None:
+                raise BackendError(f"broker.sample.pid {pid}: no such process on lab host "
+                                   f"{host.name}")
+        else:
+            assert name is not None
+            roots = processes_named(host, name)
+            if not roots:
+                raise BackendError(f"broker.sample.process_name {name!r}: no process of that "
+                                   f"name runs on lab host {host.name}")
+            if len(roots) > 1:
+                pids = ", ".join(str(p.pid) for p in sorted(roots, key=lambda p: p.pid))
+                raise BackendError(f"broker.sample.process_name {name!r}: {len(roots)} "
+                                   f"separate processes have that name on lab host "
+                                   f"{host.name} (pids {pids}); give broker.sample.pid")
+            found = roots[0]
+    except SshError as exc:
+        raise BackendError(f"cannot look up the external broker's process on lab host "
+                           f"{host.name}: {exc}") from None
+    if not found.io_readable:
+        # Its CPU and memory alone would be readable, but a sample without its I/O would
+        # be skipped: better to say so now than to measure nothing.
+        raise BackendError(f"broker.sample: process {found.pid} ({found.name}) on lab host "
+                           f"{host.name} is not readable by the SSH user "
+                           f"({host.target.host}): /proc/{found.pid}/io is the broker user's; "
+                           "connect as root or as that user")
+    return found
+
+
+def describe_remote_process(host: SshHost, process: RemoteProcess,
+                            interval_s: float) -> SampledProcess:
+    """What the record keeps of a process sampled on a lab host."""
+    return SampledProcess(host=host.name, pid=process.pid, name=process.name,
+                          cmdline=process.cmdline, exe=process.exe,
+                          exe_sha256=process.exe_sha256, interval_s=interval_s)
