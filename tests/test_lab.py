@@ -5,7 +5,8 @@ key) are provisioned with ``mqttbed lab provision`` (host keys pinned on first c
 then a campaign runs with its agents on two of them, named in the spec, and its
 Mosquitto on the third (``broker.host``), the controller on the bridge address
 (MQTTBED_LAB_ADDRESS). Afterwards ``mqttbed lab remove`` deletes the venvs and the lab
-is reaped: namespaces, sshd processes, links.
+is reaped: namespaces, sshd processes, links. In the same lab, a Mosquitto started by
+hand on a host is measured by the ``external`` backend, its process sampled over SSH.
 
 Not covered here: ARM (the hosts run this machine's x86_64 Python, so the offline
 wheelhouse path is taken, not the index path a Pi takes), real GPIO pins (virtual GPIO),
@@ -261,6 +262,15 @@ def test_an_external_broker_on_a_lab_host_is_sampled_there_and_left_running(lab,
         assert (record.pid, record.binary, record.managed) == (broker.pid, MOSQUITTO, False)
         assert sampled.cmdline[0] == str(tmp_path / name) and len(record.binary_sha256) == 64
         assert broker.poll() is None and _answers(host.address, 1883)   # never signalled
+        # a broker that ends while it is watched fails the run, saying so
+        watcher = ExternalBackend()
+        watcher.deploy_on_lab_host({"url": url, "sys_topics": False,
+                                    "sample": {"pid": broker.pid, "interval_s": 0.05}}, ssh)
+        broker.kill()
+        assert eventually(lambda: watcher.health() is not None, 5)
+        assert watcher.health() == (f"external broker {url}: its process {broker.pid} "
+                                    f"({name}) on lab-broker has ended")
+        watcher.teardown()
     finally:
         ssh.close()
         broker.kill()

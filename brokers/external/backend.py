@@ -76,8 +76,7 @@ class ExternalBackend:
 
         ``host`` is not used: the broker runs wherever its URL says.
         """
-        return self._deploy(spec, lambda sample: self._watch(
-            sample.pid, sample.process_name, sample.interval_s))
+        return self._deploy(spec, self._watch)
 
     def deploy_on_lab_host(self, spec: Options | Mapping[str, Any], host: SshHost) -> Endpoint:
         """Check the broker at ``spec.url`` answers from here; sample its process on ``host``.
@@ -112,12 +111,12 @@ class ExternalBackend:
             raise
         return endpoint
 
-    def _watch(self, pid: int | None, name: str | None, interval_s: float) -> None:
-        """Sample the broker's process tree (read from /proc; it is never signalled)."""
-        process = find_process(pid, name)
+    def _watch(self, sample: ProcessToSample) -> None:
+        """Sample the broker's process tree here (read from /proc; it is never signalled)."""
+        process = find_process(sample.pid, sample.process_name)
         self._process = process
-        self._sampled = describe_process(process, interval_s)
-        sampler = ProcessTreeSampler(process.pid, interval_s)
+        self._sampled = describe_process(process, sample.interval_s)
+        sampler = ProcessTreeSampler(process.pid, sample.interval_s)
         try:
             sampler.start()
         except psutil.Error as exc:
