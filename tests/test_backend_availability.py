@@ -16,7 +16,17 @@ def test_every_backend_here_is_available_after_make_install():
         "adaptive": None, "fpga": None, "forkpipe": None, "mosquitto": None, "mqtt-sn": None,
         "mqtt-st": None, "p4": None,
         # the generic ones need nothing installed: each spec names its broker
-        "external": None, "command": None}
+        "external": None, "command": None,
+        # make install installs rabbitmq-server and nats-server, the brokers extra amqtt
+        "rabbitmq": None, "nats": None, "amqtt": None}
+
+
+def test_a_missing_third_party_broker_is_named_with_how_to_install_it(monkeypatch):
+    from mqttbed.brokers.command import named
+
+    monkeypatch.setattr(named.shutil, "which", lambda *_a, **_k: None)
+    assert "nats-server is not installed; apt-get install nats-server" in \
+        unavailable_reason("nats")
 
 
 def test_a_missing_mosquitto_is_named_with_how_to_install_it(monkeypatch):
