@@ -40,9 +40,10 @@ UDP_BACKENDS = ["fpga", "mqtt-sn", "p4"]  # fpga: its model speaks MQTT over UDP
 # p4 places its agents in its own network, mqtt-st deploys several brokers: a run with
 # impairments fails on them saying so
 UNSUPPORTED = ["p4", "mqtt-st"]
-# Any broker (a URL, a command): the engine's links sit in front of whatever endpoint
-# deploy returns, but no impairment run here uses them yet.
-NOT_COVERED_YET = ["external", "command"]
+# Any broker (a URL, a command, the third-party presets of command): the engine's links
+# sit in front of whatever endpoint deploy returns, but no impairment run here uses them
+# yet (each costs a campaign of CI time; the path is the one mosquitto's run covers).
+NOT_COVERED_YET = ["external", "command", "rabbitmq", "nats", "amqtt"]
 # the median added delay is a difference of two medians of different paths: under load the
 # direct path's median can exceed the delayed one's excess by ~1 ms (49.1 ms seen)
 DELAY_TOLERANCE_MS = (-2.0, 5.0)
