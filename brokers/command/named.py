@@ -22,47 +22,37 @@ from mqttbed.brokers.command.presets import preset
 from mqttbed.core.backends import BackendDeclaration
 
 
-def _with_preset(name: str, data: Any) -> Any:
-    """The section with its preset named (the preset's fields fill what is left out)."""
-    if isinstance(data, dict):
-        return {**data, "backend": data.get("backend", name), "preset": name}
-    return data
+class PresetOptions(Options):
+    """A preset's own backend: its options name the preset, which fills what is left out."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named(cls, data: Any) -> Any:
+        name = cls.model_fields["preset"].default
+        if isinstance(data, dict):
+            return {**data, "backend": data.get("backend", name), "preset": name}
+        return data
 
 
-class RabbitMqOptions(Options):
+class RabbitMqOptions(PresetOptions):
     """The broker section of a campaign spec for the ``rabbitmq`` backend."""
 
     backend: Literal["rabbitmq"] = "rabbitmq"  # type: ignore[assignment]  # narrows command's
     preset: Literal["rabbitmq"] = "rabbitmq"  # type: ignore[assignment]
 
-    @model_validator(mode="before")
-    @classmethod
-    def _named(cls, data: Any) -> Any:
-        return _with_preset("rabbitmq", data)
 
-
-class NatsOptions(Options):
+class NatsOptions(PresetOptions):
     """The broker section of a campaign spec for the ``nats`` backend."""
 
     backend: Literal["nats"] = "nats"  # type: ignore[assignment]
     preset: Literal["nats"] = "nats"  # type: ignore[assignment]
 
-    @model_validator(mode="before")
-    @classmethod
-    def _named(cls, data: Any) -> Any:
-        return _with_preset("nats", data)
 
-
-class AmqttOptions(Options):
+class AmqttOptions(PresetOptions):
     """The broker section of a campaign spec for the ``amqtt`` backend."""
 
     backend: Literal["amqtt"] = "amqtt"  # type: ignore[assignment]
     preset: Literal["amqtt"] = "amqtt"  # type: ignore[assignment]
-
-    @model_validator(mode="before")
-    @classmethod
-    def _named(cls, data: Any) -> Any:
-        return _with_preset("amqtt", data)
 
 
 class RabbitMqBackend(CommandBackend):

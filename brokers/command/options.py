@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from mqttbed.brokers.command.presets import CommandPreset, preset
-from mqttbed.brokers.command.templates import check_command, check_placeholders, placeholders_in
+from mqttbed.brokers.command.templates import TemplateChecks, placeholders_in
 from mqttbed.core.backends import BrokerFeatures
 from mqttbed.core.protocol import Transport
 
@@ -15,7 +15,7 @@ from mqttbed.core.protocol import Transport
 PRESET_FIELDS = tuple(CommandPreset.model_fields)
 
 
-class Options(BaseModel):
+class Options(TemplateChecks):
     """The broker section of a campaign spec for the ``command`` backend."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -83,30 +83,6 @@ class Options(BaseModel):
         if name is not None:
             preset(name)
         return name
-
-    @field_validator("command", "version_command")
-    @classmethod
-    def _a_command_line(cls, text: str | None) -> str | None:
-        if text is not None:
-            check_command(text)
-        return text
-
-    @field_validator("config_template")
-    @classmethod
-    def _known_placeholders(cls, text: str | None) -> str | None:
-        if text is not None:
-            check_placeholders(text)
-        return text
-
-    @field_validator("env")
-    @classmethod
-    def _env_placeholders(cls, env: dict[str, str]) -> dict[str, str]:
-        for name, value in env.items():
-            try:
-                check_placeholders(value)
-            except ValueError as exc:
-                raise ValueError(f"{name}: {exc}") from None
-        return env
 
     @model_validator(mode="after")
     def _broker_is_told_its_port(self) -> Options:

@@ -15,13 +15,13 @@ import shlex
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field
 
-from mqttbed.brokers.command.templates import check_command, check_placeholders
+from mqttbed.brokers.command.templates import TemplateChecks
 from mqttbed.core.backends import BrokerFeatures
 
 
-class CommandPreset(BaseModel):
+class CommandPreset(TemplateChecks):
     """A broker the ``command`` backend knows by name."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -35,20 +35,6 @@ class CommandPreset(BaseModel):
     ready_timeout_s: float = Field(30.0, gt=0, description="how long it may take to answer")
     features: BrokerFeatures = Field(default_factory=BrokerFeatures,
                                      description="what the broker delivers")
-
-    @field_validator("command", "version_command")
-    @classmethod
-    def _a_command_line(cls, text: str | None) -> str | None:
-        if text is not None:
-            check_command(text)
-        return text
-
-    @field_validator("config_template")
-    @classmethod
-    def _known_placeholders(cls, text: str | None) -> str | None:
-        if text is not None:
-            check_placeholders(text)
-        return text
 
 
 # -- third-party brokers ------------------------------------------------------------------

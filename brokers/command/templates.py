@@ -15,6 +15,8 @@ import re
 import shlex
 from collections.abc import Mapping
 
+from pydantic import BaseModel, field_validator
+
 PLACEHOLDERS = ("port", "config", "dir")
 # a doubled name first (the escape), else a name in single braces
 _PLACEHOLDER = re.compile(r"\{\{([A-Za-z_]\w*)\}\}|\{([A-Za-z_]\w*)\}")
@@ -57,3 +59,32 @@ def render(text: str, values: Mapping[str, str]) -> str:
 def render_command(text: str, values: Mapping[str, str]) -> list[str]:
     """The argv of command line ``text``: split into words, then each word rendered."""
     return [render(word, values) for word in shlex.split(text)]
+
+
+class TemplateChecks(BaseModel):
+    """The checks of every model that holds a broker's command template (the backend's
+    options and each preset): a command that splits, placeholders it knows."""
+
+    @field_validator("command", "version_command", check_fields=False)
+    @classmethod
+    def _a_command_line(cls, text: str | None) -> str | None:
+        if text is not None:
+            check_command(text)
+        return text
+
+    @field_validator("config_template", check_fields=False)
+    @classmethod
+    def _known_placeholders(cls, text: str | None) -> str | None:
+        if text is not None:
+            check_placeholders(text)
+        return text
+
+    @field_validator("env", check_fields=False)
+    @classmethod
+    def _env_placeholders(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            try:
+                check_placeholders(value)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
+        return env
