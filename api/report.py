@@ -7,6 +7,7 @@ The same context renders the live web page and the self-contained HTML file of
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -328,13 +329,13 @@ def broker_ranking(points: list[PointStats]) -> list[dict[str, Any]]:
     rows = []
     for backend in sorted({p.backend for p in points}):
         own = [p for p in points if p.backend == backend]
-        p50s = sorted(p.latency_us.p50 for p in own if p.latency_us.p50 is not None)
+        p50s = [p.latency_us.p50 for p in own if p.latency_us.p50 is not None]
         p99s = [p.latency_us.p99 for p in own if p.latency_us.p99 is not None]
         mine = ranks.get(backend, [])
         rows.append({"backend": backend,
                      "mean_rank": sum(mine) / len(mine) if mine else None,
                      "ranked_points": len(mine), "points": len(own),
-                     "median_p50_us": p50s[len(p50s) // 2] if p50s else None,
+                     "median_p50_us": statistics.median(p50s) if p50s else None,
                      "worst_p99_us": max(p99s) if p99s else None,
                      "lost": sum(p.lost for p in own)})
     return sorted(rows, key=lambda r: (r["mean_rank"] is None, r["mean_rank"] or 0,
