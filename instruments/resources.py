@@ -23,8 +23,13 @@ What each field of a :class:`BrokerStatsSample` means here:
   They are cumulative since each process started. Nothing is kept of a process that
   ended: when its parent reaps it with ``wait()``, Linux adds its counters to the
   parent's, so the tree total already holds them (keeping them too counted a fork/pipe
-  broker's bytes two to three times). Between a child's exit and its reaping its bytes
-  are briefly in neither place, so a sample that falls there reads slightly low.
+  broker's bytes two to three times). An exited child that is not reaped yet (a zombie)
+  still shows its counters, so the bytes are always in exactly one place. A sample reads
+  the tree one process at a time, though, and a reaping between two of those reads
+  would put them in neither read (parent read before, child gone when read: the total
+  drops by the child's bytes for one sample) or in both. So a sample is only kept if
+  every process listed was read and none of them started being reaped before the last
+  read; otherwise it is taken again (see :meth:`ProcessTreeSampler._read_tree`).
   A broker that counts its own traffic can say so instead: given ``io_counters``, the
   sampler takes (bytes received, bytes sent) from it at each sample (the FPGA model does,
   as its UDP ``recvfrom``/``sendto`` never show in ``/proc/<pid>/io``).
@@ -35,6 +40,7 @@ Timestamps are CLOCK_MONOTONIC nanoseconds (:func:`mqttbed.core.clock.monotonic_
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -52,15 +58,35 @@ logger = logging.getLogger(__name__)
 BYTES_PER_KB = 1000
 
 
+# A sample the tree changed under is taken again at once, up to this many tries in all;
+# a reaping takes microseconds and a sample milliseconds, so a second try nearly always
+# holds. A tree that keeps changing gets no sample that tick rather than a wrong one.
+READ_ATTEMPTS = 5
+
+
 @dataclass
 class _Tracked:
-    """A process of the tree and the last I/O counters read from it."""
+    """A process of the tree and its CPU time at the previous kept sample."""
 
     process: psutil.Process
-    read_chars: int = 0
-    write_chars: int = 0
     cpu_ns: int | None = None     # CPU time at the previous sample
     seen_ns: int = 0              # monotonic time of the previous sample
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """What one process's counters read, before the sample they belong to is kept."""
+
+    process: psutil.Process
+    t_ns: int
+    cpu_ns: int
+    rss_bytes: int
+    read_chars: int
+    write_chars: int
+
+
+class _TreeChanged(Exception):
+    """A process of the tree was reaped while the tree was being read."""
 
 
 def _cpu_time_ns(process: psutil.Process) -> int:
@@ -75,14 +101,37 @@ def _cpu_time_ns(process: psutil.Process) -> int:
         return int((times.user + times.system) * 1e9)
 
 
-def _cpu_percent(tracked: _Tracked, now_ns: int) -> float:
+def _read_process(process: psutil.Process) -> _Reading:
+    """Read ``process``'s counters; psutil.NoSuchProcess if it is gone (reaped)."""
+    with process.oneshot():
+        t_ns = monotonic_ns()
+        cpu_ns = _cpu_time_ns(process)
+        rss = process.memory_info().rss
+        io = process.io_counters()
+    return _Reading(process, t_ns, cpu_ns, rss,
+                    getattr(io, "read_chars", 0), getattr(io, "write_chars", 0))
+
+
+def _not_being_reaped(process: psutil.Process) -> bool:
+    """True if ``process`` exists and its parent has not started reaping it.
+
+    A reaping parent marks the child dead (``X``) before it adds the child's I/O to its
+    own and removes the child's /proc entry, so a process seen here neither gone nor
+    dead still held its own bytes at every earlier read of its parent.
+    """
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_DEAD
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _cpu_percent(tracked: _Tracked, reading: _Reading) -> float:
     """Percent of one core ``tracked`` used since it was last read (0 on first sight)."""
-    cpu_ns = _cpu_time_ns(tracked.process)
     previous, previous_t = tracked.cpu_ns, tracked.seen_ns
-    tracked.cpu_ns, tracked.seen_ns = cpu_ns, now_ns
-    if previous is None or now_ns <= previous_t:
+    tracked.cpu_ns, tracked.seen_ns = reading.cpu_ns, reading.t_ns
+    if previous is None or reading.t_ns <= previous_t:
         return 0.0
-    return max(cpu_ns - previous, 0) * 100.0 / (now_ns - previous_t)
+    return max(reading.cpu_ns - previous, 0) * 100.0 / (reading.t_ns - previous_t)
 
 
 class ProcessTreeSampler:
@@ -96,7 +145,6 @@ class ProcessTreeSampler:
         self.interval_s = interval_s
         self._io_counters = io_counters
         self._tracked: dict[int, _Tracked] = {}
-        # I/O of processes that left the tree, so cumulative bytes stay monotonic.
         self._samples: list[BrokerStatsSample] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -127,7 +175,9 @@ class ProcessTreeSampler:
         # the first recorded sample's cpu_percent a real measurement rather than 0.
         root = psutil.Process(self.pid)
         self._tracked[root.pid] = _Tracked(root)
-        self._read_tree()
+        # A tree changing throughout priming only leaves the first sample's CPU at 0.
+        with contextlib.suppress(_TreeChanged):
+            self._read_tree()
         self._thread = threading.Thread(
             target=self._run, name=f"process-tree-sampler-{self.pid}", daemon=True)
         self._thread.start()
@@ -155,7 +205,12 @@ class ProcessTreeSampler:
 
     def _record(self) -> bool:
         """Take one sample and store it; return False once the root process is gone."""
-        sample = self._read_tree()
+        try:
+            sample = self._read_tree()
+        except _TreeChanged:
+            logger.debug("process tree of pid %d changed during %d reads; no sample this "
+                         "tick", self.pid, READ_ATTEMPTS)
+            return True
         if sample is None:
             return False
         with self._lock:
@@ -163,60 +218,86 @@ class ProcessTreeSampler:
         return True
 
     def _read_tree(self) -> BrokerStatsSample | None:
-        """Read every process of the tree once; None if the root process has ended."""
+        """Read every process of the tree once; None if the root process has ended.
+
+        Raises _TreeChanged if no consistent reading was had in READ_ATTEMPTS tries.
+        """
+        for _ in range(READ_ATTEMPTS):
+            listed = self._list_tree()
+            if listed is None:
+                return None
+            try:
+                readings = self._read_consistently(listed)
+            except _TreeChanged:
+                continue
+            return self._keep(readings)
+        raise _TreeChanged(self.pid)
+
+    def _list_tree(self) -> list[psutil.Process] | None:
+        """The root and its descendants, each after its parent; None if the root ended."""
         root = self._tracked.get(self.pid)
         if root is None:
             return None
         try:
             if root.process.status() == psutil.STATUS_ZOMBIE:
                 return None
-            listed = [root.process, *root.process.children(recursive=True)]
+            return [root.process, *root.process.children(recursive=True)]
         except psutil.NoSuchProcess:
             return None
 
+    def _read_consistently(self, listed: list[psutil.Process]) -> list[_Reading]:
+        """Read ``listed``; raise _TreeChanged if a reaping may have moved bytes meanwhile.
+
+        Linux moves a child's I/O into its parent's when the parent reaps it. Parents are
+        read before their children, so a child reaped after its parent's read is found
+        gone at its own read (its bytes would be in neither reading); one reaped between
+        its own read and its parent's is found gone or dead by the check after all reads
+        (its bytes would be in both).
+        """
+        readings = []
+        for process in listed:
+            try:
+                readings.append(_read_process(process))
+            except psutil.AccessDenied:
+                # Never readable (another user's process): not counted in any sample, so
+                # leaving it out keeps the total consistent; its reaper counts it later.
+                continue
+            except psutil.NoSuchProcess:
+                raise _TreeChanged(process.pid) from None
+        for reading in readings:
+            if not _not_being_reaped(reading.process):
+                raise _TreeChanged(reading.process.pid)
+        return readings
+
+    def _keep(self, readings: list[_Reading]) -> BrokerStatsSample:
+        """Turn a consistent set of readings into a sample and move the CPU baselines on."""
         cpu_percent = 0.0
-        rss_bytes = 0
-        live_read = 0
-        live_write = 0
-        seen: set[int] = set()
-        for listed_process in listed:
-            tracked = self._tracked.get(listed_process.pid)
+        for reading in readings:
+            tracked = self._tracked.get(reading.process.pid)
             # psutil.Process equality includes the creation time, so a reused pid is a
             # new process and must not inherit the old one's CPU baseline.
-            if tracked is None or tracked.process != listed_process:
-                tracked = _Tracked(listed_process)
-                self._tracked[listed_process.pid] = tracked
-            process = tracked.process
-            try:
-                with process.oneshot():
-                    cpu = _cpu_percent(tracked, monotonic_ns())
-                    rss = process.memory_info().rss
-                    io = process.io_counters()
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                # Exited (or became a zombie) between listing and reading: leave it to
-                # the retirement below, which keeps its last counters.
-                continue
-            tracked.read_chars = getattr(io, "read_chars", 0)
-            tracked.write_chars = getattr(io, "write_chars", 0)
-            seen.add(process.pid)
-            cpu_percent += cpu
-            rss_bytes += rss
-            live_read += tracked.read_chars
-            live_write += tracked.write_chars
+            if tracked is None or tracked.process != reading.process:
+                tracked = _Tracked(reading.process)
+                self._tracked[reading.process.pid] = tracked
+            cpu_percent += _cpu_percent(tracked, reading)
 
         # Ended processes are forgotten: their reaping parent now holds their I/O.
-        for pid in [pid for pid in self._tracked if pid not in seen and pid != self.pid]:
+        read = {reading.process.pid for reading in readings}
+        for pid in [pid for pid in self._tracked if pid not in read and pid != self.pid]:
             del self._tracked[pid]
 
         if self._io_counters is not None:
-            live_read, live_write = self._io_counters()
+            bytes_recv, bytes_sent = self._io_counters()
+        else:
+            bytes_recv = sum(reading.read_chars for reading in readings)
+            bytes_sent = sum(reading.write_chars for reading in readings)
         return BrokerStatsSample(
             t_ns=monotonic_ns(),
             cpu_percent=cpu_percent,
-            rss_bytes=rss_bytes,
-            bytes_recv=live_read,
-            bytes_sent=live_write,
-            processes=len(seen),
+            rss_bytes=sum(reading.rss_bytes for reading in readings),
+            bytes_recv=bytes_recv,
+            bytes_sent=bytes_sent,
+            processes=len(readings),
         )
 
 

@@ -15,7 +15,8 @@ import pytest
 from mqttbed.brokers.mosquitto.backend import MosquittoBackend, Options
 from mqttbed.core.host import LocalHost, LocalProcess
 from mqttbed.core.samples import BrokerStatsSample
-from mqttbed.instruments.resources import ProcessTreeSampler, summarize
+from mqttbed.instruments.resources import READ_ATTEMPTS, ProcessTreeSampler, summarize
+from tests.conftest import eventually
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -102,6 +103,151 @@ def test_sampler_keeps_bytes_of_children_that_exit(tmp_path):
     sent = [s.bytes_sent for s in samples]
     assert sent == sorted(sent), "cumulative bytes went backwards when a child exited"
     assert sent[-1] - sent[0] >= 4_000_000
+
+
+class ReapDuringRead:
+    """Makes a child be reaped at an exact point of the sampler's reads.
+
+    The parent sampled forks one child that writes 1 MB, waits for ``go`` to exist, then
+    exits; the parent reaps it at once (Linux then moves its I/O counters into the
+    parent's). Reading ``/proc/<pid>/io`` of ``trigger_on`` (``"parent"`` or ``"child"``)
+    once the child's bytes were counted in an earlier sample creates ``go`` and waits
+    until the child is reaped, before or after that read (``when``), so the interleaving
+    a loaded machine produces by chance happens on every run.
+    """
+
+    def __init__(self, tmp_path: Path, trigger_on: str, when: str):
+        self.go = tmp_path / "go"
+        self.trigger_on, self.when = trigger_on, when
+        self.parent = spawn_python(f"""
+            import os, time
+            child = os.fork()
+            if child == 0:
+                with open(os.devnull, "wb", buffering=0) as sink:
+                    sink.write(b"x" * 1_000_000)
+                while not os.path.exists({str(self.go)!r}):
+                    time.sleep(0.002)
+                os._exit(0)
+            os.waitpid(child, 0)
+            time.sleep(30)
+            """, tmp_path)
+        wait_for_children(self.parent.pid, 1)
+        self.child = psutil.Process(self.parent.pid).children()[0]
+        deadline = time.monotonic() + 3
+        while self.child.io_counters().write_chars < 1_000_000:
+            assert time.monotonic() < deadline, "the child did not write its 1 MB"
+            time.sleep(0.01)
+        self.armed = threading.Event()   # set once a sample has counted the child
+        self.fired = threading.Event()   # set once the child was reaped mid-read
+
+    def io_counters(self, original):
+        """A stand-in for psutil.Process.io_counters that reaps the child on cue."""
+        harness = self
+
+        def io_counters(process: psutil.Process):
+            target = harness.parent.pid if harness.trigger_on == "parent" else harness.child.pid
+            cue = (process.pid == target and harness.armed.is_set()
+                   and not harness.fired.is_set())
+            if cue and harness.when == "before":
+                harness.reap_child()
+            counters = original(process)
+            if cue and harness.when == "after":
+                harness.reap_child()
+            return counters
+
+        return io_counters
+
+    def reap_child(self) -> None:
+        self.go.touch()
+        deadline = time.monotonic() + 5
+        while self.child.is_running():
+            assert time.monotonic() < deadline, "the child was not reaped"
+            time.sleep(0.002)
+        self.fired.set()
+
+
+@pytest.mark.parametrize(("trigger_on", "when"), [
+    ("parent", "after"),    # parent read without the child's bytes, child gone when read
+    ("child", "after"),     # child read, then its bytes move into the parent
+    ("parent", "before"),   # parent read with the child's bytes, child's /proc entry gone
+    ("child", "before"),    # child gone at its own read
+])
+def test_sampler_bytes_never_go_backwards_when_a_child_is_reaped_mid_sample(
+        tmp_path, monkeypatch, trigger_on, when):
+    # Linux moves a reaped child's I/O counters into its parent's; a sample reads the tree
+    # one process at a time, so a reaping between two of its reads must not lose the
+    # child's bytes (or count them twice) in that sample.
+    harness = ReapDuringRead(tmp_path, trigger_on, when)
+    monkeypatch.setattr(psutil.Process, "io_counters",
+                        harness.io_counters(psutil.Process.io_counters))
+    try:
+        sampler = ProcessTreeSampler(harness.parent.pid, interval_s=0.02)
+        sampler.start()
+        deadline = time.monotonic() + 5
+        while not any(s.processes == 2 for s in sampler.samples):
+            assert time.monotonic() < deadline, sampler.samples
+            time.sleep(0.01)
+        harness.armed.set()
+        assert harness.fired.wait(5), "the sampler never read the process that was the cue"
+        count = len(sampler.samples)
+        while len(sampler.samples) < count + 3:
+            assert time.monotonic() < deadline + 5, sampler.samples
+            time.sleep(0.01)
+        samples = sampler.stop()
+    finally:
+        harness.parent.stop(timeout_s=1.0)
+
+    assert sampler.error is None
+    sent = [s.bytes_sent for s in samples]
+    assert sent == sorted(sent), f"cumulative bytes went backwards: {sent}"
+    assert samples[-1].processes == 1
+    # the child's megabyte, counted while it lived, is counted once after it is reaped
+    assert 1_000_000 <= sent[-1] < 2_000_000, sent
+
+
+def test_a_tree_that_changes_under_every_read_gives_no_sample_rather_than_a_wrong_one(
+        tmp_path, monkeypatch):
+    # A child that always reads as being reaped (status X) makes every read of the tree
+    # suspect: the sampler records nothing for those ticks, keeps running, and samples
+    # again once the tree holds still.
+    parent = spawn_python("""
+        import os, time
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        time.sleep(30)
+        """, tmp_path)
+    try:
+        wait_for_children(parent.pid, 1)
+        child_pid = psutil.Process(parent.pid).children()[0].pid
+        original_status = psutil.Process.status
+        dying = threading.Event()
+        dead_reads: list[int] = []   # samples kept so far, at each read of the child as X
+
+        def status(process: psutil.Process) -> str:
+            if process.pid == child_pid and dying.is_set():
+                # runs in the sampler's thread: every sample read before is stored by now
+                dead_reads.append(len(sampler.samples))
+                return psutil.STATUS_DEAD
+            return original_status(process)
+
+        monkeypatch.setattr(psutil.Process, "status", status)
+        sampler = ProcessTreeSampler(parent.pid, interval_s=0.02)
+        sampler.start()
+        assert eventually(lambda: len(sampler.samples) >= 2, timeout_s=5)
+        dying.set()
+        # three whole ticks' tries, all refused
+        assert eventually(lambda: len(dead_reads) >= 3 * READ_ATTEMPTS, timeout_s=10)
+        dying.clear()
+        kept_while_dying = dead_reads[-1] - dead_reads[0]
+        assert sampler.running
+        assert eventually(lambda: len(sampler.samples) > dead_reads[-1], timeout_s=5)
+        samples = sampler.stop()
+    finally:
+        parent.stop(timeout_s=1.0)
+    assert kept_while_dying == 0, "a sample was kept from a tree that changed under it"
+    assert sampler.error is None
+    assert samples[-1].processes == 2
 
 
 def test_sampler_stops_promptly_and_takes_a_last_sample(tmp_path):
