@@ -13,7 +13,8 @@ on the backend (or ``issubclass`` on its class), never looked up with ``getattr`
 - :class:`FaultSchedule`: causes a fault at a time of the run, and reports it;
 - :class:`OwnNetwork`: builds its own network and places the run's agents in it;
 - :class:`RunsOnLabHost`: can deploy its broker on a lab host over SSH;
-- :class:`StandaloneServer`: runs by hand as ``mqttbed broker run NAME``.
+- :class:`StandaloneServer`: runs by hand as ``mqttbed broker run NAME`` (the
+  declaration's ``standalone``, so listing servers imports no backend class).
 
 Backends are found in :data:`BUILTIN_BACKENDS` and in the ``mqttbed.backends`` entry-point
 group (a name → ``module:ATTRIBUTE`` of a declaration), so a user adds a broker by
