@@ -6,7 +6,7 @@ EXTRAS := agent,controller,analytics,p4,brokers,dev
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: install system-deps test rtl-test lint fuzz demo bench docs clean lab-up lab-down
+.PHONY: install system-deps test test-system rtl-test lint fuzz demo bench docs clean lab-up lab-down
 
 install: system-deps $(VENV)/.installed
 
@@ -22,14 +22,22 @@ $(VENV)/.installed: pyproject.toml
 lint: install
 	$(VENV)/bin/ruff check .
 
+# Three tiers, which CI (.ci/run) runs in this order and which together are every test:
+#   test         everything but the long end-to-end tests (`system` marker): minutes
+#   test-system  the `system` tests (whole campaigns through the CLI, REST, a lab, a Spark
+#                cluster, a browser) but the RTL's, which rtl-test runs
+#   rtl-test     every `rtl` test, the FPGA broker's RTL in full
 test: install lint
-	$(PY) -m pytest -ra --durations=40
+	$(PY) -m pytest -ra --durations=40 -m "not system"
 
-# The FPGA broker's RTL suite in full (brokers/fpga/rtl): what `make test` runs of it, plus
-# the whole-broker cocotb tests, the 4,096th subscriber and the yosys synthesis (minutes).
+test-system: install
+	$(PY) -m pytest -ra --durations=40 -m "system and not rtl"
+
+# The FPGA broker's RTL suite in full (brokers/fpga/rtl, `rtl` marker): what `make test`
+# runs of it, plus the Verilator harness and whole-broker cocotb tests, the 4,096th
+# subscriber, the yosys synthesis and a campaign against the RTL (minutes).
 rtl-test: install
-	MQTTBED_RTL_FULL=1 $(PY) -m pytest -q tests/test_fpga_rtl.py tests/test_fpga_rtl_cocotb.py \
-		tests/test_fpga_rtl_synth.py tests/test_fpga_rtl_campaign.py
+	MQTTBED_RTL_FULL=1 $(PY) -m pytest -ra --durations=20 -m rtl
 
 # Longer fuzz runs than the tests' bounded ones: random examples for the Python parsers
 # and the REST API, then libFuzzer on the fork/pipe broker's packet path for FUZZ_SECONDS.

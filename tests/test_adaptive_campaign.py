@@ -33,6 +33,7 @@ SPEC = {
 }
 
 
+@pytest.mark.system
 @pytest.mark.timeout(300)
 def test_mqttbed_run_on_the_adaptive_broker_delivers_a_mix_and_reports_withholding(tmp_path):
     _, stats_path = run_cli(SPEC, tmp_path)

@@ -144,6 +144,8 @@ def wait_until_gone(groups: list[int], tag: str, timeout_s: float) -> list[int]:
         time.sleep(0.05)
 
 
+@pytest.mark.system
+@pytest.mark.timeout(240)
 @pytest.mark.integration
 def test_killed_then_stopped_controller_leaves_nothing_and_the_campaign_completes_once(
         lab, spark):

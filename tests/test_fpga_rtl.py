@@ -30,7 +30,10 @@ from mqttbed.core.mqtt_codec import (
     encode_publish,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+# system: a Verilator build of the harness (half a minute from empty) before any test;
+# rtl-test runs them.
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.rtl,
+              pytest.mark.timeout(180)]
 
 
 class Harness:

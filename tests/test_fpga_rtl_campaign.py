@@ -28,7 +28,7 @@ from mqttbed.controller.controller import create_controller
 from mqttbed.core.settings import Settings
 from tests.conftest import child_processes
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.integration, pytest.mark.rtl, pytest.mark.timeout(400)]
 
 
 def test_a_bad_engine_names_the_field_and_the_value():
@@ -43,6 +43,7 @@ def test_the_quick_rtl_campaign_pairs_mosquitto_with_the_rtl():
             for r in runs] == [("mosquitto", None), ("fpga-rtl", "rtl")]
 
 
+@pytest.mark.system
 @pytest.mark.skipif(os.environ.get("MQTTBED_RTL_FULL") != "1",
                     reason="three runs and a Spark session: make rtl-test")
 def test_the_papers_comparison_runs_against_the_rtl_and_reports_its_cycle_latency(tmp_path):

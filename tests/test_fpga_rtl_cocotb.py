@@ -15,7 +15,9 @@ import pytest
 
 from mqttbed.brokers.fpga.rtl.build import run_cocotb
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+# system: the whole broker simulated cycle by cycle (a minute and more); rtl-test runs it.
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.rtl,
+              pytest.mark.timeout(300)]
 
 
 # The whole broker against the model is minutes of simulation: `make rtl-test` runs it

@@ -13,7 +13,7 @@ import pytest
 from mqttbed.brokers.fpga.rtl.build import ensure_synth, parse_stat
 
 pytestmark = [
-    pytest.mark.integration, pytest.mark.timeout(1200),
+    pytest.mark.integration, pytest.mark.system, pytest.mark.rtl, pytest.mark.timeout(1200),
     pytest.mark.skipif(os.environ.get("MQTTBED_RTL_FULL") != "1",
                        reason="yosys synthesis takes minutes: make rtl-test")]
 

@@ -107,6 +107,7 @@ def run_all(controller, spec: dict) -> list[Measured]:
     return [Measured(controller, row) for row in runs]
 
 
+@pytest.mark.system
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", TCP_BACKENDS)
 def test_delay_adds_its_value_to_the_impaired_groups_latency_only(controller, backend):
@@ -143,6 +144,7 @@ def test_delay_adds_its_value_to_the_impaired_groups_latency_only(controller, ba
                                                (every, "sub-1"))) >= 50
 
 
+@pytest.mark.system
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("backend", ["fpga", "mqtt-sn"])
 def test_loss_on_udp_drops_its_share_of_qos0_messages_within_four_sigma(controller, backend):
@@ -162,6 +164,7 @@ def test_loss_on_udp_drops_its_share_of_qos0_messages_within_four_sigma(controll
     assert sum("--probability 0.200000 -j DROP" in c for c in commands) == 2
 
 
+@pytest.mark.system
 @pytest.mark.timeout(90)
 def test_loss_on_tcp_shows_as_latency_not_as_lost_messages(controller):
     spec = spec_with("mosquitto", [{"group": "sub-1", "loss_percent": 10}], rate_hz=50,
@@ -177,6 +180,7 @@ def test_loss_on_tcp_shows_as_latency_not_as_lost_messages(controller):
     assert measured.latency_ms("sub-1", 1.0) >= 10
 
 
+@pytest.mark.system
 @pytest.mark.timeout(90)
 def test_a_rate_cap_caps_the_impaired_groups_throughput(controller):
     spec = spec_with("mosquitto", [{"group": "sub-1", "rate_kbit": 800}], rate_hz=150,
@@ -300,6 +304,7 @@ def _journal_with_a_host(pid: int) -> str | None:
     return None
 
 
+@pytest.mark.system
 @pytest.mark.timeout(120)
 def test_a_sigkilled_run_leaves_nothing_once_reaped(tmp_path):
     spec = spec_with("mosquitto", [{"group": "subscribers", "delay_ms": 10, "loss_percent": 5,

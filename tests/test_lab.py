@@ -71,6 +71,7 @@ def mqttbed(*args: str, data_dir: Path, ok: bool = True) -> subprocess.Completed
     return done
 
 
+@pytest.mark.system
 @pytest.mark.integration
 def test_lab_hosts_are_provisioned_run_a_campaign_and_are_removed(lab, tmp_path):
     started = time.monotonic()

@@ -37,6 +37,7 @@ def _our_processes() -> set[int]:
             if p.is_running() and p.status() != psutil.STATUS_ZOMBIE}
 
 
+@pytest.mark.system
 def test_a_thousand_publishers_and_a_thousand_subscribers_deliver_exactly_and_leave_nothing():
     spec = parse_spec({
         "name": "scale",

@@ -14,7 +14,7 @@ import pytest
 from mqttbed.analytics.results_files import read_stats_parquet
 from tests.test_spine_end_to_end import assert_nothing_left, run_cli
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(240)]
 
 SUBSCRIBERS = 3
 SMALL = {"name": "small", "topic": "mix/small", "payload_bytes": 100, "rate_hz": 50,

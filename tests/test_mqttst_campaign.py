@@ -46,6 +46,7 @@ def tree_processes() -> set[int]:
     return {p.pid for p in processes_mentioning("mqttbed.brokers.mqttst")}
 
 
+@pytest.mark.system
 @pytest.mark.timeout(300)
 def test_killing_the_root_elects_the_next_and_delivery_resumes(tmp_path):
     before = tree_processes()
@@ -70,6 +71,7 @@ def test_killing_the_root_elects_the_next_and_delivery_resumes(tmp_path):
     assert tree_processes() <= before
 
 
+@pytest.mark.system
 @pytest.mark.timeout(400)
 def test_the_three_placements_over_the_rest_api(tmp_path):
     from tests.conftest import Served

@@ -53,6 +53,7 @@ def proxies() -> set[int]:
     return {p.pid for p in processes_mentioning(PROXY)}
 
 
+@pytest.mark.system
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_wan_delays_land_where_the_regions_put_them_and_no_proxy_is_left(tmp_path):

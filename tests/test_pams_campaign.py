@@ -51,6 +51,7 @@ def run_prefixes(data_dir: Path) -> list[str]:
             for path in data_dir.glob("campaigns/*/runs/*/run.json")]
 
 
+@pytest.mark.system
 @pytest.mark.timeout(300)
 def test_the_pams_packets_campaign_from_the_cli_accelerates_and_leaves_nothing(tmp_path):
     spec_path = tmp_path / "spec.yaml"
@@ -77,6 +78,7 @@ def test_the_pams_packets_campaign_from_the_cli_accelerates_and_leaves_nothing(t
     assert set(gateways_running()) <= before
 
 
+@pytest.mark.system
 @pytest.mark.timeout(300)
 def test_a_pams_point_over_the_rest_api_delivers_everything(tmp_path):
     from tests.conftest import Served
@@ -108,6 +110,7 @@ def journal_of(pid: int) -> dict | None:
     return None
 
 
+@pytest.mark.system
 @pytest.mark.timeout(120)
 def test_a_run_killed_mid_way_is_reaped_with_everything_running_inside(tmp_path):
     spec_path = tmp_path / "spec.yaml"

@@ -201,6 +201,7 @@ def iptables_in(namespace: str, *rule: str) -> None:
     subprocess.run(["ip", "netns", "exec", namespace, "iptables", "-w", *rule], check=True)
 
 
+@pytest.mark.system
 def test_network_cut_to_the_controller_for_10_s_retries_chunks_and_stores_each_once(
         controller, updates):
     """Fault row "agent's network to the controller cut for 10 s": the subscribers' agent

@@ -11,7 +11,7 @@ from mqttbed.controller.analysis import analyze_campaign
 from mqttbed.controller.assignments import FIRST_GPIO_PIN
 from mqttbed.controller.db import RunRow
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.system]
 
 SPEC = {
     "name": "scoped", "agents": {"count": 2},

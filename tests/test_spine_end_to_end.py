@@ -13,7 +13,7 @@ import yaml
 
 from tests.conftest import processes_tagged, run_tagged
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(240)]
 
 SPEC = {
     "name": "two-points",
