@@ -8,7 +8,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from mqttbed.analytics.results import ScopeRun
-from mqttbed.analytics.spark import get_spark
 from mqttbed.analytics.stats import RunInfo, compute_campaign_stats
 from mqttbed.core.events import EVENT_COLUMNS, arrow_schema
 
@@ -57,7 +56,7 @@ def scope_rows():
 
 
 @pytest.fixture(scope="module")
-def stats(tmp_path_factory):
+def stats(tmp_path_factory, spark):
     root = tmp_path_factory.mktemp("scope")
     write(root, "r-trusted", software_rows(2 * US) + scope_rows())
     write(root, "r-doubtful", software_rows(9 * US))
@@ -71,7 +70,7 @@ def stats(tmp_path_factory):
                     state="done", backend="mosquitto", max_clock_uncertainty_fraction=0.1),
             RunInfo(run_id="r-timesync", point_index=2, params={}, repetition=0,
                     state="done", backend="mosquitto", mode="time-sync")]
-    results = compute_campaign_stats(get_spark(), events_path=root / "events",
+    results = compute_campaign_stats(spark, events_path=root / "events",
                                      samples_path=root / "none",
                                      campaign={"id": "c", "name": "scope"}, runs=runs)
     return results.model_dump(mode="json")

@@ -27,7 +27,6 @@ pytest.importorskip("pyspark")
 from mqttbed.analytics.confidence import bootstrap_interval  # noqa: E402
 from mqttbed.analytics.figures import SKETCH_LEVELS, QuantileSketch  # noqa: E402
 from mqttbed.analytics.results_files import write_stats  # noqa: E402
-from mqttbed.analytics.spark import get_spark, stop_spark  # noqa: E402
 from mqttbed.analytics.stats import (  # noqa: E402
     RunInfo,
     StreamInfo,
@@ -43,7 +42,6 @@ from mqttbed.core.sections import (  # noqa: E402
     Distribution,
     SectionBlock,
 )
-from mqttbed.core.settings import Settings  # noqa: E402
 
 CAMPAIGN = "camp-1"
 T0 = 5_000_000_000_000
@@ -399,13 +397,6 @@ def _assert_figures(actual: dict[str, Any], expected: dict[str, Any]) -> None:
 
 
 # -- fixtures -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def spark():
-    session = get_spark(Settings.load(spark_master="local[2]"))
-    yield session
-    stop_spark()
 
 
 @pytest.fixture(scope="module")
