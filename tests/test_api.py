@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from mqttbed.controller.documents import ResultsReady
+from tests.conftest import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -141,6 +142,15 @@ def test_parquet_export_is_a_zip_of_the_dataset_with_a_manifest(served):
             assert agent["gpio"]["backend"] == "virtual"
 
 
+def stored_rows(served, campaign_id: str) -> int:
+    """Event rows of ``campaign_id``'s runs stored so far, by the controller's own record."""
+    from mqttbed.controller.db import ChunkRow
+
+    with served.controller.sessions() as s:
+        return sum(c.rows for c in s.query(ChunkRow).filter(
+            ChunkRow.run_id.like(f"{campaign_id}-%")))
+
+
 def test_cancel_stops_the_running_run_and_keeps_its_events(served):
     spec = {"name": "to-cancel", "agents": {"count": 1},
             "workload": {"subscribers": 2, "rate_hz": 200, "messages": 4000,
@@ -153,7 +163,9 @@ def test_cancel_stops_the_running_run_and_keeps_its_events(served):
                 "running":
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        time.sleep(2.5)  # let a few chunks arrive
+        # cancel once a few chunks are stored (they come every second), not after a guess
+        assert eventually(lambda: stored_rows(served, campaign_id) > 200, timeout_s=60), \
+            "no events stored while the run was running"
         assert http.post(f"/api/v1/campaigns/{campaign_id}/cancel").status_code == 200
         campaign = served.wait_for_status(campaign_id, ("cancelled",), 120)
         (run,) = campaign["runs"]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import time
+import threading
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+# 300 s: the first test also sets up `served` (a campaign, and in a run of the system tier
+# the process's first Spark session) and Chromium
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(300)]
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -59,12 +61,15 @@ def test_a_report_opened_while_running_shows_analysing_then_the_stats(served, br
     from mqttbed.controller import lifecycle
 
     real_analysis = lifecycle.analyze_campaign
+    page_saw_analysing = threading.Event()
 
-    def slow_analysis(*args, **kwargs):
-        time.sleep(4.5)  # longer than the page's 2 s poll, so it is seen analysing
+    def held_analysis(*args, **kwargs):
+        # held until the page has shown "analysing" (however long its load and 2 s poll
+        # take), then released at once
+        page_saw_analysing.wait(timeout=60)
         return real_analysis(*args, **kwargs)
 
-    monkeypatch.setattr(lifecycle, "analyze_campaign", slow_analysis)
+    monkeypatch.setattr(lifecycle, "analyze_campaign", held_analysis)
     spec = {"name": "watched", "agents": {"count": 1},
             "workload": {"subscribers": 2, "rate_hz": 200, "messages": 400,
                          "warmup_messages": 0}}
@@ -84,7 +89,12 @@ def test_a_report_opened_while_running_shows_analysing_then_the_stats(served, br
         note(); new MutationObserver(note).observe(status, {childList: true});
     });""")
     page.goto(f"{served.url}/campaigns/{campaign_id}")
-    page.wait_for_selector("#summary tbody tr", timeout=240_000)
+    try:
+        page.wait_for_function(
+            "document.getElementById('status')?.textContent === 'analysing'", timeout=60_000)
+    finally:
+        page_saw_analysing.set()
+    page.wait_for_selector("#summary tbody tr", timeout=100_000)
     seen = page.evaluate("JSON.parse(sessionStorage.getItem('seen'))")
     assert seen[-2:] == ["analysing", "done"], seen
     assert page.inner_text("#status") == "done"
