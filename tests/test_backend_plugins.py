@@ -133,6 +133,7 @@ def installed_plugin(tmp_path: Path):
         backends.refresh()
 
 
+@pytest.mark.system  # a pip install, a campaign, a pip uninstall
 def test_an_installed_plugin_is_found_runs_a_campaign_and_is_gone_when_uninstalled(
         installed_plugin, controller):
     assert "probe" in backends.backend_names()

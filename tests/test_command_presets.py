@@ -177,6 +177,7 @@ def names_running(names: tuple[str, ...]) -> set[int]:
 
 
 @pytest.mark.integration  # RabbitMQ, NATS server, amqtt
+@pytest.mark.system
 @pytest.mark.timeout(120)  # RabbitMQ alone takes 7-12 s to answer
 @pytest.mark.parametrize("name", ["rabbitmq", "nats", "amqtt"])
 def test_each_installed_preset_carries_1000_qos0_and_1000_qos1_messages_and_leaves_nothing(name):
