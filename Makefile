@@ -19,8 +19,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
 	touch $@
 
-lint: install
+lint: install   # ruff, and the import contracts of pyproject.toml (the dependency direction)
 	$(VENV)/bin/ruff check .
+	$(PY) scripts/lint_imports.py
 
 # Three tiers, which CI (.ci/run) runs in this order and which together are every test:
 #   test         everything but the long end-to-end tests (`system` marker): minutes
