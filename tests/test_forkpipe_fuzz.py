@@ -112,6 +112,9 @@ def test_mutated_packets_never_stop_a_well_behaved_client_being_served(sanitizer
             sent += 1
             assert deployed.backend.health() is None, f"seed {SEED} case {sent}: {data!r}"
         assert sent >= 100, f"only {sent} cases in {TIME_BUDGET_S} s"
+        # The fuzz connections' client processes exit first (under the sanitizers, on a
+        # loaded machine, hundreds of them take seconds: a CONNACK waited 3 s behind them)
+        assert eventually(lambda: deployed.processes() == 1, timeout_s=30)
 
         subscriber = deployed.client("good-sub")
         subscriber.subscribe("after/fuzz/#")
