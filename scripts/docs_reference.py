@@ -206,7 +206,9 @@ def settings_page() -> str:
              "command-line option over both). A bad value stops the command with the "
              "variable and the value: `mqttbed analyze: bad setting: "
              "MQTTBED_SPARK_DRIVER_MEMORY: expected a JVM memory size such as 512m or 2g "
-             "(got '2 GB')`.", ""]
+             "(got '2 GB')`. Command-line options that set the same thing (`--data-dir`, "
+             "`--spark-master`, `--ca-file`, `--tls-cert`, `--tls-key`: see the "
+             "[command line](cli.md)) win over both.", ""]
     for model in (Settings, ClientSettings, AgentSettings):
         doc = " ".join((model.__doc__ or "").split()).replace("``", "`")
         lines += [f"## {model.__name__}", "", doc, "",
