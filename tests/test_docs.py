@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 import subprocess
 import sys
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -96,3 +99,113 @@ def test_docs_site_builds_strict_without_a_warning(tmp_path):
                  "reference/settings/index.html", "writing-a-backend/index.html",
                  "stats.schema.json", "explanation/architecture/index.html"):
         assert (tmp_path / page).is_file(), page
+
+
+# ---------------------------------------------------------------------------------------
+# Docs that run: every shell block of the tutorials is executed here, or marked as needing
+# hardware (a `<!-- docs-test: hardware -->` marker this test reads, under a visible
+# "Needs hardware" admonition). A block marked `<!-- docs-test: system -->` is long: it runs
+# in `make test-system`, with the page's other blocks, in order, in one shell. Unmarked
+# blocks are short: they run in `make test`, and must not need the long ones before them.
+
+TUTORIALS = sorted((ROOT / "docs" / "tutorials").glob("*.md"))
+SHELL_LANGUAGES = {"", "sh", "bash", "shell", "console"}
+TIERS = {"short", "system", "hardware"}
+FENCE = re.compile(r"^(?P<indent>\s*)```(?P<language>[\w-]*)")
+MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(?P<tier>[\w-]+)\s*-->\s*$")
+
+
+@dataclass(frozen=True)
+class ShellBlock:
+    """One fenced shell block of a docs page: where it is, its tier, its commands."""
+
+    page: Path
+    line: int
+    tier: str
+    code: str
+    preceding: str  # the page's text since the block before (where an admonition goes)
+
+
+def shell_blocks(page: Path) -> list[ShellBlock]:
+    """Every shell block of ``page``, in order, with the tier its marker gives."""
+    lines = page.read_text().splitlines()
+    blocks, n, since = [], 0, 0
+    while n < len(lines):
+        fence = FENCE.match(lines[n])
+        if not fence:
+            n += 1
+            continue
+        indent, language = fence["indent"], fence["language"]
+        end = n + 1
+        while end < len(lines) and lines[end].strip() != "```":
+            end += 1
+        if language in SHELL_LANGUAGES:
+            before = [line for line in lines[since:n] if line.strip()]
+            marker = MARKER.match(before[-1]) if before else None
+            code = "\n".join(line.removeprefix(indent) for line in lines[n + 1:end])
+            blocks.append(ShellBlock(page, n + 1, marker["tier"] if marker else "short", code,
+                                     "\n".join(lines[since:n])))
+        since = n = end + 1
+    return blocks
+
+
+def _run_blocks(blocks: list[ShellBlock], workdir: Path, timeout_s: float) -> None:
+    """Run ``blocks`` in order in one bash, in ``workdir`` beside the repository's
+    campaigns/ and .venv/ (the paths the tutorials use), with its own data dir."""
+    for name in ("campaigns", ".venv"):
+        (workdir / name).symlink_to(ROOT / name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MQTTBED_")}
+    env["PATH"] = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    script = "set -euo pipefail\n" + "\n".join(
+        f"# {block.page.name}:{block.line}\n{block.code}" for block in blocks)
+    result = subprocess.run(["bash", "-c", script], cwd=workdir, env=env, text=True,
+                            capture_output=True, timeout=timeout_s)
+    assert result.returncode == 0, (
+        f"a tutorial's shell blocks failed (exit {result.returncode}):\n{script}\n--- stdout\n"
+        f"{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}")
+
+
+def test_every_tutorial_shell_block_runs_or_is_visibly_marked_as_needing_hardware():
+    assert TUTORIALS, "docs/tutorials has no page"
+    for page in TUTORIALS:
+        blocks = shell_blocks(page)
+        assert any(block.tier != "hardware" for block in blocks), (
+            f"{page.name}: no block the test runs")
+        for block in blocks:
+            where = f"{page.name}:{block.line}"
+            assert block.tier in TIERS, f"{where}: unknown docs-test marker {block.tier!r}"
+            if block.tier == "hardware":
+                assert '!!! warning "Needs hardware"' in block.preceding, (
+                    f"{where}: a hardware block needs a visible 'Needs hardware' admonition "
+                    "before it")
+
+
+def test_shell_blocks_are_found_with_their_markers(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("intro\n\n```sh\necho short\n```\n\n<!-- docs-test: system -->\n"
+                    "```bash\necho long\n```\n\n```yaml\nnot: shell\n```\n\n"
+                    '1. step\n\n   !!! warning "Needs hardware"\n       a Pi\n\n'
+                    "   <!-- docs-test: hardware -->\n   ```\n   ssh pi\n   ```\n")
+    blocks = shell_blocks(page)
+    assert [(b.tier, b.code) for b in blocks] == [
+        ("short", "echo short"), ("system", "echo long"), ("hardware", "ssh pi")]
+
+
+@pytest.mark.integration  # runs mqttbed commands
+@pytest.mark.parametrize("page", TUTORIALS, ids=[p.stem for p in TUTORIALS])
+def test_short_shell_blocks_of_the_tutorial_run(page, tmp_path):
+    blocks = [block for block in shell_blocks(page) if block.tier == "short"]
+    if not blocks:
+        pytest.skip(f"{page.name} has only long or hardware blocks")
+    _run_blocks(blocks, tmp_path, timeout_s=100)
+
+
+@pytest.mark.integration
+@pytest.mark.system  # whole campaigns, Spark analyses
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("page", TUTORIALS, ids=[p.stem for p in TUTORIALS])
+def test_the_whole_tutorial_runs(page, tmp_path):
+    blocks = [block for block in shell_blocks(page) if block.tier != "hardware"]
+    if not any(block.tier == "system" for block in blocks):
+        pytest.skip(f"{page.name} has no long block (its short ones run in make test)")
+    _run_blocks(blocks, tmp_path, timeout_s=1150)
