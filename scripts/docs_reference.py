@@ -141,7 +141,7 @@ def _model_tables(model: type[BaseModel], path_of: dict[type[BaseModel], str],
             doc = (owner.__doc__ or "").strip().split("\n\n")[0]
             out += ["", f"{heading} `{where}`", ""]
             if doc:
-                out += [" ".join(doc.split()), ""]
+                out += [" ".join(doc.split()).replace("``", "`"), ""]
             out += ["| field | type | default | bounds | description |",
                     "| --- | --- | --- | --- | --- |"]
         key = field.alias or name
@@ -182,7 +182,7 @@ def spec_page() -> str:
              "package in the `mqttbed.backends` entry-point group).", ""]
     for name in backends.backend_names():
         declared = backends.declaration(name)
-        lines += [f"### `{name}`", "", _cell(declared.summary), ""]
+        lines += [f"### `{name}`", "", _cell(declared.summary).replace("``", "`"), ""]
         qos = ", ".join(str(q) for q in declared.features.qos) if hasattr(
             declared.features, "qos") else ""
         if qos:
