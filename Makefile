@@ -56,8 +56,11 @@ demo: install
 bench: install   # every bench/ script, then one table of their closing JSON lines
 	$(PY) bench/run_all.py
 
-docs: install   # the published JSON schema of the results document
+# The published JSON schema of the results document, then the docs site (mkdocs.yml), built
+# strict into build/site; its Reference pages are generated from the code as it builds.
+docs: install
 	$(VENV)/bin/mqttbed schema stats > docs/stats.schema.json
+	$(PY) -m mkdocs build --strict --site-dir build/site
 
 # A lab on this machine: LAB_HOSTS network namespaces with their own sshd on a private
 # bridge (python -m mqttbed.network.lab); it prints how to provision them. Needs root.

@@ -49,7 +49,8 @@ class BrokerSection(BaseModel):
     """The broker backend and its backend-specific options (validated by the backend)."""
 
     model_config = ConfigDict(extra="allow")
-    backend: str = "mosquitto"
+    backend: str = Field("mosquitto", description="which backend deploys the broker; the rest "
+                                                  "of the section is its options")
     host: str | None = Field(None, min_length=1, max_length=64,
                              description="a lab host (mqttbed lab provision) to run the broker "
                                          "on, over SSH; default: the controller's machine")
@@ -90,13 +91,13 @@ class Stream(_Strict):
 
     name: str | None = Field(None, min_length=1, max_length=200,
                              description="how the results name the stream; default: its topic")
-    topic: PublishTopic
+    topic: PublishTopic = Field(description="the stream's topic (a name, no wildcards)")
     payload_bytes: int = Field(ge=PAYLOAD_MIN_BYTES, le=MQTT_MAX_PAYLOAD,
                                description="at least the timestamp header")
     rate_hz: float | None = Field(None, gt=0, le=100_000, description="per publisher, open loop")
     period_s: float | None = Field(None, gt=0, le=86_400, description="1 / rate_hz")
     publishers: int = Field(1, ge=1, le=10_000, description="publisher clients of its own")
-    qos: Literal[0, 1, 2] = 0
+    qos: Literal[0, 1, 2] = Field(0, description="QoS of the stream's publications")
     messages: int | None = Field(None, ge=1, le=10_000_000,
                                  description="per publisher, incl. warm-up; default: "
                                              "workload.messages")
@@ -152,16 +153,20 @@ class Workload(_Strict):
     # time-sync: the publisher is a time server (seed 000, section 4.2, MQTT-TS): each
     # PUBLISH carries its clock, each subscriber sets its clock from it on receipt, and the
     # stats report every subscriber's error against the reference clock.
-    mode: Literal["pubsub", "time-sync"] = "pubsub"
-    publishers: int = Field(1, ge=0, le=10_000)
-    subscribers: int = Field(1, ge=0, le=10_000)
-    topic: PublishTopic = "bench/sync"
+    mode: Literal["pubsub", "time-sync"] = Field(
+        "pubsub", description="time-sync: the publisher is a time server (MQTT-TS) and the "
+                              "stats give each subscriber's clock error")
+    publishers: int = Field(1, ge=0, le=10_000, description="publisher clients")
+    subscribers: int = Field(1, ge=0, le=10_000, description="subscriber clients")
+    topic: PublishTopic = Field("bench/sync", description="the topic published to (a name, "
+                                                       "no wildcards)")
     payload_bytes: int = Field(64, ge=PAYLOAD_MIN_BYTES, le=MQTT_MAX_PAYLOAD,
                                description="at least the timestamp header")
     rate_hz: float = Field(100.0, gt=0, le=100_000, description="per publisher, open loop")
     messages: int = Field(500, ge=1, le=10_000_000, description="per publisher, incl. warm-up")
-    qos: Literal[0, 1, 2] = 0
-    warmup_messages: int = Field(20, ge=0)
+    qos: Literal[0, 1, 2] = Field(0, description="QoS of publications and subscriptions")
+    warmup_messages: int = Field(20, ge=0, description="per publisher: sent, but left out of "
+                                                      "the statistics")
     min_window_s: float = Field(0.0, ge=0, le=86_400,
                                 description="measure at least this long (e.g. an idle broker); "
                                             "closed loop: the time publishers are given")
@@ -312,7 +317,7 @@ class Agents(_Strict):
         default_factory=list, description="lab machines over SSH; default: this machine")
     gpio: Literal["auto", "virtual", "rpi", "gpiod"] = Field(
         "auto", description="auto: rpi on a Raspberry Pi, virtual anywhere else")
-    gpio_chip: str = "/dev/gpiochip0"
+    gpio_chip: str = Field("/dev/gpiochip0", description="the GPIO chip of the gpiod backend")
     force_clock_probe: bool = Field(
         False, description="estimate clock offsets NTP-style even on the controller's machine")
     clock_probe_interval_s: float = Field(
@@ -348,8 +353,11 @@ class Timing(_Strict):
                     "(drain_s stays the bound); default: wait all of drain_s unless every "
                     "expected message arrived (a closed-loop subscriber cannot know how "
                     "many to expect, so it always waits drain_s)")
-    setup_timeout_s: float = Field(30.0, gt=0, le=3600)
-    heartbeat_timeout_s: float = Field(3.0, gt=0, le=600)
+    setup_timeout_s: float = Field(30.0, gt=0, le=3600, description="how long agents may take to "
+                                   "connect and subscribe before the run fails")
+    heartbeat_timeout_s: float = Field(3.0, gt=0, le=600, description="an agent silent this long "
+                                       "is lost (its run fails); an agent whose controller is "
+                                       "silent this long aborts its run")
     upload_interval_s: float | None = Field(
         None, gt=0, le=3600, description="how often agents upload their events during the "
                                          "run; default 1 s, 0.2 s with a scope")
@@ -365,10 +373,12 @@ class Timing(_Strict):
 class ScopeChannels(_Strict):
     """Which GPIO line each scope channel watches."""
 
-    publisher: int = Field(1, ge=1, le=4)
+    publisher: int = Field(1, ge=1, le=4, description="the channel on the publisher's line")
     # A list watches subscribers 0, 1, 2 ... in subscription order; a mapping may name
     # them by rank or as "first" / "last" (subscribed first / last).
-    subscribers: list[int] | dict[str, int] = Field(default_factory=lambda: [2])
+    subscribers: list[int] | dict[str, int] = Field(
+        default_factory=lambda: [2], description="channels on subscribers' lines: a list in "
+        "subscription order, or rank / 'first' / 'last' -> channel")
 
     @model_validator(mode="after")
     def _distinct_channels(self) -> ScopeChannels:
@@ -395,12 +405,15 @@ class Scope(_Strict):
 
     resource: str = Field(description="'virtual', or a VISA address such as "
                                       "TCPIP0::192.168.1.50::INSTR")
-    dialect: Literal["rigol-ds1000z", "keysight-x"] = "rigol-ds1000z"
-    channels: ScopeChannels = Field(default_factory=ScopeChannels)
+    dialect: Literal["rigol-ds1000z", "keysight-x"] = Field(
+        "rigol-ds1000z", description="the scope's SCPI command set")
+    channels: ScopeChannels = Field(default_factory=ScopeChannels,
+                                    description="which GPIO line each channel watches")
     acquisitions: int = Field(20, ge=1, le=100_000, description="single acquisitions per run")
-    timebase_s_per_div: float = Field(5e-4, gt=0, le=50)
+    timebase_s_per_div: float = Field(5e-4, gt=0, le=50, description="horizontal scale")
     trigger_level_v: float = Field(1.65, description="3.3 V logic: half way")
-    acquisition_timeout_s: float = Field(2.0, gt=0, le=600)
+    acquisition_timeout_s: float = Field(2.0, gt=0, le=600, description="how long one single "
+                                         "acquisition may wait for its trigger")
     measure_timeout_s: float = Field(
         10.0, ge=0, le=3600, description="how long the measure phase may go on past the "
                                          "run's window for acquisitions still missing; a "
@@ -410,10 +423,13 @@ class Scope(_Strict):
 class Measurement(_Strict):
     """What measures the timing besides the software timestamps, and how much to trust it."""
 
-    scope: Scope | None = None
+    scope: Scope | None = Field(None, description="an oscilloscope on the GPIO lines; none: "
+                                                  "software timestamps only")
     # A run whose clock-offset uncertainty exceeds this fraction of the sync spread it
     # measures (p50) is flagged: its spread could be an artefact of the clocks.
-    max_clock_uncertainty_fraction: float = Field(0.1, gt=0, le=100)
+    max_clock_uncertainty_fraction: float = Field(
+        0.1, gt=0, le=100, description="flag a run whose clock-offset uncertainty exceeds this "
+                                        "fraction of its sync spread p50")
     receive_clock: Literal["kernel", "user"] = Field(
         "kernel", description="which receive time the figures use: kernel = the socket's "
                               "receive stamp where the client recorded one (clock_source "
@@ -424,17 +440,19 @@ class Measurement(_Strict):
 class ReferencePoint(_Strict):
     """A published figure a report shows beside the measured ones (e.g. from a seed paper)."""
 
-    plot: Literal["sync_spread", "latency"]
+    plot: Literal["sync_spread", "latency"] = Field(description="the plot it is drawn in")
     label: str = Field(min_length=1, description="legend entry, e.g. 'paper: FPGA broker'")
     x: float | str = Field(description="value of the swept parameter it belongs to")
-    y_us: float
-    std_us: float | None = None
+    y_us: float = Field(description="the published figure, in µs")
+    std_us: float | None = Field(None, description="its standard deviation, drawn as an "
+                                                   "error bar")
 
 
 class ReportOptions(_Strict):
     """How the report presents the campaign."""
 
-    reference: list[ReferencePoint] = Field(default_factory=list)
+    reference: list[ReferencePoint] = Field(default_factory=list, description="published "
+                                            "figures drawn beside the measured ones")
     source: str = Field("", description="where the reference figures come from")
 
 
@@ -489,21 +507,27 @@ class Network(_Strict):
 class CampaignSpec(_Strict):
     """A whole campaign: base settings, the sweep over them, and repetitions."""
 
-    name: str = Field(min_length=1, max_length=200)
-    description: str = ""
-    broker: BrokerSection = Field(default_factory=BrokerSection)
-    workload: Workload = Field(default_factory=Workload)
-    agents: Agents = Field(default_factory=Agents)
-    timing: Timing = Field(default_factory=Timing)
-    measurement: Measurement = Field(default_factory=Measurement)
-    network: Network = Field(default_factory=Network)
-    sweep: dict[str, list[Any]] = Field(default_factory=dict)
-    repetitions: int = Field(1, ge=1, le=10_000)
+    name: str = Field(min_length=1, max_length=200, description="the campaign's name")
+    description: str = Field("", description="free text kept with the campaign")
+    broker: BrokerSection = Field(default_factory=BrokerSection,
+                                  description="the broker backend and its options")
+    workload: Workload = Field(default_factory=Workload, description="who publishes what, "
+                                                                     "how fast, to whom")
+    agents: Agents = Field(default_factory=Agents, description="where the clients run")
+    timing: Timing = Field(default_factory=Timing, description="margins around the window")
+    measurement: Measurement = Field(default_factory=Measurement,
+                                     description="what measures timing, how far to trust it")
+    network: Network = Field(default_factory=Network, description="link impairments")
+    sweep: dict[str, list[Any]] = Field(default_factory=dict, description="dotted path -> "
+                                        "values; the cross product is run")
+    repetitions: int = Field(1, ge=1, le=10_000, description="runs of every sweep point, "
+                             "interleaved: every point once, then again")
     retries: int = Field(
         1, ge=0, le=10,
         description="how many times a run interrupted by its controller stopping or dying "
                     "is run again (a new attempt of the same run); failed runs are not")
-    report: ReportOptions = Field(default_factory=ReportOptions)
+    report: ReportOptions = Field(default_factory=ReportOptions,
+                                  description="how the report presents the campaign")
 
     scenarios: list[dict[str, Any]] = Field(
         default_factory=list,

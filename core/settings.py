@@ -114,15 +114,16 @@ class _ControllerClient(_Loadable):
 class ClientSettings(_ControllerClient):
     """``mqttbed campaigns ...`` against a remote controller."""
 
-    url: str = "http://127.0.0.1:8000"
-    token: str | None = None
+    url: str = Field("http://127.0.0.1:8000", description="the controller's URL")
+    token: str | None = Field(None, description="a user token (mqttbed token create)")
 
 
 class AgentSettings(_ControllerClient):
     """``mqttbed agent``: the agent token (the controller passes it in the environment,
     never on the command line, where ``ps`` would show it)."""
 
-    agent_token: str | None = None
+    agent_token: str | None = Field(None, description="the agent's token (mqttbed token create "
+                                                      "--role agent)")
 
 
 def _explain(exc: ValidationError, given: dict[str, Any]) -> str:

@@ -57,7 +57,8 @@ class SshTarget(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     host: str = Field(description="SSH destination, user@host (fabric syntax, :port allowed)")
-    ssh_port: int | None = Field(default=None, ge=1, le=65535)
+    ssh_port: int | None = Field(default=None, ge=1, le=65535,
+                                 description="SSH port (default: 22, or the :port in host)")
     key_filename: str | None = Field(default=None, description="private key for SSH")
     known_hosts: str | None = Field(
         default=None, description="known_hosts file the host key must be in (default "
@@ -65,7 +66,8 @@ class SshTarget(BaseModel):
     trust_new: bool = Field(
         default=False, description="accept an unknown host key on first connect and pin it "
                                    "in known_hosts (a changed key is always refused)")
-    connect_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=300,
+                                     description="how long connecting over SSH may take")
 
     @property
     def address(self) -> str:

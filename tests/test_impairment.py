@@ -1,7 +1,7 @@
 """Link impairment is what the spec says, on every backend, and leaves nothing behind.
 
 Real brokers, real agents, real namespaces, htb and iptables. Tolerances (measured on
-this 2-core machine while other suites ran beside it, see README "Link impairment"):
+this 2-core machine while other suites ran beside it, see docs/validation/impairment.md):
 delay adds its value to the median latency within -0.5/+5 ms and no message is delayed
 less; a UDP loss share stays
 within 4 binomial standard deviations; a rate cap holds payload throughput at or under

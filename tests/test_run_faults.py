@@ -1,8 +1,9 @@
 """Faults around a run, on real processes: the data dir, the uploads, the scope, the network.
 
-Each test is one row of the README's fault table. The data dir's event store is a small
-tmpfs mounted for the test (full, or read-only); the scope is the virtual SCPI scope made
-to stop answering; the network cut is an iptables DROP inside the namespace of an agent.
+Each test is one row of the fault table in docs/explanation/faults.md. The data dir's event
+store is a small tmpfs mounted for the test (full, or read-only); the scope is the virtual
+SCPI scope made to stop answering; the network cut is an iptables DROP inside the namespace
+of an agent.
 """
 
 from __future__ import annotations

@@ -77,12 +77,14 @@ class Options(BaseModel):
     max_queued_messages: int = Field(_DEFAULTS.max_queued_messages, ge=0,
                                      description="per subscriber; beyond it deliveries are "
                                                  "dropped and counted; 0 = no limit")
-    max_packet_bytes: int = Field(_DEFAULTS.max_packet_bytes, ge=1024, le=268_435_455)
+    max_packet_bytes: int = Field(_DEFAULTS.max_packet_bytes, ge=1024, le=268_435_455,
+                                  description="the largest MQTT packet a client may send")
     write_buffer_bytes: int = Field(_DEFAULTS.write_buffer_bytes, ge=1024,
                                     description="a socket's write high-water mark")
     stats_interval_s: float = Field(0.2, gt=0, description="seconds between resource and "
                                                            "held-bytes samples")
-    startup_timeout_s: float = Field(10.0, gt=0, le=120)
+    startup_timeout_s: float = Field(10.0, gt=0, le=120,
+                                     description="how long the broker may take to start")
 
     def broker_argv(self) -> list[str]:
         """The broker's command-line options for these settings."""

@@ -63,13 +63,16 @@ class Options(BaseModel):
     engine: Literal["model", "rtl"] = Field(
         default="model", description="what runs here: the Python behavioural model, or the "
                                      "RTL design simulated by Verilator (brokers/fpga/rtl)")
-    topic_table_depth: int = Field(default=PAPER_DEPTH_WORDS, ge=1, le=1 << 24)
-    subscriber_table_depth: int = Field(default=PAPER_DEPTH_WORDS, ge=1, le=1 << 24)
+    topic_table_depth: int = Field(default=PAPER_DEPTH_WORDS, ge=1, le=1 << 24,
+                                   description="words of the Topic Table")
+    subscriber_table_depth: int = Field(default=PAPER_DEPTH_WORDS, ge=1, le=1 << 24,
+                                        description="words of the Subscriber Table")
     probe_window: int = Field(default=DEFAULT_PROBE_WINDOW, ge=1,
                               description="words a key may sit from its home word")
     stats_interval_s: float = Field(default=0.2, gt=0,
                                     description="seconds between resource samples of the model")
-    startup_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    startup_timeout_s: float = Field(default=10.0, gt=0, le=120,
+                                     description="how long the broker may take to start")
     probe_timeout_s: float = Field(default=2.0, gt=0, le=60,
                                    description="wait for PINGRESP when checking the endpoint")
 

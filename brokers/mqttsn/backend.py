@@ -46,7 +46,8 @@ class Options(BaseModel):
         default_factory=dict, description="pre-defined topic ids: {id: topic name}")
     stats_interval_s: float = Field(default=0.2, gt=0,
                                     description="seconds between resource samples")
-    startup_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    startup_timeout_s: float = Field(default=10.0, gt=0, le=120,
+                                     description="how long the gateway may take to start")
     probe_timeout_s: float = Field(default=2.0, gt=0, le=60,
                                    description="wait for PINGRESP when checking the gateway")
 

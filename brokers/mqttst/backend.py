@@ -89,14 +89,15 @@ class Options(BaseModel):
     keepalive_s: float = Field(10.0, gt=0, le=3600,
                                description="BPDU interval (the paper: 10 s)")
     alpha: float | None = Field(None, description="C = alpha L + beta M; default: the nodes'")
-    beta: float | None = None
+    beta: float | None = Field(None, description="see alpha; default: the nodes'")
     capabilities: dict[int, float] = Field(
         default_factory=dict, description="C per broker index, overriding alpha L + beta M; "
                                           "indexes >= brokers are left unused (one map "
                                           "serves a sweep over brokers)")
     locality_broker: int = Field(0, ge=0, description="where placement 'locality' puts "
                                                       "every client")
-    fail: Failure | None = None
+    fail: Failure | None = Field(None, description="SIGKILL one broker (root or an index) at_s "
+                                                   "after the run's start")
     regions: list[str] | None = Field(
         None, description="region of each broker index (the networked environment, e.g. "
                           "['us-west', 'us-east', 'eu']); entries >= brokers are unused")
@@ -110,10 +111,11 @@ class Options(BaseModel):
                                                  "half of each in either; 100: all home")
     cloud_region: str | None = Field(None, description="where placement 'benchmark' runs its "
                                                        "one broker (default: regions[0])")
-    converge_timeout_s: float = Field(30.0, gt=0, le=600)
+    converge_timeout_s: float = Field(30.0, gt=0, le=600,
+                                      description="how long the tree may take to form")
     max_queued_messages: int = Field(1000, ge=0, description="per Mosquitto, as mosquitto's")
-    max_inflight_messages: int = Field(20, ge=0)
-    stats_interval_s: float = Field(0.2, gt=0)
+    max_inflight_messages: int = Field(20, ge=0, description="per Mosquitto, as mosquitto's")
+    stats_interval_s: float = Field(0.2, gt=0, description="seconds between resource samples")
 
     @model_validator(mode="after")
     def _indexes_in_range(self) -> Options:
