@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.orm import sessionmaker
 
 from mqttbed.analytics.results import CampaignStats, ScopeRun, SysTopicSeries, results_model
-from mqttbed.analytics.results_files import STATS_JSON
+from mqttbed.analytics.results_files import STATS_JSON, read_stats
 from mqttbed.campaigns.spec import CampaignSpec, Workload
 from mqttbed.controller.db import CampaignRow, RunRow
 from mqttbed.controller.engine import RunEngine, latest_attempts
@@ -38,11 +38,13 @@ def results_type() -> type[CampaignStats]:
 
 
 def load_results(layout: DataLayout, campaign_id: str) -> CampaignStats | None:
-    """The campaign's results as stored in ``stats.json``, or None before they exist."""
+    """The campaign's results as stored in ``stats.json``, or None before they exist;
+    :class:`~mqttbed.analytics.results_files.StaleResults` for a file of another schema
+    version (``mqttbed analyze`` recomputes it)."""
     path = layout.campaign_dir(campaign_id) / STATS_JSON
     if not path.exists():
         return None
-    return results_type().model_validate_json(path.read_bytes())
+    return read_stats(path, results_type())
 
 
 def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: str,

@@ -1,16 +1,26 @@
-"""A run's record: one typed document, written validated by the engine, read by everyone."""
+"""A run's record: one typed document, written validated by the engine, read by everyone;
+and the results file's schema version, read on load."""
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from mqttbed.analytics.results import SCHEMA_VERSION, CampaignRef
+from mqttbed.analytics.results_files import (
+    UNVERSIONED,
+    StaleResults,
+    read_stats,
+    read_stats_parquet,
+    write_stats,
+)
 from mqttbed.brokers.mosquitto.backend import MosquittoDeployment
 from mqttbed.campaigns.spec import CampaignSpec, Measurement, Workload, parse_spec
-from mqttbed.controller.analysis import run_info
+from mqttbed.controller.analysis import load_results, results_type, run_info
 from mqttbed.controller.db import RunRow
 from mqttbed.controller.states import RunState
 from mqttbed.core.protocol import ClockEstimate
@@ -91,6 +101,7 @@ def test_every_fact_is_validated_when_the_engine_records_it():
 # -- the engine writes it, the analysis reads it -----------------------------------------
 
 
+@pytest.mark.integration
 def test_a_real_run_stores_a_complete_record_and_its_retry_says_what_it_retries(controller):
     campaign_id = controller.engine.create_campaign(parse_spec(
         {"name": "recorded", "agents": {"count": 2},
@@ -148,3 +159,89 @@ def test_the_analysis_reads_what_the_spec_sets():
     assert (info.receive_clock, info.max_clock_uncertainty_fraction, info.mode) == \
         ("user", 0.5, "time-sync")
     assert info.generator is None and info.scope is None and info.fault is None
+
+
+# -- the results file's schema version -----------------------------------------------------
+
+
+def results_of_version(out_dir: Path, campaign_id: str, version: int | None) -> Path:
+    """A stats.json (and stats.parquet) of ``version`` (None: from before versions)."""
+    stats = results_type()(campaign=CampaignRef(id=campaign_id, name="old"),
+                           generated_at=datetime.now(UTC), points=[], runs=[])
+    json_path, _ = write_stats(stats.model_copy(update={"schema_version": version or 0}),
+                               out_dir)
+    if version is None:
+        document = json.loads(json_path.read_text())
+        del document["schema_version"]
+        json_path.write_text(json.dumps(document))
+    return json_path
+
+
+@pytest.mark.parametrize("version, found, says", [
+    (SCHEMA_VERSION - 1, SCHEMA_VERSION - 1, "recompute it from the campaign's events"),
+    (None, UNVERSIONED, "recompute it from the campaign's events"),
+    (SCHEMA_VERSION + 1, SCHEMA_VERSION + 1, "read it with a newer mqttbed"),
+])
+def test_a_results_file_of_another_version_names_both_versions_and_the_upgrade(
+        tmp_path, version, found, says):
+    path = results_of_version(tmp_path, "c0123", version)
+    with pytest.raises(StaleResults) as caught:
+        read_stats(path, results_type())
+    message = str(caught.value)
+    assert f"schema version {found};" in message
+    assert f"reads version {SCHEMA_VERSION}" in message
+    assert says in message and "mqttbed analyze c0123" in message
+    if version is not None:   # stats.parquet carries its version too
+        with pytest.raises(StaleResults, match=f"schema version {found};"):
+            read_stats_parquet(tmp_path / "stats.parquet")
+
+
+def test_a_results_file_of_this_version_reads_back_as_written(tmp_path):
+    path = results_of_version(tmp_path, "c0123", SCHEMA_VERSION)
+    stats = read_stats(path, results_type())
+    assert stats.schema_version == SCHEMA_VERSION and stats.campaign.id == "c0123"
+    assert stats.model_dump_json() == results_type().model_validate_json(
+        path.read_bytes()).model_dump_json()
+    assert read_stats_parquet(tmp_path / "stats.parquet") == []
+
+
+@pytest.mark.integration
+def test_an_older_results_file_is_refused_by_api_and_report_and_mqttbed_analyze_upgrades_it(
+        tmp_path):
+    from fastapi.testclient import TestClient
+
+    from mqttbed.api.app import create_app
+    from mqttbed.api.report import render_report
+    from mqttbed.controller.cli import main
+    from mqttbed.controller.controller import create_controller
+    from mqttbed.controller.states import CampaignStatus
+    from mqttbed.controller.tokens import TokenRole, create_token
+    from mqttbed.core.settings import Settings
+
+    data_dir = tmp_path / "data"
+    with create_controller(Settings(data_dir=data_dir)) as ctl:
+        campaign_id = ctl.engine.create_campaign(parse_spec(
+            {"name": "older", "workload": {"subscribers": 2, "rate_hz": 50, "messages": 30,
+                                           "warmup_messages": 5}}))
+        assert ctl.engine.run_campaign(campaign_id) == CampaignStatus.DONE
+        ctl.engine.set_campaign_status(campaign_id, CampaignStatus.DONE)
+        results_of_version(ctl.layout.campaign_dir(campaign_id), campaign_id,
+                           SCHEMA_VERSION - 1)
+        upgrade = f"mqttbed analyze {campaign_id}"
+        with pytest.raises(StaleResults, match=upgrade):
+            load_results(ctl.layout, campaign_id)
+        assert upgrade in render_report(ctl, campaign_id, standalone=True)
+        token = create_token(ctl.sessions, "tester", TokenRole.USER)
+        # no lifespan: this controller is started already
+        answer = TestClient(create_app(ctl, run_campaigns=False)).get(
+            f"/api/v1/campaigns/{campaign_id}/stats", headers={"authorization": f"Bearer {token}"})
+        assert answer.status_code == 409 and upgrade in answer.json()["detail"]
+
+    assert main(["analyze", campaign_id, "--data-dir", str(data_dir)]) == 0
+    with create_controller(Settings(data_dir=data_dir), controller_url="") as ctl:
+        upgraded = load_results(ctl.layout, campaign_id)
+        rows = read_stats_parquet(ctl.layout.campaign_dir(campaign_id) / "stats.parquet")
+    assert upgraded is not None and upgraded.schema_version == SCHEMA_VERSION
+    (point,) = upgraded.points
+    assert point.deliveries_received == 2 * 25
+    assert {row["campaign_id"] for row in rows} == {campaign_id}
