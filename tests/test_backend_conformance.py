@@ -29,6 +29,7 @@ from mqttbed.core.backends import (
 )
 from mqttbed.core.host import LocalHost
 from mqttbed.core.protocol import Endpoint
+from mqttbed.core.run_record import run_record
 from tests.conftest import child_processes
 from tests.test_engine_failures import (
     dataset_rows,
@@ -133,9 +134,8 @@ def test_a_broker_killed_mid_run_fails_the_run_with_that_reason_and_keeps_its_ev
         with controller.sessions() as s:
             from mqttbed.controller.db import RunRow
 
-            deployed = DeploymentRecord.model_validate(
-                {k: v for k, v in s.get(RunRow, run_id).run_metadata["broker"].items()
-                 if k in DeploymentRecord.model_fields})
+            deployed = run_record(s.get(RunRow, run_id).run_metadata, run_id).broker
+        assert deployed is not None, f"{name}'s run recorded no deployment"
         assert deployed.pid is not None, f"{name}'s deployment record names no process"
         victim = psutil.Process(deployed.pid)
         victim.kill()
