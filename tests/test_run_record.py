@@ -29,7 +29,7 @@ from mqttbed.core.run_record import BadRunRecord, RunRecord, run_record
 # run_metadata of a quickstart-size run (10 subscribers on 2 agents, a virtual scope) as
 # the engine wrote it before the record was typed (commit 4abbbdd): rows like it are in
 # every data dir made until then.
-CAPTURED = Path(__file__).parent / "data" / "run_metadata_quickstart_scoped.json"
+CAPTURED = Path(__file__).parent / "recorded" / "run_metadata_quickstart_scoped.json"
 
 
 def captured() -> dict:
