@@ -7,6 +7,11 @@ columns (``latency_us_p50_ci_lo``, ``_hi``), and mappings and lists are JSON tex
 column's type comes from the model's field types, not from the values, so a column has
 the same type in every campaign whether or not it holds any value.
 
+Both files carry the results document's ``schema_version`` (``stats.parquet`` in its
+schema's metadata). A file of another version is not read as this one: :func:`read_stats`
+and :func:`read_stats_parquet` raise :class:`StaleResults`, naming both versions and the
+command that recomputes the file (``mqttbed analyze``), which thus upgrades it.
+
 The streams of a message mix are rows of their own (level ``point_stream`` or
 ``run_stream``, the stream's name in column ``stream``) with their point's or run's
 identifying columns and the stream's figures under the same column names as a level's
@@ -22,10 +27,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from mqttbed.analytics.figures import POINT_LEVEL, RUN_LEVEL
-from mqttbed.analytics.results import CampaignStats, StreamFigures
+from mqttbed.analytics.results import SCHEMA_VERSION, CampaignStats, StreamFigures
+from mqttbed.core.errors import MqttbedError
 
 STATS_JSON = "stats.json"
 STATS_PARQUET = "stats.parquet"
@@ -35,6 +41,49 @@ _LEADING = (("level", "string"), ("campaign_id", "string"), ("stream", "string")
 _STREAMS_FIELD = "streams"
 # What a stream row repeats of its point or run, to be found by.
 _STREAM_ROW_KEYS = ("point_index", "run_id", "repetition")
+# Where stats.parquet keeps the schema version, in its Arrow schema's metadata.
+PARQUET_SCHEMA_VERSION_KEY = b"mqttbed.stats.schema_version"
+# The results files written before the document had a version (its first shape).
+UNVERSIONED = 1
+
+
+class StaleResults(MqttbedError):
+    """A results file of another schema version than this mqttbed's results document."""
+
+    def __init__(self, path: Path, version: int, campaign_id: str | None):
+        self.path, self.version, self.campaign_id = path, version, campaign_id
+        which = campaign_id or "<campaign>"
+        if version < SCHEMA_VERSION:
+            how = f"recompute it from the campaign's events: mqttbed analyze {which}"
+        else:
+            how = (f"read it with a newer mqttbed, or recompute it with this one: "
+                   f"mqttbed analyze {which}")
+        super().__init__(f"{path} holds results of schema version {version}; this mqttbed "
+                         f"reads version {SCHEMA_VERSION}: {how} (with --data-dir of its "
+                         "data dir)")
+
+
+class _Head(BaseModel):
+    """What a results file says of itself before it is read as the document."""
+
+    model_config = ConfigDict(extra="ignore")
+    schema_version: int = UNVERSIONED
+    campaign: dict[str, Any] = {}
+
+
+def read_stats(path: Path, model: type[CampaignStats]) -> CampaignStats:
+    """The results document in a ``stats.json`` file, if it is of this schema version
+    (else :class:`StaleResults`, saying how to upgrade it)."""
+    raw = path.read_bytes()
+    try:
+        head = _Head.model_validate_json(raw)
+    except ValidationError:
+        head = _Head()  # not even a document: the model's own error below says why
+    if head.schema_version != SCHEMA_VERSION:
+        campaign_id = head.campaign.get("id")
+        raise StaleResults(path, head.schema_version,
+                           campaign_id if isinstance(campaign_id, str) else None)
+    return model.model_validate_json(raw)
 
 
 def write_stats(stats: CampaignStats, out_dir: Path) -> tuple[Path, Path]:
@@ -54,7 +103,8 @@ def write_stats(stats: CampaignStats, out_dir: Path) -> tuple[Path, Path]:
             columns.setdefault(name, kind)
     arrow = {"string": pa.string(), "int": pa.int64(), "float": pa.float64(),
              "bool": pa.bool_()}
-    schema = pa.schema([(name, arrow[kind]) for name, kind in columns.items()])
+    schema = pa.schema([(name, arrow[kind]) for name, kind in columns.items()],
+                       metadata={PARQUET_SCHEMA_VERSION_KEY: str(stats.schema_version)})
     rows = []
     for level, entries in ((POINT_LEVEL, stats.points), (RUN_LEVEL, stats.runs)):
         for entry in entries:
@@ -75,10 +125,18 @@ def _level_rows(level: str, campaign_id: str, entry: BaseModel) -> list[dict[str
 
 
 def read_stats_parquet(path: Path) -> list[dict[str, Any]]:
-    """The rows of a ``stats.parquet`` file (for tests and exports)."""
+    """The rows of a ``stats.parquet`` file (for tests and exports), if it is of this
+    schema version (else :class:`StaleResults`)."""
     import pyarrow.parquet as pq
 
-    return pq.read_table(path).to_pylist()
+    table = pq.read_table(path)
+    version = int((table.schema.metadata or {}).get(PARQUET_SCHEMA_VERSION_KEY, UNVERSIONED))
+    if version != SCHEMA_VERSION:
+        campaign_ids = set(table.column("campaign_id").to_pylist()) \
+            if "campaign_id" in table.column_names else set()
+        raise StaleResults(path, version, campaign_ids.pop() if len(campaign_ids) == 1
+                           else None)
+    return table.to_pylist()
 
 
 def _atomic_text(path: Path, text: str) -> None:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from mqttbed.analytics.results_files import StaleResults
 from mqttbed.api.deps import CoreDep, UserDep, WorkerDep
 from mqttbed.api.export import build_dataset_zip, stream_deliveries_csv
 from mqttbed.api.schemas import CampaignPublic, Progress, RunPublic, StatsPending
@@ -153,8 +154,10 @@ _STATS_RESPONSES: dict[int | str, dict[str, Any]] = {
           "headers": {"Retry-After": {"description": "seconds to wait before asking again",
                                       "schema": {"type": "integer"}}}},
     409: {"description": "there will be no statistics unless something changes: the campaign "
-                         "was never started (created), or it ended without them (e.g. its "
-                         "analysis failed); the detail says which and why"},
+                         "was never started (created), it ended without them (e.g. its "
+                         "analysis failed), or its results file is of an older schema "
+                         "version (mqttbed analyze recomputes it); the detail says which "
+                         "and why"},
 }
 
 
@@ -162,7 +165,10 @@ _STATS_RESPONSES: dict[int | str, dict[str, Any]] = {
 def campaign_stats(campaign_id: str, core: CoreDep) -> Response:
     """The campaign's results (``stats.json``): figures per sweep point and per run."""
     row, _ = load_campaign(core, campaign_id)
-    results = load_results(core.layout, campaign_id)  # written atomically: whole or absent
+    try:
+        results = load_results(core.layout, campaign_id)  # written atomically: whole or absent
+    except StaleResults as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     if results is not None:
         return Response(results.model_dump_json(), media_type="application/json")
     if row.status in CAMPAIGN_UNDER_WAY:

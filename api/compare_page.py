@@ -6,6 +6,7 @@ Served at ``/compare?ids=ID1,ID2`` and written by ``mqttbed compare ID1 ID2 --ou
 from __future__ import annotations
 
 from mqttbed.analytics.compare import Comparison, compare_results
+from mqttbed.analytics.results_files import StaleResults
 from mqttbed.api.report import templates
 from mqttbed.controller.analysis import load_results
 from mqttbed.controller.storage import DataLayout
@@ -22,7 +23,7 @@ def comparison_of(layout: DataLayout, first_id: str, second_id: str) -> Comparis
     for campaign_id in (first_id, second_id):
         try:
             found = load_results(layout, campaign_id)
-        except UnsafeName as exc:
+        except (UnsafeName, StaleResults) as exc:
             raise NotComparable(str(exc)) from None
         if found is None:
             raise NotComparable(f"campaign {campaign_id!r} has no results in "

@@ -20,6 +20,7 @@ from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import AgentRow, CampaignRow, RunRow
 from mqttbed.core.clock import CLOCK_NAME
 from mqttbed.core.events import EVENT_FIELDS, EventKind
+from mqttbed.core.run_record import BrokerDeployment, RunRecord, run_record
 
 CSV_COLUMNS = ("campaign_id", "run_id", "publisher", "seq", "receiver", "topic",
                "payload_bytes", "qos", "warmup", "t_intended_ns", "t_pub_ns", "t_recv_ns",
@@ -34,18 +35,32 @@ def _host_facts() -> dict[str, Any]:
             "python": platform.python_version()}
 
 
-def _agent_facts(metadata: dict[str, Any], rows: dict[str, AgentRow]) -> dict[str, Any]:
+def _agent_facts(record: RunRecord, rows: dict[str, AgentRow]) -> dict[str, Any]:
     """Where each agent of a run took its timestamps: host, cores, clock, offset, GPIO."""
     facts = {}
-    for agent_id, clients in metadata.get("agents", {}).items():
+    for agent_id, clients in record.agents.items():
         row = rows.get(agent_id)
         info = row.info if row is not None else {}
+        clock, gpio = record.agent_clocks.get(agent_id), record.gpio.get(agent_id)
         facts[agent_id] = {
             "clients": clients, "hostname": info.get("hostname"), "cores": info.get("cores"),
             "clock": info.get("clock"), "clock_resolution_ns": info.get("clock_resolution_ns"),
-            "clock_offset": metadata.get("agent_clocks", {}).get(agent_id),
-            "gpio": metadata.get("gpio", {}).get(agent_id)}
+            "clock_offset": None if clock is None else clock.model_dump(),
+            "gpio": None if gpio is None else gpio.model_dump()}
     return facts
+
+
+# What the manifest says of each run's broker; source_sha256: the sources of a broker that
+# runs from mqttbed's own code (the adaptive broker, the FPGA model or RTL, the MQTT-SN
+# gateway), whose version is mqttbed's; limits: a backend's queue limits (Mosquitto's).
+_DEPLOYMENT_FACTS = ("backend", "version", "binary", "binary_sha256", "source_sha256",
+                     "config_sha256", "limits")
+
+
+def _deployment_facts(broker: BrokerDeployment | None) -> dict[str, Any]:
+    """The provenance facts of a run's broker deployment (None each where not recorded)."""
+    recorded = {} if broker is None else broker.model_dump(mode="json")
+    return {key: recorded.get(key) for key in _DEPLOYMENT_FACTS}
 
 
 def _clock_sources(core: Controller, campaign_id: str) -> list[str]:
@@ -63,18 +78,13 @@ def manifest(core: Controller, campaign_id: str) -> dict[str, Any]:
     with core.sessions() as s:
         campaign = s.get(CampaignRow, campaign_id)
         runs = s.query(RunRow).filter_by(campaign_id=campaign_id).order_by(RunRow.ordinal).all()
-    agent_ids = {a for r in runs for a in (r.run_metadata or {}).get("agents", {})}
+    records = {r.id: run_record(r.run_metadata, r.id) for r in runs}
+    agent_ids = {a for record in records.values() for a in record.agents}
     with core.sessions() as s:
         agent_rows = {a.id: a for a in s.query(AgentRow).filter(AgentRow.id.in_(agent_ids))}
     backends = []
     for run in runs:
-        broker = (run.run_metadata or {}).get("broker", {})
-        # source_sha256: the sources of a broker that runs from mqttbed's own code (the
-        # adaptive broker, the FPGA model or RTL, the MQTT-SN gateway), whose version is
-        # mqttbed's.
-        backends.append({key: broker.get(key) for key in
-                         ("backend", "version", "binary", "binary_sha256", "source_sha256",
-                          "config_sha256", "limits")} | {"run_id": run.id})
+        backends.append(_deployment_facts(records[run.id].broker) | {"run_id": run.id})
     return {
         "mqttbed_version": mqttbed.__version__,
         "exported_at": datetime.now(UTC).isoformat(),
@@ -82,7 +92,7 @@ def manifest(core: Controller, campaign_id: str) -> dict[str, Any]:
                      "spec": campaign.spec, "created_at": campaign.created_at.isoformat()},
         "runs": [{"run_id": r.id, "point_index": r.point_index, "repetition": r.repetition,
                   "params": r.params, "state": r.state, "reason": r.reason,
-                  "agents": _agent_facts(r.run_metadata or {}, agent_rows)} for r in runs],
+                  "agents": _agent_facts(records[r.id], agent_rows)} for r in runs],
         "backends": backends,
         "controller_host": _host_facts(),
         "clock": {"software": CLOCK_NAME,

@@ -22,6 +22,7 @@ from mqttbed.analytics.results import (
     SpreadDistribution,
     present_sections,
 )
+from mqttbed.analytics.results_files import StaleResults
 from mqttbed.api.report_streams import stream_latency_cdf, stream_rows
 from mqttbed.controller.analysis import load_results
 from mqttbed.controller.controller import Controller
@@ -351,7 +352,10 @@ def report_context(controller: Controller, campaign_id: str) -> dict[str, Any]:
         if campaign is None:
             raise KeyError(campaign_id)
         runs = s.query(RunRow).filter_by(campaign_id=campaign_id).order_by(RunRow.ordinal).all()
-    stats = load_results(controller.layout, campaign_id)
+    try:
+        stats, stale = load_results(controller.layout, campaign_id), None
+    except StaleResults as exc:   # an older results file: the page says how to upgrade it
+        stats, stale = None, str(exc)
     points = stats.points if stats else []
     ended = campaign.status in (CampaignStatus.DONE, CampaignStatus.FAILED,
                                 CampaignStatus.CANCELLED)
@@ -372,7 +376,7 @@ def report_context(controller: Controller, campaign_id: str) -> dict[str, Any]:
                              for p in points if p.scope for r in p.scope.runs if r.shortfall],
         # runs whose figures cover only what was stored before they ended
         "partial_runs": {r.run_id for r in stats.runs if r.partial} if stats else set(),
-        "campaign": campaign, "runs": runs, "stats": stats,
+        "campaign": campaign, "runs": runs, "stats": stats, "stale_results": stale,
         "spec_yaml": yaml.safe_dump(campaign.spec, sort_keys=False),
         "points": [(point_label(p, show_backend), p) for p in points],
         "stream_rows": stream_rows([(point_label(p, show_backend), p) for p in points]),

@@ -19,6 +19,7 @@ import numpy as np
 
 from mqttbed.core.clock import monotonic_ns, sleep_until_ns
 from mqttbed.core.events import decode_payload, encode_payload
+from mqttbed.core.run_record import RunRecord, run_record
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -114,9 +115,9 @@ def spreads(seq: np.ndarray, t_recv: np.ndarray, subscribers: int) -> np.ndarray
     return np.array([g.max() - g.min() for g in groups if len(g) == subscribers])
 
 
-def run_campaign(spec_data: dict[str, Any]) -> tuple[Any, dict[str, Any], float]:
+def run_campaign(spec_data: dict[str, Any]) -> tuple[Any, RunRecord, float]:
     """Run one campaign through an embedded controller (no analysis); return (deliveries
-    table without warm-up, the run's metadata, wall seconds)."""
+    table without warm-up, the run's record, wall seconds)."""
     import tempfile
 
     import pyarrow.compute as pc
@@ -136,12 +137,12 @@ def run_campaign(spec_data: dict[str, Any]) -> tuple[Any, dict[str, Any], float]
         wall = time.monotonic() - started
         with ctl.sessions() as s:
             run = s.query(RunRow).filter_by(campaign_id=campaign_id).first()
-            metadata, reason = dict(run.run_metadata or {}), run.reason
+            record, reason = run_record(run.run_metadata, run.id), run.reason
         if status != "done":
             raise SystemExit(f"mqttbed run {status}: {reason}")
         table = ds.dataset(ctl.layout.events, partitioning="hive").to_table(
             filter=(pc.field("kind") == "delivery") & ~pc.field("warmup"))
-    return table, metadata, wall
+    return table, record, wall
 
 
 @contextmanager

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import psutil
 
+from mqttbed.brokers.mosquitto.backend import MosquittoDeployment
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, load_average, run_campaign  # noqa: E402
 
@@ -37,7 +39,7 @@ def main() -> int:
     args = parser.parse_args()
     before = children()
     load = load_average()
-    table, meta, wall = run_campaign({
+    table, record, wall = run_campaign({
         "name": "scale",
         "workload": {"publishers": args.clients, "subscribers": args.clients,
                      "topics": "per-publisher", "topic": "scale/t", "rate_hz": args.rate_hz,
@@ -47,21 +49,24 @@ def main() -> int:
     time.sleep(0.5)
     left = sorted(children() - before)
     expected = args.clients * args.messages
-    counts = meta["delivery_counts"]
-    published = sum(c["published"] for c in counts.values())
-    received = sum(c["received"] for c in counts.values())
-    generators = meta.get("generators", {}).values()
+    counts = record.delivery_counts
+    published = sum(c.published for c in counts.values())
+    received = sum(c.received for c in counts.values())
+    generators = record.generators.values()
     window_s = args.messages / args.rate_hz
     figures = {
         "clients": 2 * args.clients, "agents": len(counts), "expected_deliveries": expected,
         "published": published, "received_agent_side": received,
         "stored_deliveries": table.num_rows, "lost": expected - received,
-        "rate_kept": all(g["rate_kept"] for g in generators),
-        "send_lag_max_ms": max((g["send_lag_max_ns"] for g in generators), default=0) / 1e6,
-        "kernel_stamped": sum(g["kernel_deliveries"] for g in generators),
-        "nofile_agents": sorted({g["nofile_limit"] for g in generators}),
-        "broker_limits": meta["broker"]["limits"],
-        "subscribe_barrier_s": round(meta.get("subscribe_s", 0.0), 2),
+        "rate_kept": all(g.rate_kept for g in generators),
+        "send_lag_max_ms": max((g.send_lag_max_ns for g in generators), default=0) / 1e6,
+        "kernel_stamped": sum(g.kernel_deliveries for g in generators),
+        "nofile_agents": sorted({g.nofile_limit for g in generators
+                                 if g.nofile_limit is not None}),
+        "broker_limits": None if record.broker is None
+        else record.broker.as_type(MosquittoDeployment).limits.model_dump(),
+        "subscribe_barrier_s": None if record.subscribe_s is None
+        else round(record.subscribe_s, 2),
         "window_s": window_s, "campaign_wall_s": round(wall, 1),
         "processes_left": left, "load_average_before": load,
     }

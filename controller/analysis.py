@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.orm import sessionmaker
 
 from mqttbed.analytics.results import CampaignStats, ScopeRun, SysTopicSeries, results_model
-from mqttbed.analytics.results_files import STATS_JSON
-from mqttbed.campaigns.spec import Workload
+from mqttbed.analytics.results_files import STATS_JSON, read_stats
+from mqttbed.campaigns.spec import CampaignSpec, Workload
 from mqttbed.controller.db import CampaignRow, RunRow
 from mqttbed.controller.engine import RunEngine, latest_attempts
 from mqttbed.controller.states import CAMPAIGN_UNDER_WAY, CampaignStatus
@@ -22,10 +22,11 @@ from mqttbed.controller.storage import DataLayout, read_sys_samples
 from mqttbed.core.backends import section_types
 from mqttbed.core.errors import MqttbedError
 from mqttbed.core.events import publisher_client_id
+from mqttbed.core.run_record import RunRecord, run_record
 from mqttbed.core.settings import Settings
 
 if TYPE_CHECKING:
-    from mqttbed.analytics.stats import StreamInfo
+    from mqttbed.analytics.stats import RunInfo, StreamInfo
 
 # How the reason of a campaign whose analysis failed begins (``controller.lifecycle``).
 ANALYSIS_FAILED = "analysis failed"
@@ -37,11 +38,13 @@ def results_type() -> type[CampaignStats]:
 
 
 def load_results(layout: DataLayout, campaign_id: str) -> CampaignStats | None:
-    """The campaign's results as stored in ``stats.json``, or None before they exist."""
+    """The campaign's results as stored in ``stats.json``, or None before they exist;
+    :class:`~mqttbed.analytics.results_files.StaleResults` for a file of another schema
+    version (``mqttbed analyze`` recomputes it)."""
     path = layout.campaign_dir(campaign_id) / STATS_JSON
     if not path.exists():
         return None
-    return results_type().model_validate_json(path.read_bytes())
+    return read_stats(path, results_type())
 
 
 def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: str,
@@ -53,7 +56,7 @@ def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: st
     """
     from mqttbed.analytics.results_files import write_stats
     from mqttbed.analytics.spark import get_spark
-    from mqttbed.analytics.stats import RunInfo, compute_campaign_stats
+    from mqttbed.analytics.stats import compute_campaign_stats
 
     with sessions() as s:
         campaign = s.get(CampaignRow, campaign_id)
@@ -61,17 +64,7 @@ def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: st
             raise KeyError(f"no campaign {campaign_id!r}")
         # An interrupted attempt that was retried stays on disk but counts no more.
         rows = latest_attempts(s.query(RunRow).filter_by(campaign_id=campaign_id).all())
-    runs = [RunInfo(run_id=r.id, point_index=r.point_index, params=r.params,
-                    repetition=r.repetition, state=r.state, reason=r.reason,
-                    backend=r.spec["broker"]["backend"],
-                    warmup_messages=r.spec["workload"]["warmup_messages"],
-                    max_clock_uncertainty_fraction=r.spec.get("measurement", {}).get(
-                        "max_clock_uncertainty_fraction", 0.1),
-                    agent_clocks=(r.run_metadata or {}).get("agent_clocks", {}),
-                    mode=r.spec["workload"].get("mode", "pubsub"),
-                    scope=_scope_run(r), streams=_streams(r.spec), **_fault(r),
-                    receive_clock=r.spec.get("measurement", {}).get("receive_clock", "kernel"),
-                    generator=pooled_generators(r.run_metadata)) for r in rows]
+    runs = [run_info(r) for r in rows]
     stats = compute_campaign_stats(
         get_spark(settings), events_path=layout.events, samples_path=layout.broker_samples,
         records_path=layout.backend_records, section_types=section_types(),
@@ -82,13 +75,32 @@ def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: st
     return stats, json_path, parquet_path
 
 
+def run_info(row: RunRow) -> RunInfo:
+    """What the analytics are told of one run: its point and outcome, its spec's settings
+    (defaults resolved by the spec model) and what the run recorded."""
+    from mqttbed.analytics.stats import RunInfo
+
+    spec = CampaignSpec.model_validate(row.spec)
+    record = run_record(row.run_metadata, row.id)
+    return RunInfo(run_id=row.id, point_index=row.point_index, params=row.params,
+                   repetition=row.repetition, state=row.state, reason=row.reason,
+                   backend=spec.broker.backend, warmup_messages=spec.workload.warmup_messages,
+                   max_clock_uncertainty_fraction=(
+                       spec.measurement.max_clock_uncertainty_fraction),
+                   agent_clocks={a: c.model_dump() for a, c in record.agent_clocks.items()},
+                   mode=spec.workload.mode, scope=_scope_run(row.id, record),
+                   streams=_streams(spec.workload), **_fault(record),
+                   receive_clock=spec.measurement.receive_clock,
+                   generator=pooled_generators(record))
+
+
 def sys_topic_series(layout: DataLayout, rows: list[RunRow]
                      ) -> dict[str, dict[str, SysTopicSeries]]:
     """Each run's ``$SYS`` values by topic, timed from the run's start (runs without any,
     or from before the start time was recorded, are left out)."""
     found: dict[str, dict[str, SysTopicSeries]] = {}
     for row in rows:
-        t_start_ns = (row.run_metadata or {}).get("t_start_ns")
+        t_start_ns = run_record(row.run_metadata, row.id).t_start_ns
         samples = read_sys_samples(layout, row.campaign_id, row.id)
         if t_start_ns is None or not samples:
             continue
@@ -121,57 +133,53 @@ def reanalysis_status(engine: RunEngine, campaign_id: str
     return None
 
 
-def pooled_generators(metadata: dict[str, Any] | None) -> dict[str, Any] | None:
+def pooled_generators(record: RunRecord) -> dict[str, Any] | None:
     """The run's agents' generator reports (``Done.generator``) as one: rates and counts
     summed, the worst lag, kept only if every agent kept its rate; None without reports."""
-    reports = list(((metadata or {}).get("generators") or {}).values())
+    reports = list(record.generators.values())
     if not reports:
         return None
-    limits = [r["nofile_limit"] for r in reports if r.get("nofile_limit") is not None]
+    limits = [r.nofile_limit for r in reports if r.nofile_limit is not None]
     return {
-        "requested_msgs_per_s": sum(r["requested_msgs_per_s"] for r in reports),
-        "achieved_msgs_per_s": sum(r["achieved_msgs_per_s"] for r in reports),
-        "send_lag_max_us": max(r["send_lag_max_ns"] for r in reports) / 1e3,
-        "messages_unsent": sum(r["messages_unsent"] for r in reports),
-        "publishers_behind": sorted(p for r in reports for p in r["publishers_behind"]),
-        "rate_kept": all(r["rate_kept"] for r in reports),
-        "mqtt_client": ",".join(sorted({r["mqtt_client"] for r in reports})),
-        "deliveries_kernel_stamped": sum(r["kernel_deliveries"] for r in reports),
-        "deliveries_user_stamped": sum(r["user_deliveries"] for r in reports),
+        "requested_msgs_per_s": sum(r.requested_msgs_per_s for r in reports),
+        "achieved_msgs_per_s": sum(r.achieved_msgs_per_s for r in reports),
+        "send_lag_max_us": max(r.send_lag_max_ns for r in reports) / 1e3,
+        "messages_unsent": sum(r.messages_unsent for r in reports),
+        "publishers_behind": sorted(p for r in reports for p in r.publishers_behind),
+        "rate_kept": all(r.rate_kept for r in reports),
+        "mqtt_client": ",".join(sorted({r.mqtt_client for r in reports})),
+        "deliveries_kernel_stamped": sum(r.kernel_deliveries for r in reports),
+        "deliveries_user_stamped": sum(r.user_deliveries for r in reports),
         "nofile_limit": min(limits) if limits else None,
     }
 
 
-def _scope_run(row: RunRow) -> ScopeRun | None:
+def _scope_run(run_id: str, record: RunRecord) -> ScopeRun | None:
     """What the scope recorder did in the run (its acquisitions, timeouts, error)."""
-    scope = (row.run_metadata or {}).get("scope")
-    if not scope:
+    if (scope := record.scope) is None:
         return None
-    return ScopeRun(run_id=row.id, acquisitions=scope.get("acquisitions"),
-                    requested=scope.get("requested"), shortfall=scope.get("shortfall", 0),
-                    timeouts=scope.get("timeouts"), error=scope.get("error"))
+    return ScopeRun(run_id=run_id, acquisitions=scope.acquisitions, requested=scope.requested,
+                    shortfall=scope.shortfall, timeouts=scope.timeouts, error=scope.error)
 
 
-def _streams(spec: dict[str, Any]) -> tuple[StreamInfo, ...]:
+def _streams(workload: Workload) -> tuple[StreamInfo, ...]:
     """The streams of a run's message mix, with their publishers' client ids (none
     without ``workload.streams``)."""
     from mqttbed.analytics.stats import StreamInfo
 
-    if not spec["workload"].get("streams"):
+    if not workload.streams:
         return ()
     return tuple(
         StreamInfo(name=stream.name, topic=stream.topic, payload_bytes=stream.payload_bytes,
                    publishers=tuple(publisher_client_id(stream.first_publisher + k)
                                     for k in range(stream.publishers)))
-        for stream in Workload.model_validate(spec["workload"]).resolved_streams())
+        for stream in workload.resolved_streams())
 
 
-def _fault(run: RunRow) -> dict[str, Any]:
+def _fault(record: RunRecord) -> dict[str, Any]:
     """RunInfo's fault fields from what the run's backend reported (the first fault)."""
-    faults = (run.run_metadata or {}).get("faults") or []
-    if not faults:
+    if not record.faults:
         return {}
-    first = faults[0]
-    t_start = (run.run_metadata or {}).get("t_start_ns")
-    return {"fault_at_ns": first["at_ns"], "fault": first["what"],
-            "fault_at_s": None if t_start is None else (first["at_ns"] - t_start) / 1e9}
+    first, t_start = record.faults[0], record.t_start_ns
+    return {"fault_at_ns": first.at_ns, "fault": first.what,
+            "fault_at_s": None if t_start is None else (first.at_ns - t_start) / 1e9}

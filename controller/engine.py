@@ -64,6 +64,13 @@ from mqttbed.core.errors import RunFailed
 from mqttbed.core.host import Host
 from mqttbed.core.process_journal import reap_stale as reap_processes
 from mqttbed.core.protocol import Endpoint, Shutdown, StartAt, Subscribe
+from mqttbed.core.run_record import (
+    BrokerDeployment,
+    DeliveryCounts,
+    GpioLine,
+    RunRecord,
+    run_record,
+)
 from mqttbed.core.samples import SysTopicsSource
 from mqttbed.core.ssh import SshError, SshHost
 from mqttbed.network.topology import reap_stale
@@ -100,6 +107,7 @@ class _LiveRun:
 
     spec: CampaignSpec
     inbox: RunInbox
+    record: RunRecord   # what the run recorded so far
     backend: BrokerBackend | None = None
     sites: AgentSites | None = None
     pool: AgentPool | None = None
@@ -125,6 +133,11 @@ class EngineContext:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(6)}"
+
+
+def _recorded(backend: BrokerBackend) -> BrokerDeployment:
+    """The backend's deployment record as the run records it (its own fields kept)."""
+    return BrokerDeployment.model_validate(backend.deployment().model_dump(mode="json"))
 
 
 def latest_attempts(runs: Iterable[RunRow]) -> list[RunRow]:
@@ -162,7 +175,7 @@ class RunEngine:
                              ordinal=ordinal, point_index=run.point.index,
                              repetition=run.repetition, params=run.point.params,
                              spec=run.point.spec.model_dump(mode="json"),
-                             state=RunState.QUEUED, run_metadata={}))
+                             state=RunState.QUEUED, run_metadata=RunRecord().stored()))
             s.commit()
         return campaign_id
 
@@ -287,7 +300,7 @@ class RunEngine:
         on disk, flagged ``retried_as`` in its metadata; only the last attempt of a run
         counts in the campaign's outcome and statistics (:func:`latest_attempts`).
         """
-        if run.attempt >= int(run.spec.get("retries", 1)):
+        if run.attempt >= CampaignSpec.model_validate(run.spec).retries:
             return None
         attempt = run.attempt + 1
         retry_id = f"{run.campaign_id}-r{run.ordinal:04d}-retry{attempt}"
@@ -295,12 +308,14 @@ class RunEngine:
             s.add(RunRow(id=retry_id, campaign_id=run.campaign_id, ordinal=run.ordinal,
                          point_index=run.point_index, repetition=run.repetition,
                          attempt=attempt, params=run.params, spec=run.spec,
-                         state=RunState.QUEUED, run_metadata={"retry_of": run.id}))
+                         state=RunState.QUEUED,
+                         run_metadata=RunRecord(retry_of=run.id).stored()))
             interrupted = s.get(RunRow, run.id)
-            interrupted.run_metadata = {**(interrupted.run_metadata or {}),
-                                        "retried_as": retry_id}
+            record = run_record(interrupted.run_metadata, run.id)
+            record.retried_as = retry_id
+            interrupted.run_metadata = stored = record.stored()
             s.commit()
-        run.run_metadata = {**(run.run_metadata or {}), "retried_as": retry_id}
+        run.run_metadata = stored
         return retry_id
 
     def set_campaign_status(self, campaign_id: str, status: CampaignStatus,
@@ -316,10 +331,13 @@ class RunEngine:
     # -- one run ------------------------------------------------------------------------
 
     def _transition(self, run: RunRow, total: int, target: RunState,
-                    reason: str | None = None) -> None:
-        """Write the transition to the database, then tell the listeners."""
+                    reason: str | None = None, record: RunRecord | None = None) -> None:
+        """Write the transition to the database, with what the run recorded so far
+        (``record``, validated; None: the row's record as it is), then tell the listeners."""
         current = RunState(run.state)
         check_transition(current, target)
+        if record is not None:
+            run.run_metadata = record.stored()
         with self.ctx.sessions() as s:
             row = s.get(RunRow, run.id)
             row.state = target
@@ -340,32 +358,34 @@ class RunEngine:
     def _execute(self, run: RunRow, total: int) -> None:
         """Drive one run through its states; whatever happens, stop all it started."""
         live = _LiveRun(spec=CampaignSpec.model_validate(run.spec),
-                        inbox=self.ctx.registry.open_inbox(run.id, run.campaign_id))
+                        inbox=self.ctx.registry.open_inbox(run.id, run.campaign_id),
+                        record=run_record(run.run_metadata, run.id))  # e.g. retry_of
         try:
-            self._transition(run, total, RunState.DEPLOYING)
+            self._transition(run, total, RunState.DEPLOYING, record=live.record)
             self._deploy(run, live)
-            self._transition(run, total, RunState.RUNNING)
+            self._transition(run, total, RunState.RUNNING, record=live.record)
             self._measure(run, live)
-            self._transition(run, total, RunState.COLLECTING)
+            self._transition(run, total, RunState.COLLECTING, record=live.record)
             self._collect(run, live)
-            self._finish_run(run, live.backend)
+            self._finish_run(run, live.backend, live.record)
             live.backend = None
             # A scope that failed mid-run leaves the software figures whole: the run is
             # done, marked with the scope's error (its acquisitions so far are kept).
             scope_error = live.recorder.error if live.recorder is not None else None
             self._transition(run, total, RunState.DONE,
-                             None if scope_error is None else f"scope error: {scope_error}")
+                             None if scope_error is None else f"scope error: {scope_error}",
+                             record=live.record)
         except RunFailed as exc:
-            self._end_badly(run, total, live.backend, RunState.FAILED, exc.reason)
+            self._end_badly(run, total, live, RunState.FAILED, exc.reason)
         except (RunInterrupted, KeyboardInterrupt) as exc:
-            self._end_badly(run, total, live.backend, RunState.INTERRUPTED,
+            self._end_badly(run, total, live, RunState.INTERRUPTED,
                             str(exc) or "interrupted")
             if self._stopping is not None:
                 self.retry(run)
             if isinstance(exc, KeyboardInterrupt):
                 raise
         except Exception as exc:  # noqa: BLE001 - a run fails with its reason, never silently
-            self._end_badly(run, total, live.backend, RunState.FAILED,
+            self._end_badly(run, total, live, RunState.FAILED,
                             f"{type(exc).__name__}: {exc}")
         finally:
             if live.recorder is not None:
@@ -397,8 +417,9 @@ class RunEngine:
             assert isinstance(backend, RunsOnLabHost)   # checked by _broker_lab_host
             host = lab_host
             endpoint = backend.deploy_on_lab_host(spec.broker.options(), lab_host)
-        run.run_metadata = {"broker": backend.deployment().model_dump(mode="json"),
-                            "endpoint": endpoint.model_dump(), "host": host.name}
+        live.record.broker = _recorded(backend)
+        live.record.endpoint = endpoint
+        live.record.host = host.name
         placement = None
         if has_impaired_clients(spec):
             live.sites, placement = self._impaired_sites(run, live, endpoint)
@@ -409,7 +430,7 @@ class RunEngine:
                               run.id, self.ctx.layout.run_dir(run.campaign_id, run.id) / "agents",
                               gpio=spec.agents.gpio, gpio_chip=spec.agents.gpio_chip,
                               env=self.ctx.agent_env)
-        run.run_metadata["agent_hosts"] = live.pool.hosts
+        live.record.agent_hosts = live.pool.hosts
         agent_ids = self._await_agents(live.pool, spec, run.campaign_id)
         assignments = plan_assignments(spec, run.id, run.campaign_id, endpoint, agent_ids,
                                        backend.broker_of if isinstance(backend, MultiBroker)
@@ -421,13 +442,13 @@ class RunEngine:
         if spec.measurement.scope is not None:
             live.recorder = ScopeRecorder(spec.measurement.scope, assignments)
             live.recorder.open()
-            run.run_metadata["scope"] = live.recorder.metadata()
+            live.record.scope = live.recorder.metadata()
             live.inbox.edge_sink = live.recorder.feed
         for agent_id, assignment in assignments.items():
             registry.send(agent_id, assignment)
         live.active = list(assignments)
-        run.run_metadata["agents"] = {a: [c.client_id for c in assignments[a].clients]
-                                      for a in live.active}
+        live.record.agents = {a: [c.client_id for c in assignments[a].clients]
+                              for a in live.active}
         self._wait(live, until=lambda: len(live.inbox.connected) == len(live.active),
                    timeout_s=spec.timing.setup_timeout_s, waiting_for="agents connected")
         # One rank after the other across agents, each SUBSCRIBE after the last SUBACK: the
@@ -441,10 +462,10 @@ class RunEngine:
         self._wait(live, until=lambda: len(live.inbox.ready) == len(live.active),
                    timeout_s=spec.timing.setup_timeout_s, waiting_for="agents ready")
         ready = live.inbox.ready
-        run.run_metadata["subscribe_s"] = (monotonic_ns() - started) / 1e9
-        run.run_metadata["agent_clocks"] = {a: r.clock.model_dump() for a, r in ready.items()}
-        run.run_metadata["gpio"] = {a: {"backend": r.gpio_backend, "toggle_ns": r.gpio_toggle_ns}
-                                    for a, r in ready.items()}
+        live.record.subscribe_s = (monotonic_ns() - started) / 1e9
+        live.record.agent_clocks = {a: r.clock for a, r in ready.items()}
+        live.record.gpio = {a: GpioLine(backend=r.gpio_backend, toggle_ns=r.gpio_toggle_ns)
+                            for a, r in ready.items()}
         if live.recorder is not None:
             live.recorder.set_clocks({a: r.clock for a, r in ready.items()})
 
@@ -495,14 +516,14 @@ class RunEngine:
         live.links = ImpairedLinks(spec, endpoint, self.ctx.host, self.ctx.controller_url,
                                    self.ctx.layout.run_dir(run.campaign_id, run.id) / "network")
         sites, placement = live.links.open()
-        run.run_metadata["network"] = live.links.metadata()
+        live.record.network = live.links.metadata()
         return sites, placement
 
     def _measure(self, run: RunRow, live: _LiveRun) -> None:
         """Hand out one start time and wait out the window (an idle broker too)."""
         spec = live.spec
         t_start = monotonic_ns() + int(spec.timing.start_lead_s * 1e9)
-        run.run_metadata["t_start_ns"] = t_start
+        live.record.t_start_ns = t_start
         for agent_id in live.active:
             self.ctx.registry.send(agent_id, StartAt(run_id=run.id, t_start_ns=t_start))
         if live.recorder is not None:
@@ -535,22 +556,17 @@ class RunEngine:
         self._wait(live, until=lambda: all(len(inbox.chunks[a]) >= inbox.done[a].chunks
                                            for a in live.active),
                    timeout_s=COLLECT_TIMEOUT_S, waiting_for="event chunks")
-        run.run_metadata["delivery_counts"] = {
-            a: {"published": d.published, "received": d.received,
-                "upload_retries": d.upload_retries} for a, d in inbox.done.items()}
-        generators = {a: d.generator.model_dump() for a, d in inbox.done.items()
-                      if d.generator is not None}
+        live.record.delivery_counts = {
+            a: DeliveryCounts(published=d.published, received=d.received,
+                              upload_retries=d.upload_retries) for a, d in inbox.done.items()}
+        generators = {a: d.generator for a, d in inbox.done.items() if d.generator is not None}
         if generators:
-            run.run_metadata["generators"] = generators
+            live.record.generators = generators
         if live.links is not None:
-            run.run_metadata["network"] = live.links.metadata(with_proxy_stats=True)
+            live.record.network = live.links.metadata(with_proxy_stats=True)
         if live.recorder is not None:
             live.recorder.write(self.ctx.layout, run.campaign_id, run.id)
-            made, requested = live.recorder.acquisitions, live.recorder.spec.acquisitions
-            run.run_metadata["scope"] |= {"acquisitions": made, "requested": requested,
-                                          "shortfall": max(0, requested - made),
-                                          "timeouts": live.recorder.timeouts,
-                                          "error": live.recorder.error}
+            live.record.scope = live.recorder.metadata(with_acquisitions=True)
 
     def _await_agents(self, pool: AgentPool, spec: CampaignSpec, campaign_id: str) -> list[str]:
         """Wait for every agent to register; an agent that exits first fails the run at once."""
@@ -621,13 +637,14 @@ class RunEngine:
         if self.is_cancelled(campaign_id):
             raise RunInterrupted("campaign cancelled")
 
-    def _finish_run(self, run: RunRow, backend: BrokerBackend) -> None:
-        """Store the broker's samples and metadata, then stop it."""
+    def _finish_run(self, run: RunRow, backend: BrokerBackend, record: RunRecord) -> None:
+        """Store the broker's samples and deployment record, then stop it."""
         backend.teardown()  # its sampler takes one last sample on the way down
         samples = backend.stats()
-        run.run_metadata["broker"] = backend.deployment().model_dump(mode="json")
+        record.broker = _recorded(backend)
         if isinstance(backend, FaultSchedule):
-            run.run_metadata["faults"] = [fault.model_dump() for fault in backend.faults()]
+            record.faults = list(backend.faults())
+        run.run_metadata = record.stored()
         write_broker_samples(self.ctx.layout, run.campaign_id, run.id, samples)
         if isinstance(backend, SysTopicsSource):
             write_sys_samples(self.ctx.layout, run.campaign_id, run.id, backend.sys_samples())
@@ -638,15 +655,15 @@ class RunEngine:
                    {"run_id": run.id, "params": run.params, "repetition": run.repetition,
                     "metadata": run.run_metadata})
 
-    def _end_badly(self, run: RunRow, total: int, backend: BrokerBackend | None,
-                   state: RunState, reason: str) -> None:
-        if backend is not None:
+    def _end_badly(self, run: RunRow, total: int, live: _LiveRun, state: RunState,
+                   reason: str) -> None:
+        if live.backend is not None:
             try:
-                self._finish_run(run, backend)
+                self._finish_run(run, live.backend, live.record)
             except Exception as exc:  # noqa: BLE001 - keep the first reason
                 reason = f"{reason} (and saving broker data failed: {exc})"
         if RunState(run.state) in ACTIVE_STATES:
-            self._transition(run, total, state, reason)
+            self._transition(run, total, state, reason, record=live.record)
 
     def _teardown(self, pool: AgentPool | None, sites: AgentSites | None,
                   backend: BrokerBackend | None, links: ImpairedLinks | None = None) -> None:

@@ -25,6 +25,7 @@ from mqttbed.controller.assignments import ClientPlacement, client_ids
 from mqttbed.core.errors import RunFailed
 from mqttbed.core.host import Host
 from mqttbed.core.protocol import Endpoint, Transport
+from mqttbed.core.run_record import ImpairedGroup, NetworkRecord
 from mqttbed.network.impairment import (
     MECHANISMS,
     ImpairedPath,
@@ -137,29 +138,29 @@ class ImpairedLinks:
         return next((broken for path in self.paths.values()
                      if (broken := path.health()) is not None), None)
 
-    def metadata(self, with_proxy_stats: bool = False) -> dict[str, Any]:
+    def metadata(self, with_proxy_stats: bool = False) -> NetworkRecord:
         """What impaired which clients, and how: mechanism, commands, proxies' own error."""
         groups = {}
         for group in self.groups[1:]:
             assert group.impairment is not None
             path = self.paths.get(_host_name(group))
-            groups[group.impairment.group] = {
+            groups[group.impairment.group] = ImpairedGroup(
                 **group.impairment.model_dump(exclude={"group"}),
-                "clients": group.clients,
-                "namespace": None if path is None else path.host.netns,
-                "proxy": None if path is None or path.port is None
+                clients=group.clients,
+                namespace=None if path is None else path.host.netns,
+                proxy=None if path is None or path.port is None
                 else f"{ROOT_ADDRESS}:{path.port}",
-                "commands": [] if path is None else path.commands,
+                commands=[] if path is None else path.commands,
                 **({"proxy_stats": path.proxy_stats() if path else None,
                     "packets_dropped": path.packets_dropped() if path else None}
-                   if with_proxy_stats else {})}
-        return {"mechanism": None if self.mechanism is None else MECHANISMS[self.mechanism],
-                "netem_available": self._netem,
-                "iptables": iptables_version(),
-                "semantics": "delay_ms one way, added in each direction; loss_percent and "
-                             "rate_kbit apply to each direction on its own",
-                "topology_prefix": None if self.topology is None else self.topology.prefix,
-                "groups": groups}
+                   if with_proxy_stats else {}))
+        return NetworkRecord(
+            mechanism=None if self.mechanism is None else MECHANISMS[self.mechanism],
+            netem_available=self._netem, iptables=iptables_version(),
+            semantics="delay_ms one way, added in each direction; loss_percent and "
+                      "rate_kbit apply to each direction on its own",
+            topology_prefix=None if self.topology is None else self.topology.prefix,
+            groups=groups)
 
     def close(self) -> dict[str, Any]:
         """Stop proxies and relay, reap the namespaces; return each proxy's last statistics."""

@@ -21,6 +21,7 @@ from mqttbed.controller.storage import DataLayout, write_event_chunk
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import ClockSource, EventKind
 from mqttbed.core.protocol import Assignment, ClockEstimate, ResultChunk, Role
+from mqttbed.core.run_record import ScopeSetup
 
 log = logging.getLogger("mqttbed.scope")
 SCOPE_AGENT = "scope"
@@ -104,11 +105,20 @@ class ScopeRecorder:
                               timebase_s_per_div=self.spec.timebase_s_per_div,
                               level_v=self.spec.trigger_level_v)
 
-    def metadata(self) -> dict[str, Any]:
-        return {"resource": self.spec.resource, "dialect": self.spec.dialect,
-                "identity": self.identity,
-                "channels": {str(p.channel): p.client_id
-                             for p in (self.publisher, *self.subscribers)}}
+    def metadata(self, with_acquisitions: bool = False) -> ScopeSetup:
+        """The scope and its probes as the run records them; with what it acquired (and
+        fell short of) once its acquisitions have ended."""
+        channels = {str(p.channel): p.client_id for p in (self.publisher, *self.subscribers)}
+        setup = ScopeSetup(resource=self.spec.resource, dialect=self.spec.dialect,
+                           identity=self.identity, channels=channels)
+        if not with_acquisitions:
+            return setup
+        made, requested = self.acquisitions, self.spec.acquisitions
+        return ScopeSetup(**setup.model_dump(exclude={"acquisitions", "requested", "shortfall",
+                                                      "timeouts", "error"}),
+                          acquisitions=made, requested=requested,
+                          shortfall=max(0, requested - made), timeouts=self.timeouts,
+                          error=self.error)
 
     # -- the virtual scope's feed -------------------------------------------------------
 

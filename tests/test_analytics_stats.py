@@ -36,6 +36,7 @@ from mqttbed.analytics.topics import topic_filter_regex  # noqa: E402
 from mqttbed.controller.analysis import pooled_generators  # noqa: E402
 from mqttbed.core.events import EVENT_COLUMNS, arrow_schema  # noqa: E402
 from mqttbed.core.protocol import GeneratorReport  # noqa: E402
+from mqttbed.core.run_record import RunRecord  # noqa: E402
 from mqttbed.core.sections import (  # noqa: E402
     Agreed,
     BackendSection,
@@ -63,16 +64,16 @@ RUNS = [
             streams=STREAMS),
     # r2's second agent could not keep its publishers' rate
     RunInfo("r2", 0, {"qos": 1}, 1, "done", "mosquitto", warmup_messages=WARMUP,
-            streams=STREAMS, generator=pooled_generators({"generators": {
+            streams=STREAMS, generator=pooled_generators(RunRecord(generators={
                 "agent-1": GeneratorReport(
                     open_loop_publishers=1, requested_msgs_per_s=100, achieved_msgs_per_s=99,
                     send_lag_max_ns=2_000_000, mqtt_client="lean", kernel_deliveries=40,
-                    nofile_limit=1024).model_dump(),
+                    nofile_limit=1024),
                 "agent-2": GeneratorReport(
                     open_loop_publishers=1, requested_msgs_per_s=100, achieved_msgs_per_s=60,
                     send_lag_max_ns=90_000_000, publishers_behind=["pub-1"], rate_kept=False,
                     mqtt_client="lean", kernel_deliveries=2, user_deliveries=1,
-                    nofile_limit=4096).model_dump()}})),
+                    nofile_limit=4096)}))),
     RunInfo("r3", 1, {"qos": 2}, 0, "done", "mosquitto", warmup_messages=WARMUP,
             streams=STREAMS),
     RunInfo("r4", 1, {"qos": 2}, 1, "failed", "mosquitto", reason="agent sub-1 lost",

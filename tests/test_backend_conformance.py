@@ -29,6 +29,7 @@ from mqttbed.core.backends import (
 )
 from mqttbed.core.host import LocalHost
 from mqttbed.core.protocol import Endpoint
+from mqttbed.core.run_record import RunRecord, run_record
 from tests.conftest import child_processes
 from tests.test_engine_failures import (
     dataset_rows,
@@ -91,8 +92,11 @@ def test_deploy_health_samples_record_and_teardown_twice_leave_nothing_running(n
             assert backend.health() is None
             record = backend.deployment()
             assert isinstance(record, DeploymentRecord) and record.backend == name
-            # what a run stores is JSON that validates back into the same record
+            # what a run stores is JSON that validates back into the same record, also
+            # through the run's record (core's view of it, the backend's fields kept)
             assert type(record).model_validate(record.model_dump(mode="json")) == record
+            stored = RunRecord(broker=record.model_dump(mode="json")).stored()
+            assert run_record(stored).broker.as_type(type(record)) == record
             deadline = time.monotonic() + 5
             while not backend.stats() and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -133,9 +137,8 @@ def test_a_broker_killed_mid_run_fails_the_run_with_that_reason_and_keeps_its_ev
         with controller.sessions() as s:
             from mqttbed.controller.db import RunRow
 
-            deployed = DeploymentRecord.model_validate(
-                {k: v for k, v in s.get(RunRow, run_id).run_metadata["broker"].items()
-                 if k in DeploymentRecord.model_fields})
+            deployed = run_record(s.get(RunRow, run_id).run_metadata, run_id).broker
+        assert deployed is not None, f"{name}'s run recorded no deployment"
         assert deployed.pid is not None, f"{name}'s deployment record names no process"
         victim = psutil.Process(deployed.pid)
         victim.kill()

@@ -148,12 +148,13 @@ def test_an_installed_plugin_is_found_runs_a_campaign_and_is_gone_when_uninstall
     campaign_id = controller.engine.create_campaign(spec)
     status = controller.engine.run_campaign(campaign_id)
     from mqttbed.controller.db import RunRow
+    from mqttbed.core.run_record import run_record
 
     with controller.sessions() as s:
         (run,) = s.query(RunRow).filter_by(campaign_id=campaign_id).all()
         assert (status, run.state) == ("done", "done"), run.reason
-        assert run.run_metadata["broker"]["backend"] == "probe"
-        assert run.run_metadata["broker"]["version"] == "probe-1"
+        broker = run_record(run.run_metadata, run.id).broker
+        assert broker is not None and (broker.backend, broker.version) == ("probe", "probe-1")
     from tests.test_engine_failures import dataset_rows
 
     # 100 publishes, 2 x 100 deliveries, 2 subscriptions: nothing lost at QoS 1

@@ -14,11 +14,13 @@ import httpx
 import pyarrow.dataset as ds
 import pytest
 
+from mqttbed.brokers.mosquitto.backend import MosquittoDeployment
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.db import AgentRow, ChunkRow, RunRow, TransitionRow
 from mqttbed.controller.states import RunState
 from mqttbed.core.events import EVENT_COLUMNS
 from mqttbed.core.protocol import ResultChunk
+from mqttbed.core.run_record import run_record
 from tests.conftest import child_processes
 
 pytestmark = pytest.mark.integration
@@ -116,8 +118,9 @@ def test_every_transition_is_recorded_in_order(controller, updates):
         agents = s.query(AgentRow).all()
     assert [(a.name, a.state) for a in agents] == [(f"{run_id}-a0", "gone")]
     run = only_run(controller, campaign_id)
-    assert run.run_metadata["broker"]["version"].startswith("2.")
-    assert run.run_metadata["broker"]["limits"]["max_queued_messages"] == 1000
+    broker = run_record(run.run_metadata, run.id).broker
+    assert broker is not None and broker.version is not None and broker.version.startswith("2.")
+    assert broker.as_type(MosquittoDeployment).limits.max_queued_messages == 1000
     # 40 publishes + 2 x 40 deliveries + 2 subscriptions, all stored
     assert dataset_rows(controller, campaign_id, run_id) == 40 + 80 + 2
     assert child_processes("mqttbed.agents") == [] and child_processes("mosquitto") == []

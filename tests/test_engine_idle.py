@@ -7,6 +7,7 @@ import pytest
 
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.db import RunRow
+from mqttbed.core.run_record import run_record
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +20,7 @@ def test_idle_run_samples_the_broker_for_the_window_without_agents(controller, u
     run_id = f"{campaign_id}-r0000"
     with controller.sessions() as s:
         run = s.get(RunRow, run_id)
-    assert run.run_metadata["agents"] == {}
+    assert run_record(run.run_metadata, run.id).agents == {}
     samples = pq.read_table(controller.layout.run_samples(campaign_id, run_id)
                             / "samples.parquet").to_pylist()
     covered_s = (samples[-1]["t_ns"] - samples[0]["t_ns"]) / 1e9

@@ -12,6 +12,7 @@ from mqttbed.campaigns.spec import builtin_spec_path, load_spec, parse_spec, pla
 from mqttbed.controller.analysis import analyze_campaign
 from mqttbed.controller.db import RunRow
 from mqttbed.controller.states import RunState
+from mqttbed.core.run_record import run_record
 from tests.conftest import child_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -48,7 +49,8 @@ def test_an_fpga_run_measures_over_udp_and_records_the_modelled_latency(controll
     with controller.sessions() as s:
         (run,) = s.query(RunRow).filter_by(campaign_id=campaign_id).all()
     assert run.state == RunState.DONE, run.reason
-    assert run.run_metadata["endpoint"]["transport"] == "mqtt-udp"
+    endpoint = run_record(run.run_metadata, run.id).endpoint
+    assert endpoint is not None and endpoint.transport == "mqtt-udp"
     broker = json.loads((controller.layout.run_dir(campaign_id, run.id) / "run.json")
                         .read_text())["metadata"]["broker"]
     assert broker["backend"] == "fpga" and broker["exit_code"] == 0

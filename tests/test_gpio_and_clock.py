@@ -9,6 +9,7 @@ from mqttbed.agents.gpio import GpioUnavailable, VirtualGpio, open_gpio, toggle_
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.db import RunRow
 from mqttbed.core.clock import ntp_offset
+from mqttbed.core.run_record import run_record
 
 
 def test_rpi_backend_off_a_pi_names_the_missing_device_and_the_fix():
@@ -84,13 +85,13 @@ def test_agents_on_the_controllers_machine_share_its_clock(controller):
     assert controller.engine.run_campaign(campaign_id) == "done"
     with controller.sessions() as s:
         run = s.get(RunRow, f"{campaign_id}-r0000")
-    (clock,) = run.run_metadata["agent_clocks"].values()
-    assert {k: clock[k] for k in ("offset_ns", "uncertainty_ns", "method")} == {
-        "offset_ns": 0, "uncertainty_ns": 0, "method": "same-clock"}
+    record = run_record(run.run_metadata, run.id)
+    (clock,) = record.agent_clocks.values()
+    assert (clock.offset_ns, clock.uncertainty_ns, clock.method) == (0, 0, "same-clock")
     # what keeps this machine's clock is reported too, though one clock needs none
-    assert clock["discipline"] in ("none", "chrony", "ptp")
-    (gpio,) = run.run_metadata["gpio"].values()
-    assert gpio["backend"] == "virtual" and gpio["toggle_ns"] > 0
+    assert clock.discipline in ("none", "chrony", "ptp")
+    (gpio,) = record.gpio.values()
+    assert gpio.backend == "virtual" and gpio.toggle_ns is not None and gpio.toggle_ns > 0
 
 
 @pytest.mark.integration
@@ -101,11 +102,11 @@ def test_probed_offset_on_loopback_is_zero_within_its_uncertainty(controller):
     assert controller.engine.run_campaign(campaign_id) == "done"
     with controller.sessions() as s:
         run = s.get(RunRow, f"{campaign_id}-r0000")
-    (clock,) = run.run_metadata["agent_clocks"].values()
-    assert clock["method"] == "ntp"
-    assert 0 < clock["uncertainty_ns"] < 5_000_000
+    (clock,) = run_record(run.run_metadata, run.id).agent_clocks.values()
+    assert clock.method == "ntp"
+    assert 0 < clock.uncertainty_ns < 5_000_000
     # the true offset is 0 (one machine): the estimate must be within its own bound
-    assert abs(clock["offset_ns"]) <= clock["uncertainty_ns"]
+    assert abs(clock.offset_ns) <= clock.uncertainty_ns
 
 
 @pytest.mark.integration

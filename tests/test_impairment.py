@@ -30,6 +30,7 @@ from mqttbed.campaigns.spec import builtin_spec_path, expand_points, load_spec, 
 from mqttbed.controller.db import RunRow
 from mqttbed.core.backends import backend_names
 from mqttbed.core.errors import SpecError
+from mqttbed.core.run_record import run_record
 from mqttbed.network.commands import ip, run, tc
 from mqttbed.network.topology import JOURNAL_DIR, leftovers, reap_stale, tagged_processes
 
@@ -64,7 +65,9 @@ def late_ms(measured: Measured, group: str) -> float:
     """The delay proxy's own account of releasing late (median, released - due): about
     0.15 ms on a quiet machine, 7.7 ms once in CI's full suite. The latency a delayed path
     adds is the delay plus this, so the tests take it out before comparing."""
-    return measured.network["groups"][group]["proxy_stats"]["lateness_p50_us"] / 1000
+    stats = measured.network.groups[group].proxy_stats
+    assert stats is not None, f"no statistics from the delay proxy of {group}"
+    return stats["lateness_p50_us"] / 1000
 
 
 class Measured:
@@ -72,7 +75,9 @@ class Measured:
 
     def __init__(self, controller, run: RunRow):
         self.run = run
-        self.network = run.run_metadata["network"]
+        network = run_record(run.run_metadata, run.id).network
+        assert network is not None, f"run {run.id} recorded no network"
+        self.network = network
         path = controller.layout.events / f"campaign_id={run.campaign_id}" / f"run_id={run.id}"
         rows = ds.dataset(path, format="parquet").to_table().to_pylist()
         self.published = sum(r["kind"] == "publish" and not r["warmup"] for r in rows)
@@ -103,7 +108,9 @@ def run_all(controller, spec: dict) -> list[Measured]:
         runs = s.query(RunRow).filter_by(campaign_id=campaign_id).order_by(RunRow.ordinal).all()
     for row in runs:
         assert row.state == "done", row.reason
-        assert leftovers(row.run_metadata["network"]["topology_prefix"]) == []
+        network = run_record(row.run_metadata, row.id).network
+        assert network is not None and network.topology_prefix is not None
+        assert leftovers(network.topology_prefix) == []
     return [Measured(controller, row) for row in runs]
 
 
@@ -127,10 +134,10 @@ def test_delay_adds_its_value_to_the_impaired_groups_latency_only(controller, ba
     low, high = DELAY_TOLERANCE_MS
     for measured in (one, every):
         assert all(measured.received(f"sub-{i}") == measured.published == 290 for i in range(3))
-        for group in measured.network["groups"].values():
-            assert group["proxy_stats"]["transport"] == "tcp"
-    assert one.network["mechanism"] == "user-space delay proxy + htb + iptables statistic"
-    assert every.network["groups"]["subscribers"]["clients"] == ["sub-0", "sub-1"]
+        for group in measured.network.groups.values():
+            assert group.proxy_stats is not None and group.proxy_stats["transport"] == "tcp"
+    assert one.network.mechanism == "user-space delay proxy + htb + iptables statistic"
+    assert every.network.groups["subscribers"].clients == ["sub-0", "sub-1"]
     unimpaired = one.latency_ms("sub-0")
     assert unimpaired < 3 and one.latency_ms("sub-2") < 3, "direct paths stay direct"
     added = one.latency_ms("sub-1") - unimpaired - late_ms(one, "sub-1")
@@ -155,12 +162,12 @@ def test_loss_on_udp_drops_its_share_of_qos0_messages_within_four_sigma(controll
     assert n == 1000 and measured.received("sub-0") == n
     expected, sigma = 0.8 * n, math.sqrt(n * 0.2 * 0.8)
     assert abs(measured.received("sub-1") - expected) <= 4 * sigma  # 800 +/- 51
-    dropped = measured.network["groups"]["sub-1"]["packets_dropped"]["downstream"]
+    dropped = (measured.network.groups["sub-1"].packets_dropped or {})["downstream"]
     assert dropped >= n - measured.received("sub-1")  # every lost message was a drop
     low, high = DELAY_TOLERANCE_MS  # and the UDP path delays too
     added = measured.latency_ms("sub-1") - measured.latency_ms("sub-0") - late_ms(measured, "sub-1")
     assert 20 + low <= added <= 20 + high
-    commands = measured.network["groups"]["sub-1"]["commands"]
+    commands = measured.network.groups["sub-1"].commands
     assert sum("--probability 0.200000 -j DROP" in c for c in commands) == 2
 
 
@@ -172,9 +179,9 @@ def test_loss_on_tcp_shows_as_latency_not_as_lost_messages(controller):
     spec["timing"]["drain_s"] = 20  # retransmission backs off; agents stop once all arrived
     (measured,) = run_all(controller, spec)
     assert measured.received("sub-0") == measured.received("sub-1") == measured.published
-    group = measured.network["groups"]["sub-1"]
-    assert group["packets_dropped"]["downstream"] > 0  # dropped on the link ...
-    assert group["proxy_stats"]["tcp_retransmits_to_clients"] > 0  # ... sent again ...
+    group = measured.network.groups["sub-1"]
+    assert (group.packets_dropped or {})["downstream"] > 0  # dropped on the link ...
+    assert (group.proxy_stats or {})["tcp_retransmits_to_clients"] > 0  # ... sent again ...
     # ... and late: a retransmission waits for a later segment's SACK (20 ms on) or a
     # probe timeout (>= 10 ms, often 200 ms), holding back the messages behind it
     assert measured.latency_ms("sub-1", 1.0) >= 10
@@ -190,7 +197,7 @@ def test_a_rate_cap_caps_the_impaired_groups_throughput(controller):
     assert measured.received("sub-1") == measured.published == 300
     assert 0.7 * 800 <= measured.payload_kbit_s("sub-1") <= 1.02 * 800
     assert measured.payload_kbit_s("sub-0") > 1000  # 1200 kbit/s offered, uncapped
-    commands = measured.network["groups"]["sub-1"]["commands"]
+    commands = measured.network.groups["sub-1"].commands
     assert sum("htb rate 800kbit ceil 800kbit" in c for c in commands) == 2
 
 

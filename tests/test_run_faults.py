@@ -21,6 +21,7 @@ import pytest
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.db import ChunkRow, RunRow
 from mqttbed.controller.states import RunState
+from mqttbed.core.run_record import run_record
 from mqttbed.instruments.scope.virtual import VirtualScope
 from tests.conftest import child_processes
 
@@ -168,19 +169,20 @@ def test_scope_that_stops_answering_marks_the_run_and_keeps_software_figures(
     assert not thread.is_alive()
 
     run = only_run(controller, campaign_id)
-    scope = run.run_metadata["scope"]
+    scope = run_record(run.run_metadata, run.id).scope
+    assert scope is not None and scope.error is not None and scope.acquisitions is not None
     assert run.state == RunState.DONE
-    assert run.reason == f"scope error: {scope['error']}"
-    assert scope["error"].startswith("VisaIOError: VI_ERROR_TMO"), scope["error"]
-    assert 2 <= scope["acquisitions"] < 20
-    assert (scope["requested"], scope["shortfall"]) == (20, 20 - scope["acquisitions"])
+    assert run.reason == f"scope error: {scope.error}"
+    assert scope.error.startswith("VisaIOError: VI_ERROR_TMO"), scope.error
+    assert 2 <= scope.acquisitions < 20
+    assert (scope.requested, scope.shortfall) == (20, 20 - scope.acquisitions)
     table = run_events(controller, campaign_id, run.id)
     sources = table.group_by("clock_source").aggregate([("kind", "count")]).to_pylist()
     by_source = {row["clock_source"]: row["kind_count"] for row in sources}
     # software: every publish and both subscriptions on the user clock, both deliveries
     # of each publish on the kernel's receive stamp; the scope: one row (its one watched
     # subscriber) per acquisition made before it hung
-    assert by_source == {"user": 600 + 2, "kernel": 2 * 600, "scope": scope["acquisitions"]}
+    assert by_source == {"user": 600 + 2, "kernel": 2 * 600, "scope": scope.acquisitions}
 
 
 def test_short_run_flags_the_scope_shortfall_after_the_measure_timeout(controller):
@@ -192,10 +194,11 @@ def test_short_run_flags_the_scope_shortfall_after_the_measure_timeout(controlle
                                       "measure_timeout_s": 0.5,
                                       "acquisition_timeout_s": 0.3}}}
     _, run = run_campaign(controller, spec)
-    scope = run.run_metadata["scope"]
+    scope = run_record(run.run_metadata, run.id).scope
+    assert scope is not None and scope.acquisitions is not None
     assert run.state == RunState.DONE and run.reason is None
-    assert scope["error"] is None and 0 < scope["acquisitions"] < 100
-    assert (scope["requested"], scope["shortfall"]) == (500, 500 - scope["acquisitions"])
+    assert scope.error is None and 0 < scope.acquisitions < 100
+    assert (scope.requested, scope.shortfall) == (500, 500 - scope.acquisitions)
 
 
 def iptables_in(namespace: str, *rule: str) -> None:
@@ -215,8 +218,11 @@ def test_network_cut_to_the_controller_for_10_s_retries_chunks_and_stores_each_o
     campaign_id, thread = start_campaign(controller, spec)
     run_id = f"{campaign_id}-r0000"
     wait_for(lambda: RunState.RUNNING in updates.states(run_id), 30, "run to start")
-    group = only_run(controller, campaign_id).run_metadata["network"]["groups"]["subscribers"]
-    namespace, broker_port = group["namespace"], group["proxy"].rsplit(":", 1)[1]
+    network = run_record(only_run(controller, campaign_id).run_metadata).network
+    assert network is not None
+    group = network.groups["subscribers"]
+    assert group.namespace is not None and group.proxy is not None
+    namespace, broker_port = group.namespace, group.proxy.rsplit(":", 1)[1]
     cut = ("OUTPUT", "-p", "tcp", "!", "--dport", broker_port, "-j", "DROP")
     iptables_in(namespace, "-I", *cut)
     try:
@@ -228,10 +234,10 @@ def test_network_cut_to_the_controller_for_10_s_retries_chunks_and_stores_each_o
 
     run = only_run(controller, campaign_id)
     assert run.state == RunState.DONE, run.reason
-    counts = run.run_metadata["delivery_counts"]
-    cut_agent = next(a for a, clients in run.run_metadata["agents"].items()
+    record = run_record(run.run_metadata, run.id)
+    cut_agent = next(a for a, clients in record.agents.items()
                      if clients == ["sub-0", "sub-1"])
-    assert counts[cut_agent]["upload_retries"] > 0  # its chunks were sent again
+    assert record.delivery_counts[cut_agent].upload_retries > 0  # its chunks were sent again
     # ... and each stored once: every event of the run exactly once
     stored = assert_store_consistent(controller, campaign_id, run.id)
     assert stored == 300 + 2 * 300 + 2
@@ -239,4 +245,4 @@ def test_network_cut_to_the_controller_for_10_s_retries_chunks_and_stores_each_o
     keys = {(k, p, s, r) for k, p, s, r in zip(
         *(table[c].to_pylist() for c in ("kind", "publisher", "seq", "receiver")), strict=True)}
     assert len(keys) == stored
-    assert sum(c["received"] for c in counts.values()) == 2 * 300
+    assert sum(c.received for c in record.delivery_counts.values()) == 2 * 300

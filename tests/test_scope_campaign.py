@@ -10,6 +10,7 @@ from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.analysis import analyze_campaign
 from mqttbed.controller.assignments import FIRST_GPIO_PIN
 from mqttbed.controller.db import RunRow
+from mqttbed.core.run_record import run_record
 
 pytestmark = [pytest.mark.integration, pytest.mark.system]
 
@@ -41,19 +42,20 @@ def scoped(tmp_path_factory):
 def test_scope_campaign_runs_and_its_stats_carry_the_scope_section(scoped):
     _, _, run, status, stats = scoped
     assert status == "done", run.reason
-    scope = run.run_metadata["scope"]
-    assert scope["identity"].startswith("RIGOL TECHNOLOGIES")
-    assert scope["channels"] == {"1": "pub-0", "2": "sub-0", "3": "sub-2"}
+    scope = run_record(run.run_metadata, run.id).scope
+    assert scope is not None and scope.acquisitions is not None
+    assert scope.identity.startswith("RIGOL TECHNOLOGIES")
+    assert scope.channels == {"1": "pub-0", "2": "sub-0", "3": "sub-2"}
     # Acquisitions end with the run's window; the virtual scope sees edges only once they
     # are uploaded (every 0.2 s), so on a loaded machine fewer than the 6 asked for fit
     # (2 seen while RTL builds ran beside the suite): the shortfall is counted below.
-    assert scope["error"] is None and 1 <= scope["acquisitions"] <= 6
+    assert scope.error is None and 1 <= scope.acquisitions <= 6
     (point,) = stats.points
-    assert point.scope.acquisitions == scope["acquisitions"]
+    assert point.scope.acquisitions == scope.acquisitions
     assert [r.model_dump() for r in point.scope.runs] == [
-        {"run_id": run.id, "acquisitions": scope["acquisitions"], "requested": 6,
-         "shortfall": 6 - scope["acquisitions"], "timeouts": scope["timeouts"], "error": None}]
-    assert (point.scope.requested, point.scope.shortfall) == (6, 6 - scope["acquisitions"])
+        {"run_id": run.id, "acquisitions": scope.acquisitions, "requested": 6,
+         "shortfall": 6 - scope.acquisitions, "timeouts": scope.timeouts, "error": None}]
+    assert (point.scope.requested, point.scope.shortfall) == (6, 6 - scope.acquisitions)
     assert point.scope.latency_us.p50 > 0
     # the software figures are still there, computed from software rows only
     assert point.deliveries_expected == 65 * 3
@@ -68,7 +70,7 @@ def test_every_scope_delay_is_a_delay_between_recorded_gpio_edges(scoped):
                        / f"run_id={run.id}").to_table().to_pylist()
     # each agent's clients got GPIO pins 2, 3, ... in the order of its assignment
     line = {client: (agent, FIRST_GPIO_PIN + i)
-            for agent, clients in run.run_metadata["agents"].items()
+            for agent, clients in run_record(run.run_metadata, run.id).agents.items()
             for i, client in enumerate(clients)}
     rising: dict[tuple[str, int], list[int]] = {}
     for edge in edges:

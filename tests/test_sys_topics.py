@@ -52,10 +52,12 @@ def test_a_refusing_or_absent_broker_is_named():
 @pytest.mark.integration
 def test_a_mosquitto_run_keeps_its_sys_counters_beside_the_run_and_they_count_the_messages(
         controller):
+    from mqttbed.brokers.mosquitto.backend import MosquittoDeployment
     from mqttbed.campaigns.spec import parse_spec
     from mqttbed.controller.analysis import sys_topic_series
     from mqttbed.controller.db import RunRow
     from mqttbed.controller.storage import read_sys_samples
+    from mqttbed.core.run_record import run_record
 
     spec = parse_spec({"name": "sys", "agents": {"count": 1},
                        "workload": {"subscribers": 2, "rate_hz": 400, "messages": 1200,
@@ -65,7 +67,10 @@ def test_a_mosquitto_run_keeps_its_sys_counters_beside_the_run_and_they_count_th
     with controller.sessions() as s:
         (run,) = s.query(RunRow).filter_by(campaign_id=campaign_id).all()
     assert run.state == "done", run.reason
-    assert run.run_metadata["broker"]["sys_topics"]["samples"] > 0
+    broker = run_record(run.run_metadata, run.id).broker
+    assert broker is not None
+    sys_topics = broker.as_type(MosquittoDeployment).sys_topics
+    assert sys_topics is not None and sys_topics.samples > 0
     samples = read_sys_samples(controller.layout, campaign_id, run.id)
     counter = sorted((s for s in samples if s.topic == "$SYS/broker/messages/received"),
                      key=lambda s: s.t_ns)
