@@ -32,7 +32,6 @@ from mqttbed.controller.assignments import (
     subscribe_turns,
 )
 from mqttbed.controller.compaction import (
-    CompactionError,
     compact_run,
     compaction_summary,
     leftover_runs,
@@ -411,8 +410,10 @@ class RunEngine:
         logged, never the run's: its chunks stay as they were, and readable."""
         try:
             done = compact_run(self.ctx.layout, campaign_id, run_id)
-        except (CompactionError, OSError) as exc:
-            log.error("run %s: its chunks were not compacted: %s", run_id, exc)
+        except Exception as exc:  # noqa: BLE001 - never the run's or the campaign's end
+            log.error("run %s: its chunks were not compacted (%s: %s); they stay as they "
+                      "are, readable, for the next compaction", run_id,
+                      type(exc).__name__, exc)
             return
         if done:
             log.info("run %s compacted: %s", run_id, compaction_summary(done))

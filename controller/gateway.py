@@ -17,7 +17,7 @@ from sqlalchemy.orm import sessionmaker
 
 from mqttbed.controller.auth import Caller
 from mqttbed.controller.body_limit import BodyLimit
-from mqttbed.controller.compaction import CompactionError, compact_run, is_compacted, run_lock
+from mqttbed.controller.compaction import compact_run, is_compacted, run_lock
 from mqttbed.controller.db import ChunkRow, RunRow
 from mqttbed.controller.registry import AgentRegistry
 from mqttbed.controller.storage import DataLayout, write_edges, write_event_chunk
@@ -99,9 +99,9 @@ class ChunkStore:
             # them in now so the run is one file again. Failing that, they stay a chunk.
             try:
                 compact_run(self._layout, campaign_id, chunk.run_id)
-            except (CompactionError, OSError) as exc:
-                log.error("run %s: late chunk %d of %s not compacted: %s", chunk.run_id,
-                          chunk.seq, chunk.agent_id, exc)
+            except Exception as exc:  # noqa: BLE001 - the chunk is stored: say so
+                log.error("run %s: late chunk %d of %s not compacted (%s: %s)", chunk.run_id,
+                          chunk.seq, chunk.agent_id, type(exc).__name__, exc)
         return True
 
 
