@@ -57,12 +57,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("mqttbed.compaction")
 
 COMPACTED_NAME = "run.parquet"   # a chunk is always <agent>-<NNNNNN>.parquet: no clash
-# Rows per row group. Spark splits a Parquet file between tasks at row-group boundaries
-# and keeps the min/max statistics per row group: 1 Mi rows of events (about 10-20 MB
-# once encoded, far below spark.sql.files.maxPartitionBytes' 128 MB) lets a task read
-# several whole groups, amortises each group's footer entry and column-chunk seeks, and
-# keeps the writer's buffer bounded (a group is held in memory until written). A
-# quickstart run (thousands of rows) is one group; a 2 M-row run is two tasks' worth.
+# Rows per row group. Spark splits a Parquet file between tasks only at row-group
+# boundaries, and its vectorised reader pays per column chunk (a seek, a page header, a
+# dictionary): 1 Mi sorted event rows encode to about 6 MB (bench/compaction.py: 2.02 M
+# rows in 12.2 MB), so one group is a fair task's worth, well under
+# spark.sql.files.maxPartitionBytes (128 MB, which then packs several runs' groups into
+# one task), and the writer holds at most one group's pages in memory. Smaller groups
+# would only add per-chunk overhead (a quickstart run of thousands of rows is one group
+# anyway); a 10 M-row run still gives ten groups for ten tasks.
 ROW_GROUP_ROWS = 1 << 20
 MANIFEST_KEY = b"mqttbed.compaction"
 STAGE_DIR = ".compaction"
