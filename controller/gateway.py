@@ -89,20 +89,23 @@ class ChunkStore:
                                  rows=chunk.rows, path=str(path)))
             try:
                 session.commit()
+                stored = True
             except IntegrityError:  # the same chunk raced in on another thread
                 session.rollback()
-                return False
-        self._registry.chunk_stored(chunk)
+                stored = False
+        if stored:
+            self._registry.chunk_stored(chunk)
         if late:
             # The run was compacted before this chunk came (an agent retrying its upload
             # after the run ended). Its rows are beside the compacted file, read once; fold
-            # them in now so the run is one file again. Failing that, they stay a chunk.
+            # them in now so the run is one file again (a copy of a chunk the file holds
+            # already, raced in, is dropped). Failing that, they stay a chunk.
             try:
                 compact_run(self._layout, campaign_id, chunk.run_id)
             except Exception as exc:  # noqa: BLE001 - the chunk is stored: say so
                 log.error("run %s: late chunk %d of %s not compacted (%s: %s)", chunk.run_id,
                           chunk.seq, chunk.agent_id, type(exc).__name__, exc)
-        return True
+        return stored
 
 
 def storage_problem(exc: OSError) -> str:
