@@ -26,9 +26,9 @@ from mqttbed.controller.compaction import (
     compact_run,
     compacted_chunks,
     data_files,
-    row_checksum,
 )
 from mqttbed.controller.db import RunRow
+from mqttbed.controller.row_checksum import row_checksum
 from mqttbed.controller.states import RunState
 from mqttbed.controller.storage import DataLayout, write_edges, write_event_chunk
 from mqttbed.core.events import EVENT_COLUMNS, arrow_schema
@@ -101,6 +101,20 @@ def layout(tmp_path: Path) -> DataLayout:
     layout = DataLayout(tmp_path / "data")
     write_run(layout)
     return layout
+
+
+def test_row_checksum_ignores_order_and_files_but_sees_a_lost_doubled_or_changed_row():
+    table = pa.table({"who": ["a", None, "b", "a"], "n": pa.array([1, 2, None, 1], pa.int64()),
+                      "ok": [True, False, None, True]})
+    checksum = row_checksum(table)
+    assert row_checksum(table.take([3, 1, 0, 2])) == checksum
+    assert row_checksum(pa.concat_tables([table.slice(2), table.slice(0, 2)])) == checksum
+    assert row_checksum(table.slice(1)) != checksum                        # lost
+    assert row_checksum(pa.concat_tables([table, table.slice(1, 1)])) != checksum  # doubled
+    swapped = table.set_column(0, "who", pa.array(["b", None, "a", "a"]))  # moved between rows
+    assert row_checksum(swapped) != checksum
+    nulled = table.set_column(1, "n", pa.array([1, 2, 0, 1], pa.int64()))  # null became 0
+    assert row_checksum(nulled) != checksum
 
 
 def test_compacted_run_is_one_sorted_file_holding_every_chunk_row_once(layout):
