@@ -425,6 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("document", choices=["stats"])
     schema.set_defaults(func=_schema)
 
+    from mqttbed.controller.cli_compact import add_commands as add_compact
     from mqttbed.controller.cli_lab import add_commands as add_lab
     from mqttbed.controller.cli_remote import add_commands
     from mqttbed.controller.cli_simulate import add_commands as add_simulations
@@ -432,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_commands(commands)
     add_simulations(commands)
     add_lab(commands)
+    add_compact(commands)
 
     agent = commands.add_parser("agent", help="run an agent that obeys a controller")
     from mqttbed.agents.options import build_parser as agent_options

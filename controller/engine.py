@@ -31,6 +31,11 @@ from mqttbed.controller.assignments import (
     run_window_ns,
     subscribe_turns,
 )
+from mqttbed.controller.compaction import (
+    compact_run,
+    compaction_summary,
+    leftover_runs,
+)
 from mqttbed.controller.db import CampaignRow, LabHostRow, RunRow, TransitionRow, utcnow
 from mqttbed.controller.documents import CampaignUpdate, DocumentStream, RunUpdate
 from mqttbed.controller.impaired_links import ImpairedLinks, has_impaired_clients
@@ -39,6 +44,7 @@ from mqttbed.controller.registry import AgentRegistry, RunInbox
 from mqttbed.controller.scope_recorder import ScopeRecorder
 from mqttbed.controller.states import (
     ACTIVE_STATES,
+    TERMINAL_STATES,
     CampaignStatus,
     RunState,
     check_transition,
@@ -286,10 +292,22 @@ class RunEngine:
         for run in stale:
             self._transition(run, 0, RunState.INTERRUPTED, RESTARTED)
             self.retry(run)
+        self._compact_left_behind(stale, running)
         for campaign_id in running:
             self.set_campaign_status(campaign_id, CampaignStatus.QUEUED,
                                      "requeued after a controller restart")
         return len(stale)
+
+    def _compact_left_behind(self, stale: list[RunRow], requeued: list[str]) -> None:
+        """Compact what a dead controller left uncompacted: runs it was compacting (their
+        stage dirs), runs it left active, and the ended runs of its unfinished campaigns."""
+        wanted = set(leftover_runs(self.ctx.layout))
+        wanted |= {(run.campaign_id, run.id) for run in stale}
+        with self.ctx.sessions() as s:
+            wanted |= {(run.campaign_id, run.id) for run in s.query(RunRow).filter(
+                RunRow.campaign_id.in_(requeued), RunRow.state.in_(list(TERMINAL_STATES)))}
+        for campaign_id, run_id in sorted(wanted):
+            self.compact(campaign_id, run_id)
 
     def retry(self, run: RunRow) -> str | None:
         """Queue the next attempt of ``run``, interrupted by its controller, if the spec's
@@ -402,6 +420,23 @@ class RunEngine:
                     live.recorder.write(self.ctx.layout, run.campaign_id, run.id)
                 except OSError as exc:
                     log.error("run %s: the scope's rows were not stored: %s", run.id, exc)
+            # Every agent is stopped and the scope's rows are written: the run's events are
+            # complete, whatever state it ended in (a failed run keeps its events too).
+            if self._stopping is None:   # a stopping controller leaves it to recover()
+                self.compact(run.campaign_id, run.id)
+
+    def compact(self, campaign_id: str, run_id: str) -> None:
+        """Compact an ended run's chunk files (``controller.compaction``); a failure is
+        logged, never the run's: its chunks stay as they were, and readable."""
+        try:
+            done = compact_run(self.ctx.layout, campaign_id, run_id)
+        except Exception as exc:  # noqa: BLE001 - never the run's or the campaign's end
+            log.error("run %s: its chunks were not compacted (%s: %s); they stay as they "
+                      "are, readable, for the next compaction", run_id,
+                      type(exc).__name__, exc)
+            return
+        if done:
+            log.info("run %s compacted: %s", run_id, compaction_summary(done))
 
     def _deploy(self, run: RunRow, live: _LiveRun) -> None:
         """Broker up, agents registered and assigned, every subscriber holding its SUBACK."""

@@ -6,6 +6,7 @@ for commands blocks one worker thread, not the event loop.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Annotated
 
@@ -16,6 +17,7 @@ from sqlalchemy.orm import sessionmaker
 
 from mqttbed.controller.auth import Caller
 from mqttbed.controller.body_limit import BodyLimit
+from mqttbed.controller.compaction import compact_run, is_compacted, run_lock
 from mqttbed.controller.db import ChunkRow, RunRow
 from mqttbed.controller.registry import AgentRegistry
 from mqttbed.controller.storage import DataLayout, write_edges, write_event_chunk
@@ -35,6 +37,8 @@ from mqttbed.core.protocol import (
     ResultChunk,
     Subscribed,
 )
+
+log = logging.getLogger("mqttbed.gateway")
 
 HTTP_507_INSUFFICIENT_STORAGE = 507
 Authenticate = Callable[[str, str], Caller]   # (token, address) -> who is calling
@@ -58,13 +62,18 @@ class ChunkStore:
                 run_id=chunk.run_id, agent_id=chunk.agent_id, seq=chunk.seq).first()
             if known is not None:
                 return False
+            campaign_id = run.campaign_id
             try:
-                path = write_event_chunk(self._layout, run.campaign_id, chunk.run_id,
-                                         chunk.agent_id, chunk.seq, chunk.columns,
-                                         chunk.constants)
-                if chunk.edges:
-                    write_edges(self._layout, run.campaign_id, chunk.run_id, chunk.agent_id,
-                                chunk.seq, chunk.edges)
+                # Under the run's lock: a compaction never swaps the directory away under
+                # a chunk being written.
+                with run_lock(self._layout, campaign_id, chunk.run_id):
+                    path = write_event_chunk(self._layout, campaign_id, chunk.run_id,
+                                             chunk.agent_id, chunk.seq, chunk.columns,
+                                             chunk.constants)
+                    if chunk.edges:
+                        write_edges(self._layout, campaign_id, chunk.run_id, chunk.agent_id,
+                                    chunk.seq, chunk.edges)
+                    late = is_compacted(path.parent)
             except OSError as exc:
                 # The data dir is full or read-only: no row is added, so the database and
                 # the files agree; the agent is told it cannot help by retrying.
@@ -80,11 +89,23 @@ class ChunkStore:
                                  rows=chunk.rows, path=str(path)))
             try:
                 session.commit()
+                stored = True
             except IntegrityError:  # the same chunk raced in on another thread
                 session.rollback()
-                return False
-        self._registry.chunk_stored(chunk)
-        return True
+                stored = False
+        if stored:
+            self._registry.chunk_stored(chunk)
+        if late:
+            # The run was compacted before this chunk came (an agent retrying its upload
+            # after the run ended). Its rows are beside the compacted file, read once; fold
+            # them in now so the run is one file again (a copy of a chunk the file holds
+            # already, raced in, is dropped). Failing that, they stay a chunk.
+            try:
+                compact_run(self._layout, campaign_id, chunk.run_id)
+            except Exception as exc:  # noqa: BLE001 - the chunk is stored: say so
+                log.error("run %s: late chunk %d of %s not compacted (%s: %s)", chunk.run_id,
+                          chunk.seq, chunk.agent_id, type(exc).__name__, exc)
+        return stored
 
 
 def storage_problem(exc: OSError) -> str:

@@ -3,13 +3,19 @@
 ```
 <data_dir>/mqttbed.sqlite
 <data_dir>/events/campaign_id=<c>/run_id=<r>/<agent>-<seq>.parquet     one file per chunk
+<data_dir>/events/campaign_id=<c>/run_id=<r>/run.parquet     the same rows, once the run ended
 <data_dir>/broker_samples/campaign_id=<c>/run_id=<r>/samples.parquet
 <data_dir>/gpio_edges/campaign_id=<c>/run_id=<r>/<agent>-<seq>.parquet  agents' GPIO edges
+<data_dir>/gpio_edges/campaign_id=<c>/run_id=<r>/run.parquet  ... once the run ended
+<data_dir>/{events,gpio_edges}/.compaction/...  a compaction's staging dirs (readers skip)
+<data_dir>/.compaction/locks/<c>/<r>.lock       a run's lock (chunk uploads, compaction)
 <data_dir>/backend_records/campaign_id=<c>/run_id=<r>/<section>.parquet  a backend's own figures
 <data_dir>/campaigns/<c>/stats.json, stats.parquet, runs/<r>/run.json
 ```
 A chunk's file name is its identity (agent, seq), so a chunk written twice is the same
-file, and everything that arrived is on disk the moment it is acknowledged.
+file, and everything that arrived is on disk the moment it is acknowledged. When a run
+ends its chunks are compacted into one file per partition (``controller.compaction``);
+readers read the partition directory either way.
 """
 
 from __future__ import annotations
@@ -66,6 +72,11 @@ class DataLayout:
     def backend_records(self) -> Path:
         return self.root / "backend_records"
 
+    @property
+    def compaction(self) -> Path:
+        """The runs' lock files (``controller.compaction.run_lock``)."""
+        return self.root / ".compaction"
+
 
 def _partition(campaign_id: str, run_id: str) -> Path:
     """The hive partition of one run: ``campaign_id=C/run_id=R``."""
@@ -113,14 +124,20 @@ def write_edges(layout: DataLayout, campaign_id: str, run_id: str, agent_id: str
     """Write the GPIO edges that came with a chunk (pin, t_ns on the agent's clock, level)."""
     import pyarrow as pa
 
-    table = pa.table({"agent_id": [agent_id] * len(edges["pin"]),
-                      "pin": pa.array(edges["pin"], pa.int32()),
-                      "t_ns": pa.array(edges["t_ns"], pa.int64()),
-                      "level": pa.array(edges["level"], pa.int8())})
+    table = pa.table({"agent_id": [agent_id] * len(edges["pin"]), "pin": edges["pin"],
+                      "t_ns": edges["t_ns"], "level": edges["level"]}, schema=edges_schema())
     path = (layout.gpio_edges / _partition(campaign_id, run_id)
             / f"{check_name(agent_id, 'agent id')}-{seq:06d}.parquet")
     _atomic_write_table(table, path)
     return path
+
+
+def edges_schema() -> Any:
+    """The pyarrow schema of a GPIO edges file (pyarrow imported lazily)."""
+    import pyarrow as pa
+
+    return pa.schema([pa.field("agent_id", pa.string()), pa.field("pin", pa.int32()),
+                      pa.field("t_ns", pa.int64()), pa.field("level", pa.int8())])
 
 
 def write_broker_samples(layout: DataLayout, campaign_id: str, run_id: str,

@@ -16,6 +16,7 @@ import pytest
 
 from mqttbed.brokers.mosquitto.backend import MosquittoDeployment
 from mqttbed.campaigns.spec import parse_spec
+from mqttbed.controller.compaction import COMPACTED_NAME, data_files
 from mqttbed.controller.db import AgentRow, ChunkRow, RunRow, TransitionRow
 from mqttbed.controller.states import RunState
 from mqttbed.core.events import EVENT_COLUMNS
@@ -92,6 +93,10 @@ def test_killed_agent_fails_run_with_reason_keeps_uploaded_events_and_next_run_p
     # the next run proceeds: done, its 100 publishes, 2 x 100 deliveries, 2 subscriptions
     assert next_run.state == RunState.DONE, next_run.reason
     assert dataset_rows(controller, campaign_id, next_run_id) == 100 + 200 + 2
+    # both runs' chunks were compacted as each ended, the failed one too
+    for ended in (run_id, next_run_id):
+        partition = controller.layout.run_events(campaign_id, ended)
+        assert [f.name for f in data_files(partition)] == [COMPACTED_NAME], ended
     assert result["status"] == "failed"
     # and nothing the runs started is left
     assert child_processes("mqttbed.agents") == []

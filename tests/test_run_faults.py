@@ -19,6 +19,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from mqttbed.campaigns.spec import parse_spec
+from mqttbed.controller.compaction import COMPACTED_NAME, compacted_chunks
 from mqttbed.controller.db import ChunkRow, RunRow
 from mqttbed.controller.states import RunState
 from mqttbed.core.run_record import run_record
@@ -65,13 +66,18 @@ def run_events(controller, campaign_id: str, run_id: str):
 
 
 def assert_store_consistent(controller, campaign_id: str, run_id: str) -> int:
-    """Every chunk row has its file and every file its row; no temporary file is left.
-    Return the rows stored."""
+    """Every chunk row has its file and every file its row, or (the run compacted when it
+    ended) the one compacted file holds exactly the chunks with a row; no temporary file
+    is left. Return the rows stored."""
     with controller.sessions() as s:
         chunks = s.query(ChunkRow).filter_by(run_id=run_id).all()
     directory = controller.layout.run_events(campaign_id, run_id)
     files = sorted(directory.glob("*")) if directory.exists() else []
-    assert sorted(Path(c.path) for c in chunks) == files
+    if directory / COMPACTED_NAME in files:
+        assert files == [directory / COMPACTED_NAME]
+        assert compacted_chunks(files[0]) == {Path(c.path).name for c in chunks}
+    else:
+        assert sorted(Path(c.path) for c in chunks) == files
     table = run_events(controller, campaign_id, run_id)
     stored = 0 if table is None else table.num_rows
     assert stored == sum(c.rows for c in chunks)
