@@ -308,7 +308,7 @@ class FieldReader:
             raise MalformedPacket(f"{what} has {self.end - self.pos} unexpected trailing bytes")
 
 
-def decode_remaining_length(data: bytes, pos: int = 1) -> tuple[int, int]:
+def decode_remaining_length(data: bytes | bytearray, pos: int = 1) -> tuple[int, int]:
     """Return (remaining length, offset of the variable header) read at ``data[pos:]``."""
     value, multiplier = 0, 1
     for count in range(4):
