@@ -35,7 +35,7 @@ _SPEC_BODY = {
         },
     }
 }
-_NOT_FOUND = {404: {"description": "no campaign with that id"}}
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no campaign with that id"}}
 
 
 def _progress(runs: list[RunRow]) -> Progress:
