@@ -603,7 +603,9 @@ def _check_override_path(path: str, what: str) -> None:
     if model is None or not field or "." in field:
         raise ValueError(f"{what} {path!r} is not a 'section.field' path "
                          f"(e.g. workload.subscribers)")
-    fields = model.annotation.model_fields  # type: ignore[union-attr]
+    section_type = model.annotation
+    fields = (section_type.model_fields if isinstance(section_type, type)
+              and issubclass(section_type, BaseModel) else {})
     if section != "broker" and field not in fields:
         raise ValueError(f"{what} {path!r}: {section} has no field {field!r} "
                          f"(fields: {', '.join(fields)})")
