@@ -37,21 +37,21 @@ class PresetOptions(Options):
 class RabbitMqOptions(PresetOptions):
     """The broker section of a campaign spec for the ``rabbitmq`` backend."""
 
-    backend: Literal["rabbitmq"] = "rabbitmq"  # type: ignore[assignment]  # the tag of a subtype, as pydantic's unions read it
+    backend: Literal["rabbitmq"] = "rabbitmq"  # type: ignore[assignment]  # the subtype's tag
     preset: Literal["rabbitmq"] = "rabbitmq"
 
 
 class NatsOptions(PresetOptions):
     """The broker section of a campaign spec for the ``nats`` backend."""
 
-    backend: Literal["nats"] = "nats"  # type: ignore[assignment]  # the tag of a subtype, as pydantic's unions read it
+    backend: Literal["nats"] = "nats"  # type: ignore[assignment]  # the subtype's tag
     preset: Literal["nats"] = "nats"
 
 
 class AmqttOptions(PresetOptions):
     """The broker section of a campaign spec for the ``amqtt`` backend."""
 
-    backend: Literal["amqtt"] = "amqtt"  # type: ignore[assignment]  # the tag of a subtype, as pydantic's unions read it
+    backend: Literal["amqtt"] = "amqtt"  # type: ignore[assignment]  # the subtype's tag
     preset: Literal["amqtt"] = "amqtt"
 
 

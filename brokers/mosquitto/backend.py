@@ -92,7 +92,7 @@ class MosquittoBackend:
 
     def __init__(self) -> None:
         self._options: Options | None = None
-        self._proc: BrokerProcess | None = None
+        self._proc: BrokerProcess | RemoteBrokerProcess | None = None
         self._binary: str | None = None
         self._binary_sha256: str | None = None
         self._version: str | None = None
@@ -141,7 +141,7 @@ class MosquittoBackend:
         self._version = _remote_version(host, self._binary)
         proc = RemoteBrokerProcess(self.name, host, "mqttbed-mosquitto-",
                                    log_names=("stdout.log", "mosquitto.log"))
-        self._proc = proc  # type: ignore[assignment]  # the same methods, over SSH
+        self._proc = proc
         try:
             binary = self._binary
 

@@ -62,7 +62,7 @@ REQUIRED_TOOLS = ("ip", "tc", "bpftool", "nsenter", "clang")
 class Options(GatewayOptions):
     """The broker section for ``p4``: the gateway's options and whether to accelerate."""
 
-    backend: Literal["p4"] = "p4"  # type: ignore[assignment]  # the tag of a subtype, as pydantic's unions read it
+    backend: Literal["p4"] = "p4"  # type: ignore[assignment]  # the subtype's tag
     acceleration: bool = Field(
         True, description="false: the switch only forwards (program attached, counting, "
                           "its table never written)")
