@@ -188,7 +188,8 @@ def campaign_stats(campaign_id: str, core: CoreDep) -> Response:
           "description": "parquet: a zip of the dataset and manifest.json; csv: one row per "
                          "delivery"}})
 def campaign_dataset(campaign_id: str, core: CoreDep,
-                     format: Annotated[Literal["parquet", "csv"], Query()] = "parquet"):
+                     format: Annotated[Literal["parquet", "csv"], Query()] = "parquet"
+                     ) -> Response:
     """The campaign's data: a zip of its Parquet dataset with a provenance manifest, or
     every delivery as one CSV file (streamed)."""
     load_campaign(core, campaign_id)

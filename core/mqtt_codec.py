@@ -13,6 +13,7 @@ Section numbers in messages refer to the OASIS MQTT Version 3.1.1 standard.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -413,7 +414,7 @@ def _decode_connack(r: FieldReader, _flags: int) -> ConnAck:
     return ConnAck(r.u8("CONNACK return code"), bool(ack_flags))
 
 
-def _decode_ack(kind: PacketType):
+def _decode_ack(kind: PacketType) -> Callable[[FieldReader, int], PacketIdAck]:
     def decode_ack(r: FieldReader, _flags: int) -> PacketIdAck:
         return PacketIdAck(kind, r.packet_id(kind.name))
     return decode_ack
@@ -455,7 +456,7 @@ def _decode_unsuback(r: FieldReader, _flags: int) -> UnsubAck:
     return UnsubAck(r.packet_id("UNSUBACK"))
 
 
-_DECODERS = {
+_DECODERS: dict[PacketType, Callable[[FieldReader, int], Packet]] = {
     PacketType.CONNECT: _decode_connect,
     PacketType.CONNACK: _decode_connack,
     PacketType.PUBLISH: _decode_publish,
