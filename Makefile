@@ -19,9 +19,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
 	touch $@
 
-lint: install   # ruff, and the import contracts of pyproject.toml (the dependency direction)
+lint: install   # ruff, the import contracts of pyproject.toml (the dependency direction), mypy
 	$(VENV)/bin/ruff check .
 	$(PY) scripts/lint_imports.py
+	$(PY) scripts/typecheck.py
 
 # Three tiers, which CI (.ci/run) runs in this order and which together are every test:
 #   test         everything but the long end-to-end tests (`system` marker): minutes

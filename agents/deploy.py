@@ -12,8 +12,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mqttbed.core.host import Host, ProcessHandle, describe_exit
+
+if TYPE_CHECKING:  # paramiko is the controller's, not an agent's
+    from mqttbed.core.ssh import SshHost
 
 # `python -m mqttbed.agents` with this interpreter: what the controller's own machine runs.
 LOCAL_COMMAND = (sys.executable, "-m", "mqttbed.agents")
@@ -25,7 +29,7 @@ class Site:
     the controller's URL as seen from there when it differs from the pool's (a host in a
     network namespace reaches it through a relay)."""
 
-    host: Host
+    host: Host | SshHost  # an SSH host's directories are remote paths, not local ones
     command: tuple[str, ...] = field(default=LOCAL_COMMAND)
     controller_url: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # over the pool's, for this site

@@ -44,6 +44,7 @@ class GpioLines(Protocol):
     """The output lines of one agent."""
 
     backend: str
+    pulse_mode: bool  # raise a line per event and lower it in settle(), instead of toggling
 
     def setup(self, pins: list[int]) -> None:
         """Configure ``pins`` as outputs, driven low."""

@@ -132,11 +132,11 @@ class Agent:
             if command.run_id in self._runners:
                 return  # a repeated assignment: the run is already under way
             self._controller_timeout_s = command.heartbeat_timeout_s
-            runner = AssignmentRunner(self._http, self.agent_id, command, self._gpio,
-                                      on_finished=lambda: self._runners.pop(command.run_id, None),
-                                      controller_boot_id=self._controller_boot_id)
-            self._runners[command.run_id] = runner
-            runner.launch()
+            started = AssignmentRunner(self._http, self.agent_id, command, self._gpio,
+                                       on_finished=lambda: self._runners.pop(command.run_id, None),
+                                       controller_boot_id=self._controller_boot_id)
+            self._runners[command.run_id] = started
+            started.launch()
         elif isinstance(command, Subscribe):
             if (runner := self._runners.get(command.run_id)) is not None:
                 runner.subscribe(command)

@@ -29,9 +29,12 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import paho.mqtt.client as mqtt
+
+if TYPE_CHECKING:
+    from paho.mqtt.client import SocketLike
 
 from mqttbed.agents.gpio import GpioLines
 from mqttbed.agents.mqtt_sn import MqttSnClient, SnMessage
@@ -69,8 +72,9 @@ UDP_MAX_PAYLOAD = 65_507  # IPv4: 65,535 - 20 (IP header) - 8 (UDP header)
 SN_RECEIVE_BUFFER_BYTES = 1 << 20
 
 
-def _set_nodelay(_client: mqtt.Client, _userdata: object, sock: socket.socket) -> None:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def _set_nodelay(_client: mqtt.Client, _userdata: Any, sock: SocketLike) -> None:
+    if isinstance(sock, socket.socket):  # paho's WebSocket wrapper, unused here, is not one
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class ClientConnection(Protocol):
@@ -438,7 +442,7 @@ class MqttSession:
         """Write again what lean clients' sockets did not take at their last flush."""
         backlogged, self._backlogged = self._backlogged, set()
         for client in self._clients:
-            if id(client) in backlogged:
+            if id(client) in backlogged and isinstance(client.conn, TcpMqttClient):
                 client.conn.flush()
 
     def run(self, t_start_ns: int, t_deadline_ns: int, abort: Callable[[], bool],
@@ -514,7 +518,7 @@ class MqttSession:
         lines: like the seed's publisher, the line moves once the PUBLISH is written."""
         flushed: set[int] = set()
         for client in batch:
-            if id(client) not in flushed:
+            if id(client) not in flushed and isinstance(client.conn, TcpMqttClient):
                 flushed.add(id(client))
                 client.conn.flush()
         for client in batch:
@@ -601,7 +605,7 @@ class MqttSession:
                 with contextlib.suppress(KeyError, ValueError):
                     self._selector.unregister(sock)
                 sock.close()
-            if client.lean:
+            if isinstance(client.conn, TcpMqttClient):
                 client.conn.close()
         self._selector.close()
         self._wake_reader.close()

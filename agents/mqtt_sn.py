@@ -60,7 +60,9 @@ class MqttSnClient(UdpMqttClient):
 
     def __init__(self, client_id: str, *, publish_topic: str | None = None,
                  on_puback: Callable[[], None] | None = None, **callbacks: object):
-        super().__init__(client_id, **callbacks)  # type: ignore[arg-type]
+        # The base's keywords, passed through as they are (mypy cannot check keywords given
+        # as a dict); on_message among them takes an SnMessage here, not the base's Publish.
+        super().__init__(client_id, **callbacks)  # type: ignore[arg-type]  # (above)
         self._publish_topic = publish_topic
         self._on_puback = on_puback
         self._publish_id: int | None = None
@@ -111,7 +113,8 @@ class MqttSnClient(UdpMqttClient):
             self._on_failure(f"PUBLISH on unknown topic id {packet.topic_id:#06x} "
                              f"({packet.topic_id_type.name}) from broker {self._peer()}")
             return
-        self._on_message(SnMessage(name, packet.data, max(packet.qos, 0)))  # type: ignore[arg-type]
+        self._on_message(  # this client's on_message takes an SnMessage, not the base's Publish
+            SnMessage(name, packet.data, max(packet.qos, 0)))  # type: ignore[arg-type]  # (above)
 
     def _handle_sn_control(self, packet: object) -> None:
         match packet:

@@ -40,7 +40,7 @@ class AssignmentRunner:
     """Runs one assignment on its own thread; commands arrive through its methods."""
 
     def __init__(self, http: httpx.Client, agent_id: str, assignment: Assignment,
-                 gpio: GpioLines, on_finished: Callable[[], None],
+                 gpio: GpioLines, on_finished: Callable[[], object],
                  controller_boot_id: str | None = None):
         self.assignment = assignment
         self._http = http

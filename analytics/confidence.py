@@ -11,9 +11,13 @@ count-weighted mean of its runs' CDFs, each interpolated linearly from its sketc
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from mqttbed.analytics.figures import SKETCH_LEVELS, QuantileSketch
 from mqttbed.analytics.results import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE_LEVEL
+
+if TYPE_CHECKING:  # numpy is imported where it is used: only the analytics extra has it
+    from numpy.typing import NDArray
 
 _BATCH = 250  # resamples evaluated at once: bounds memory to batch x grid floats
 
@@ -48,7 +52,7 @@ def bootstrap_interval(sketches: Sequence[QuantileSketch], quantile: float, *,
     return float(low), float(high)
 
 
-def _inverse(cdfs, grid, quantile: float):
+def _inverse(cdfs: NDArray[Any], grid: NDArray[Any], quantile: float) -> NDArray[Any]:
     """Per row of non-decreasing ``cdfs`` over ``grid``: the x where the CDF reaches
     ``quantile``, linearly interpolated between grid points."""
     import numpy as np

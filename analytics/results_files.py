@@ -101,8 +101,8 @@ def write_stats(stats: CampaignStats, out_dir: Path) -> tuple[Path, Path]:
     for model in (point_type, run_type, StreamFigures):
         for name, kind in _columns(model):
             columns.setdefault(name, kind)
-    arrow = {"string": pa.string(), "int": pa.int64(), "float": pa.float64(),
-             "bool": pa.bool_()}
+    arrow: dict[str, pa.DataType] = {"string": pa.string(), "int": pa.int64(),
+                                     "float": pa.float64(), "bool": pa.bool_()}
     schema = pa.schema([(name, arrow[kind]) for name, kind in columns.items()],
                        metadata={PARQUET_SCHEMA_VERSION_KEY: str(stats.schema_version)})
     rows = []
@@ -188,7 +188,9 @@ def _columns(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, st
 def _flat(model: BaseModel | None, model_type: type[BaseModel] | None = None,
           prefix: str = "") -> dict[str, Any]:
     """The leaf values of ``model`` under the names :func:`_columns` gives them."""
-    model_type = model_type or type(model)
+    if model_type is None:
+        assert model is not None  # a caller without a model names its type
+        model_type = type(model)
     flat: dict[str, Any] = {}
     for name, field in model_type.model_fields.items():
         if name == _STREAMS_FIELD and not prefix:

@@ -70,7 +70,8 @@ def clock_uncertainty_us(software: DataFrame) -> dict[str, float]:
 
     rows = (software.groupBy("run_id")
             .agg(F.max("clock_offset_uncertainty_ns").alias("u")).collect())
-    return {row["run_id"]: _number(row["u"] / 1000.0) for row in rows if row["u"] is not None}
+    return {row["run_id"]: value for row in rows
+            if row["u"] is not None and (value := _number(row["u"] / 1000.0)) is not None}
 
 
 def agent_clocks(software: DataFrame) -> dict[str, dict[str, dict[str, Any]]]:

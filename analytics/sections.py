@@ -56,7 +56,8 @@ def build_sections(stats: SectionStats, level: LevelKey,
         kinds = section_type.figure_kinds()
         values: dict[str, Any] = {}
         for name, figure in figures.items():
-            kind = kinds.get(name) or kinds.get(_keyed_pattern(name, kinds))
+            pattern = _keyed_pattern(name, kinds)
+            kind = kinds.get(name) or (kinds.get(pattern) if pattern is not None else None)
             if kind is None:
                 continue  # a figure this version's section no longer has
             if kind is FigureKind.DISTRIBUTION:

@@ -234,8 +234,10 @@ def _point_entry(point_index: int, runs: list[RunInfo], inputs: _Inputs) -> dict
     _add_intervals(entry, done, inputs.figures.sketches, lambda run_id, figure: (run_id, figure))
     stream_sketches = inputs.figures.stream_sketches
     for name, stream_entry in entry["streams"].items():
-        _add_intervals(stream_entry, done, stream_sketches,
-                       lambda run_id, figure, name=name: (run_id, name, figure))
+        def stream_key(run_id: str, figure: str, name: str = name) -> tuple[str, str, str]:
+            return (run_id, name, figure)
+
+        _add_intervals(stream_entry, done, stream_sketches, stream_key)
     return entry
 
 

@@ -36,7 +36,7 @@ _SPEC_BODY = {
         },
     }
 }
-_NOT_FOUND = {404: {"description": "no campaign with that id"}}
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no campaign with that id"}}
 
 
 def _progress(runs: list[RunRow]) -> Progress:
@@ -194,7 +194,8 @@ def campaign_stats(campaign_id: str, core: CoreDep) -> Response:
           "description": "parquet: a zip of the dataset and manifest.json; csv: one row per "
                          "delivery"}})
 def campaign_dataset(campaign_id: str, core: CoreDep,
-                     format: Annotated[Literal["parquet", "csv"], Query()] = "parquet"):
+                     format: Annotated[Literal["parquet", "csv"], Query()] = "parquet"
+                     ) -> Response:
     """The campaign's data: a zip of its Parquet dataset with a provenance manifest, or
     every delivery as one CSV file (streamed)."""
     load_campaign(core, campaign_id)

@@ -70,7 +70,7 @@ def _clock_sources(core: Controller, campaign_id: str) -> list[str]:
     if not root.exists():
         return []
     table = ds.dataset(root, format="parquet").to_table(columns=["clock_source"])
-    return sorted(set(table["clock_source"].to_pylist()))
+    return sorted({source for source in table["clock_source"].to_pylist() if source is not None})
 
 
 def manifest(core: Controller, campaign_id: str) -> dict[str, Any]:
@@ -137,7 +137,7 @@ def stream_deliveries_csv(core: Controller, campaign_id: str) -> Iterator[bytes]
         run_id = run_dir.name.removeprefix("run_id=")
         for file in sorted(run_dir.glob("*.parquet")):
             table = pq.read_table(file)
-            table = table.filter(pc.equal(table["kind"], EventKind.DELIVERY.value))
+            table = table.filter(pc.equal(table["kind"], pa.scalar(EventKind.DELIVERY.value)))
             n = table.num_rows
             table = table.append_column("campaign_id", pa.array([campaign_id] * n, pa.string()))
             table = table.append_column("run_id", pa.array([run_id] * n, pa.string()))

@@ -67,13 +67,13 @@ def figure_point(point: PointStats) -> FigurePoint:
                        flat_figures(point.model_dump(mode="json")))
 
 
-def _interval_bars(values: list[float], intervals: list[tuple[float, float] | None]
+def _interval_bars(values: list[float | None], intervals: list[tuple[float, float] | None]
                    ) -> dict[str, Any]:
     """Asymmetric error bars from each value to its interval's ends (none without one)."""
     return {"type": "data", "symmetric": False,
-            "array": [0 if ci is None else max(ci[1] - v, 0) for v, ci in
+            "array": [0 if ci is None or v is None else max(ci[1] - v, 0) for v, ci in
                       zip(values, intervals, strict=True)],
-            "arrayminus": [0 if ci is None else max(v - ci[0], 0) for v, ci in
+            "arrayminus": [0 if ci is None or v is None else max(v - ci[0], 0) for v, ci in
                            zip(values, intervals, strict=True)]}
 
 

@@ -55,9 +55,10 @@ def convergence(brokers: int, repeat: int, workdir: Path) -> tuple[list[float], 
 def _wait_states(cluster: Cluster) -> list[dict]:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        states = cluster.states()
-        if all(state is not None for state in states):
-            return states   # type: ignore[return-value]
+        found = cluster.states()
+        states = [state for state in found if state is not None]
+        if len(states) == len(found):
+            return states
         time.sleep(0.02)
     raise TimeoutError("nodes wrote no stats")
 

@@ -23,6 +23,7 @@ from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host, ProcessHandle, describe_exit, wait_for_tcp
 from mqttbed.core.protocol import Endpoint
 from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.ssh import SshHost
 from mqttbed.instruments.resources import ProcessTreeSampler
 
 LOG_TAIL_LINES = 50
@@ -54,7 +55,7 @@ def processes_in_group(group: int) -> list[psutil.Process]:
     return found
 
 
-def start_listening(host: Host, program: str, launch: Callable[[int], ProcessHandle], *,
+def start_listening(host: Host | SshHost, program: str, launch: Callable[[int], ProcessHandle], *,
                     attempts: int, startup_timeout_s: float, stop_timeout_s: float,
                     log_tail: Callable[[], str],
                     check_listener: bool = True) -> tuple[int, ProcessHandle]:

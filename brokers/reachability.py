@@ -66,7 +66,7 @@ def describe_os_error(exc: OSError) -> str:
         return f"host name not resolved ({exc.strerror})"
     if isinstance(exc, TimeoutError) and exc.errno is None:
         return "no answer (timed out)"
-    if exc.errno in errno.errorcode:
+    if exc.errno is not None and exc.errno in errno.errorcode:
         return f"{os.strerror(exc.errno).lower()} ({errno.errorcode[exc.errno]})"
     return str(exc)
 

@@ -115,6 +115,14 @@ class Stream(_Strict):
             raise ValueError(f"{given}: give exactly one (period_s = 1 / rate_hz)")
         return self
 
+    @property
+    def resolved_rate_hz(self) -> float:
+        """The rate per publisher, whichever of its two spellings was given."""
+        if self.rate_hz is not None:
+            return self.rate_hz
+        assert self.period_s is not None  # _one_spelling_of_the_rate saw exactly one
+        return 1 / self.period_s
+
 
 @dataclass(frozen=True)
 class ResolvedStream:
@@ -276,7 +284,7 @@ class Workload(_Strict):
             resolved.append(ResolvedStream(
                 name=stream.name or stream.topic, topic=stream.topic,
                 payload_bytes=stream.payload_bytes,
-                rate_hz=stream.rate_hz if stream.rate_hz is not None else 1 / stream.period_s,
+                rate_hz=stream.resolved_rate_hz,
                 publishers=stream.publishers, qos=stream.qos,
                 messages=self.messages if stream.messages is None else stream.messages,
                 warmup_messages=(self.warmup_messages if stream.warmup_messages is None
@@ -619,7 +627,9 @@ def _check_override_path(path: str, what: str) -> None:
     if model is None or not field or "." in field:
         raise ValueError(f"{what} {path!r} is not a 'section.field' path "
                          f"(e.g. workload.subscribers)")
-    fields = model.annotation.model_fields  # type: ignore[union-attr]
+    section_type = model.annotation
+    fields = (section_type.model_fields if isinstance(section_type, type)
+              and issubclass(section_type, BaseModel) else {})
     if section != "broker" and field not in fields:
         raise ValueError(f"{what} {path!r}: {section} has no field {field!r} "
                          f"(fields: {', '.join(fields)})")
@@ -795,7 +805,8 @@ def expand_points(spec: CampaignSpec) -> list[SweepPoint]:
     backend_varies = "broker.backend" in spec.sweep or any(
         "broker.backend" in sc for sc in spec.scenarios)
     points = []
-    combos = itertools.product(spec.scenarios or [None],
+    scenarios: list[dict[str, Any] | None] = list(spec.scenarios) or [None]
+    combos = itertools.product(scenarios,
                                itertools.product(*(spec.sweep[k] for k in keys)))
     for index, (scenario, combo) in enumerate(combos):
         params = {"scenario": scenario["name"]} if scenario else {}

@@ -123,7 +123,7 @@ def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint
     for n, client in enumerate(_clients(spec)):
         index = n % len(agent_ids) if placement is None else placement.agent_of[client.client_id]
         agent = agent_ids[index]
-        update = {"gpio_pin": FIRST_GPIO_PIN + len(per_agent[agent])}
+        update: dict[str, object] = {"gpio_pin": FIRST_GPIO_PIN + len(per_agent[agent])}
         if broker_of is not None:
             update["broker"] = broker_of(client)
         per_agent[agent].append(client.model_copy(update=update))

@@ -121,7 +121,7 @@ class Controller:
                 install_journal(None)
             self._journal.close()
             self._journal = None
-        if self._serving:
+        if self._serving and self._agent_server is not None:
             self._agent_server.stop()  # closes its socket
             self._serving = False
         elif self._agent_socket is not None:
@@ -162,7 +162,7 @@ class Controller:
             return Caller(TokenRole.AGENT)
         record = find_token(self.sessions, token)
         problem = "unknown token" if record is None else record.problem(utcnow())
-        if problem is None:
+        if problem is None and record is not None:
             return Caller(record.role)
         self.auth_failures.record_failure(address)
         return Caller(None, problem)

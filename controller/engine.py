@@ -385,6 +385,7 @@ class RunEngine:
             self._measure(run, live)
             self._transition(run, total, RunState.COLLECTING, record=live.record)
             self._collect(run, live)
+            assert live.backend is not None  # _deploy set it, or raised
             self._finish_run(run, live.backend, live.record)
             live.backend = None
             # A scope that failed mid-run leaves the software figures whole: the run is
@@ -446,8 +447,8 @@ class RunEngine:
             backend.prepare(spec.workload)
         lab_host = self._broker_lab_host(spec, live)
         if lab_host is None:
-            host: Host = self.ctx.host
-            endpoint = backend.deploy(spec.broker.options(), host)
+            host: Host | SshHost = self.ctx.host
+            endpoint = backend.deploy(spec.broker.options(), self.ctx.host)
         else:
             assert isinstance(backend, RunsOnLabHost)   # checked by _broker_lab_host
             host = lab_host
@@ -491,7 +492,10 @@ class RunEngine:
         started = monotonic_ns()
         for agent_id, ranks in subscribe_turns(assignments):
             registry.send(agent_id, Subscribe(run_id=run.id, ranks=ranks))
-            self._wait(live, until=lambda last=ranks[-1]: last in live.inbox.subscribed,
+            def subscribed(last: int = ranks[-1]) -> bool:
+                return last in live.inbox.subscribed
+
+            self._wait(live, until=subscribed,
                        timeout_s=spec.timing.setup_timeout_s,
                        waiting_for=f"the SUBACK of subscriber rank {ranks[-1]}")
         self._wait(live, until=lambda: len(live.inbox.ready) == len(live.active),

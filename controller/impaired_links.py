@@ -57,7 +57,7 @@ def link_groups(spec: CampaignSpec) -> list[LinkGroup]:
     named = {i.group: i for i in spec.network.impairments if CLIENT_NAME.fullmatch(i.group)}
     by_role = {i.group: i for i in spec.network.impairments if i.group not in named}
     members: dict[str, list[str]] = {i.group: [] for i in spec.network.impairments}
-    rest = []
+    rest: list[str] = []
     for client in client_ids(spec):
         role = "publishers" if client.startswith("pub-") else "subscribers"
         group = named.get(client) or by_role.get(role)

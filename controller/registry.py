@@ -169,10 +169,14 @@ class AgentRegistry:
                 return False
             if isinstance(message, Subscribed):
                 inbox.subscribed.add(message.rank)
+            elif isinstance(message, Connected):
+                inbox.connected[message.agent_id] = message
+            elif isinstance(message, Ready):
+                inbox.ready[message.agent_id] = message
+            elif isinstance(message, Done):
+                inbox.done[message.agent_id] = message
             else:
-                box = {Connected: inbox.connected, Ready: inbox.ready, Done: inbox.done,
-                       AgentFailure: inbox.errors}[type(message)]
-                box[message.agent_id] = message
+                inbox.errors[message.agent_id] = message
             self._changed.notify_all()
             return True
 

@@ -14,6 +14,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import overload
 
 from sqlalchemy.orm import sessionmaker
 
@@ -81,6 +82,10 @@ def _record(row: TokenRow) -> TokenRecord:
                        revoked_at=_aware(row.revoked_at))
 
 
+@overload
+def _aware(moment: datetime) -> datetime: ...
+@overload
+def _aware(moment: datetime | None) -> datetime | None: ...
 def _aware(moment: datetime | None) -> datetime | None:
     """SQLite hands back naive datetimes; every stored one is UTC."""
     if moment is None or moment.tzinfo is not None:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from mqttbed.core.process_journal import ProcessJournal
@@ -106,14 +106,15 @@ class _Spawner:
         self._executor: ThreadPoolExecutor | None = None
         self._owner_pid = 0
 
-    def popen(self, argv: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+    def popen(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         with self._lock:
             if self._executor is None or self._owner_pid != os.getpid():  # fresh after fork
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="mqttbed-spawner")
                 self._owner_pid = os.getpid()
             executor = self._executor
-        return executor.submit(subprocess.Popen, argv, preexec_fn=_die_with_parent(os.getpid()),
-                               **kwargs).result()
+        die_with_us = _die_with_parent(os.getpid())
+        return executor.submit(lambda: subprocess.Popen(argv, preexec_fn=die_with_us, **kwargs)
+                               ).result()
 
 
 _spawner = _Spawner()
@@ -187,7 +188,7 @@ class LocalHost:
                 argv, env={**os.environ, **(env or {}), **tag}, stdin=subprocess.DEVNULL,
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         finally:
-            if log_path:
+            if not isinstance(out, int):  # the log file, not DEVNULL
                 out.close()
         if journal is not None:
             journal.record(popen.pid, argv)

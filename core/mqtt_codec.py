@@ -13,6 +13,7 @@ Section numbers in messages refer to the OASIS MQTT Version 3.1.1 standard.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -308,7 +309,7 @@ class FieldReader:
             raise MalformedPacket(f"{what} has {self.end - self.pos} unexpected trailing bytes")
 
 
-def decode_remaining_length(data: bytes, pos: int = 1) -> tuple[int, int]:
+def decode_remaining_length(data: bytes | bytearray, pos: int = 1) -> tuple[int, int]:
     """Return (remaining length, offset of the variable header) read at ``data[pos:]``."""
     value, multiplier = 0, 1
     for count in range(4):
@@ -413,7 +414,7 @@ def _decode_connack(r: FieldReader, _flags: int) -> ConnAck:
     return ConnAck(r.u8("CONNACK return code"), bool(ack_flags))
 
 
-def _decode_ack(kind: PacketType):
+def _decode_ack(kind: PacketType) -> Callable[[FieldReader, int], PacketIdAck]:
     def decode_ack(r: FieldReader, _flags: int) -> PacketIdAck:
         return PacketIdAck(kind, r.packet_id(kind.name))
     return decode_ack
@@ -455,7 +456,7 @@ def _decode_unsuback(r: FieldReader, _flags: int) -> UnsubAck:
     return UnsubAck(r.packet_id("UNSUBACK"))
 
 
-_DECODERS = {
+_DECODERS: dict[PacketType, Callable[[FieldReader, int], Packet]] = {
     PacketType.CONNECT: _decode_connect,
     PacketType.CONNACK: _decode_connack,
     PacketType.PUBLISH: _decode_publish,

@@ -15,6 +15,7 @@ refused as unsupported, so a caller can count them apart from garbage.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -249,7 +250,7 @@ def _text(raw: bytes, what: str, max_bytes: int = MAX_PACKET_BYTES) -> str:
     return text
 
 
-def _text_bytes(text: str, what: str, max_bytes: int = MAX_PACKET_BYTES) -> bytes:
+def _text_bytes(text: object, what: str, max_bytes: int = MAX_PACKET_BYTES) -> bytes:
     if not isinstance(text, str):
         raise MqttSnError(f"{what} must be a str, not {type(text).__name__}")
     try:
@@ -307,7 +308,7 @@ def _qos_from_flags(flags: int, message: str, allow_minus_one: bool) -> int:
 
 def _qos_bits(qos: object, allow_minus_one: bool, message: str) -> int:
     allowed = (-1, 0, 1, 2) if allow_minus_one else (0, 1, 2)
-    if qos not in allowed or isinstance(qos, bool):
+    if not isinstance(qos, int) or isinstance(qos, bool) or qos not in allowed:
         raise MqttSnError(f"{message}: QoS {qos!r} is not one of {allowed}")
     return (QOS_MINUS_ONE_BITS if qos == -1 else qos) << 5
 
@@ -468,7 +469,7 @@ def _decode_disconnect(body: bytes) -> Disconnect:
     return Disconnect(int.from_bytes(body, "big"))
 
 
-_DECODERS = {
+_DECODERS: dict[MsgType, Callable[[bytes], Packet]] = {
     MsgType.CONNECT: _decode_connect, MsgType.CONNACK: _decode_connack,
     MsgType.REGISTER: _decode_register, MsgType.REGACK: _decode_regack,
     MsgType.PUBLISH: _decode_publish, MsgType.PUBACK: _decode_puback,
@@ -517,8 +518,8 @@ def _encode_topic(packet: Subscribe | Unsubscribe, message: str) -> bytes:
         return _short_name_bytes(packet.topic)
     if id_type != TopicIdType.NORMAL:
         raise MqttSnError(f"{message}: topic id type {id_type!r} is not allowed")
-    raw = _text_bytes(packet.topic, f"{message} topic filter")  # type: ignore[arg-type]
-    _check_filter(packet.topic)  # type: ignore[arg-type]
+    raw = _text_bytes(packet.topic, f"{message} topic filter")
+    _check_filter(raw.decode("utf-8"))  # the topic filter, which _text_bytes found a str
     return raw
 
 

@@ -39,7 +39,7 @@ from mqttbed.network.topology import _quiet_root_link, leftovers, reap
 
 SSHD = "/usr/sbin/sshd"
 PRIVSEP_DIR = Path("/run/sshd")
-SUBNET_CANDIDATES = [ipaddress.ip_network(f"10.78.{n}.0/24") for n in range(0, 255)]
+SUBNET_CANDIDATES = [ipaddress.IPv4Network(f"10.78.{n}.0/24") for n in range(0, 255)]
 HOST_IFACE = "eth0"
 STATE_FILE = "lab.json"
 SSHD_START_TIMEOUT_S = 10.0

@@ -33,7 +33,7 @@ from mqttbed.network.host import NamespaceHost
 
 ROOT_ADDRESS = "10.77.255.254"
 SWITCH_SUBNET = ipaddress.ip_network("10.77.0.0/24")
-MGMT_CANDIDATES = [ipaddress.ip_network(f"10.77.{n}.0/24") for n in range(128, 255)]
+MGMT_CANDIDATES = [ipaddress.IPv4Network(f"10.77.{n}.0/24") for n in range(128, 255)]
 JOURNAL_DIR = Path("/run/mqttbed/net")
 BPF_PIN_ROOT = Path("/sys/fs/bpf")
 PREFIX_LEN = 7

@@ -215,7 +215,7 @@ def test_paho_clients_subscribe_and_receive_through_the_model(model):
         client.connect("127.0.0.1", relay.port)
         client.loop_start()
         clients.append(client)
-        client.subscribed = subscribed  # type: ignore[attr-defined]
+        client.subscribed = subscribed  # type: ignore[attr-defined]  # the test's own mark
         return client
 
     try:

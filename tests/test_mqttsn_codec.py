@@ -160,6 +160,7 @@ def test_malformed_datagrams_are_refused_saying_what_is_wrong(datagram, message)
     (Connect("", 30), "empty client id"),
     (Connect("c", 70_000), "CONNECT duration 70000 is not a 16-bit"),
     (Publish(1, 0, b"", qos=3), "QoS 3 is not one of"),
+    (Publish(1, 0, b"", qos=1.0), "QoS 1.0 is not one of"),
     (Publish(1, -1, b""), "PUBLISH msg id -1"),
     (Register(0, 1, "a/+"), "contains a wildcard"),
     (Subscribe(1, "ab", SHORT, qos=-1), "QoS -1 is not one of (0, 1, 2)"),

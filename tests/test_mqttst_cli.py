@@ -20,8 +20,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 
 def read_line(proc: subprocess.Popen[str], timeout_s: float) -> str:
+    assert proc.stdout is not None  # started with stdout=PIPE
     ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
-    return proc.stdout.readline().strip() if ready else ""   # type: ignore[union-attr]
+    return proc.stdout.readline().strip() if ready else ""
 
 
 def test_broker_run_mqtt_st_converges_serves_and_leaves_nothing_on_sigterm(tmp_path):

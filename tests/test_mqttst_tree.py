@@ -50,8 +50,8 @@ def converge(capabilities: list[float], rtts: dict[tuple[int, int], float],
             broker(j): Neighbour(capabilities[j], claim(j), rtt) for j, rtt in links[i].items()},
             previous=states[i], hysteresis=hysteresis) for i in links}
         if new == states:
-            return new   # type: ignore[return-value]
-        states = new     # type: ignore[assignment]
+            return new
+        states = dict(new)
     raise AssertionError("the tree did not settle in 50 rounds")
 
 

@@ -110,3 +110,16 @@ def test_an_unreachable_or_untrusted_host_is_refused_with_its_name(sshd, tmp_pat
     wrong.write_text(f"[127.0.0.1]:{sshd.port} {other[0]} {other[1]}\n")
     with pytest.raises(SshError, match="SSH to lab-pi failed"):
         SshHost(SshTarget(**sshd.target(known_hosts=str(wrong))), name="lab-pi")
+
+
+def test_mosquitto_given_an_ssh_host_to_deploy_starts_there_as_on_a_lab_host(host):
+    """``deploy`` with an SshHost takes the lab-host path (it called a method that was gone)."""
+    from mqttbed.brokers.mosquitto.backend import MosquittoBackend
+
+    backend = MosquittoBackend()
+    try:
+        endpoint = backend.deploy({}, host)
+        assert endpoint.host == host.address
+        assert backend.health() is None
+    finally:
+        backend.teardown()

@@ -203,12 +203,13 @@ class ClientSession(asyncio.Protocol):
     def _on_publish(self, publish: Publish) -> None:
         now_ns = monotonic_ns()
         fresh = True
-        if publish.qos == 1:
-            self.send(encode(PacketIdAck(PacketType.PUBACK, publish.packet_id)))  # type: ignore[arg-type]
-        elif publish.qos == 2:
-            self.send(encode(PacketIdAck(PacketType.PUBREC, publish.packet_id)))  # type: ignore[arg-type]
-            fresh = publish.packet_id not in self._received_qos2
-            self._received_qos2.add(publish.packet_id)                          # type: ignore[arg-type]
+        packet_id = publish.packet_id  # never None at QoS 1 and 2 (decode makes sure)
+        if publish.qos == 1 and packet_id is not None:
+            self.send(encode(PacketIdAck(PacketType.PUBACK, packet_id)))
+        elif publish.qos == 2 and packet_id is not None:
+            self.send(encode(PacketIdAck(PacketType.PUBREC, packet_id)))
+            fresh = packet_id not in self._received_qos2
+            self._received_qos2.add(packet_id)
         if fresh:
             self.broker.route(publish, now_ns)
 
@@ -259,8 +260,8 @@ class ClientSession(asyncio.Protocol):
                 break
             packet_id = self._packet_id() if delivery.qos else None
             packet = delivery.packet(packet_id)
-            if delivery.query:
-                self.probe.written(packet_id, monotonic_ns())  # type: ignore[arg-type]
+            if delivery.query and packet_id is not None:  # a query goes at QoS 1: it has one
+                self.probe.written(packet_id, monotonic_ns())
             elif packet_id is not None:
                 self._deliveries_in_flight[packet_id] = None
             self.send(packet)

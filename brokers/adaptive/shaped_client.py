@@ -190,16 +190,16 @@ class ShapedSubscribers:
         now_ns = monotonic_ns()
         subscriber.received.append(Received(packet.topic, len(packet.payload),
                                             packet.payload[:16], now_ns))
-        if packet.qos == 0:
+        if packet.qos == 0 or packet.packet_id is None:  # QoS 1 and 2 always carry an id
             return
         if packet.topic != QUERY_TOPIC:
-            self._send(subscriber, packet.packet_id)  # type: ignore[arg-type]
+            self._send(subscriber, packet.packet_id)
             return
         subscriber.queries_seen += 1
         if subscriber.query_delay_s is not None:
             due_ns = now_ns + int(subscriber.query_delay_s * 1e9)
             heapq.heappush(self._due, (due_ns, next(self._order), subscriber,
-                                       packet.packet_id))  # type: ignore[arg-type]
+                                       packet.packet_id))
 
     def _send_due(self) -> None:
         now_ns = monotonic_ns()

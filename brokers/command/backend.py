@@ -85,7 +85,7 @@ class CommandBackend:
 
     # -- deploy -------------------------------------------------------------------------
 
-    def deploy(self, spec: Options | Mapping[str, Any], host: Host) -> Endpoint:
+    def deploy(self, spec: Options | Mapping[str, Any], host: Host | SshHost) -> Endpoint:
         """Start the command on ``host``; return where clients connect once it answers."""
         if self._options is not None or self._torn_down:
             raise BackendError("this CommandBackend was already deployed; create a new one "

@@ -37,22 +37,22 @@ class PresetOptions(Options):
 class RabbitMqOptions(PresetOptions):
     """The broker section of a campaign spec for the ``rabbitmq`` backend."""
 
-    backend: Literal["rabbitmq"] = "rabbitmq"  # type: ignore[assignment]  # narrows command's
-    preset: Literal["rabbitmq"] = "rabbitmq"  # type: ignore[assignment]
+    backend: Literal["rabbitmq"] = "rabbitmq"  # type: ignore[assignment]  # the subtype's tag
+    preset: Literal["rabbitmq"] = "rabbitmq"
 
 
 class NatsOptions(PresetOptions):
     """The broker section of a campaign spec for the ``nats`` backend."""
 
-    backend: Literal["nats"] = "nats"  # type: ignore[assignment]
-    preset: Literal["nats"] = "nats"  # type: ignore[assignment]
+    backend: Literal["nats"] = "nats"  # type: ignore[assignment]  # the subtype's tag
+    preset: Literal["nats"] = "nats"
 
 
 class AmqttOptions(PresetOptions):
     """The broker section of a campaign spec for the ``amqtt`` backend."""
 
-    backend: Literal["amqtt"] = "amqtt"  # type: ignore[assignment]
-    preset: Literal["amqtt"] = "amqtt"  # type: ignore[assignment]
+    backend: Literal["amqtt"] = "amqtt"  # type: ignore[assignment]  # the subtype's tag
+    preset: Literal["amqtt"] = "amqtt"
 
 
 class RabbitMqBackend(CommandBackend):

@@ -85,16 +85,16 @@ class BrokerModel:
             self.malformed_reasons[str(exc).split(" (")[0][:80]] += 1
             return Outcome(MALFORMED, reason=str(exc))
         kind = type(packet)
-        if kind is Publish:
+        if type(packet) is Publish:
             return self._publish(packet)
-        if kind is Subscribe:
+        if type(packet) is Subscribe:
             return self._subscribe(packet, source)
-        if kind is Connect:
+        if type(packet) is Connect:
             return self._connect(packet, source)
         if kind is PingReq:
             self.counters["pingreq"] += 1
             return _reply("pingreq", encode(PingResp()), source)
-        if kind is Unsubscribe:
+        if type(packet) is Unsubscribe:
             return self._unsubscribe(packet, source)
         if kind is Disconnect:
             self.counters["disconnect"] += 1

@@ -37,7 +37,7 @@ What the paper leaves open, and what this model does:
 from __future__ import annotations
 
 import zlib
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 Address = tuple[str, int]
 
@@ -49,7 +49,10 @@ _TOPIC_SEED = 0x00000000
 _SUBSCRIBER_SEED = 0x5BD1E995
 
 
-class BoundedHashTable:
+_Value = TypeVar("_Value")
+
+
+class BoundedHashTable(Generic[_Value]):
     """A hash table of ``depth`` words; a key lives within ``probe_window`` words of home."""
 
     def __init__(self, depth: int, probe_window: int, seed: int):
@@ -62,7 +65,7 @@ class BoundedHashTable:
         self.probe_window = probe_window
         self._seed = seed
         self._keys: list[bytes | None] = [None] * depth
-        self._values: list[object] = [None] * depth
+        self._values: list[_Value | None] = [None] * depth
         self.used = 0
         self.peak = 0
         self.reads = 0
@@ -87,7 +90,7 @@ class BoundedHashTable:
                 return slot
         return None
 
-    def get(self, key: bytes) -> object | None:
+    def get(self, key: bytes) -> _Value | None:
         """Return the value stored under ``key``, or None."""
         self.reads += 1
         slot = self._find(key)
@@ -98,7 +101,7 @@ class BoundedHashTable:
         keys = self._keys
         return any(keys[slot] is None or keys[slot] == key for slot in self._window(key))
 
-    def put(self, key: bytes, value: object) -> bool:
+    def put(self, key: bytes, value: _Value) -> bool:
         """Store ``value`` under ``key``; return False (table full for it) when no word is free."""
         keys = self._keys
         free = None
@@ -183,10 +186,11 @@ class TopicTables:
                  subscriber_depth: int = PAPER_DEPTH_WORDS,
                  probe_window: int = DEFAULT_PROBE_WINDOW,
                  count_bits: int = TOPIC_COUNT_BITS):
-        self.topics = BoundedHashTable(topic_depth, min(probe_window, topic_depth), _TOPIC_SEED)
-        self.subscribers = BoundedHashTable(subscriber_depth,
-                                            min(probe_window, subscriber_depth),
-                                            _SUBSCRIBER_SEED)
+        self.topics = BoundedHashTable[int](topic_depth, min(probe_window, topic_depth),
+                                            _TOPIC_SEED)
+        self.subscribers = BoundedHashTable[Address](subscriber_depth,
+                                                     min(probe_window, subscriber_depth),
+                                                     _SUBSCRIBER_SEED)
         self.max_subscribers_per_filter = (1 << count_bits) - 1
         self.tombstones = 0
 
@@ -246,7 +250,7 @@ class TopicTables:
             for subscriber_id in range(1, self._count(name.encode()) + 1):
                 address = get(key + subscriber_id.to_bytes(2, "big"))
                 if address is not None and address != TOMBSTONE:
-                    found.append(Destination(address, name_index))  # type: ignore[arg-type]
+                    found.append(Destination(address, name_index))
         return found
 
     def _count(self, key: bytes) -> int:

@@ -92,7 +92,7 @@ class MosquittoBackend:
 
     def __init__(self) -> None:
         self._options: Options | None = None
-        self._proc: BrokerProcess | None = None
+        self._proc: BrokerProcess | RemoteBrokerProcess | None = None
         self._binary: str | None = None
         self._binary_sha256: str | None = None
         self._version: str | None = None
@@ -104,7 +104,7 @@ class MosquittoBackend:
 
     # -- deploy -------------------------------------------------------------------------
 
-    def deploy(self, spec: Options | Mapping[str, Any], host: Host) -> Endpoint:
+    def deploy(self, spec: Options | Mapping[str, Any], host: Host | SshHost) -> Endpoint:
         """Start Mosquitto on ``host`` with ``spec``'s limits; return where clients connect."""
         if self._proc is not None or self._torn_down:
             raise BackendError("this MosquittoBackend was already deployed; create a new one "
@@ -112,7 +112,7 @@ class MosquittoBackend:
         options = spec if isinstance(spec, Options) else Options.model_validate(spec)
         self._options = options
         if isinstance(host, SshHost):
-            return self._deploy_remote(options, host)
+            return self.deploy_on_lab_host(options, host)
         # what a local broker inherits (a lab host keeps its own limits)
         self._nofile = raise_nofile_limit() if host.name == "local" else None
         self._binary = find_binary(options.binary)
@@ -141,7 +141,7 @@ class MosquittoBackend:
         self._version = _remote_version(host, self._binary)
         proc = RemoteBrokerProcess(self.name, host, "mqttbed-mosquitto-",
                                    log_names=("stdout.log", "mosquitto.log"))
-        self._proc = proc  # type: ignore[assignment]  # the same methods, over SSH
+        self._proc = proc
         try:
             binary = self._binary
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
-from mqttbed.brokers.mqttst.mqtt5 import Properties, Property, Publish
+from mqttbed.brokers.mqttst.mqtt5 import Properties, Property, Publish, user_properties
 
 ORIGIN_PROPERTY = "mqttst-origin"
 SEQUENCE_PROPERTY = "mqttst-seq"
@@ -50,9 +50,9 @@ def mark(message: Publish, origin: str, sequence: int) -> Publish:
 def origin_of(message: Publish) -> Origin | None:
     """The origin marks of a link PUBLISH, or None if any is missing or garbled."""
     found: dict[str, str] = {}
-    for ident, value in message.properties:
-        if ident == Property.USER_PROPERTY and value[0] in MARKERS:   # type: ignore[index]
-            found[value[0]] = value[1]                                # type: ignore[index]
+    for name, text in user_properties(message.properties):
+        if name in MARKERS:
+            found[name] = text
     try:
         sequence, qos = int(found[SEQUENCE_PROPERTY]), int(found[QOS_PROPERTY])
         broker = found[ORIGIN_PROPERTY]
@@ -71,7 +71,8 @@ def unmark(message: Publish, origin: Origin) -> Publish:
 
 
 def _is_marker(ident: int, value: object) -> bool:
-    return ident == Property.USER_PROPERTY and value[0] in MARKERS   # type: ignore[index]
+    return (ident == Property.USER_PROPERTY and isinstance(value, tuple)
+            and value[0] in MARKERS)
 
 
 class DedupeWindow:

@@ -106,11 +106,12 @@ async def connect_local(host: str, port: int, client_id: str,
     while loop.time() < deadline:
         client: LocalClient | None = None
         try:
-            _, client = await asyncio.wait_for(loop.create_connection(
+            _, connected = await asyncio.wait_for(loop.create_connection(
                 lambda: LocalClient(client_id, on_message, on_lost), host, port),
                 max(0.1, deadline - loop.time()))
-            await asyncio.wait_for(client.subscribed, max(0.1, deadline - loop.time()))
-            return client
+            client = connected
+            await asyncio.wait_for(connected.subscribed, max(0.1, deadline - loop.time()))
+            return connected
         except (OSError, ConnectionError, TimeoutError) as exc:
             last_error = exc
             if client is not None:

@@ -14,7 +14,7 @@ Section numbers refer to the OASIS MQTT Version 5.0 standard.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -183,21 +183,23 @@ def encode_properties(properties: Properties) -> bytes:
     for ident, value in properties:
         kind = _PROPERTY_TYPES[Property(ident)]
         body += encode_remaining_length(ident)
-        if kind == _BYTE:
-            body.append(value)                                  # type: ignore[arg-type]
-        elif kind == _U16_T:
+        if kind == _BYTE and isinstance(value, int):
+            body.append(value)
+        elif kind == _U16_T and isinstance(value, int):
             body += _U16.pack(value)
-        elif kind == _U32_T:
+        elif kind == _U32_T and isinstance(value, int):
             body += _U32.pack(value)
-        elif kind == _VARINT:
-            body += encode_remaining_length(value)              # type: ignore[arg-type]
-        elif kind == _STRING:
-            body += encode_string(value)                        # type: ignore[arg-type]
-        elif kind == _BINARY:
-            body += encode_binary(value)                        # type: ignore[arg-type]
-        else:
-            name, text = value                                  # type: ignore[misc]
+        elif kind == _VARINT and isinstance(value, int):
+            body += encode_remaining_length(value)
+        elif kind == _STRING and isinstance(value, str):
+            body += encode_string(value)
+        elif kind == _BINARY and isinstance(value, bytes):
+            body += encode_binary(value)
+        elif kind == _PAIR and isinstance(value, tuple):
+            name, text = value
             body += encode_string(name) + encode_string(text)
+        else:
+            raise ValueError(f"property {Property(ident).name} cannot hold {value!r}")
     return encode_remaining_length(len(body)) + bytes(body)
 
 
@@ -258,8 +260,8 @@ def property_value(properties: Properties, ident: Property, default: int) -> int
 def user_properties(properties: Properties) -> Iterator[tuple[str, str]]:
     """The (name, value) user properties, in order."""
     for ident, value in properties:
-        if ident == Property.USER_PROPERTY:
-            yield value                                         # type: ignore[misc]
+        if ident == Property.USER_PROPERTY and isinstance(value, tuple):
+            yield value
 
 
 # -- encoding ---------------------------------------------------------------------------
@@ -434,7 +436,7 @@ def _decode_disconnect(r: FieldReader, _flags: int, _kind: PacketType) -> Discon
     return Disconnect(reason)
 
 
-_DECODERS = {
+_DECODERS: dict[PacketType, Callable[[FieldReader, int, PacketType], Packet]] = {
     PacketType.PUBLISH: _decode_publish,
     PacketType.PUBACK: _decode_ack,
     PacketType.PUBREC: _decode_ack,

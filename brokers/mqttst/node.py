@@ -400,7 +400,7 @@ class Node:
     def on_link_publish(self, link: Link, message: Publish) -> None:
         self.counters.link_publications_received += 1
         self.version += 1
-        if self.tree.roles.get(link.peer) not in ACTIVE_ROLES:   # type: ignore[arg-type]
+        if link.peer is None or self.tree.roles.get(link.peer) not in ACTIVE_ROLES:
             self.counters.discarded_blocked += 1
             return
         origin = origin_of(message)

@@ -132,14 +132,14 @@ class MqttConnection(asyncio.Protocol):
 
     def accept_publish(self, message: Publish) -> bool:
         """Acknowledge an incoming PUBLISH; False if it repeats a QoS 2 one still held."""
-        if message.qos == 1:
-            self.send(mqtt5.encode(Ack(PacketType.PUBACK, message.packet_id)))  # type: ignore[arg-type]
-        elif message.qos == 2:
-            packet_id = message.packet_id
-            self.send(mqtt5.encode(Ack(PacketType.PUBREC, packet_id)))  # type: ignore[arg-type]
+        packet_id = message.packet_id  # never None at QoS 1 and 2 (decode makes sure)
+        if message.qos == 1 and packet_id is not None:
+            self.send(mqtt5.encode(Ack(PacketType.PUBACK, packet_id)))
+        elif message.qos == 2 and packet_id is not None:
+            self.send(mqtt5.encode(Ack(PacketType.PUBREC, packet_id)))
             if packet_id in self._received_qos2:
                 return False
-            self._received_qos2.add(packet_id)                         # type: ignore[arg-type]
+            self._received_qos2.add(packet_id)
         return True
 
     def _dispatch(self, packet: Packet, size: int) -> None:

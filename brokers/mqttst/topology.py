@@ -64,7 +64,7 @@ def _explicit_edges(kind: object) -> list[tuple[int, int]]:
         if any(len(pair) != 2 for pair in pairs):
             raise ValueError(f"topology {kind!r} is none of {', '.join(TOPOLOGIES)} nor an "
                              "edge list like '0-1,1-2'")
-        return pairs   # type: ignore[return-value]
+        return [(pair[0], pair[1]) for pair in pairs]
     if isinstance(kind, Sequence) and all(
             isinstance(pair, Sequence) and not isinstance(pair, str) and len(pair) == 2
             and all(isinstance(end, int) for end in pair) for pair in kind):
@@ -83,21 +83,21 @@ def tree_verdict(states: Sequence[dict[str, Any] | None], ids: Sequence[str],
     if missing := [i for i in alive if states[i] is None]:
         return None, f"no stats from brokers {missing} yet"
     index_of = {broker_id: i for i, broker_id in enumerate(ids)}
-    view = {i: states[i] for i in alive}
-    epochs = {i: s["epoch"] for i, s in view.items()}                 # type: ignore[index]
+    view = {i: state for i in alive if (state := states[i]) is not None}  # each is, as checked
+    epochs = {i: s["epoch"] for i, s in view.items()}
     if len(set(epochs.values())) > 1:
         return None, f"brokers are in different epochs: {epochs}"
-    roots = {i: (s["root"], s["root_capability"]) for i, s in view.items()}  # type: ignore[index]
+    roots = {i: (s["root"], s["root_capability"]) for i, s in view.items()}
     if len(set(roots.values())) > 1:
         return None, f"brokers disagree on the root (id, C): {roots}"
     root_id, root_capability = next(iter(roots.values()))
     root = index_of.get(root_id)
     if root is None or not live[root]:
         return None, f"the root {root_id} is not a live broker"
-    if view[root]["capability"] != root_capability:                   # type: ignore[index]
+    if view[root]["capability"] != root_capability:
         return None, f"the root {root_id} is believed to have C {root_capability!r}, but " \
-                     f"says it has {view[root]['capability']!r}"          # type: ignore[index]
-    roles = {i: {index_of.get(link["peer"]): link["role"] for link in s["links"]}  # type: ignore[index]
+                     f"says it has {view[root]['capability']!r}"
+    roles = {i: {index_of.get(link["peer"]): link["role"] for link in s["links"]}
              for i, s in view.items()}
     parent: dict[int, int] = {}
     for a, b in edges:

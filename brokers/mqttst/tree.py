@@ -155,9 +155,10 @@ def compute_tree(me: BrokerId, capability: float, neighbours: Mapping[BrokerId, 
     root_link, cost = None, 0
     if root != me:
         candidates = {
-            peer: info.claim.cost_us + link_cost_us(info.rtt_us)       # type: ignore[union-attr,arg-type]
+            peer: info.claim.cost_us + link_cost_us(info.rtt_us)
             for peer, info in neighbours.items()
-            if _usable(info) and info.claim is not None and info.claim.root == root
+            if info.up and info.rtt_us is not None  # _usable(info), spelled out for mypy
+            and info.claim is not None and info.claim.root == root
             and info.claim.root_capability == root_capability}
         root_link = min(candidates, key=lambda peer: (
             candidates[peer], -(neighbours[peer].capability or 0.0), peer.key))
@@ -168,7 +169,8 @@ def compute_tree(me: BrokerId, capability: float, neighbours: Mapping[BrokerId, 
                     and candidates[kept] <= cost * (1 + hysteresis):
                 root_link, cost = kept, candidates[kept]
             if root_link == previous.root_link and _within(previous.cost_us, cost, hysteresis) \
-                    and previous.cost_us > neighbours[root_link].claim.cost_us:  # type: ignore[union-attr]
+                    and (parent_claim := neighbours[root_link].claim) is not None \
+                    and previous.cost_us > parent_claim.cost_us:
                 # Never advertise a cost at or below the parent's: the parent would then
                 # think this node closer to the root and block the link they share.
                 cost = previous.cost_us

@@ -97,7 +97,8 @@ def check_geography(brokers: int, regions: list[str] | None, wan_delay_ms: dict[
         raise ValueError(f"cloud_region {cloud!r} is not a broker's region "
                          f"{sorted(broker_regions)}")
     delays = wan_delays(wan_delay_ms)
-    clients = {placed["publisher_region"], placed["subscriber_region"]}
+    clients = {region for region in (placed["publisher_region"], placed["subscriber_region"])
+               if region is not None}  # neither is, as checked above
     for a in sorted(broker_regions | clients):
         for b in sorted(broker_regions):
             if a != b and frozenset((a, b)) not in delays:

@@ -62,7 +62,7 @@ REQUIRED_TOOLS = ("ip", "tc", "bpftool", "nsenter", "clang")
 class Options(GatewayOptions):
     """The broker section for ``p4``: the gateway's options and whether to accelerate."""
 
-    backend: Literal["p4"] = "p4"  # type: ignore[assignment]
+    backend: Literal["p4"] = "p4"  # type: ignore[assignment]  # the subtype's tag
     acceleration: bool = Field(
         True, description="false: the switch only forwards (program attached, counting, "
                           "its table never written)")
@@ -174,7 +174,7 @@ class P4Backend:
         """One host per agent on the switch, and a relay to the controller for them."""
         if self._topology is None or self._switch is None:
             raise BackendError("deploy the p4 backend before placing agents")
-        hosts = []
+        hosts: list[Host] = []
         for index, agent_roles in enumerate(roles):
             name = f"agent{index}"
             port = self._topology.add_host(name)

@@ -162,17 +162,19 @@ class PamsController:
             return
         self.clients[client] = Subscriber(mac=pending.mac, ip=client[0], port=client[1],
                                           switch_port=self.switch_port_of[pending.mac])
-        match pending.topic_id_type:
-            case mqttsn.TopicIdType.SHORT_NAME:
-                key = TopicKey(TopicIdType.SHORT_NAME, mqttsn.short_name_id(pending.topic))
-            case mqttsn.TopicIdType.PREDEFINED:
-                key = TopicKey(TopicIdType.PREDEFINED, pending.topic)
-            case _ if suback.topic_id == 0x0000:
-                self.wildcards.setdefault(client, {})[pending.topic] = Wildcard()
+        match pending.topic_id_type, pending.topic:
+            case mqttsn.TopicIdType.SHORT_NAME, str(name):
+                key = TopicKey(TopicIdType.SHORT_NAME, mqttsn.short_name_id(name))
+            case mqttsn.TopicIdType.PREDEFINED, int(topic_id):
+                key = TopicKey(TopicIdType.PREDEFINED, topic_id)
+            case _, str(name) if suback.topic_id == 0x0000:
+                self.wildcards.setdefault(client, {})[name] = Wildcard()
                 return
-            case _:
+            case _, str(name):
                 key = TopicKey(TopicIdType.NORMAL, suback.topic_id)
-                self.names[pending.topic] = suback.topic_id
+                self.names[name] = suback.topic_id
+            case _:  # a topic of the other type than its id type says: decode makes none
+                return
         self.explicit.setdefault(key, set()).add(client)
 
     def _register(self, client: Client, register: mqttsn.Register) -> None:
@@ -183,15 +185,16 @@ class PamsController:
                 wildcard.registered.add(register.topic_name)
 
     def _unsubscribe(self, client: Client, unsubscribe: mqttsn.Unsubscribe) -> None:
-        if self.wildcards.get(client, {}).pop(unsubscribe.topic, None) is not None:
+        if isinstance(unsubscribe.topic, str) \
+                and self.wildcards.get(client, {}).pop(unsubscribe.topic, None) is not None:
             return
-        match unsubscribe.topic_id_type:
-            case mqttsn.TopicIdType.SHORT_NAME:
-                key = TopicKey(TopicIdType.SHORT_NAME, mqttsn.short_name_id(unsubscribe.topic))
-            case mqttsn.TopicIdType.PREDEFINED:
-                key = TopicKey(TopicIdType.PREDEFINED, unsubscribe.topic)
-            case _ if unsubscribe.topic in self.names:
-                key = TopicKey(TopicIdType.NORMAL, self.names[unsubscribe.topic])
+        match unsubscribe.topic_id_type, unsubscribe.topic:
+            case mqttsn.TopicIdType.SHORT_NAME, str(name):
+                key = TopicKey(TopicIdType.SHORT_NAME, mqttsn.short_name_id(name))
+            case mqttsn.TopicIdType.PREDEFINED, int(topic_id):
+                key = TopicKey(TopicIdType.PREDEFINED, topic_id)
+            case _, str(name) if name in self.names:
+                key = TopicKey(TopicIdType.NORMAL, self.names[name])
             case _:
                 return
         self.explicit.get(key, set()).discard(client)

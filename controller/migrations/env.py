@@ -10,6 +10,9 @@ target_metadata = Base.metadata
 
 def run_migrations() -> None:
     url = config.get_main_option("sqlalchemy.url")
+    if url is None:
+        raise ValueError("alembic's sqlalchemy.url is not set: run the migrations through "
+                         "mqttbed.controller.db, which passes the database URL in")
     if context.is_offline_mode():
         context.configure(url=url, target_metadata=target_metadata, literal_binds=True)
         with context.begin_transaction():

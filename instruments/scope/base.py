@@ -100,7 +100,7 @@ def check_level(level_v: float) -> float:
     return float(level_v)
 
 
-class ScopeDriver(ScpiDriver):
+class ScopeDriver(ScpiDriver, Oscilloscope):
     """Shared behaviour: identification, polling for completion, the configured channels."""
 
     dialect = "?"

@@ -53,6 +53,7 @@ def open_scope(resource: str, dialect: str, *, resource_manager: Any = None) -> 
     """Open ``resource`` over VISA and return the driver for ``dialect``."""
     driver = driver_class(dialect)
     import pyvisa  # lazy: only the controller extra installs it
+    from pyvisa.resources import MessageBasedResource
 
     owned = resource_manager is None
     manager = pyvisa.ResourceManager("@py") if owned else resource_manager
@@ -62,6 +63,12 @@ def open_scope(resource: str, dialect: str, *, resource_manager: Any = None) -> 
         if owned:
             manager.close()
         raise
+    if not isinstance(instrument, MessageBasedResource):  # e.g. a GPIB interface board
+        instrument.close()
+        if owned:
+            manager.close()
+        raise ValueError(f"VISA resource {resource!r} is a {type(instrument).__name__}, not an "
+                         "instrument that takes SCPI messages; give the scope's resource")
     if resource.strip().upper().endswith("::SOCKET"):
         instrument.read_termination = "\n"
         instrument.write_termination = "\n"

@@ -132,7 +132,9 @@ class ScpiInstrument:
 
 def _split_units(line: str) -> list[str]:
     """Split a line at the semicolons outside quoted strings."""
-    units, current, quote = [], [], ""
+    units: list[str] = []
+    current: list[str] = []
+    quote = ""
     for char in line:
         if quote:
             quote = "" if char == quote else quote

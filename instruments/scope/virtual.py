@@ -54,6 +54,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,7 +206,7 @@ class VirtualScope(ScpiInstrument):
     def _setting(self, template: str, channel: int | None = None) -> Any:
         return self._settings[(template, channel)]
 
-    def _setter(self, setting: _Setting):
+    def _setter(self, setting: _Setting) -> Callable[[list[str], list[int]], None]:
         def set_value(arguments: list[str], suffixes: list[int]) -> None:
             key = (setting.template, self._channel(suffixes) if setting.per_channel else None)
             if len(arguments) != 1:
@@ -219,7 +220,7 @@ class VirtualScope(ScpiInstrument):
 
         return set_value
 
-    def _getter(self, setting: _Setting):
+    def _getter(self, setting: _Setting) -> Callable[[list[str], list[int]], str]:
         def get_value(arguments: list[str], suffixes: list[int]) -> str:
             key = (setting.template, self._channel(suffixes) if setting.per_channel else None)
             return _reply(setting.validator, self._settings[key])

@@ -117,7 +117,7 @@ def run_cocotb(toplevel: str, test_module: str, results_dir: Path) -> tuple[int,
             fcntl.flock(lock, fcntl.LOCK_EX)
             built = (out_dir / ".built").exists()
             if built:   # the runner has no "only if needed" for Verilator: skip its commands
-                runner._execute = lambda _cmds, cwd: None  # type: ignore[method-assign]
+                runner._execute = lambda _cmds, cwd: None
             runner.build(verilog_sources=[SOURCE_DIR / name
                                           for name in (*RTL_SOURCES, "cocotb_top.v")],
                          includes=[SOURCE_DIR], hdl_toplevel=toplevel,

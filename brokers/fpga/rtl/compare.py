@@ -30,8 +30,8 @@ def expected(steps: Sequence[Step], clients: Sequence[tuple[str, int]],
     out: Received = []
     for client, datagram in steps:
         outcome = model.handle(datagram, clients[client])
-        out.append(_per_client([(index[d.address], outcome.packet)  # type: ignore[misc]
-                                for d in outcome.destinations]))
+        out.append(_per_client([(index[d.address], outcome.packet)
+                                for d in outcome.destinations if outcome.packet is not None]))
     return out
 
 

@@ -119,7 +119,8 @@ def model_output(steps) -> list[tuple[tuple[str, int], bytes]]:
     model, out = BrokerModel(), []
     for client, datagram in steps:
         outcome = model.handle(datagram, CLIENTS[client])
-        out += [(d.address, outcome.packet) for d in outcome.destinations]
+        if outcome.packet is not None:
+            out += [(d.address, outcome.packet) for d in outcome.destinations]
     return out
 
 
