@@ -4,7 +4,7 @@ or changed none (``controller.compaction`` checks a compacted file with it)."""
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     import numpy as np
@@ -38,7 +38,8 @@ def _column_hashes(column: pa.Array, salt: np.uint64) -> np.ndarray:
     import pyarrow.compute as pc
 
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        encoded = pc.dictionary_encode(column)
+        # dictionary_encode returns a DictionaryArray; its stub says only Array
+        encoded = cast(pa.DictionaryArray, pc.dictionary_encode(column))
         distinct = np.array([int.from_bytes(hashlib.blake2b(value.encode(), digest_size=8)
                                             .digest(), "little")
                              for value in encoded.dictionary.to_pylist()] or [0],

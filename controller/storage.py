@@ -136,8 +136,8 @@ def edges_schema() -> Any:
     """The pyarrow schema of a GPIO edges file (pyarrow imported lazily)."""
     import pyarrow as pa
 
-    return pa.schema([pa.field("agent_id", pa.string()), pa.field("pin", pa.int32()),
-                      pa.field("t_ns", pa.int64()), pa.field("level", pa.int8())])
+    return pa.schema([("agent_id", pa.string()), ("pin", pa.int32()),
+                      ("t_ns", pa.int64()), ("level", pa.int8())])
 
 
 def write_broker_samples(layout: DataLayout, campaign_id: str, run_id: str,
