@@ -42,7 +42,9 @@ def _column_hashes(column: pa.Array, salt: np.uint64) -> np.ndarray:
         encoded = cast(pa.DictionaryArray, pc.dictionary_encode(column))
         distinct = np.array([int.from_bytes(hashlib.blake2b(value.encode(), digest_size=8)
                                             .digest(), "little")
-                             for value in encoded.dictionary.to_pylist()] or [0],
+                             # a dictionary holds no null (nulls are null indices)
+                             for value in cast("list[str]", encoded.dictionary.to_pylist())]
+                            or [0],
                             dtype=np.uint64)
         raw = distinct[encoded.indices.fill_null(0).to_numpy(zero_copy_only=False)]
     else:

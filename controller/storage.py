@@ -136,8 +136,10 @@ def edges_schema() -> Any:
     """The pyarrow schema of a GPIO edges file (pyarrow imported lazily)."""
     import pyarrow as pa
 
-    return pa.schema([("agent_id", pa.string()), ("pin", pa.int32()),
-                      ("t_ns", pa.int64()), ("level", pa.int8())])
+    fields: list[tuple[str, pa.DataType]] = [
+        ("agent_id", pa.string()), ("pin", pa.int32()), ("t_ns", pa.int64()),
+        ("level", pa.int8())]
+    return pa.schema(fields)
 
 
 def write_broker_samples(layout: DataLayout, campaign_id: str, run_id: str,
