@@ -23,6 +23,7 @@ from mqttbed.analytics.results import (
     present_sections,
 )
 from mqttbed.api.report_streams import stream_latency_cdf, stream_rows
+from mqttbed.brokers.cpu_budget import CpuBudgetRecord
 from mqttbed.controller.analysis import load_results
 from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import CampaignRow, RunRow
@@ -372,6 +373,7 @@ def report_context(controller: Controller, campaign_id: str) -> dict[str, Any]:
                              for p in points if p.scope for r in p.scope.runs if r.shortfall],
         # runs whose figures cover only what was stored before they ended
         "partial_runs": {r.run_id for r in stats.runs if r.partial} if stats else set(),
+        "cpu_budgets": cpu_budget_notes(runs),
         "campaign": campaign, "runs": runs, "stats": stats,
         "spec_yaml": yaml.safe_dump(campaign.spec, sort_keys=False),
         "points": [(point_label(p, show_backend), p) for p in points],
@@ -380,6 +382,23 @@ def report_context(controller: Controller, campaign_id: str) -> dict[str, Any]:
         "live": not (ended and stats),
         "finished": sum(r.state in ("done", "failed", "interrupted") for r in runs),
     }
+
+
+def cpu_budget_notes(runs: list[RunRow]) -> dict[str, str]:
+    """Per run under ``broker.cpu_limit``: the budget, and how often it held each broker
+    back (quota periods in which the broker used up its share and waited)."""
+    notes = {}
+    for run in runs:
+        if "cpu_budget" not in (run.run_metadata or {}):
+            continue
+        record = CpuBudgetRecord.model_validate(run.run_metadata["cpu_budget"])
+        held = "; ".join(
+            f"{name} throttled in {budget.throttled_periods} of {budget.periods} periods"
+            + (f" ({budget.throttled_s:.2f} s)" if budget.throttled_s is not None else "")
+            for name, budget in record.brokers.items() if budget.periods is not None)
+        notes[run.id] = (f"{record.cores:g} cores per broker ({record.mechanism})"
+                         + (f": {held}" if held else ""))
+    return notes
 
 
 def scope_table(points: list[PointStats], show_backend: bool) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from mqttbed.api.report import render_report
 from mqttbed.brokers import cpu_budget
 from mqttbed.brokers.cpu_budget import (
     CgroupVersion,
@@ -194,6 +195,7 @@ def test_a_mosquitto_campaign_under_cpu_limit_runs_its_broker_in_the_runs_cgroup
             metadata = s.get(RunRow, run_id).run_metadata
         stored = json.loads((controller.layout.run_dir(campaign_id, run_id) / "run.json")
                             .read_text())["metadata"]
+        report = render_report(controller, campaign_id, standalone=False)
 
     broker_pid = metadata["broker"]["pid"]
     assert seen == {"mosquitto": [broker_pid]}, "the broker ran inside the run's cgroup"
@@ -205,6 +207,9 @@ def test_a_mosquitto_campaign_under_cpu_limit_runs_its_broker_in_the_runs_cgroup
     assert record.brokers["mosquitto"].pids == [broker_pid]
     assert record.brokers["mosquitto"].periods is not None
     assert not Path(record.path).exists(), "the run's cgroup is removed at teardown"
+    budget = record.brokers["mosquitto"]
+    assert (f"0.25 cores per broker ({record.mechanism}): mosquitto throttled in "
+            f"{budget.throttled_periods} of {budget.periods} periods") in report
 
 
 # -- refusals ---------------------------------------------------------------------------
