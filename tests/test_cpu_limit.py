@@ -48,7 +48,7 @@ WINDOW_S = 2.0
 # A parent that forks a child, both spinning: the budget covers the whole tree.
 SPINNING_TREE = ("import os\n"
                  "child = os.fork()\n"
-                 "print(child if child else '', flush=True)\n"
+                 "if child: print(child, flush=True)\n"
                  "while True: pass\n")
 # Spins alone for a moment, then forks: the child is born after the tree was moved.
 FORKS_LATER = ("import os, sys, time\n"
@@ -164,6 +164,23 @@ def test_a_broker_process_that_is_gone_is_a_clear_error(budget_name):
             budget.add("broker", [gone.pid])
     finally:
         budget.remove()
+
+
+@needs_cgroups
+def test_a_dead_controllers_empty_cgroups_are_reaped_and_a_busy_one_is_left(budget_name):
+    left = CpuBudget.create(f"{budget_name}-left", 0.5)     # its controller never removed it
+    (left.path / "broker").mkdir()                          # its broker died with it: empty
+    busy = CpuBudget.create(f"{budget_name}-busy", 0.5)     # a live run's
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        busy.add("broker", [sleeper.pid])
+        removed = cpu_budget.reap_stale()
+        assert str(left.path) in removed and not left.path.exists()
+        assert busy.path.exists() and busy.members("broker") == [sleeper.pid]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        busy.remove()
 
 
 # -- a real campaign --------------------------------------------------------------------
