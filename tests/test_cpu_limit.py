@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
+from mqttbed.api.app import create_app
 from mqttbed.api.report import render_report
 from mqttbed.brokers import cpu_budget
 from mqttbed.brokers.cpu_budget import (
@@ -32,6 +34,7 @@ from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.controller import create_controller
 from mqttbed.controller.db import RunRow
 from mqttbed.controller.documents import RunUpdate
+from mqttbed.controller.tokens import TokenRole, create_token
 from mqttbed.core.backends import CPU_PERIOD_US, MIN_CPU_LIMIT
 from mqttbed.core.errors import SpecError
 from mqttbed.core.settings import Settings
@@ -295,3 +298,17 @@ def test_cgroup_v2_is_taken_where_the_unified_hierarchy_offers_cpu(tmp_path):
     assert quota_files(CgroupVersion.V2, 0.25) == {"cpu.max": f"25000 {CPU_PERIOD_US}"}
     assert quota_files(CgroupVersion.V1, 0.25) == {"cpu.cfs_period_us": str(CPU_PERIOD_US),
                                                    "cpu.cfs_quota_us": "25000"}
+
+
+def test_without_cgroups_the_api_answers_422_naming_broker_cpu_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(cpu_budget, "MOUNTINFO", without_cpu_controller(tmp_path))
+    app = create_app(Settings(data_dir=tmp_path / "data"), "http://127.0.0.1:9",
+                     run_campaigns=False)
+    token = create_token(app.state.controller.sessions, "u", TokenRole.USER)
+    with TestClient(app) as client:
+        response = client.post("/api/v1/campaigns",
+                               content="name: budget\nbroker: {cpu_limit: 0.25}\n",
+                               headers={"authorization": f"Bearer {token}",
+                                        "content-type": "application/yaml"})
+    assert response.status_code == 422
+    assert "broker.cpu_limit needs the kernel's cgroup CPU" in response.json()["detail"]
