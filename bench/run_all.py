@@ -23,6 +23,7 @@ BENCHES = [
     ("quickstart.py", "P6: POST -> report <= 60 s"),
     ("api_load.py", "50 API clients, 60 s, 1,000-client run: 0 errors, 0 lost"),
     ("analysis.py", "Spark vs DuckDB, same figures"),
+    ("cpu_budget.py", "broker.cpu_limit: Mosquitto throttled, then behind, as the budget shrinks"),
 ]
 
 
