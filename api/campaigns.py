@@ -88,9 +88,10 @@ async def create_campaign(request: Request, core: CoreDep) -> CampaignPublic:
     """Create a campaign from a spec sent as JSON, or as YAML (``application/yaml``)."""
     try:
         spec = spec_from_bytes(await request.body(), "request body")
+        # what only this controller can check: lab hosts named, cgroups for cpu_limit
+        campaign_id = core.engine.create_campaign(spec)
     except SpecError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
-    campaign_id = core.engine.create_campaign(spec)
     return campaign_public(core, campaign_id)
 
 

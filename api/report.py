@@ -38,6 +38,7 @@ from mqttbed.core.report_figures import (
     series_key,
 )
 from mqttbed.core.report_figures import point_label as label_of
+from mqttbed.core.run_record import run_record
 from mqttbed.core.sections import Distribution
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -376,6 +377,7 @@ def report_context(controller: Controller, campaign_id: str) -> dict[str, Any]:
                              for p in points if p.scope for r in p.scope.runs if r.shortfall],
         # runs whose figures cover only what was stored before they ended
         "partial_runs": {r.run_id for r in stats.runs if r.partial} if stats else set(),
+        "cpu_budgets": cpu_budget_notes(runs),
         "campaign": campaign, "runs": runs, "stats": stats, "stale_results": stale,
         "spec_yaml": yaml.safe_dump(campaign.spec, sort_keys=False),
         "points": [(point_label(p, show_backend), p) for p in points],
@@ -384,6 +386,23 @@ def report_context(controller: Controller, campaign_id: str) -> dict[str, Any]:
         "live": not (ended and stats),
         "finished": sum(r.state in ("done", "failed", "interrupted") for r in runs),
     }
+
+
+def cpu_budget_notes(runs: list[RunRow]) -> dict[str, str]:
+    """Per run under ``broker.cpu_limit``: the budget, and how often it held each broker
+    back (quota periods in which the broker used up its share and waited)."""
+    notes = {}
+    for run in runs:
+        record = run_record(run.run_metadata, run.id).cpu_budget
+        if record is None:
+            continue
+        held = "; ".join(
+            f"{name} throttled in {budget.throttled_periods} of {budget.periods} periods"
+            + (f" ({budget.throttled_s:.2f} s)" if budget.throttled_s is not None else "")
+            for name, budget in record.brokers.items() if budget.periods is not None)
+        notes[run.id] = (f"{record.cores:g} cores per broker ({record.mechanism})"
+                         + (f": {held}" if held else ""))
+    return notes
 
 
 def scope_table(points: list[PointStats], show_backend: bool) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ BENCHES = [
     ("api_load.py", "50 API clients, 60 s, 1,000-client run: 0 errors, 0 lost"),
     ("analysis.py", "Spark vs DuckDB, same figures"),
     ("compaction.py", "compacted runs: Spark scan <= chunk files' scan; s per run"),
+    ("cpu_budget.py", "broker.cpu_limit: Mosquitto throttled, then behind, as the budget shrinks"),
 ]
 
 

@@ -186,6 +186,15 @@ class BrokerProcess:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def local_processes(proc: object) -> dict[str, list[int]]:
+    """A one-broker backend's ``broker_processes`` (:class:`~mqttbed.core.backends.
+    LocalProcesses`): its name -> the pid its sampler watches, once started here (a
+    broker on a lab host is no process of this machine)."""
+    if not isinstance(proc, BrokerProcess) or proc.pid is None:
+        return {}
+    return {proc.name: [proc.pid]}
+
+
 def wait_for_ready_file(proc: BrokerProcess, ready: Path, timeout_s: float) -> dict[str, Any]:
     """Wait until a broker started with ``--port 0`` wrote ``ready``; return what it wrote.
 

@@ -46,7 +46,11 @@ class _Strict(BaseModel):
 
 
 class BrokerSection(BaseModel):
-    """The broker backend and its backend-specific options (validated by the backend)."""
+    """The broker backend and its backend-specific options (validated by the backend).
+
+    ``host`` and ``cpu_limit`` are common to every backend: they say where and how the
+    broker runs, and are not passed to the backend's options.
+    """
 
     model_config = ConfigDict(extra="allow")
     backend: str = Field("mosquitto", description="which backend deploys the broker; the rest "
@@ -54,6 +58,17 @@ class BrokerSection(BaseModel):
     host: str | None = Field(None, min_length=1, max_length=64,
                              description="a lab host (mqttbed lab provision) to run the broker "
                                          "on, over SSH; default: the controller's machine")
+    cpu_limit: float | None = Field(
+        None, description="cores each broker of the run may use (e.g. 0.25), enforced by a "
+                          "cgroup CPU quota on the broker's processes, as on a small host "
+                          "of its own; default: no limit")
+
+    @field_validator("cpu_limit")
+    @classmethod
+    def _cpu_limit_enforceable(cls, cores: float | None) -> float | None:
+        from mqttbed.core.backends import check_cpu_limit
+
+        return None if cores is None else check_cpu_limit(cores)
 
     @model_validator(mode="after")
     def _options_fit_backend(self) -> BrokerSection:
@@ -63,14 +78,38 @@ class BrokerSection(BaseModel):
             model = options_model(self.backend)
         except ValueError as exc:
             raise ValueError(str(exc)) from None
-        model.model_validate(self.model_dump(exclude={"host"}))
+        model.model_validate(self.model_dump(exclude=set(COMMON_BROKER_FIELDS)))
+        return self
+
+    @model_validator(mode="after")
+    def _cpu_limit_has_processes(self) -> BrokerSection:
+        """A CPU budget needs broker processes mqttbed starts on this machine."""
+        from mqttbed.core.backends import LocalProcesses, declaration
+
+        if self.cpu_limit is None:
+            return self
+        if self.host is not None:
+            raise ValueError(f"broker.cpu_limit {self.cpu_limit}: the broker runs on lab host "
+                             f"{self.host!r} (broker.host), and a CPU budget limits processes "
+                             "on the controller's machine; leave one of them out")
+        if not declaration(self.backend).supports(LocalProcesses):
+            raise ValueError(f"broker.cpu_limit {self.cpu_limit}: backend {self.backend} "
+                             "starts no broker process on this machine (mqttbed neither "
+                             "starts nor stops its broker), so there is nothing to put under "
+                             "a CPU budget; leave broker.cpu_limit out")
         return self
 
     def options(self) -> BaseModel:
         """Return the backend's own options model for this section."""
         from mqttbed.core.backends import options_model
 
-        return options_model(self.backend).model_validate(self.model_dump(exclude={"host"}))
+        return options_model(self.backend).model_validate(
+            self.model_dump(exclude=set(COMMON_BROKER_FIELDS)))
+
+
+# Fields of the broker section that every backend has (not the backend's options).
+COMMON_BROKER_FIELDS = frozenset(name for name in BrokerSection.model_fields
+                                 if name != "backend")
 
 
 def _publishable(topic: str) -> str:

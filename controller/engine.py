@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import sessionmaker
 
 from mqttbed.agents.deploy import AgentPool, Site
+from mqttbed.brokers.cpu_budget import CpuBudget, CpuBudgetError, cpu_budget_unavailable
+from mqttbed.brokers.cpu_budget import reap_stale as reap_cpu_budgets
 from mqttbed.campaigns.spec import CampaignSpec, plan_runs
 from mqttbed.controller.agent_sites import AgentSites, open_sites
 from mqttbed.controller.assignments import (
@@ -59,6 +61,7 @@ from mqttbed.controller.storage import (
 from mqttbed.core.backends import (
     BrokerBackend,
     FaultSchedule,
+    LocalProcesses,
     MultiBroker,
     OwnNetwork,
     RunsOnLabHost,
@@ -66,7 +69,7 @@ from mqttbed.core.backends import (
     declaration,
 )
 from mqttbed.core.clock import monotonic_ns
-from mqttbed.core.errors import RunFailed
+from mqttbed.core.errors import RunFailed, SpecError
 from mqttbed.core.host import Host
 from mqttbed.core.process_journal import reap_stale as reap_processes
 from mqttbed.core.protocol import Endpoint, Shutdown, StartAt, Subscribe
@@ -120,6 +123,7 @@ class _LiveRun:
     recorder: ScopeRecorder | None = None
     links: ImpairedLinks | None = None
     broker_host: SshHost | None = None   # the lab host the broker runs on, if not here
+    budget: CpuBudget | None = None      # the brokers' cgroup under broker.cpu_limit
     active: list[str] = field(default_factory=list)
 
 
@@ -172,6 +176,10 @@ class RunEngine:
         spec = resolve_named_hosts(spec, self.ctx.sessions)   # lab hosts named in the spec
         campaign_id = new_id("c")
         planned = plan_runs(spec)
+        # a host without cgroups refuses broker.cpu_limit now, not at each run's deploy
+        if (any(run.point.spec.broker.cpu_limit is not None for run in planned)
+                and (why := cpu_budget_unavailable()) is not None):
+            raise SpecError(why)
         with self.ctx.sessions() as s:
             s.add(CampaignRow(id=campaign_id, name=spec.name, spec=spec.model_dump(mode="json"),
                               status=CampaignStatus.CREATED))
@@ -285,6 +293,8 @@ class RunEngine:
                     reaped.controller_pid, reaped.tag, len(reaped.killed),
                     list(reaped.killed))
         reap_stale()
+        for path in reap_cpu_budgets():
+            log.info("removed the CPU budget cgroup %s a dead controller left", path)
         with self.ctx.sessions() as s:
             stale = s.query(RunRow).filter(RunRow.state.in_(list(ACTIVE_STATES))).all()
             running = [c.id for c in s.query(CampaignRow).filter(CampaignRow.status.in_(
@@ -386,7 +396,7 @@ class RunEngine:
             self._transition(run, total, RunState.COLLECTING, record=live.record)
             self._collect(run, live)
             assert live.backend is not None  # _deploy set it, or raised
-            self._finish_run(run, live.backend, live.record)
+            self._finish_run(run, live.backend, live.record, live.budget)
             live.backend = None
             # A scope that failed mid-run leaves the software figures whole: the run is
             # done, marked with the scope's error (its acquisitions so far are kept).
@@ -410,6 +420,11 @@ class RunEngine:
             if live.recorder is not None:
                 live.recorder.stop()
             self._teardown(live.pool, live.sites, live.backend, live.links)
+            if live.budget is not None:
+                try:
+                    live.budget.remove()
+                except CpuBudgetError as exc:
+                    log.error("run %s: %s", run.id, exc)
             if live.broker_host is not None:
                 live.broker_host.close()
             self.ctx.registry.close_inbox(run.id)
@@ -449,6 +464,8 @@ class RunEngine:
         if lab_host is None:
             host: Host | SshHost = self.ctx.host
             endpoint = backend.deploy(spec.broker.options(), self.ctx.host)
+            if spec.broker.cpu_limit is not None:
+                live.budget = self._budget(run, backend, spec.broker.cpu_limit)
         else:
             assert isinstance(backend, RunsOnLabHost)   # checked by _broker_lab_host
             host = lab_host
@@ -456,6 +473,8 @@ class RunEngine:
         live.record.broker = _recorded(backend)
         live.record.endpoint = endpoint
         live.record.host = host.name
+        if live.budget is not None:
+            live.record.cpu_budget = live.budget.record()
         placement = None
         if has_impaired_clients(spec):
             live.sites, placement = self._impaired_sites(run, live, endpoint)
@@ -507,6 +526,24 @@ class RunEngine:
                             for a, r in ready.items()}
         if live.recorder is not None:
             live.recorder.set_clocks({a: r.clock for a, r in ready.items()})
+
+    def _budget(self, run: RunRow, backend: BrokerBackend, cores: float) -> CpuBudget:
+        """The run's cgroup with each broker's processes under ``cores`` (broker.cpu_limit)."""
+        brokers = backend.broker_processes() if isinstance(backend, LocalProcesses) else {}
+        if not brokers:
+            raise RunFailed(f"broker.cpu_limit {cores}: backend {backend.name} started no "
+                            "broker process on this machine to put under a CPU budget")
+        try:
+            budget = CpuBudget.create(run.id, cores)
+        except CpuBudgetError as exc:
+            raise RunFailed(str(exc)) from None
+        try:
+            for name, roots in brokers.items():
+                budget.add(name, roots)
+        except CpuBudgetError as exc:
+            budget.remove()
+            raise RunFailed(str(exc)) from None
+        return budget
 
     def _broker_lab_host(self, spec: CampaignSpec, live: _LiveRun) -> SshHost | None:
         """The lab host ``broker.host`` names, or None: the broker runs on this machine."""
@@ -676,11 +713,14 @@ class RunEngine:
         if self.is_cancelled(campaign_id):
             raise RunInterrupted("campaign cancelled")
 
-    def _finish_run(self, run: RunRow, backend: BrokerBackend, record: RunRecord) -> None:
+    def _finish_run(self, run: RunRow, backend: BrokerBackend, record: RunRecord,
+                    budget: CpuBudget | None = None) -> None:
         """Store the broker's samples and deployment record, then stop it."""
         backend.teardown()  # its sampler takes one last sample on the way down
         samples = backend.stats()
         record.broker = _recorded(backend)
+        if budget is not None:   # with how often the quota held each broker back
+            record.cpu_budget = budget.record()
         if isinstance(backend, FaultSchedule):
             record.faults = list(backend.faults())
         run.run_metadata = record.stored()
@@ -698,7 +738,7 @@ class RunEngine:
                    reason: str) -> None:
         if live.backend is not None:
             try:
-                self._finish_run(run, live.backend, live.record)
+                self._finish_run(run, live.backend, live.record, live.budget)
             except Exception as exc:  # noqa: BLE001 - keep the first reason
                 reason = f"{reason} (and saving broker data failed: {exc})"
         if RunState(run.state) in ACTIVE_STATES:

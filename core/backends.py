@@ -13,6 +13,8 @@ on the backend (or ``issubclass`` on its class), never looked up with ``getattr`
 - :class:`FaultSchedule`: causes a fault at a time of the run, and reports it;
 - :class:`OwnNetwork`: builds its own network and places the run's agents in it;
 - :class:`RunsOnLabHost`: can deploy its broker on a lab host over SSH;
+- :class:`LocalProcesses`: starts its brokers as processes on this machine and names
+  them, so they can be put under a CPU budget (``broker.cpu_limit``);
 - :class:`StandaloneServer`: runs by hand as ``mqttbed broker run NAME`` (the
   declaration's ``standalone``, so listing servers imports no backend class).
 
@@ -176,6 +178,17 @@ class RunsOnLabHost(Protocol):
 
 
 @runtime_checkable
+class LocalProcesses(Protocol):
+    """Starts its brokers as processes on this machine, and says which: the process trees
+    its resource sampling covers, and what a CPU budget (``broker.cpu_limit``) limits."""
+
+    def broker_processes(self) -> dict[str, list[int]]:
+        """After deploy: each broker's name -> the root pids of its process trees here
+        (children are found from them); empty when none runs on this machine."""
+        ...
+
+
+@runtime_checkable
 class StandaloneServer(Protocol):
     """A broker that runs by hand in the foreground: ``mqttbed broker run NAME``."""
 
@@ -327,6 +340,21 @@ def check_features(features: BrokerFeatures, backend: str, qos: Sequence[int]) -
         why = f" ({features.note})" if features.note else ""
         raise ValueError(f"workload.qos {missing[0]}: broker {backend} delivers QoS "
                          f"{', '.join(map(str, sorted(features.qos)))} only{why}")
+
+
+# ``broker.cpu_limit`` (any backend that is LocalProcesses): cores as a CFS quota per period.
+CPU_PERIOD_US = 100_000        # the kernel's default CFS period
+MIN_CPU_QUOTA_US = 1_000       # the smallest quota the kernel takes (1 ms)
+MIN_CPU_LIMIT = MIN_CPU_QUOTA_US / CPU_PERIOD_US
+
+
+def check_cpu_limit(cores: float) -> float:
+    """``cores`` if the kernel can enforce it as a CPU quota, else ValueError saying why."""
+    if not cores >= MIN_CPU_LIMIT:   # also refuses NaN
+        raise ValueError(f"cores must be at least {MIN_CPU_LIMIT} (the kernel's smallest "
+                         f"quota, {MIN_CPU_QUOTA_US} µs per {CPU_PERIOD_US} µs period), e.g. "
+                         "0.25 for a quarter of one core")
+    return cores
 
 
 @contextmanager

@@ -15,6 +15,7 @@ older version wrote that no longer exist (``subscribe_order``) are ignored.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -108,6 +109,38 @@ class DeliveryCounts(_Fact):
     upload_retries: int = 0
 
 
+class CgroupVersion(StrEnum):
+    """Which kernel interface holds the quota."""
+
+    V1 = "cgroup-v1"   # cpu.cfs_period_us + cpu.cfs_quota_us
+    V2 = "cgroup-v2"   # cpu.max
+
+
+
+class BrokerBudget(BaseModel):
+    """One broker's cgroup, and what the quota did to it."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(description="the broker's cgroup directory")
+    pids: list[int] = Field(description="the processes moved in at deploy (root first)")
+    periods: int | None = Field(None, description="quota periods in which it ran")
+    throttled_periods: int | None = Field(None, description="periods it used up its quota "
+                                                            "in and had to wait")
+    throttled_s: float | None = Field(None, description="time it spent waiting")
+
+
+class CpuBudgetRecord(BaseModel):
+    """What a run's CPU budget was: cores per broker, the mechanism, where, and its effect."""
+
+    model_config = ConfigDict(extra="forbid")
+    cores: float = Field(description="per broker, e.g. 0.25 = a quarter of one core")
+    mechanism: CgroupVersion
+    period_us: int
+    quota_us: int
+    path: str = Field(description="the run's cgroup directory (removed at teardown)")
+    brokers: dict[str, BrokerBudget] = Field(default_factory=dict)
+
+
 class RunRecord(BaseModel):
     """What one run recorded; the engine fills it in as the run goes.
 
@@ -139,6 +172,8 @@ class RunRecord(BaseModel):
     faults: list[Fault] = Field(default_factory=list)
     retry_of: str | None = Field(None, description="the interrupted attempt this one retries")
     retried_as: str | None = Field(None, description="the attempt that retried this one")
+    cpu_budget: CpuBudgetRecord | None = Field(None, description="the brokers' cgroup CPU "
+                                                                 "quota (broker.cpu_limit)")
 
     def stored(self) -> dict[str, Any]:
         """The JSON the run's row keeps: the fields recorded so far, checked to load back."""

@@ -16,6 +16,7 @@ import psutil
 import pytest
 from pydantic import BaseModel
 
+from mqttbed.brokers.cpu_budget import CpuBudget, cpu_budget_unavailable
 from mqttbed.brokers.processes import processes_in_group
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.states import RunState
@@ -23,6 +24,7 @@ from mqttbed.core.backends import (
     BackendDeclaration,
     BrokerBackend,
     DeploymentRecord,
+    LocalProcesses,
     MultiBroker,
     backend_names,
     declaration,
@@ -75,6 +77,25 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _fits_under_a_cpu_budget(name: str, backend: LocalProcesses,
+                             record: DeploymentRecord) -> None:
+    """The processes a backend names are its broker's, and all go under a CPU budget."""
+    brokers = backend.broker_processes()
+    assert brokers, f"{name} is LocalProcesses but names no broker process after deploy"
+    roots = [pid for pids in brokers.values() for pid in pids]
+    assert record.pid is None or record.pid in roots, \
+        f"{name}'s record names pid {record.pid}, its broker_processes {brokers}"
+    if cpu_budget_unavailable() is not None:
+        return
+    budget = CpuBudget.create(f"conformance-{name}-{os.getpid()}", 1.0)
+    try:
+        for broker, pids in brokers.items():
+            budget.add(broker, pids)
+            assert set(pids) <= set(budget.members(broker))
+    finally:
+        budget.remove()
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("name", BACKENDS)
 def test_deploy_health_samples_record_and_teardown_twice_leave_nothing_running(name):
@@ -97,6 +118,8 @@ def test_deploy_health_samples_record_and_teardown_twice_leave_nothing_running(n
             assert type(record).model_validate(record.model_dump(mode="json")) == record
             stored = RunRecord(broker=record.model_dump(mode="json")).stored()
             assert run_record(stored).broker.as_type(type(record)) == record
+            if isinstance(backend, LocalProcesses):
+                _fits_under_a_cpu_budget(name, backend, record)
             deadline = time.monotonic() + 5
             while not backend.stats() and time.monotonic() < deadline:
                 time.sleep(0.05)

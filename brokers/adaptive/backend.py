@@ -28,7 +28,7 @@ from mqttbed.brokers.adaptive.broker import BrokerConfig
 from mqttbed.brokers.adaptive.section import withholding_records
 from mqttbed.brokers.fpga.backend import _read_json
 from mqttbed.brokers.mqttsn.backend import _read_io_counters  # same stats file keys
-from mqttbed.brokers.processes import BrokerProcess, wait_for_ready_file
+from mqttbed.brokers.processes import BrokerProcess, local_processes, wait_for_ready_file
 from mqttbed.core.backends import DeploymentRecord
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host
@@ -186,6 +186,10 @@ class AdaptiveBackend:
     def stats(self) -> list[BrokerStatsSample]:
         """Return the broker's resource samples (RSS among them)."""
         return [] if self._proc is None else self._proc.samples()
+
+    def broker_processes(self) -> dict[str, list[int]]:
+        """The broker's process tree on this machine (what ``broker.cpu_limit`` limits)."""
+        return local_processes(self._proc)
 
     def live_stats(self) -> dict[str, Any] | None:
         """The broker's counters as it last wrote them (every ``stats_interval_s``)."""

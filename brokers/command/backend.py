@@ -26,7 +26,7 @@ from pydantic import Field
 
 from mqttbed.brokers.command.options import Options
 from mqttbed.brokers.command.templates import render, render_command
-from mqttbed.brokers.processes import BrokerProcess, processes_in_group
+from mqttbed.brokers.processes import BrokerProcess, local_processes, processes_in_group
 from mqttbed.brokers.reachability import ConnectRefused, Unreachable, probe
 from mqttbed.brokers.sys_monitor import SysMonitor, SysTopicsRecord
 from mqttbed.core.backends import DeploymentRecord
@@ -210,6 +210,10 @@ class CommandBackend:
     def stats(self) -> list[BrokerStatsSample]:
         """The resource samples of the broker's process tree since deploy."""
         return [] if self._proc is None else self._proc.samples()
+
+    def broker_processes(self) -> dict[str, list[int]]:
+        """The broker's process tree on this machine (what ``broker.cpu_limit`` limits)."""
+        return local_processes(self._proc)
 
     def sys_samples(self) -> list[SysSample]:
         """The numeric values the broker published on ``$SYS`` since deploy."""

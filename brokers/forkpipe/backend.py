@@ -64,6 +64,7 @@ from mqttbed.brokers.forkpipe.reports import LOG_NAME, BrokerReports
 from mqttbed.brokers.processes import (
     BrokerProcess,
     capture_output,
+    local_processes,
     processes_in_group,
     start_listening,
 )
@@ -238,6 +239,10 @@ class ForkPipeBackend:
     def stats(self) -> list[BrokerStatsSample]:
         """Return the resource samples of the broker's process tree taken since deploy."""
         return [] if self._proc is None else self._proc.samples()
+
+    def broker_processes(self) -> dict[str, list[int]]:
+        """The broker's process tree on this machine (what ``broker.cpu_limit`` limits)."""
+        return local_processes(self._proc)
 
     def deployment(self) -> ForkPipeDeployment:
         """Return what was deployed: version, binary and its hash, command line, options."""

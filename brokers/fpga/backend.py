@@ -38,7 +38,12 @@ from mqttbed.brokers.fpga.section import publish_records
 from mqttbed.brokers.fpga.server import describe_values
 from mqttbed.brokers.fpga.tables import DEFAULT_PROBE_WINDOW, PAPER_DEPTH_WORDS
 from mqttbed.brokers.fpga.timing import PipelineTiming, TimingDescription
-from mqttbed.brokers.processes import BrokerProcess, ping_over_udp, wait_for_ready_file
+from mqttbed.brokers.processes import (
+    BrokerProcess,
+    local_processes,
+    ping_over_udp,
+    wait_for_ready_file,
+)
 from mqttbed.core.backends import DeploymentRecord
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host
@@ -262,6 +267,10 @@ class FpgaBackend:
     def stats(self) -> list[BrokerStatsSample]:
         """Return the model's resource samples (none for a board: nothing runs here)."""
         return [] if self._proc is None else self._proc.samples()
+
+    def broker_processes(self) -> dict[str, list[int]]:
+        """The broker's process tree on this machine (what ``broker.cpu_limit`` limits)."""
+        return local_processes(self._proc)
 
     def deployment(self) -> FpgaDeployment:
         """Return what was deployed, and after teardown the model's counters and latencies."""

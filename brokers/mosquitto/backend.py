@@ -18,7 +18,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mqttbed.brokers.processes import BrokerProcess, capture_output, start_listening
+from mqttbed.brokers.processes import (
+    BrokerProcess,
+    capture_output,
+    local_processes,
+    start_listening,
+)
 from mqttbed.brokers.remote import RemoteBrokerProcess
 from mqttbed.brokers.sys_monitor import SysMonitor, SysTopicsRecord
 from mqttbed.core.backends import DeploymentRecord
@@ -199,6 +204,10 @@ class MosquittoBackend:
     def stats(self) -> list[BrokerStatsSample]:
         """Return the resource samples of the broker's process tree taken since deploy."""
         return [] if self._proc is None else self._proc.samples()
+
+    def broker_processes(self) -> dict[str, list[int]]:
+        """The broker's process tree on this machine (what ``broker.cpu_limit`` limits)."""
+        return local_processes(self._proc)
 
     def deployment(self) -> MosquittoDeployment:
         """Return what was deployed: version, binary and config with hashes, queue limits."""

@@ -25,7 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from mqttbed import __version__
 from mqttbed.brokers.fpga.backend import _read_json
 from mqttbed.brokers.mqttsn.section import packet_records
-from mqttbed.brokers.processes import BrokerProcess, ping_over_udp, wait_for_ready_file
+from mqttbed.brokers.processes import (
+    BrokerProcess,
+    local_processes,
+    ping_over_udp,
+    wait_for_ready_file,
+)
 from mqttbed.core.backends import DeploymentRecord
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host
@@ -144,6 +149,10 @@ class MqttSnBackend:
     def stats(self) -> list[BrokerStatsSample]:
         """Return the gateway's resource samples."""
         return [] if self._proc is None else self._proc.samples()
+
+    def broker_processes(self) -> dict[str, list[int]]:
+        """The broker's process tree on this machine (what ``broker.cpu_limit`` limits)."""
+        return local_processes(self._proc)
 
     def deployment(self) -> MqttSnDeployment:
         """Return what was deployed, and after teardown the gateway's counters."""

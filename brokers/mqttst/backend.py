@@ -424,6 +424,16 @@ class MqttStBackend:
                 processes=sum(x.processes for x in alive)))
         return total
 
+    def broker_processes(self) -> dict[str, list[int]]:
+        """Each broker of the tree, ``broker-<i>``: its Mosquitto and its tree node (the
+        processes sampled); placement benchmark: the one Mosquitto."""
+        if self._single is not None:
+            return self._single.broker_processes()
+        brokers: dict[str, list[int]] = {}
+        for name, sampler in self._samplers.items():   # mosquitto-<i>, node-<i>
+            brokers.setdefault(f"broker-{name.rpartition('-')[2]}", []).append(sampler.pid)
+        return brokers
+
     def deployment(self) -> MqttStDeployment:
         """What was deployed: the tree (or the benchmark's one Mosquitto), how it formed,
         where the clients went, and the nodes' states at convergence and at the end."""

@@ -205,6 +205,11 @@ class P4Backend:
         """The gateway's resource samples (the switch runs in the kernel: not sampled)."""
         return self._gateway.stats()
 
+    def broker_processes(self) -> dict[str, list[int]]:
+        """The gateway's process (the switch runs in the kernel, its controller in this
+        process: neither is under ``broker.cpu_limit``)."""
+        return self._gateway.broker_processes()
+
     # -- after -----------------------------------------------------------------------------
 
     def teardown(self) -> None:
