@@ -113,6 +113,11 @@ class _EdgeLog:
         # loop showed this lock at ~17 % of the loop's time).
         self._edges.append((pin, monotonic_ns(), level))
 
+    def add_edges(self, pins: list[int], times: list[int], levels: list[int]) -> None:
+        """Record edges a native engine drove on these lines (in time order per pin)."""
+        self._edges.extend(zip(pins, times, levels, strict=True))
+        self._levels.update(zip(pins, levels, strict=True))
+
     def edges(self) -> list[tuple[int, int, int]]:
         with self._lock:
             taken, self._edges = self._edges, []
