@@ -126,6 +126,13 @@ class Engine:
         self._clients = 0
         self._final: list[ClientStats] = []  # every client's stats when the engine closed
         self._lock = threading.Lock()  # wake() from other threads against close()
+        self.realtime_gap_ns = int(self._lib.mqe_realtime_gap_ns(self._handle))
+
+    def _live(self) -> int:
+        """The engine's handle; RuntimeError once it is closed (C would read freed memory)."""
+        if not self._handle:
+            raise RuntimeError("the native engine is closed")
+        return int(self._handle)
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -135,7 +142,7 @@ class Engine:
                    closed_loop: bool) -> int:
         """Add one client; its index in every table."""
         index = self._lib.mqe_add_client(
-            self._handle, client_id.encode(), host.encode(), port, 0 if publisher else 1,
+            self._live(), client_id.encode(), host.encode(), port, 0 if publisher else 1,
             topic.encode(), qos, gpio_pin, publisher_index, payload_bytes, rate_hz, messages,
             warmup_messages, start_offset_ns, int(closed_loop))
         if index < 0:
@@ -145,25 +152,25 @@ class Engine:
 
     def add_warmup_range(self, client: int, first: int, end: int, warmup_messages: int) -> None:
         """Deliveries from publishers ``first``..``end - 1`` warm up for ``warmup_messages``."""
-        if self._lib.mqe_add_warmup_range(self._handle, client, first, end, warmup_messages):
+        if self._lib.mqe_add_warmup_range(self._live(), client, first, end, warmup_messages):
             raise MemoryError(self.error)
 
     def connect_all(self, keepalive_s: int, timeout_s: float) -> None:
         """Open every client's connection and send its CONNECT; OSError when one cannot."""
-        code = self._lib.mqe_connect_all(self._handle, keepalive_s, int(timeout_s * 1000))
+        code = self._lib.mqe_connect_all(self._live(), keepalive_s, int(timeout_s * 1000))
         if code:
             raise OSError(-code, self.error) if -code in errno.errorcode else OSError(self.error)
 
     def subscribe(self, client: int, topic: str, qos: int) -> None:
         """Send one SUBSCRIBE; its SUBACK arrives through poll()."""
-        if self._lib.mqe_subscribe(self._handle, client, topic.encode(), qos):
+        if self._lib.mqe_subscribe(self._live(), client, topic.encode(), qos):
             raise MemoryError(self.error)
 
     # -- the loop -------------------------------------------------------------------------
 
     def poll(self, timeout_ns: int) -> bool:
         """Serve every socket for up to ``timeout_ns``; False once a client has failed."""
-        return self._lib.mqe_poll(self._handle, max(timeout_ns, 0)) == 0
+        return self._lib.mqe_poll(self._live(), max(timeout_ns, 0)) == 0
 
     def wake(self) -> None:
         """Make a poll() or step() in another thread return now (thread-safe)."""
@@ -174,12 +181,12 @@ class Engine:
     def run_begin(self, t_start_ns: int, t_deadline_ns: int, t_publish_end_ns: int,
                   drain_window_end_ns: int, drain_idle_ns: int) -> None:
         """Set the run's schedule (drain_idle_ns 0: no idle drain)."""
-        self._lib.mqe_run_begin(self._handle, t_start_ns, t_deadline_ns, t_publish_end_ns,
+        self._lib.mqe_run_begin(self._live(), t_start_ns, t_deadline_ns, t_publish_end_ns,
                                 drain_window_end_ns, drain_idle_ns)
 
     def step(self, slice_end_ns: int) -> int:
         """Run until the slice ends, the run ends, a table needs draining or a wake."""
-        return int(self._lib.mqe_step(self._handle, slice_end_ns))
+        return int(self._lib.mqe_step(self._live(), slice_end_ns))
 
     def stats(self, client: int) -> ClientStats:
         """One client's counters and state."""
@@ -199,23 +206,20 @@ class Engine:
     @property
     def error(self) -> str:
         """The engine's last set-up error."""
+        if not self._handle:
+            return "the engine is closed"
         return (self._lib.mqe_error(self._handle) or b"").decode(errors="replace")
 
     @property
     def kernel_stamps(self) -> bool:
         """Whether every socket took SO_TIMESTAMPING."""
-        return bool(self._lib.mqe_kernel_stamps(self._handle))
-
-    @property
-    def realtime_gap_ns(self) -> int:
-        """How close the realtime/monotonic pair was read (kernel stamps' mapping error x2)."""
-        return int(self._lib.mqe_realtime_gap_ns(self._handle))
+        return bool(self._handle) and bool(self._lib.mqe_kernel_stamps(self._handle))
 
     # -- events ---------------------------------------------------------------------------
 
     def take(self, table: int) -> dict[str, list[int]]:
         """The table's rows as columns (lists), then forget them."""
-        rows = int(self._lib.mqe_rows(self._handle, table))
+        rows = int(self._lib.mqe_rows(self._handle, table)) if self._handle else 0
         columns: dict[str, list[int]] = {}
         for number, (name, width) in enumerate(zip(_TABLE_COLUMNS[table], _TABLE_WIDTHS[table],
                                                    strict=True)):
@@ -230,7 +234,7 @@ class Engine:
 
     def topics(self) -> list[str]:
         """The interned topic names (the topic columns index them)."""
-        count = int(self._lib.mqe_topics(self._handle))
+        count = int(self._lib.mqe_topics(self._handle)) if self._handle else 0
         for index in range(len(self._topics), count):
             self._topics.append(self._lib.mqe_topic(self._handle, index).decode(
                 errors="replace"))
