@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mqttbed.agents.gpio import VirtualGpio
 from mqttbed.agents.mqtt_session import MqttSession
@@ -380,3 +382,75 @@ def test_the_engine_compiles_with_strict_warnings_and_the_sanitizers(tmp_path):
     for flag in ("-Wall", "-Wextra", "-Werror", "-std=c11", "-fsanitize=address,undefined"):
         assert flag in built.stdout
     assert (tmp_path / native.LIBRARY_NAME).is_file()
+
+
+# -- malformed replies: random and structured bytes into the engine's parser ------------
+
+FUZZ_DIR = native.SOURCE_DIR / "fuzz"
+ACCEPTED_FAILURES = ("malformed packet from the broker: ", "CONNACK refused: return code ",
+                     "SUBACK refused ", "event buffer full")
+
+
+def fed_engine(data: bytes, read_bytes: int) -> list[str]:
+    """Feed ``data`` (cut into reads) to a QoS 2 publisher and subscriber; their failures."""
+    engine = native.Engine(kernel_stamps=False, pulse_mode=False, event_capacity=1024)
+    try:
+        common = {"host": "127.0.0.1", "port": 1, "topic": "f/x", "qos": 2,
+                  "publisher_index": 0, "rate_hz": 1000.0, "messages": 10,
+                  "warmup_messages": 1, "start_offset_ns": 0, "closed_loop": False}
+        clients = [engine.add_client(client_id="pub-0", publisher=True, gpio_pin=2,
+                                     payload_bytes=64, **common),
+                   engine.add_client(client_id="sub-0", publisher=False, gpio_pin=3,
+                                     payload_bytes=0, **common)]
+        engine.subscribe(clients[1], "f/+", 2)
+        for client in clients:
+            for at in range(0, len(data), read_bytes):
+                if not engine.feed(client, data[at:at + read_bytes]):
+                    break
+        return [engine.failure(client) for client in clients]
+    finally:
+        engine.close()
+
+
+packets = st.one_of(
+    st.binary(max_size=64),
+    st.tuples(st.sampled_from([0x20, 0x30, 0x32, 0x34, 0x36, 0x3A, 0x40, 0x50, 0x62, 0x70,
+                               0x90, 0xD0, 0x10, 0xB0, 0x60]),
+              st.binary(max_size=40)).map(lambda p: bytes([p[0], len(p[1])]) + p[1]))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(packets, max_size=12).map(b"".join), st.integers(1, 64))
+def test_any_reply_fails_the_client_only_with_a_named_reason(data, read_bytes):
+    for failure in fed_engine(data, read_bytes):
+        assert failure == "" or failure.startswith(ACCEPTED_FAILURES), failure
+
+
+@pytest.mark.parametrize("path", sorted(p for d in ("seeds", "regressions")
+                                        for p in (FUZZ_DIR / d).iterdir()
+                                        if not p.name.startswith(".")),
+                         ids=lambda p: p.name)
+def test_fuzz_seeds_and_regressions_replay_cleanly(path):
+    data = path.read_bytes()
+    for failure in fed_engine(data[1:], (data[0] >> 1) + 1 if data else 1):
+        assert failure == "" or failure.startswith(ACCEPTED_FAILURES), failure
+
+
+def test_a_qos2_delivery_is_acknowledged_and_recorded_once_even_when_repeated():
+    publish = (b"\x34\x27\x00\x03f/x\x00\x05MQB1" + (1).to_bytes(8, "little")
+               + (0).to_bytes(4, "little") + (10).to_bytes(8, "little")
+               + (9).to_bytes(8, "little"))
+    dup = bytes([publish[0] | 0x08]) + publish[1:]
+    engine = native.Engine(kernel_stamps=False, pulse_mode=False, event_capacity=64)
+    try:
+        sub = engine.add_client(client_id="sub-0", host="127.0.0.1", port=1, publisher=False,
+                                topic="f/x", qos=2, gpio_pin=3, publisher_index=0,
+                                payload_bytes=0, rate_hz=0, messages=1, warmup_messages=0,
+                                start_offset_ns=0, closed_loop=False)
+        assert engine.feed(sub, publish + dup)   # the DUP comes before PUBREL: not again
+        assert engine.feed(sub, b"\x62\x02\x00\x05" + publish)  # after PUBREL: a new one
+        deliveries = engine.take(native.T_DELIVERY)
+        assert deliveries["seq"] == [1, 1] and deliveries["t_pub"] == [10, 10]
+        assert engine.stats(sub).received_unique == 1 and engine.failure(sub) == ""
+    finally:
+        engine.close()

@@ -104,6 +104,7 @@ def load() -> Any:
         "mqe_topics": (u32, [p]),
         "mqe_topic": (cstr, [p, u32]),
         "mqe_disconnect_all": (None, [p]),
+        "mqe_feed": (i32, [p, i32, ctypes.c_char_p, ctypes.c_size_t]),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)
@@ -187,6 +188,11 @@ class Engine:
     def step(self, slice_end_ns: int) -> int:
         """Run until the slice ends, the run ends, a table needs draining or a wake."""
         return int(self._lib.mqe_step(self._live(), slice_end_ns))
+
+    def feed(self, client: int, data: bytes) -> bool:
+        """Hand ``data`` to a client as if its socket had read it (tests, fuzzing); False
+        once the client has failed."""
+        return self._lib.mqe_feed(self._live(), client, data, len(data)) == 0
 
     def stats(self, client: int) -> ClientStats:
         """One client's counters and state."""

@@ -7,6 +7,7 @@
 #ifndef MQE_ENGINE_H
 #define MQE_ENGINE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #pragma GCC visibility push(default)  /* the library exports this surface only */
@@ -72,6 +73,10 @@ uint32_t mqe_topics(const mqe_engine *e);
 const char *mqe_topic(const mqe_engine *e, uint32_t index);
 
 void mqe_disconnect_all(mqe_engine *e);
+
+/* Hand bytes to a client as if its socket had read them (fuzzing and tests: the parser and
+ * every flow behind it, without a broker). 0, or -1 once the client has failed. */
+int mqe_feed(mqe_engine *e, int client, const uint8_t *data, size_t len);
 
 #pragma GCC visibility pop
 

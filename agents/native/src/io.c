@@ -334,6 +334,22 @@ static int64_t kernel_stamp(const mqe_engine *e, struct msghdr *msg) {
     return MQE_NO_TIME;
 }
 
+int mqe_feed(mqe_engine *e, int client, const uint8_t *data, size_t len) {
+    mqe_client *c = &e->clients[client];
+    while (len && !c->dead) {
+        if (c->in_cap - c->in_end < MQE_COMPACT_BELOW && make_room(e, c) != 0)
+            break;
+        size_t room = c->in_cap - c->in_end, take = len < room ? len : room;
+        memcpy(c->in + c->in_end, data, take);
+        c->in_end += take;
+        data += take;
+        len -= take;
+        frame(e, c, mqe_now_ns(), MQE_NO_TIME);
+    }
+    mqe_gpio_settle(e);
+    return c->failure[0] ? -1 : 0;
+}
+
 static void client_read(mqe_engine *e, mqe_client *c) {
     for (;;) {
         if (c->in_cap - c->in_end < MQE_COMPACT_BELOW && make_room(e, c) != 0)
