@@ -42,6 +42,7 @@ from mqttbed.agents.mqtt_tcp import TcpMqttClient
 from mqttbed.agents.mqtt_udp import UdpMqttClient
 from mqttbed.agents.native_session import EventColumns, NativeSession, unsupported_reason
 from mqttbed.agents.rx_timestamps import RealtimeToMonotonic
+from mqttbed.agents.schedule_report import PublisherProgress, schedule_fields
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import (
     ClockSource,
@@ -62,9 +63,6 @@ RawEvent = tuple[str, str | None, int | None, str | None, str, int, int, bool,
                  int | None, int | None, int | None, str, int | None]
 MQTT_CLIENTS = ("native", "lean", "paho")
 MAX_BATCH = 64  # publishes per loop turn before the turn's writes and reads
-# An open-loop publisher kept its rate when it sent at least this fraction of it (messages
-# over last send - first intended time + one period): a backlog it never caught up.
-RATE_KEPT_FRACTION = 0.95
 _USER = ClockSource.USER.value
 _KERNEL = ClockSource.KERNEL.value
 
@@ -596,25 +594,11 @@ class MqttSession:
         deliveries (for ``Done``)."""
         if self._native is not None:
             return self._native.generator_report()
-        open_loop = [c for c in self._clients
+        open_loop = [PublisherProgress(c.spec, c.sent, c.first_intended_ns, c.last_pub_ns,
+                                       c.send_lag_max_ns) for c in self._clients
                      if c.spec.role == Role.PUBLISHER and not c.spec.closed_loop]
-        achieved, behind, unsent = 0.0, [], 0
-        for client in open_loop:
-            spec = client.spec
-            unsent += max(spec.messages - client.sent, 0)
-            rate = 0.0
-            if client.sent and client.first_intended_ns is not None:
-                span_ns = client.last_pub_ns - client.first_intended_ns + 1e9 / spec.rate_hz
-                rate = client.sent * 1e9 / span_ns
-            achieved += rate
-            if client.sent < spec.messages or rate < RATE_KEPT_FRACTION * spec.rate_hz:
-                behind.append(spec.client_id)
         return GeneratorReport(
-            open_loop_publishers=len(open_loop),
-            requested_msgs_per_s=sum(c.spec.rate_hz for c in open_loop),
-            achieved_msgs_per_s=achieved,
-            send_lag_max_ns=max((c.send_lag_max_ns for c in open_loop), default=0),
-            messages_unsent=unsent, publishers_behind=behind[:100], rate_kept=not behind,
+            **schedule_fields(open_loop),
             mqtt_client=self._mqtt_client, mqtt_client_reason=self._client_reason,
             kernel_deliveries=self._kernel_deliveries,
             user_deliveries=self._user_deliveries,

@@ -24,13 +24,13 @@ from typing import Any
 
 from mqttbed.agents.gpio import GpioLines, VirtualGpio
 from mqttbed.agents.native import engine as native
+from mqttbed.agents.schedule_report import PublisherProgress, schedule_fields
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import ClockSource, EventKind, publisher_client_id
 from mqttbed.core.protocol import ClientAssignment, Endpoint, GeneratorReport, Role, Transport
 
 SLICE_NS = 50_000_000        # the run hands back this often: events drained, abort checked
 KEEPALIVE_S = 30
-RATE_KEPT_FRACTION = 0.95    # as the Python session's
 RAW_COLUMNS = ("kind", "publisher", "seq", "receiver", "topic", "payload_bytes", "qos",
                "warmup", "t_intended_ns", "t_pub_ns", "t_recv_ns", "clock_source",
                "t_recv_user_ns")
@@ -334,27 +334,15 @@ class NativeSession:
     def generator_report(self, mqtt_client_reason: str = "") -> GeneratorReport:
         """How the open-loop publishers kept their schedule, which clock stamped the
         deliveries, and the engine's own figures (send stamps, GPIO edge lag)."""
-        achieved, behind, unsent, lag, requested, open_loop = 0.0, [], 0, 0, 0.0, 0
+        progress = []
         for client in self._clients:
-            spec = client.spec
-            if spec.role != Role.PUBLISHER or spec.closed_loop:
-                continue
-            stats = self._engine.stats(client.index)
-            open_loop += 1
-            requested += spec.rate_hz
-            unsent += max(spec.messages - stats.sent, 0)
-            lag = max(lag, stats.send_lag_max_ns)
-            rate = 0.0
-            if stats.sent:
-                span_ns = stats.last_pub_ns - stats.first_intended_ns + 1e9 / spec.rate_hz
-                rate = stats.sent * 1e9 / span_ns
-            achieved += rate
-            if stats.sent < spec.messages or rate < RATE_KEPT_FRACTION * spec.rate_hz:
-                behind.append(spec.client_id)
+            if client.spec.role == Role.PUBLISHER and not client.spec.closed_loop:
+                stats = self._engine.stats(client.index)
+                progress.append(PublisherProgress(
+                    client.spec, stats.sent, stats.first_intended_ns if stats.sent else None,
+                    stats.last_pub_ns, stats.send_lag_max_ns))
         return GeneratorReport(
-            open_loop_publishers=open_loop, requested_msgs_per_s=requested,
-            achieved_msgs_per_s=achieved, send_lag_max_ns=lag, messages_unsent=unsent,
-            publishers_behind=behind[:100], rate_kept=not behind, mqtt_client="native",
+            **schedule_fields(progress), mqtt_client="native",
             mqtt_client_reason=mqtt_client_reason,
             kernel_deliveries=self._kernel_deliveries, user_deliveries=self._user_deliveries,
             realtime_offset_gap_ns=self._engine.realtime_gap_ns,
