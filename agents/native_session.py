@@ -254,13 +254,12 @@ class NativeSession:
         for batch in batches:
             if batch is not None:
                 self._emit(batch)
-        tx = engine.take(native.T_TX)
-        if tx["seq"]:
-            self._send_to_kernel_ns.extend(map(int.__sub__, tx["t_kernel"], tx["t_pub"]))
-        edges = engine.take(native.T_EDGE)
-        if edges["pin"] and isinstance(self._gpio, VirtualGpio):
-            self._gpio.add_edges(edges["pin"], edges["t"], edges["level"])
-            self._edge_lags_ns.extend(edges["lag"])
+        engine.take_column_into(native.T_TX, "lag", self._send_to_kernel_ns)
+        if engine.rows(native.T_EDGE):
+            self._edge_lags_ns.frombytes(engine.column_bytes(native.T_EDGE, "lag"))
+            edges = engine.take(native.T_EDGE)
+            if isinstance(self._gpio, VirtualGpio):
+                self._gpio.add_edges(edges["pin"], edges["t"], edges["level"])
 
     def _emit(self, columns: EventColumns) -> None:
         if self._record_columns is not None:

@@ -37,7 +37,7 @@ class ChunkUploader:
     def __init__(self, http: httpx.Client, *, run_id: str, agent_id: str,
                  static_columns: dict[str, Any], chunk_events: int, interval_s: float,
                  retry_for_s: float = 60.0, request_timeout_s: float = 5.0,
-                 edges: Callable[[], list[tuple[int, int, int]]] | None = None):
+                 edges: Callable[[], tuple[list[int], list[int], list[int]]] | None = None):
         self._http = http
         self._run_id = run_id
         self._agent_id = agent_id
@@ -46,7 +46,7 @@ class ChunkUploader:
         self._interval_s = interval_s
         self._retry_for_s = retry_for_s
         self._request_timeout_s = request_timeout_s
-        self._edges = edges or (lambda: [])
+        self._edges = edges or (lambda: ([], [], []))
         self._buffer: list[RawEvent] = []
         self._batches: list[dict[str, list[Any]]] = []  # events recorded as whole columns
         self._buffer_lock = threading.Lock()  # for a swap or a re-queue (record() needs none)
@@ -127,12 +127,11 @@ class ChunkUploader:
         # GPIO edges ride with the first chunk of a flush; a flush without events still
         # sends them, since the virtual scope waits for every line's edges.
         edges_until = monotonic_ns()
-        edges = self._edges()
-        for start in range(0, max(total, 1 if edges else 0), self._chunk_events):
+        pins, times, levels = self._edges()
+        for start in range(0, max(total, 1 if pins else 0), self._chunk_events):
             columns = [c[start:start + self._chunk_events] for c in all_columns]
             edge_columns = None
-            if start == 0 and edges:
-                pins, times, levels = (list(c) for c in zip(*edges, strict=True))
+            if start == 0 and pins:
                 edge_columns = {"pin": pins, "t_ns": times, "level": levels}
             # Built unvalidated: the controller validates it, and this machine measures.
             chunk = ResultChunk.model_construct(

@@ -14,7 +14,8 @@ publisher, nobody subscribed) and subscriber side (a publisher and a subscriber 
 process, minus the publisher side). Each figure is the difference between two runs of
 ``--small`` and ``--large`` messages over the difference in messages, with
 instrumentation switched on once the clients are connected: start-up, connection and
-close cancel out. Target: <= 0.15x the lean client.
+close cancel out, and only the run is counted (not the close, not the interpreter's
+exit). Target: <= 0.15x the lean client.
 
     .venv/bin/python bench/native_engine.py [--seconds 5] [--publishers 10] [--skip-p3b]
 """
@@ -79,7 +80,9 @@ def native_publisher(host: str, port: int, seconds: float, publishers: int,
 # -- P3b: one measured process under callgrind -----------------------------------------
 
 def measured_process(client: str, side: str, messages: int, port: int) -> None:
-    """Connect, say "ready", wait for "go" (instrumentation on), run ``messages``."""
+    """Connect, say "ready", wait for "go" (instrumentation on), run ``messages``, say
+    "ran" and wait (instrumentation off) before closing: connecting, closing and the
+    interpreter's exit are not the hot path."""
     from mqttbed.agents.gpio import VirtualGpio
     from mqttbed.agents.mqtt_session import MqttSession
     from mqttbed.core.clock import monotonic_ns
@@ -101,13 +104,15 @@ def measured_process(client: str, side: str, messages: int, port: int) -> None:
     sys.stdin.readline()
     start = monotonic_ns() + 1_000_000
     session.run(start, start + 600_000_000_000, abort=lambda: False)
+    print("ran", flush=True)
+    sys.stdin.readline()
     counts = session.counts()
     session.close()
     print(json.dumps({"counts": counts}), flush=True)
 
 
 def callgrind_instructions(client: str, side: str, messages: int, port: int) -> tuple[int, list]:
-    """Instructions the measured process ran from "go" to its exit."""
+    """Instructions the measured process ran from "go" to "ran" (its run)."""
     with tempfile.TemporaryDirectory() as tmp:
         out_file = Path(tmp) / "callgrind.out"
         argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
@@ -122,6 +127,13 @@ def callgrind_instructions(client: str, side: str, messages: int, port: int) -> 
         subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True,
                        capture_output=True, timeout=120)
         proc.stdin.write("go\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        if line.strip() != "ran":
+            raise RuntimeError(f"measured process said {line!r}: {proc.stderr.read()[-2000:]}")
+        subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], check=True,
+                       capture_output=True, timeout=120)
+        proc.stdin.write("close\n")
         proc.stdin.flush()
         out, err = proc.communicate(timeout=1800)
         if proc.returncode != 0:

@@ -9,6 +9,7 @@ per event.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import errno
 import os
@@ -32,14 +33,15 @@ PUB_COLUMNS = ("client", "seq", "t_intended", "t_pub", "warmup")
 DLV_COLUMNS = ("client", "publisher", "seq", "topic", "payload_bytes", "qos", "warmup",
                "t_intended", "t_pub", "t_recv", "kernel", "t_recv_user")
 SUB_COLUMNS = ("client", "topic", "qos", "t_suback")
-TX_COLUMNS = ("client", "seq", "t_pub", "t_kernel")
+TX_COLUMNS = ("client", "seq", "t_pub", "t_kernel", "lag")
 EDGE_COLUMNS = ("pin", "t", "level", "lag")
 _WIDTH_TYPES = {1: ctypes.c_uint8, 4: ctypes.c_int32, 8: ctypes.c_int64}
+_WIDTH_FORMATS = {1: "B", 4: "i", 8: "q"}
 _TABLE_WIDTHS = {
     T_PUBLISH: (4, 8, 8, 8, 1),
     T_DELIVERY: (4, 4, 8, 4, 4, 1, 1, 8, 8, 8, 1, 8),
     T_SUBSCRIBE: (4, 4, 1, 8),
-    T_TX: (4, 8, 8, 8),
+    T_TX: (4, 8, 8, 8, 8),
     T_EDGE: (4, 8, 1, 8),
 }
 _TABLE_COLUMNS = {T_PUBLISH: PUB_COLUMNS, T_DELIVERY: DLV_COLUMNS, T_SUBSCRIBE: SUB_COLUMNS,
@@ -128,6 +130,18 @@ class Engine:
         self._final: list[ClientStats] = []  # every client's stats when the engine closed
         self._lock = threading.Lock()  # wake() from other threads against close()
         self.realtime_gap_ns = int(self._lib.mqe_realtime_gap_ns(self._handle))
+        # every column as a typed memoryview over the engine's memory (allocated once, at
+        # create): a drain is a slice and a tolist() per column
+        self._views: dict[int, dict[str, memoryview]] = {}
+        for table, names in _TABLE_COLUMNS.items():
+            capacity = event_capacity * (2 if table == T_EDGE else 1)
+            self._views[table] = {}
+            for number, (name, width) in enumerate(zip(names, _TABLE_WIDTHS[table],
+                                                       strict=True)):
+                address = self._lib.mqe_column(self._handle, table, number)
+                array = (_WIDTH_TYPES[width] * capacity).from_address(address)
+                self._views[table][name] = memoryview(array).cast("B").cast(
+                    _WIDTH_FORMATS[width])
 
     def _live(self) -> int:
         """The engine's handle; RuntimeError once it is closed (C would read freed memory)."""
@@ -226,17 +240,27 @@ class Engine:
     def take(self, table: int) -> dict[str, list[int]]:
         """The table's rows as columns (lists), then forget them."""
         rows = int(self._lib.mqe_rows(self._handle, table)) if self._handle else 0
-        columns: dict[str, list[int]] = {}
-        for number, (name, width) in enumerate(zip(_TABLE_COLUMNS[table], _TABLE_WIDTHS[table],
-                                                   strict=True)):
-            if rows == 0:
-                columns[name] = []
-                continue
-            address = self._lib.mqe_column(self._handle, table, number)
-            columns[name] = (_WIDTH_TYPES[width] * rows).from_address(address)[:]
+        columns = {name: view[:rows].tolist() for name, view in self._views[table].items()}
         if rows:
             self._lib.mqe_clear(self._handle, table)
         return columns
+
+    def rows(self, table: int) -> int:
+        """Rows the table holds now."""
+        return int(self._lib.mqe_rows(self._handle, table)) if self._handle else 0
+
+    def column_bytes(self, table: int, column: str) -> memoryview:
+        """One column's rows as raw bytes (valid until the table is taken or cleared)."""
+        return self._views[table][column][:self.rows(table)].cast("B")
+
+    def take_column_into(self, table: int, column: str, into: array.array) -> int:
+        """Append one column's rows to ``into`` (an ``array('q')``) as bytes, forget the
+        table's rows; return how many (for figures kept whole, with no Python int each)."""
+        rows = int(self._lib.mqe_rows(self._handle, table)) if self._handle else 0
+        if rows:
+            into.frombytes(self._views[table][column][:rows].cast("B"))
+            self._lib.mqe_clear(self._handle, table)
+        return rows
 
     def topics(self) -> list[str]:
         """The interned topic names (the topic columns index them)."""

@@ -427,6 +427,7 @@ static void client_read_errqueue(mqe_engine *e, mqe_client *c) {
             MQE_I64(tx, TX_SEQ)[row] = c->tx_seq[c->tx_head];
             MQE_I64(tx, TX_T_PUB)[row] = c->tx_t_pub[c->tx_head];
             MQE_I64(tx, TX_T_KERNEL)[row] = t_kernel;
+            MQE_I64(tx, TX_LAG)[row] = t_kernel - c->tx_t_pub[c->tx_head];
             c->tx_head = (c->tx_head + 1) % c->tx_cap;
             c->tx_count--;
         }
