@@ -122,7 +122,10 @@ class _EdgeLog:
     def add_edges(self, pins: list[int], times: list[int], levels: list[int]) -> None:
         """Record edges a native engine drove on these lines (columns, in time order)."""
         self._edge_batches.append((pins, times, levels))  # atomic, as _record's append
-        self._levels.update(zip(pins, levels, strict=True))
+
+    def set_levels(self, levels: dict[int, int]) -> None:
+        """Take the levels a native engine left the lines at (its edges are recorded)."""
+        self._levels.update(levels)
 
     def _take(self) -> tuple[list[tuple[int, int, int]],
                              list[tuple[list[int], list[int], list[int]]]]:

@@ -56,6 +56,15 @@ def unsupported_reason(endpoint: Endpoint, clients: Sequence[ClientAssignment],
     return native.unavailable_reason()
 
 
+def _lookup(values: Sequence[Any], codes: list[int]) -> list[Any]:
+    """``[values[c] for c in codes]`` as C work: one value repeated when the codes are."""
+    if not codes:
+        return []
+    if min(codes) == max(codes):
+        return [values[codes[0]]] * len(codes)
+    return list(map(values.__getitem__, codes))
+
+
 def _percentile(values: array, q: float) -> int | None:
     if not values:
         return None
@@ -275,23 +284,23 @@ class NativeSession:
         client = table["client"]
         nothing: list[None] = [None] * rows
         return {"kind": [EventKind.PUBLISH.value] * rows,
-                "publisher": list(map(self._ids.__getitem__, client)),
+                "publisher": _lookup(self._ids, client),
                 "seq": table["seq"], "receiver": nothing,
-                "topic": list(map(self._topics_of.__getitem__, client)),
-                "payload_bytes": list(map(self._sizes.__getitem__, client)),
-                "qos": list(map(self._qos.__getitem__, client)),
-                "warmup": list(map(bool, table["warmup"])),
+                "topic": _lookup(self._topics_of, client),
+                "payload_bytes": _lookup(self._sizes, client),
+                "qos": _lookup(self._qos, client), "warmup": table["warmup"],
                 "t_intended_ns": table["t_intended"], "t_pub_ns": table["t_pub"],
                 "t_recv_ns": nothing, "clock_source": [_CLOCKS[0]] * rows,
                 "t_recv_user_ns": nothing}
 
-    def _publisher_name_list(self, indexes: list[int]) -> Callable[[int], str]:
+    def _publisher_names_of(self, indexes: list[int]) -> list[str]:
+        """The publishers' client ids of a delivery column's publisher indexes."""
         most = max(indexes)
-        if most >= _MANY_PUBLISHERS:
-            return publisher_client_id
+        if most >= _MANY_PUBLISHERS:  # a foreign payload's index: named one at a time
+            return list(map(publisher_client_id, indexes))
         names = self._publisher_names
         names.extend(publisher_client_id(i) for i in range(len(names), most + 1))
-        return names.__getitem__
+        return _lookup(names, indexes)
 
     def _delivery_columns(self, table: dict[str, list[int]]) -> EventColumns | None:
         rows = len(table["client"])
@@ -302,16 +311,14 @@ class NativeSession:
         self._user_deliveries += rows - kernel
         topics = self._engine.topics()
         return {"kind": [EventKind.DELIVERY.value] * rows,
-                "publisher": list(map(self._publisher_name_list(table["publisher"]),
-                                      table["publisher"])),
-                "seq": table["seq"],
-                "receiver": list(map(self._receivers.__getitem__, table["client"])),
-                "topic": list(map(topics.__getitem__, table["topic"])),
+                "publisher": self._publisher_names_of(table["publisher"]),
+                "seq": table["seq"], "receiver": _lookup(self._receivers, table["client"]),
+                "topic": _lookup(topics, table["topic"]),
                 "payload_bytes": table["payload_bytes"], "qos": table["qos"],
-                "warmup": list(map(bool, table["warmup"])),
+                "warmup": table["warmup"],
                 "t_intended_ns": table["t_intended"], "t_pub_ns": table["t_pub"],
                 "t_recv_ns": table["t_recv"],
-                "clock_source": list(map(_CLOCKS.__getitem__, table["kernel"])),
+                "clock_source": _lookup(_CLOCKS, table["kernel"]),
                 "t_recv_user_ns": table["t_recv_user"]}
 
     def _subscribe_columns(self, table: dict[str, list[int]]) -> EventColumns | None:
@@ -361,5 +368,8 @@ class NativeSession:
         if self._closed:
             return
         self._drain()
+        if isinstance(self._gpio, VirtualGpio):
+            pins = {c.spec.gpio_pin for c in self._clients}
+            self._gpio.set_levels({pin: self._engine.gpio_level(pin) for pin in pins})
         self._closed = True
         self._engine.close()

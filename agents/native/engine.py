@@ -107,6 +107,7 @@ def load() -> Any:
         "mqe_topic": (cstr, [p, u32]),
         "mqe_disconnect_all": (None, [p]),
         "mqe_feed": (i32, [p, i32, ctypes.c_char_p, ctypes.c_size_t]),
+        "mqe_gpio_level": (i32, [p, i32]),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)
@@ -140,8 +141,9 @@ class Engine:
                                                        strict=True)):
                 address = self._lib.mqe_column(self._handle, table, number)
                 array = (_WIDTH_TYPES[width] * capacity).from_address(address)
+                # a warm-up flag reads as Python bools ("?"), the event column's type
                 self._views[table][name] = memoryview(array).cast("B").cast(
-                    _WIDTH_FORMATS[width])
+                    "?" if name == "warmup" else _WIDTH_FORMATS[width])
 
     def _live(self) -> int:
         """The engine's handle; RuntimeError once it is closed (C would read freed memory)."""
@@ -207,6 +209,10 @@ class Engine:
         """Hand ``data`` to a client as if its socket had read it (tests, fuzzing); False
         once the client has failed."""
         return self._lib.mqe_feed(self._live(), client, data, len(data)) == 0
+
+    def gpio_level(self, pin: int) -> int:
+        """The level the engine left a virtual line at."""
+        return int(self._lib.mqe_gpio_level(self._live(), pin))
 
     def stats(self, client: int) -> ClientStats:
         """One client's counters and state."""

@@ -355,6 +355,10 @@ int mqe_client_stats_of(const mqe_engine *e, int client, mqe_client_stats *out) 
     return 0;
 }
 
+int mqe_gpio_level(const mqe_engine *e, int pin) {
+    return pin >= 0 && pin < MQE_GPIO_PINS ? e->levels[pin] : 0;
+}
+
 const char *mqe_client_failure(const mqe_engine *e, int client) {
     return e->clients[client].failure;
 }
