@@ -60,7 +60,7 @@ def _lookup(values: Sequence[Any], codes: list[int]) -> list[Any]:
     """``[values[c] for c in codes]`` as C work: one value repeated when the codes are."""
     if not codes:
         return []
-    if min(codes) == max(codes):
+    if codes.count(codes[0]) == len(codes):  # small ints compare by identity: cheap
         return [values[codes[0]]] * len(codes)
     return list(map(values.__getitem__, codes))
 
