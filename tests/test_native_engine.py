@@ -350,6 +350,7 @@ def test_a_udp_transport_runs_the_python_clients_and_says_why():
 def test_an_engine_that_cannot_be_built_leaves_the_lean_client_with_the_reason(broker,
                                                                                monkeypatch):
     monkeypatch.setattr(native, "_LIBRARY", None)
+    monkeypatch.setattr(native, "_BUILD_FAILURE", None)
     monkeypatch.setenv("CC", "no-such-compiler-here")
     monkeypatch.setattr(native, "library_path", lambda: native.SOURCE_DIR / "no-such.so")
     session, _, _, _ = run(broker, fan_out(0, subscribers=1, messages=20))

@@ -292,14 +292,22 @@ class Engine:
             self._handle = None
 
 
+_BUILD_FAILURE: str | None = None  # once a build failed, this process does not retry it
+
+
 def unavailable_reason() -> str | None:
-    """Why the engine cannot run here (no compiler, a failed build), or None if it can."""
+    """Why the engine cannot run here (no compiler, a failed build), or None if it can.
+    The first call builds the library if needed (an agent calls it as it starts)."""
+    global _BUILD_FAILURE
     from mqttbed.core.errors import MqttbedError
 
     if os.environ.get("MQTTBED_NATIVE_ENGINE") == "off":
         return "the native engine is switched off here (MQTTBED_NATIVE_ENGINE=off)"
+    if _BUILD_FAILURE is not None:
+        return _BUILD_FAILURE
     try:
         load()
     except (MqttbedError, OSError) as exc:
-        return f"the native engine cannot be built or loaded: {exc}"
+        _BUILD_FAILURE = f"the native engine cannot be built or loaded: {exc}"
+        return _BUILD_FAILURE
     return None
