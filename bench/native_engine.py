@@ -17,7 +17,14 @@ instrumentation switched on once the clients are connected: start-up, connection
 close cancel out, and only the run is counted (not the close, not the interpreter's
 exit). Target: <= 0.15x the lean client.
 
+P1: latency p50/p99 from the send time to each delivery's receive time (both user space,
+CLOCK_MONOTONIC), 1 publisher -> 1 and 10 subscribers at 100 Hz and 1 kHz, QoS 0, through
+one Mosquitto: the engine in an agent process against a minimal C client
+(bench/c/pingfloor.c: blocking sockets, one poll() loop; the floor). Target: p50 <= 1.1x,
+p99 <= 1.3x the floor. The engine's kernel-stamped latency is printed beside it.
+
     .venv/bin/python bench/native_engine.py [--seconds 5] [--publishers 10] [--skip-p3b]
+        [--skip-p1] [--p1-seconds 2]
 """
 
 from __future__ import annotations
@@ -169,6 +176,85 @@ def p3b(small: int, large: int) -> dict:
         backend.teardown()
 
 
+# -- P1: latency against a minimal C client -----------------------------------------------
+
+def build_floor(out_dir: Path) -> Path:
+    binary = out_dir / "pingfloor"
+    subprocess.run([os.environ.get("CC", "cc"), "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror",
+                    "-o", str(binary), str(HERE.parent / "c" / "pingfloor.c")], check=True,
+                   capture_output=True, timeout=120)
+    return binary
+
+
+def floor_latency(binary: Path, port: int, subscribers: int, messages: int,
+                  rate_hz: float) -> dict:
+    done = subprocess.run([str(binary), "127.0.0.1", str(port), str(subscribers), str(messages),
+                           str(rate_hz), str(PAYLOAD_BYTES)], capture_output=True, text=True,
+                          timeout=300, check=True)
+    words = done.stdout.split()
+    figures = dict(zip(words[::2], map(int, words[1::2]), strict=True))
+    return {"deliveries": figures["deliveries"], "p50_us": figures["p50_ns"] / 1e3,
+            "p99_us": figures["p99_ns"] / 1e3}
+
+
+def engine_latency(port: int, subscribers: int, messages: int, rate_hz: float) -> dict:
+    from mqttbed.agents.gpio import VirtualGpio
+    from mqttbed.agents.mqtt_session import MqttSession
+    from mqttbed.core.clock import monotonic_ns
+    from mqttbed.core.protocol import ClientAssignment, Endpoint, Role, Transport
+
+    clients = [ClientAssignment(client_id="pub-0", role=Role.PUBLISHER, topic="p1/t", qos=0,
+                                gpio_pin=2, payload_bytes=PAYLOAD_BYTES, rate_hz=rate_hz,
+                                messages=messages)]
+    clients += [ClientAssignment(client_id=f"sub-{j}", role=Role.SUBSCRIBER, topic="p1/t",
+                                 qos=0, gpio_pin=3 + j, expected_messages=messages,
+                                 subscribe_rank=j) for j in range(subscribers)]
+    batches: list = []
+    session = MqttSession(Endpoint(host="127.0.0.1", port=port, transport=Transport.MQTT_TCP),
+                          clients, VirtualGpio(), lambda _e: None, record_columns=batches.append)
+    assert session.native, session.generator_report().mqtt_client_reason
+    try:
+        session.connect(timeout_s=10)
+        start = monotonic_ns() + 20_000_000
+        session.run(start, start + int((messages / rate_hz + 5) * 1e9), abort=lambda: False)
+    finally:
+        session.close()
+    user, kernel = [], []
+    for batch in batches:
+        for kind, t_pub, t_recv, t_user in zip(batch["kind"], batch["t_pub_ns"],
+                                               batch["t_recv_ns"], batch["t_recv_user_ns"],
+                                               strict=True):
+            if kind == "delivery":
+                user.append(t_user - t_pub)
+                kernel.append(t_recv - t_pub)
+    user.sort()
+    kernel.sort()
+
+    def at(values: list[int], q: float) -> float:
+        return values[min(len(values) - 1, int(q * len(values)))] / 1e3 if values else 0.0
+
+    return {"deliveries": len(user), "p50_us": at(user, 0.5), "p99_us": at(user, 0.99),
+            "kernel_p50_us": at(kernel, 0.5), "kernel_p99_us": at(kernel, 0.99)}
+
+
+def p1(seconds: float) -> dict:
+    backend = MosquittoBackend()
+    endpoint = backend.deploy(Options(), LocalHost())
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            binary = build_floor(Path(tmp))
+            points = {}
+            for rate in (100.0, 1000.0):
+                for subscribers in (1, 10):
+                    messages = int(rate * seconds)
+                    floor = floor_latency(binary, endpoint.port, subscribers, messages, rate)
+                    engine = engine_latency(endpoint.port, subscribers, messages, rate)
+                    points[f"{rate:g}Hz_{subscribers}sub"] = {"floor": floor, "engine": engine}
+            return points
+    finally:
+        backend.teardown()
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--measured":
         measured_process(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
@@ -179,6 +265,8 @@ def main() -> int:
     parser.add_argument("--small", type=int, default=1000, help="P3b: messages, short run")
     parser.add_argument("--large", type=int, default=5000, help="P3b: messages, long run")
     parser.add_argument("--skip-p3b", action="store_true")
+    parser.add_argument("--skip-p1", action="store_true")
+    parser.add_argument("--p1-seconds", type=float, default=2.0)
     args = parser.parse_args()
     mp.set_start_method("spawn", force=True)
     results = [
@@ -215,6 +303,21 @@ def main() -> int:
                       f"{instructions['lean'][side]:10.0f}   ratio "
                       f"{ratios[f'p3b_{side}']:.3f}")
             figures["p3b_instructions_per_message"] = instructions
+    if not args.skip_p1:
+        points = p1(args.p1_seconds)
+        print("P1: latency send -> receive (user space), QoS 0; engine vs minimal C client")
+        print(f"{'point':14} {'floor p50':>9} {'p99':>8} {'engine p50':>10} {'p99':>8} "
+              f"{'ratio p50':>9} {'p99':>6} {'kernel p50':>10} {'p99':>8}   µs")
+        for name, point in points.items():
+            floor, engine = point["floor"], point["engine"]
+            ratios[f"p1_{name}_p50"] = ratio(engine["p50_us"], floor["p50_us"])
+            ratios[f"p1_{name}_p99"] = ratio(engine["p99_us"], floor["p99_us"])
+            print(f"{name:14} {floor['p50_us']:9.1f} {floor['p99_us']:8.1f} "
+                  f"{engine['p50_us']:10.1f} {engine['p99_us']:8.1f} "
+                  f"{ratios[f'p1_{name}_p50']:9.2f} {ratios[f'p1_{name}_p99']:6.2f} "
+                  f"{engine['kernel_p50_us']:10.1f} {engine['kernel_p99_us']:8.1f}")
+        figures["p1"] = points
+        figures["targets"].update(p1_p50_max=1.1, p1_p99_max=1.3)
     figures["pid"] = os.getpid()
     emit("native engine (issue 27)", "paho publish() loop (P3); lean Python client (P3b)",
          ratios, figures)
