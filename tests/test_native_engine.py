@@ -469,3 +469,18 @@ def test_a_qos2_delivery_is_acknowledged_and_recorded_once_even_when_repeated():
         assert engine.stats(sub).received_unique == 1 and engine.failure(sub) == ""
     finally:
         engine.close()
+
+
+# -- GPIO lines on a character device (uAPI v2): only the refusals can run here ---------
+
+def test_a_missing_gpio_chip_is_named_with_the_reason():
+    engine = native.Engine(kernel_stamps=False, pulse_mode=False, event_capacity=16)
+    try:
+        with pytest.raises(FileNotFoundError, match="opening GPIO chip /dev/no-such-gpiochip"):
+            engine.open_gpio_chip("/dev/no-such-gpiochip", [2, 3])
+        with pytest.raises(OSError, match="requesting 2 lines of /dev/null"):
+            engine.open_gpio_chip("/dev/null", [2, 3])   # not a GPIO chip: the ioctl refuses
+        with pytest.raises(OSError, match="1..64 lines, not 65"):
+            engine.open_gpio_chip("/dev/null", list(range(65)))
+    finally:
+        engine.close()

@@ -108,6 +108,7 @@ def load() -> Any:
         "mqe_disconnect_all": (None, [p]),
         "mqe_feed": (i32, [p, i32, ctypes.c_char_p, ctypes.c_size_t]),
         "mqe_gpio_level": (i32, [p, i32]),
+        "mqe_gpio_open_chip": (i32, [p, cstr, ctypes.POINTER(ctypes.c_int32), u32]),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)
@@ -209,6 +210,16 @@ class Engine:
         """Hand ``data`` to a client as if its socket had read it (tests, fuzzing); False
         once the client has failed."""
         return self._lib.mqe_feed(self._live(), client, data, len(data)) == 0
+
+    def open_gpio_chip(self, chip: str, pins: list[int]) -> None:
+        """Drive ``pins`` on the GPIO character device ``chip`` too (uAPI v2 line request,
+        at most 64 lines); OSError names the chip and why. Not validated on hardware here:
+        this machine has no GPIO chip."""
+        array_type = ctypes.c_int32 * len(pins)
+        code = self._lib.mqe_gpio_open_chip(self._live(), chip.encode(), array_type(*pins),
+                                            len(pins))
+        if code:
+            raise OSError(-code, self.error)
 
     def gpio_level(self, pin: int) -> int:
         """The level the engine left a virtual line at."""

@@ -88,6 +88,8 @@ struct mqe_engine {
     mqe_table tables[MQE_TABLES];
     mqe_topics_table topics;
     uint8_t *levels;            /* virtual GPIO: each pin's level */
+    uint8_t *line_bit;          /* a GPIO chip's line request: pin -> bit + 1 (0: none) */
+    int line_fd;                /* the line request (gpio_chip.c), -1 without a chip */
     int32_t *raised;            /* pulse mode: pins raised since the last settle */
     size_t n_raised;
     int32_t *batch;             /* publishers with PUBLISHes queued this turn */
@@ -112,6 +114,7 @@ void mqe_handle_events(mqe_engine *e, int64_t timeout_ns);
 void mqe_misc(mqe_engine *e, int64_t now);
 void mqe_gpio_mark(mqe_engine *e, int pin, int64_t t_syscall_ns);
 void mqe_gpio_settle(mqe_engine *e);
+void mqe_gpio_write(mqe_engine *e, int pin, int level);
 void mqe_heap_push(mqe_engine *e, int64_t due_ns, int32_t client, int64_t k);
 int64_t mqe_due_ns(const mqe_engine *e, const mqe_client *c, int64_t k);
 

@@ -74,10 +74,12 @@ mqe_engine *mqe_create(uint32_t event_capacity, int kernel_stamps, int pulse_mod
     }
     failed |= mqe_topics_init(&e->topics);
     e->levels = calloc(MQE_GPIO_PINS, 1);
+    e->line_bit = calloc(MQE_GPIO_PINS, 1);
+    e->line_fd = -1;
     e->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
     e->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     e->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    if (failed || e->levels == NULL || e->epoll_fd < 0 || e->wake_fd < 0 || e->timer_fd < 0) {
+    if (failed || e->levels == NULL || e->line_bit == NULL || e->epoll_fd < 0 || e->wake_fd < 0 || e->timer_fd < 0) {
         mqe_destroy(e);
         return NULL;
     }
@@ -122,6 +124,9 @@ void mqe_destroy(mqe_engine *e) {
         mqe_table_free(&e->tables[t]);
     mqe_topics_free(&e->topics);
     free(e->levels);
+    free(e->line_bit);
+    if (e->line_fd >= 0)
+        close(e->line_fd);
     free(e->raised);
     free(e->batch);
     free(e->heap);

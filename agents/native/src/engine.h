@@ -77,6 +77,9 @@ void mqe_disconnect_all(mqe_engine *e);
 /* Hand bytes to a client as if its socket had read them (fuzzing and tests: the parser and
  * every flow behind it, without a broker). 0, or -1 once the client has failed. */
 int mqe_feed(mqe_engine *e, int client, const uint8_t *data, size_t len);
+/* Drive these pins' lines on a GPIO character device too (uAPI v2; at most 64 lines).
+ * 0, or -errno (mqe_error names the chip and why). Not validated on hardware here. */
+int mqe_gpio_open_chip(mqe_engine *e, const char *chip, const int32_t *pins, uint32_t n);
 /* The level a virtual GPIO line is at (0 for a pin outside 0..65535). */
 int mqe_gpio_level(const mqe_engine *e, int pin);
 

@@ -69,12 +69,14 @@ void mqe_gpio_mark(mqe_engine *e, int pin, int64_t t_syscall_ns) {
         level = e->levels[pin] ^ 1;
     }
     e->levels[pin] = (uint8_t)level;
+    mqe_gpio_write(e, pin, level);
     record_edge(e, pin, level, mqe_now_ns(), t_syscall_ns);
 }
 
 void mqe_gpio_settle(mqe_engine *e) {
     for (size_t i = 0; i < e->n_raised; i++) {
         e->levels[e->raised[i]] = 0;
+        mqe_gpio_write(e, e->raised[i], 0);
         record_edge(e, e->raised[i], 0, mqe_now_ns(), MQE_NO_TIME);
     }
     e->n_raised = 0;
