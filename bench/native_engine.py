@@ -146,9 +146,11 @@ def callgrind_instructions(client: str, side: str, messages: int, port: int) -> 
         if proc.returncode != 0:
             raise RuntimeError(f"measured process failed: {err[-2000:]}")
         counts = json.loads(out.strip().splitlines()[-1])["counts"]
-        summary = next(line for line in out_file.read_text().splitlines()
-                       if line.startswith(("summary:", "totals:")))
-        return int(re.split(r"\s+", summary)[1]), counts
+        # "totals:" is the count; the header's "summary:" reads 0 when instrumentation
+        # started switched off
+        totals = [line for line in out_file.read_text().splitlines()
+                  if line.startswith("totals:")]
+        return int(re.split(r"\s+", totals[-1])[1]), counts
 
 
 def per_message(client: str, side: str, small: int, large: int, port: int) -> dict:
