@@ -176,8 +176,12 @@ size_t mqe_encode_ack(uint8_t *to, int type, uint16_t packet_id) {
 }
 
 static void put_le(uint8_t *to, uint64_t value, int bytes) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(to, &value, (size_t)bytes);  /* the host order is the payload's: one store */
+#else
     for (int i = 0; i < bytes; i++)
         to[i] = (uint8_t)(value >> (8 * i));
+#endif
 }
 
 static uint64_t get_le(const uint8_t *from, int bytes) {
