@@ -484,3 +484,19 @@ def test_a_missing_gpio_chip_is_named_with_the_reason():
             engine.open_gpio_chip("/dev/null", list(range(65)))
     finally:
         engine.close()
+
+
+@pytest.mark.integration  # Mosquitto
+def test_pulse_mode_raises_each_line_once_and_lowers_it_when_the_turn_is_handled(broker):
+    session, _, gpio, _ = run(broker, fan_out(0, subscribers=2, messages=40, rate_hz=200),
+                              gpio_pulses=True)
+    edges = gpio.edges()
+    by_pin: dict[int, list[int]] = {}
+    for pin, _, level in edges:
+        by_pin.setdefault(pin, []).append(level)
+    assert set(by_pin) == {2, 3, 4}
+    for levels in by_pin.values():   # up, down, up, down ...: never two raises in a row
+        assert levels[::2] == [1] * len(levels[::2]) and levels[1::2] == [0] * len(levels[1::2])
+        assert len(levels) % 2 == 0 and len(levels) >= 2
+    assert by_pin[2].count(1) <= 40   # a publisher's turn raises its line once
+    assert session.generator_report().gpio_edge_lag_max_ns is not None
