@@ -115,6 +115,9 @@ void mqe_misc(mqe_engine *e, int64_t now);
 void mqe_gpio_mark(mqe_engine *e, int pin, int64_t t_syscall_ns);
 void mqe_gpio_settle(mqe_engine *e);
 void mqe_gpio_write(mqe_engine *e, int pin, int level);
+/* flows.c: one packet from the broker */
+void mqe_handle_packet(mqe_engine *e, mqe_client *c, const mqe_packet *p, int64_t t_user,
+                       int64_t t_kernel);
 void mqe_heap_push(mqe_engine *e, int64_t due_ns, int32_t client, int64_t k);
 int64_t mqe_due_ns(const mqe_engine *e, const mqe_client *c, int64_t k);
 
