@@ -1,7 +1,7 @@
 """The MQTT clients of one run on the native engine, with the Python session's surface.
 
 :class:`~mqttbed.agents.mqtt_session.MqttSession` hands itself over to a
-:class:`NativeSession` when the run's clients can run on the engine (mqtt-tcp, virtual
+:class:`NativeSession` when the run's clients can run on the engine (mqtt-tcp or mqtt-udp, virtual
 GPIO lines, the engine builds here); :func:`unsupported_reason` says why they cannot
 otherwise, and that reason goes into the generator report with the client that ran.
 
@@ -45,9 +45,9 @@ def unsupported_reason(endpoint: Endpoint, clients: Sequence[ClientAssignment],
     """Why these clients cannot run on the engine here, or None if they can."""
     for spec in clients:
         transport = (spec.broker or endpoint).transport
-        if transport != Transport.MQTT_TCP:
+        if transport not in (Transport.MQTT_TCP, Transport.MQTT_UDP):
             return (f"transport {transport} (client {spec.client_id}): the native engine "
-                    f"runs mqtt-tcp only")
+                    f"runs mqtt-tcp and mqtt-udp only")
         if not 0 <= spec.gpio_pin < 65536:
             return f"gpio_pin {spec.gpio_pin} of {spec.client_id} is outside 0..65535"
     if not isinstance(gpio, VirtualGpio):
@@ -159,6 +159,8 @@ class NativeSession:
             rate_hz=spec.rate_hz, messages=spec.messages if publisher else spec.expected_messages,
             warmup_messages=spec.warmup_messages, start_offset_ns=spec.start_offset_ns,
             closed_loop=spec.closed_loop)
+        if endpoint.transport == Transport.MQTT_UDP:
+            self._engine.set_udp(index)
         for stream in spec.streams:
             self._engine.add_warmup_range(index, stream.first_publisher,
                                           stream.first_publisher + stream.publishers,

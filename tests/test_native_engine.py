@@ -335,14 +335,14 @@ def test_keepalive_pings_are_sent_and_a_missing_pingresp_fails_the_client():
 
 # -- where the engine does not run -----------------------------------------------------
 
-def test_a_udp_transport_runs_the_python_clients_and_says_why():
-    endpoint = Endpoint(host="127.0.0.1", port=9, transport=Transport.MQTT_UDP)
+def test_mqtt_sn_runs_the_python_clients_and_says_why():
+    endpoint = Endpoint(host="127.0.0.1", port=9, transport=Transport.MQTT_SN_UDP)
     session = MqttSession(endpoint, publisher_only(), VirtualGpio(), lambda _e: None)
     try:
         assert not session.native
         report = session.generator_report()
         assert report.mqtt_client == "lean"
-        assert "transport mqtt-udp" in report.mqtt_client_reason
+        assert "transport mqtt-sn-udp" in report.mqtt_client_reason
     finally:
         session.close()
 
@@ -500,3 +500,20 @@ def test_pulse_mode_raises_each_line_once_and_lowers_it_when_the_turn_is_handled
         assert len(levels) % 2 == 0 and len(levels) >= 2
     assert by_pin[2].count(1) <= 40   # a publisher's turn raises its line once
     assert session.generator_report().gpio_edge_lag_max_ns is not None
+
+
+def test_mqtt_udp_runs_on_the_engine_and_an_unreachable_broker_is_named():
+    # nothing listens on the port: the kernel's ICMP port-unreachable fails the client
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    endpoint = Endpoint(host="127.0.0.1", port=port, transport=Transport.MQTT_UDP)
+    session = MqttSession(endpoint, publisher_only(), VirtualGpio(), lambda _e: None)
+    try:
+        assert session.native
+        with pytest.raises(RuntimeError, match=rf"pub-0: broker 127.0.0.1:{port} unreachable "
+                                               r"\(ICMP port unreachable\)"):
+            session.open(timeout_s=3)
+    finally:
+        session.close()

@@ -92,6 +92,7 @@ def load() -> Any:
         "mqe_add_client": (i32, [p, cstr, cstr, i32, i32, cstr, i32, i32, u32, ctypes.c_int32,
                                  dbl, i64, i64, i64, i32]),
         "mqe_add_warmup_range": (i32, [p, i32, u32, u32, i64]),
+        "mqe_set_udp": (i32, [p, i32]),
         "mqe_connect_all": (i32, [p, i32, i32]),
         "mqe_subscribe": (i32, [p, i32, cstr, i32]),
         "mqe_poll": (i32, [p, i64]),
@@ -167,6 +168,11 @@ class Engine:
             raise ValueError(self.error)
         self._clients += 1
         return int(index)
+
+    def set_udp(self, client: int) -> None:
+        """Speak mqtt-udp on this client: one packet per datagram, QoS 0 only."""
+        if self._lib.mqe_set_udp(self._live(), client):
+            raise ValueError(self.error)
 
     def add_warmup_range(self, client: int, first: int, end: int, warmup_messages: int) -> None:
         """Deliveries from publishers ``first``..``end - 1`` warm up for ``warmup_messages``."""

@@ -43,6 +43,7 @@ typedef struct {
     mqe_warmup_range *ranges;
     size_t n_ranges;
     /* the connection */
+    int udp;                    /* mqtt-udp: one packet per datagram, no connection */
     int fd;
     uint8_t *in;
     size_t in_cap, in_start, in_end;
@@ -65,6 +66,11 @@ typedef struct {
     int64_t *tx_seq, *tx_t_pub;
     uint64_t *tx_end;
     size_t tx_head, tx_count, tx_cap;
+    /* mqtt-udp: CONNECT and SUBSCRIBE are sent again until acknowledged */
+    uint8_t *resend;
+    size_t resend_len;
+    int64_t resend_at_ns;
+    int64_t send_errors;        /* datagrams the socket refused (a full buffer, a firewall) */
     /* state and statistics */
     int connected, subscribed, dead, closing, in_batch;
     char failure[MQE_FAILURE_CHARS];
@@ -115,6 +121,8 @@ void mqe_misc(mqe_engine *e, int64_t now);
 void mqe_gpio_mark(mqe_engine *e, int pin, int64_t t_syscall_ns);
 void mqe_gpio_settle(mqe_engine *e);
 void mqe_gpio_write(mqe_engine *e, int pin, int level);
+void mqe_udp_control(mqe_engine *e, mqe_client *c, const uint8_t *packet, size_t len);
+void mqe_udp_resend(mqe_engine *e, int64_t now);
 /* flows.c: one packet from the broker */
 void mqe_handle_packet(mqe_engine *e, mqe_client *c, const mqe_packet *p, int64_t t_user,
                        int64_t t_kernel);

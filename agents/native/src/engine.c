@@ -20,7 +20,7 @@
 #include "client.h"
 
 #define OFFSET_SAMPLES 64
-#define MISC_INTERVAL_NS 1000000000LL
+#define MISC_INTERVAL_NS 250000000LL  /* keep-alive, and mqtt-udp's resends (every 0.5 s) */
 
 static const uint8_t PUB_WIDTHS[PUB_COLUMNS] = {4, 8, 8, 8, 1};
 static const uint8_t DLV_WIDTHS[DLV_COLUMNS] = {4, 4, 8, 4, 4, 1, 1, 8, 8, 8, 1, 8};
@@ -105,6 +105,7 @@ static void free_client(mqe_client *c) {
     free(c->prefix);
     free(c->inflight);
     free(c->awaiting_pubrel);
+    free(c->resend);
     for (size_t i = 0; i < c->n_subs; i++)
         free(c->subs[i].name);
     free(c->subs);
@@ -212,6 +213,15 @@ int mqe_add_client(mqe_engine *e, const char *client_id, const char *host, int p
     return (int)(e->n_clients - 1);
 }
 
+int mqe_set_udp(mqe_engine *e, int client) {
+    mqe_client *c = &e->clients[client];
+    if (c->qos)
+        return set_error(e, -1, "client %s: mqtt-udp carries QoS 0 only, not %d", c->client_id,
+                         c->qos);
+    c->udp = 1;
+    return 0;
+}
+
 int mqe_add_warmup_range(mqe_engine *e, int client, uint32_t first, uint32_t end,
                          int64_t warmup_messages) {
     mqe_client *c = &e->clients[client];
@@ -227,14 +237,15 @@ int mqe_add_warmup_range(mqe_engine *e, int client, uint32_t first, uint32_t end
 static int open_socket(mqe_engine *e, mqe_client *c, int timeout_ms) {
     char port[16];
     snprintf(port, sizeof port, "%d", c->port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *found;
+    int type = c->udp ? SOCK_DGRAM : SOCK_STREAM;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = type}, *found;
     int rc = getaddrinfo(c->host, port, &hints, &found);
     if (rc != 0)
         return set_error(e, -EHOSTUNREACH, "%s: cannot resolve %s: %s", c->client_id, c->host,
                          gai_strerror(rc));
     int error = ECONNREFUSED;
     for (struct addrinfo *ai = found; ai; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        int fd = socket(ai->ai_family, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0) {
             error = errno;
             continue;
@@ -243,6 +254,10 @@ static int open_socket(mqe_engine *e, mqe_client *c, int timeout_ms) {
             error = errno;
             close(fd);
             continue;
+        }
+        if (c->udp) {  /* connect() only fixes the peer: nothing to wait for */
+            c->fd = fd;
+            break;
         }
         struct pollfd pfd = {.fd = fd, .events = POLLOUT};
         int soerr = 0;
@@ -280,22 +295,34 @@ int mqe_connect_all(mqe_engine *e, int keepalive_s, int timeout_ms) {
         int rc = open_socket(e, c, timeout_ms);
         if (rc != 0)
             return rc;
-        setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        if (!c->udp)
+            setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        /* UDP: receive stamps only (a send stamp's OPT_ID counts datagrams, not bytes) */
+        const int rx_only = SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE;
         if (e->kernel_stamps_wanted
-            && setsockopt(c->fd, SOL_SOCKET, SO_TIMESTAMPING, &stamping, sizeof stamping) != 0)
+            && setsockopt(c->fd, SOL_SOCKET, SO_TIMESTAMPING, c->udp ? &rx_only : &stamping,
+                          sizeof stamping) != 0)
             e->kernel_stamps_ok = 0;
         struct epoll_event ev = {.events = EPOLLIN, .data.u64 = i};
         if (epoll_ctl(e->epoll_fd, EPOLL_CTL_ADD, c->fd, &ev) != 0)
             return set_error(e, -errno, "epoll_ctl: %s", strerror(errno));
         c->keepalive_ns = (int64_t)keepalive_s * 1000000000;
         size_t id_len = strlen(c->client_id);
-        if (mqe_out_reserve(e, c, mqe_connect_size(id_len)) != 0)
+        uint8_t *connect = malloc(mqe_connect_size(id_len));
+        if (connect == NULL || mqe_out_reserve(e, c, mqe_connect_size(id_len)) != 0) {
+            free(connect);
             return set_error(e, -ENOMEM, "out of memory");
-        size_t n = mqe_encode_connect(c->out + c->out_len, c->client_id, id_len,
-                                      (uint16_t)keepalive_s);
-        c->out_len += n;
-        c->stream_bytes += n;
-        mqe_flush(e, c);
+        }
+        size_t n = mqe_encode_connect(connect, c->client_id, id_len, (uint16_t)keepalive_s);
+        if (c->udp) {
+            mqe_udp_control(e, c, connect, n);
+        } else {
+            memcpy(c->out + c->out_len, connect, n);
+            c->out_len += n;
+            c->stream_bytes += n;
+            mqe_flush(e, c);
+        }
+        free(connect);
     }
     return 0;
 }
@@ -321,6 +348,10 @@ int mqe_subscribe(mqe_engine *e, int client, const char *topic, int qos) {
     if (mqe_out_reserve(e, c, mqe_subscribe_size(len)) != 0)
         return set_error(e, -1, "out of memory");
     size_t n = mqe_encode_subscribe(c->out + c->out_len, packet_id, topic, len, qos);
+    if (c->udp) {  /* sent again until its SUBACK */
+        mqe_udp_control(e, c, c->out + c->out_len, n);
+        return 0;
+    }
     c->out_len += n;
     c->stream_bytes += n;
     mqe_flush(e, c);

@@ -46,6 +46,9 @@ int mqe_add_client(mqe_engine *e, const char *client_id, const char *host, int p
                    uint32_t publisher_index, int32_t payload_bytes, double rate_hz,
                    int64_t messages, int64_t warmup_messages, int64_t start_offset_ns,
                    int closed_loop);
+/* Speak mqtt-udp on this client (before connecting): one packet per datagram, QoS 0,
+ * CONNECT and SUBSCRIBE sent again every half second until acknowledged. */
+int mqe_set_udp(mqe_engine *e, int client);
 /* A subscriber's warm-up for publishers first..end-1 (a message mix's stream). */
 int mqe_add_warmup_range(mqe_engine *e, int client, uint32_t first, uint32_t end,
                          int64_t warmup_messages);

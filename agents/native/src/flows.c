@@ -131,12 +131,22 @@ void mqe_handle_packet(mqe_engine *e, mqe_client *c, const mqe_packet *p, int64_
         publish_received(e, c, p, t_user, t_kernel);
         break;
     case MQE_CONNACK:
+        if (c->udp) {  /* the answer to a CONNECT sent again: once is enough */
+            if (c->connected)
+                break;
+            c->resend_len = 0;
+        }
         if (p->return_code)
             mqe_client_fail(e, c, "CONNACK refused: return code %u", p->return_code);
         else
             c->connected = 1;
         break;
     case MQE_SUBACK:
+        if (c->udp) {  /* only the pending SUBSCRIBE's first answer counts */
+            if (c->subscribed || p->packet_id != c->next_packet_id)
+                break;
+            c->resend_len = 0;
+        }
         for (size_t i = 0; i < p->payload_len; i++) {
             if (p->payload[i] == 0x80) {
                 mqe_client_fail(e, c, "SUBACK refused '%s': return code 0x80",

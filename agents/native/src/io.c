@@ -109,9 +109,71 @@ static void watch_out(mqe_engine *e, mqe_client *c, int on) {
     c->watching_out = on;
 }
 
+/* mqtt-udp: every queued packet is a datagram of its own; one the socket refuses is lost,
+ * as on a congested or lossy line. */
+static int64_t flush_datagrams(mqe_engine *e, mqe_client *c) {
+    size_t at = 0;
+    while (at + 2 <= c->out_len) {
+        size_t remaining = 0, header = 1;
+        unsigned shift = 0;
+        uint8_t byte;
+        do {
+            byte = c->out[at + header++];
+            remaining |= (size_t)(byte & 0x7F) << shift;
+            shift += 7;
+        } while (byte & 0x80);
+        size_t length = header + remaining;
+        if (send(c->fd, c->out + at, length, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+            if (errno == ECONNREFUSED) {
+                mqe_client_fail(e, c, "broker %s:%d unreachable (ICMP port unreachable)",
+                                c->host, c->port);
+                return mqe_now_ns();
+            }
+            c->send_errors++;
+        }
+        at += length;
+    }
+    c->out_len = 0;
+    c->last_sent_ns = mqe_now_ns();
+    return c->last_sent_ns;
+}
+
+void mqe_udp_control(mqe_engine *e, mqe_client *c, const uint8_t *packet, size_t len) {
+    uint8_t *copy = realloc(c->resend, len);
+    if (copy == NULL) {
+        mqe_client_fail(e, c, "out of memory for a control packet");
+        return;
+    }
+    c->resend = copy;
+    memmove(c->resend, packet, len);  /* packet may lie in c->out: copied before it moves */
+    c->resend_len = len;
+    if (mqe_out_reserve(e, c, len) != 0)
+        return;
+    memcpy(c->out + c->out_len, c->resend, len);
+    c->out_len += len;
+    c->resend_at_ns = mqe_now_ns() + 500000000;
+    mqe_flush(e, c);
+}
+
+void mqe_udp_resend(mqe_engine *e, int64_t now) {
+    for (size_t i = 0; i < e->n_clients; i++) {
+        mqe_client *c = &e->clients[i];
+        if (!c->udp || !c->resend_len || c->dead || c->fd < 0 || now < c->resend_at_ns)
+            continue;
+        if (mqe_out_reserve(e, c, c->resend_len) != 0)
+            continue;
+        memcpy(c->out + c->out_len, c->resend, c->resend_len);
+        c->out_len += c->resend_len;
+        c->resend_at_ns = now + 500000000;
+        mqe_flush(e, c);
+    }
+}
+
 int64_t mqe_flush(mqe_engine *e, mqe_client *c) {
     if (c->out_len == 0 || c->fd < 0 || c->dead)
         return MQE_NO_TIME;
+    if (c->udp)
+        return flush_datagrams(e, c);
     ssize_t sent = send(c->fd, c->out, c->out_len, MSG_NOSIGNAL | MSG_DONTWAIT);
     int64_t t_returned = mqe_now_ns();
     if (sent < 0) {
@@ -202,7 +264,47 @@ int mqe_feed(mqe_engine *e, int client, const uint8_t *data, size_t len) {
     return c->failure[0] ? -1 : 0;
 }
 
+/* mqtt-udp: each datagram holds one whole packet. */
+static void client_read_datagrams(mqe_engine *e, mqe_client *c) {
+    const mqe_table *dlv = &e->tables[MQE_T_DELIVERY], *edges = &e->tables[MQE_T_EDGE];
+    char error[MQE_ERROR_CHARS];
+    while (!c->dead) {
+        if (dlv->rows + 1 > dlv->capacity || edges->rows + 2 > edges->capacity) {
+            e->need_drain = 1;
+            return;
+        }
+        char control[CONTROL_BYTES];
+        struct iovec iov = {.iov_base = c->in, .iov_len = c->in_cap};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
+                             .msg_controllen = sizeof control};
+        ssize_t n = recvmsg(c->fd, &msg, MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == ECONNREFUSED)
+                mqe_client_fail(e, c, "broker %s:%d unreachable (ICMP port unreachable)",
+                                c->host, c->port);
+            return;  /* EAGAIN: drained */
+        }
+        int64_t t_user = mqe_now_ns();
+        int64_t t_kernel = msg.msg_controllen ? kernel_stamp(e, &msg) : MQE_NO_TIME;
+        mqe_packet packet;
+        long used = mqe_parse(c->in, (size_t)n, &packet, error);
+        if (used != n) {
+            if (used >= 0)
+                snprintf(error, sizeof error, "a %zd-byte datagram holds %s", n,
+                         used ? "more than one packet" : "a partial packet");
+            mqe_client_fail(e, c, "malformed datagram from broker %s:%d: %s", c->host, c->port,
+                            error);
+            return;
+        }
+        mqe_handle_packet(e, c, &packet, t_user, t_kernel);
+    }
+}
+
 static void client_read(mqe_engine *e, mqe_client *c) {
+    if (c->udp) {
+        client_read_datagrams(e, c);
+        return;
+    }
     for (;;) {
         if (c->in_cap - c->in_end < MQE_COMPACT_BELOW && make_room(e, c) != 0)
             return;
@@ -312,7 +414,9 @@ void mqe_handle_events(mqe_engine *e, int64_t timeout_ns) {
         mqe_client *c = &e->clients[tag];
         if (c->dead)
             continue;
-        if (events[i].events & EPOLLERR)
+        if ((events[i].events & EPOLLERR) && c->udp)
+            client_read(e, c);  /* a pending ICMP error: the read reports it */
+        else if (events[i].events & EPOLLERR)
             client_read_errqueue(e, c);
         if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLRDHUP))
             client_read(e, c);
@@ -337,6 +441,14 @@ void mqe_misc(mqe_engine *e, int64_t now) {
         mqe_client *c = &e->clients[i];
         if (c->fd < 0 || c->dead || !c->keepalive_ns)
             continue;
+        if (c->udp) {  /* no connection to lose: a PINGREQ when quiet, no deadline */
+            if (now - c->last_sent_ns >= c->keepalive_ns && mqe_out_reserve(e, c, 2) == 0) {
+                memcpy(c->out + c->out_len, pingreq, 2);
+                c->out_len += 2;
+                mqe_flush(e, c);
+            }
+            continue;
+        }
         if (c->ping_sent_ns && now - c->ping_sent_ns > c->keepalive_ns) {
             mqe_client_fail(e, c, "no PINGRESP within the keep-alive interval");
             continue;
@@ -351,5 +463,6 @@ void mqe_misc(mqe_engine *e, int64_t now) {
             mqe_flush(e, c);
         }
     }
+    mqe_udp_resend(e, now);
     e->last_misc_ns = now;
 }
