@@ -42,13 +42,15 @@ rtl-test: install
 	MQTTBED_RTL_FULL=1 $(PY) -m pytest -ra --durations=20 -m rtl
 
 # Longer fuzz runs than the tests' bounded ones: random examples for the Python parsers
-# and the REST API, then libFuzzer on the fork/pipe broker's packet path for FUZZ_SECONDS.
+# and the REST API, then libFuzzer on the fork/pipe broker's packet path and on the agents'
+# native engine's broker replies, each for FUZZ_SECONDS.
 FUZZ_EXAMPLES ?= 20000
 FUZZ_SECONDS ?= 300
 fuzz: install
 	MQTTBED_FUZZ_RANDOM=1 MQTTBED_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q \
 		-p no:cacheprovider tests/test_fuzz_codecs.py tests/test_api_schema.py
 	$(MAKE) -C brokers/forkpipe fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
+	$(MAKE) -C agents/native fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
 
 demo: install
 	$(VENV)/bin/mqttbed run campaigns/quickstart.yaml --data-dir data/demo

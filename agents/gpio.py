@@ -62,6 +62,10 @@ class GpioLines(Protocol):
         """Return and forget the recorded edges as ``(pin, t_ns, new_level)``."""
         ...
 
+    def edge_columns(self) -> tuple[list[int], list[int], list[int]]:
+        """Return and forget the recorded edges as (pins, times, new levels) columns."""
+        ...
+
     def close(self) -> None:
         """Release the lines."""
         ...
@@ -73,6 +77,8 @@ class _EdgeLog:
     def __init__(self) -> None:
         self._levels: dict[int, int] = {}
         self._edges: list[tuple[int, int, int]] = []
+        # edges a native engine drove, as (pins, times, levels) columns
+        self._edge_batches: list[tuple[list[int], list[int], list[int]]] = []
         # The MQTT loop records, the uploader takes: an edge must land in one batch only.
         self._lock = threading.Lock()
         self.pulse_mode = False
@@ -114,10 +120,38 @@ class _EdgeLog:
         # loop showed this lock at ~17 % of the loop's time).
         self._edges.append((pin, monotonic_ns(), level))
 
-    def edges(self) -> list[tuple[int, int, int]]:
+    def add_edges(self, pins: list[int], times: list[int], levels: list[int]) -> None:
+        """Record edges a native engine drove on these lines (columns, in time order)."""
+        self._edge_batches.append((pins, times, levels))  # atomic, as _record's append
+
+    def set_levels(self, levels: dict[int, int]) -> None:
+        """Take the levels a native engine left the lines at (its edges are recorded)."""
+        self._levels.update(levels)
+
+    def _take(self) -> tuple[list[tuple[int, int, int]],
+                             list[tuple[list[int], list[int], list[int]]]]:
         with self._lock:
             taken, self._edges = self._edges, []
+            batches, self._edge_batches = self._edge_batches, []
+        return taken, batches
+
+    def edges(self) -> list[tuple[int, int, int]]:
+        taken, batches = self._take()
+        for pins, times, levels in batches:
+            taken.extend(zip(pins, times, levels, strict=True))
         return taken
+
+    def edge_columns(self) -> tuple[list[int], list[int], list[int]]:
+        """Return and forget the recorded edges as (pins, times, new levels) columns."""
+        taken, batches = self._take()
+        columns: tuple[list[int], list[int], list[int]] = ([], [], [])
+        if taken:
+            for column, values in zip(columns, zip(*taken, strict=True), strict=True):
+                column.extend(values)
+        for batch in batches:
+            for column, batch_values in zip(columns, batch, strict=True):
+                column.extend(batch_values)
+        return columns
 
 
 class VirtualGpio(_EdgeLog):

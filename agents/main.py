@@ -18,6 +18,7 @@ import threading
 import httpx
 
 from mqttbed.agents.gpio import GpioUnavailable, open_gpio
+from mqttbed.agents.native import engine as native_engine
 from mqttbed.agents.options import build_parser
 from mqttbed.agents.runner import AssignmentRunner
 from mqttbed.core.clock import CLOCK_NAME, boot_id, monotonic_ns, resolution_ns
@@ -55,6 +56,10 @@ class Agent:
                                   headers={"authorization": f"Bearer {token}"})
         self._name = name
         self._gpio = open_gpio(gpio_backend, gpio_chip)  # fails here, before registering
+        # build (or load) the native engine now, not while a run waits for its CONNACKs;
+        # where it cannot be, each run says why and runs the lean client
+        if (reason := native_engine.unavailable_reason()) is not None:
+            log.warning("%s; runs use the lean Python client", reason)
         self._controller_boot_id: str | None = None
         self._stop = threading.Event()
         self._runners: dict[str, AssignmentRunner] = {}

@@ -5,8 +5,11 @@ so receive timestamps are taken by the same thread that reads the socket, and pu
 go out from that thread at their open-loop schedule. Every socket gets TCP_NODELAY before
 CONNECT is sent (paho does not set it; without it loopback latency reads ~9 ms).
 
-The endpoint's transport picks the client: for ``mqtt-tcp`` mqttbed's lean client
-(:class:`~mqttbed.agents.mqtt_tcp.TcpMqttClient`, the default) or paho (``mqtt_client``
+The native engine (``mqtt_client`` "native", the default) runs every client in C when it
+can (:mod:`mqttbed.agents.native_session`: mqtt-tcp or mqtt-udp, virtual GPIO lines, a library that
+builds here); the session then hands every call over to it. Otherwise, and the generator
+report says why, the endpoint's transport picks the client: for ``mqtt-tcp`` mqttbed's
+lean client (:class:`~mqttbed.agents.mqtt_tcp.TcpMqttClient`) or paho (``mqtt_client``
 "paho", for comparison; paho could do TLS, which no transport here asks for yet), or
 :class:`~mqttbed.agents.mqtt_udp.UdpMqttClient` (one socket per client, one packet per
 datagram) for ``mqtt-udp``, the FPGA broker's transport, or
@@ -40,7 +43,9 @@ from mqttbed.agents.gpio import GpioLines
 from mqttbed.agents.mqtt_sn import MqttSnClient, SnMessage
 from mqttbed.agents.mqtt_tcp import TcpMqttClient
 from mqttbed.agents.mqtt_udp import UdpMqttClient
+from mqttbed.agents.native_session import EventColumns, NativeSession, unsupported_reason
 from mqttbed.agents.rx_timestamps import RealtimeToMonotonic
+from mqttbed.agents.schedule_report import PublisherProgress, schedule_fields
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import (
     ClockSource,
@@ -59,11 +64,8 @@ from mqttbed.core.protocol import ClientAssignment, Endpoint, GeneratorReport, R
 # to build on the hot path; the uploader turns it into an event row.
 RawEvent = tuple[str, str | None, int | None, str | None, str, int, int, bool,
                  int | None, int | None, int | None, str, int | None]
-MQTT_CLIENTS = ("lean", "paho")
+MQTT_CLIENTS = ("native", "lean", "paho")
 MAX_BATCH = 64  # publishes per loop turn before the turn's writes and reads
-# An open-loop publisher kept its rate when it sent at least this fraction of it (messages
-# over last send - first intended time + one period): a backlog it never caught up.
-RATE_KEPT_FRACTION = 0.95
 _USER = ClockSource.USER.value
 _KERNEL = ClockSource.KERNEL.value
 
@@ -166,12 +168,25 @@ class MqttSession:
 
     def __init__(self, endpoint: Endpoint, clients: list[ClientAssignment], gpio: GpioLines,
                  record: Callable[[RawEvent], None], gpio_pulses: bool = False,
-                 mqtt_client: str = "lean", kernel_timestamps: bool = True):
+                 mqtt_client: str = "native", kernel_timestamps: bool = True,
+                 record_columns: Callable[[EventColumns], None] | None = None):
         if mqtt_client not in MQTT_CLIENTS:
             raise ValueError(f"mqtt_client {mqtt_client!r} is not one of "
                              f"{', '.join(MQTT_CLIENTS)}")
         for spec in clients:
             _check_transport(spec, spec.broker or endpoint)
+        self._native: NativeSession | None = None
+        self._client_reason = ""  # why the client that runs is not the one asked for
+        if mqtt_client == "native":
+            reason = unsupported_reason(endpoint, clients, gpio)
+            if reason is None:
+                self._native = NativeSession(endpoint, clients, gpio, record,
+                                             gpio_pulses=gpio_pulses,
+                                             record_columns=record_columns,
+                                             kernel_timestamps=kernel_timestamps)
+                self._clients: list[Any] = list(self._native._clients)
+                return
+            self._client_reason, mqtt_client = reason, "lean"
         self._endpoint = endpoint
         self._mqtt_client = mqtt_client
         # kernel receive stamps go onto CLOCK_MONOTONIC through this measured offset
@@ -277,6 +292,11 @@ class MqttSession:
         client = _Client(spec=spec, conn=udp, warmup_ranges=_warmup_ranges(spec))
         return client
 
+    @property
+    def native(self) -> bool:
+        """Whether the native engine runs this session's clients."""
+        return self._native is not None
+
     def connect(self, timeout_s: float) -> None:
         """Connect every client, then subscribe every subscriber in rank order."""
         self.open(timeout_s)
@@ -284,6 +304,8 @@ class MqttSession:
 
     def open(self, timeout_s: float) -> None:
         """Connect every client; returns once each holds its CONNACK, raises otherwise."""
+        if self._native is not None:
+            return self._native.open(timeout_s)
         for client in self._clients:
             endpoint = self._endpoint_of(client.spec)
             client.conn.connect(endpoint.host, endpoint.port, KEEPALIVE_S)
@@ -295,6 +317,8 @@ class MqttSession:
 
     def subscriber_ranks(self) -> list[int]:
         """The subscribe ranks of this session's subscribers, lowest first."""
+        if self._native is not None:
+            return self._native.subscriber_ranks()
         return sorted(c.spec.subscribe_rank for c in self._clients
                       if c.spec.role == Role.SUBSCRIBER)
 
@@ -305,6 +329,8 @@ class MqttSession:
         sees them in this order; a subscriber of several topics (a message mix) sends one
         SUBSCRIBE per topic the same way. Raises RuntimeError when a SUBACK does not come.
         """
+        if self._native is not None:
+            return self._native.subscribe(timeout_s, ranks)
         by_rank = {c.spec.subscribe_rank: c for c in self._clients
                    if c.spec.role == Role.SUBSCRIBER}
         deadline = monotonic_ns() + int(timeout_s * 1e9)
@@ -321,6 +347,8 @@ class MqttSession:
 
     def wake(self) -> None:
         """Make a pump() blocked in another thread return now (after setting an event)."""
+        if self._native is not None:
+            return self._native.wake()
         with contextlib.suppress(OSError):
             self._wake_writer.send(b"\0")
 
@@ -331,6 +359,8 @@ class MqttSession:
         the broker's keep-alive grace; the clients must not be dropped meanwhile. Whoever
         sets ``event`` calls wake(), so the wait ends at once, not at the next timeout.
         """
+        if self._native is not None:
+            return self._native.wait_for(event)
         last_misc = monotonic_ns()
         while not event.is_set():
             self.pump(0.05)
@@ -460,6 +490,9 @@ class MqttSession:
         message k is acknowledged, or at its schedule if that is later; its intended time
         is that moment.
         """
+        if self._native is not None:
+            return self._native.run(t_start_ns, t_deadline_ns, abort, t_publish_end_ns,
+                                    drain_idle)
         self._t_start_ns = t_start_ns
         publish_end = t_deadline_ns if t_publish_end_ns is None else t_publish_end_ns
         self._publishers = [c for c in self._clients if c.spec.role == Role.PUBLISHER]
@@ -563,36 +596,29 @@ class MqttSession:
     def generator_report(self) -> GeneratorReport:
         """How the open-loop publishers kept their schedule, and which clock stamped the
         deliveries (for ``Done``)."""
-        open_loop = [c for c in self._clients
+        if self._native is not None:
+            return self._native.generator_report()
+        open_loop = [PublisherProgress(c.spec, c.sent, c.first_intended_ns, c.last_pub_ns,
+                                       c.send_lag_max_ns) for c in self._clients
                      if c.spec.role == Role.PUBLISHER and not c.spec.closed_loop]
-        achieved, behind, unsent = 0.0, [], 0
-        for client in open_loop:
-            spec = client.spec
-            unsent += max(spec.messages - client.sent, 0)
-            rate = 0.0
-            if client.sent and client.first_intended_ns is not None:
-                span_ns = client.last_pub_ns - client.first_intended_ns + 1e9 / spec.rate_hz
-                rate = client.sent * 1e9 / span_ns
-            achieved += rate
-            if client.sent < spec.messages or rate < RATE_KEPT_FRACTION * spec.rate_hz:
-                behind.append(spec.client_id)
         return GeneratorReport(
-            open_loop_publishers=len(open_loop),
-            requested_msgs_per_s=sum(c.spec.rate_hz for c in open_loop),
-            achieved_msgs_per_s=achieved,
-            send_lag_max_ns=max((c.send_lag_max_ns for c in open_loop), default=0),
-            messages_unsent=unsent, publishers_behind=behind[:100], rate_kept=not behind,
-            mqtt_client=self._mqtt_client, kernel_deliveries=self._kernel_deliveries,
+            **schedule_fields(open_loop),
+            mqtt_client=self._mqtt_client, mqtt_client_reason=self._client_reason,
+            kernel_deliveries=self._kernel_deliveries,
             user_deliveries=self._user_deliveries,
             realtime_offset_gap_ns=None if self._clock_map is None else self._clock_map.gap_ns)
 
     def counts(self) -> tuple[int, int]:
         """Return (messages published, unique messages received) over all clients."""
+        if self._native is not None:
+            return self._native.counts()
         return (sum(c.sent for c in self._clients),
                 sum(len(c.received) for c in self._clients))
 
     def close(self) -> None:
         """Disconnect every client politely, then close the sockets."""
+        if self._native is not None:
+            return self._native.close()
         for client in self._clients:
             try:
                 if client.connected:

@@ -109,10 +109,11 @@ class AssignmentRunner:
                 static_columns={"agent_id": self._agent_id,
                                 **_clock_columns(self._clock)},
                 chunk_events=a.chunk_events, interval_s=a.chunk_interval_s,
-                edges=self._gpio.edges)
+                edges=self._gpio.edge_columns)
             session = self._session = MqttSession(a.broker, a.clients, self._gpio,
                                                   uploader.record, gpio_pulses=a.gpio_pulses,
-                                                  mqtt_client=a.mqtt_client)
+                                                  mqtt_client=a.mqtt_client,
+                                                  record_columns=uploader.record_columns)
             toggle_ns = toggle_cost_ns(self._gpio, a.clients[0].gpio_pin) if a.clients else None
             uploader.start()
             session.open(timeout_s=a.connect_timeout_s)

@@ -37,7 +37,7 @@ class ChunkUploader:
     def __init__(self, http: httpx.Client, *, run_id: str, agent_id: str,
                  static_columns: dict[str, Any], chunk_events: int, interval_s: float,
                  retry_for_s: float = 60.0, request_timeout_s: float = 5.0,
-                 edges: Callable[[], list[tuple[int, int, int]]] | None = None):
+                 edges: Callable[[], tuple[list[int], list[int], list[int]]] | None = None):
         self._http = http
         self._run_id = run_id
         self._agent_id = agent_id
@@ -46,8 +46,9 @@ class ChunkUploader:
         self._interval_s = interval_s
         self._retry_for_s = retry_for_s
         self._request_timeout_s = request_timeout_s
-        self._edges = edges or (lambda: [])
+        self._edges = edges or (lambda: ([], [], []))
         self._buffer: list[RawEvent] = []
+        self._batches: list[dict[str, list[Any]]] = []  # events recorded as whole columns
         self._buffer_lock = threading.Lock()  # for a swap or a re-queue (record() needs none)
         self._flush_lock = threading.Lock()   # one flush at a time keeps chunk seqs in order
         self._stop = threading.Event()
@@ -64,6 +65,11 @@ class ChunkUploader:
         event appended meanwhile lands in the list that flush sends."""
         self._buffer.append(event)
 
+    def record_columns(self, columns: dict[str, list[Any]]) -> None:
+        """Buffer many events given as columns (the native engine's drains): one list per
+        raw column, all of one length. No per-event work; list.append is atomic."""
+        self._batches.append(columns)
+
     def start(self) -> None:
         self._thread.start()
 
@@ -71,7 +77,7 @@ class ChunkUploader:
     def buffered(self) -> int:
         """Events recorded but not yet acknowledged by the controller."""
         with self._buffer_lock:
-            return len(self._buffer)
+            return len(self._buffer) + sum(len(b["kind"]) for b in self._batches)
 
     def close(self) -> int:
         """Flush everything left and stop; return the number of chunks sent.
@@ -115,16 +121,17 @@ class ChunkUploader:
         # the live buffer would post a stream of tiny chunks for the whole run.
         with self._buffer_lock:
             pending, self._buffer = self._buffer, []
+            batches, self._batches = self._batches, []
+        all_columns = _merge(pending, batches)
+        total = len(all_columns[0])
         # GPIO edges ride with the first chunk of a flush; a flush without events still
         # sends them, since the virtual scope waits for every line's edges.
         edges_until = monotonic_ns()
-        edges = self._edges()
-        for start in range(0, max(len(pending), 1 if edges else 0), self._chunk_events):
-            rows = pending[start:start + self._chunk_events]
-            columns = [list(c) for c in zip(*rows, strict=True)] or [[] for _ in _RAW_COLUMNS]
+        pins, times, levels = self._edges()
+        for start in range(0, max(total, 1 if pins else 0), self._chunk_events):
+            columns = [c[start:start + self._chunk_events] for c in all_columns]
             edge_columns = None
-            if start == 0 and edges:
-                pins, times, levels = (list(c) for c in zip(*edges, strict=True))
+            if start == 0 and pins:
                 edge_columns = {"pin": pins, "t_ns": times, "level": levels}
             # Built unvalidated: the controller validates it, and this machine measures.
             chunk = ResultChunk.model_construct(
@@ -136,7 +143,8 @@ class ChunkUploader:
                 self._post(chunk)
             except RuntimeError:
                 with self._buffer_lock:  # keep the unsent events, in order
-                    self._buffer[:0] = pending[start:]
+                    self._batches[:0] = [dict(zip(_RAW_COLUMNS, (c[start:] for c in all_columns),
+                                                  strict=True))]
                 raise
             self.chunks_sent += 1
 
@@ -167,6 +175,15 @@ class ChunkUploader:
             time.sleep(delay)
             attempt += 1
             self.retries += 1
+
+
+def _merge(rows: list[RawEvent], batches: list[dict[str, list[Any]]]) -> list[list[Any]]:
+    """Events recorded one by one and as columns, as one list per raw column."""
+    columns = [list(c) for c in zip(*rows, strict=True)] or [[] for _ in _RAW_COLUMNS]
+    for batch in batches:
+        for column, name in zip(columns, _RAW_COLUMNS, strict=True):
+            column.extend(batch[name])
+    return columns
 
 
 def _detail(response: httpx.Response) -> str:

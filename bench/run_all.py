@@ -19,6 +19,8 @@ BENCHES = [
     ("latency_floor.py", "P1: lean p50 <= 0.5x, p99 <= 0.7x paho + TCP_NODELAY"),
     ("arrival_spread.py", "P2: spread p50 <= 0.25x paho, one process"),
     ("publish_capacity.py", "P3: >= 2.5x a paho publish() loop; Mosquitto saturates first"),
+    ("native_engine.py", "P3: native >= 10x a paho publish() loop, Mosquitto >= 90 %, "
+                         "engine <= 50 %; P3b: <= 0.15x the lean client's instructions"),
     ("scale.py", "P4: 1,000 + 1,000 clients, no loss, no process left"),
     ("quickstart.py", "P6: POST -> report <= 60 s"),
     ("api_load.py", "50 API clients, 60 s, 1,000-client run: 0 errors, 0 lost"),

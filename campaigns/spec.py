@@ -228,10 +228,13 @@ class Workload(_Strict):
                               "publishes on topic/i and subscriber j subscribes to "
                               "topic/(j mod publishers), to hold many clients without "
                               "publishers x subscribers deliveries")
-    client: Literal["lean", "paho"] = Field(
-        "lean", description="the agents' MQTT client on mqtt-tcp: lean = mqttbed's own "
-                            "(non-blocking, batched writes, kernel receive timestamps); "
-                            "paho = paho-mqtt (for comparison; user-space timestamps)")
+    client: Literal["native", "lean", "paho"] = Field(
+        "native", description="the agents' MQTT client on mqtt-tcp: native = mqttbed's C "
+                              "engine (kernel send and receive timestamps; the lean client "
+                              "runs where it cannot, and the run says why); lean = "
+                              "mqttbed's Python client (non-blocking, batched writes, kernel "
+                              "receive timestamps); paho = paho-mqtt (for comparison; "
+                              "user-space timestamps)")
     placement: Literal["benchmark", "distributed", "locality"] | None = Field(
         None, description="how clients are spread over the brokers of a backend that "
                           "deploys several (mqtt-st): benchmark = one plain broker, "

@@ -172,8 +172,9 @@ class Assignment(Message):
     connect_timeout_s: float = 30.0
     drain_s: float = 1.0
     drain_idle_s: float | None = None  # the spec's timing.drain_idle_s
-    # the MQTT client for mqtt-tcp: mqttbed's lean one, or paho (TLS, comparison)
-    mqtt_client: Literal["lean", "paho"] = "lean"
+    # the MQTT client for mqtt-tcp: the native engine (C; the lean one where it cannot
+    # run), mqttbed's lean Python one, or paho (TLS, comparison)
+    mqtt_client: Literal["native", "lean", "paho"] = "native"
     heartbeat_timeout_s: float = 3.0  # the spec's timing.heartbeat_timeout_s, both ways
 
 
@@ -292,13 +293,25 @@ class GeneratorReport(BaseModel):
     publishers_behind: list[str] = Field(
         default_factory=list, description="open-loop publishers that did not keep their rate")
     rate_kept: bool = True
-    mqtt_client: str = ""
+    mqtt_client: str = Field("", description="the client that ran: native, lean, paho")
+    mqtt_client_reason: str = Field(
+        "", description="why it is not the one the run asked for (e.g. the native engine "
+                        "cannot be built here, or lacks the transport); empty when it is")
     kernel_deliveries: int = Field(0, ge=0)
     user_deliveries: int = Field(0, ge=0)
     realtime_offset_gap_ns: int | None = Field(
         None, description="how close the CLOCK_REALTIME/MONOTONIC pair was read: the kernel "
                           "stamps' mapping is right to within half of it")
     nofile_limit: int | None = Field(None, description="this agent's RLIMIT_NOFILE (soft)")
+    send_kernel_stamps: int = Field(0, ge=0, description="publishes with a kernel TX stamp "
+                                                         "(native engine)")
+    send_to_kernel_p50_ns: int | None = Field(
+        None, description="kernel TX stamp - user-space send time, median (native engine)")
+    send_to_kernel_p99_ns: int | None = Field(None, description="... its 99th percentile")
+    gpio_edge_lag_p99_ns: int | None = Field(
+        None, description="GPIO edge - return of the send/receive call it marks, 99th "
+                          "percentile (native engine)")
+    gpio_edge_lag_max_ns: int | None = Field(None, description="... its maximum")
 
 
 class Done(Message):

@@ -8,6 +8,9 @@ command -v mosquitto_pub >/dev/null 2>&1 || need+=(mosquitto-clients)
 # The forkpipe backend is C, built from source with make on first use.
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v make >/dev/null 2>&1 || need+=(make)
+# The agents' native load engine (agents/native) is C too; its instructions per message
+# (bench/native_engine.py, P3b) are counted with callgrind.
+command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
 # The fpga backend's board path is tested against a real local sshd.
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 # The browser test drives Debian's Chromium (Playwright never downloads a browser here).

@@ -67,7 +67,7 @@ def test_a_thousand_publishers_and_a_thousand_subscribers_deliver_exactly_and_le
     assert pairs == {(f"pub-{i}", f"sub-{i}") for i in range(CLIENTS)}
     assert set(deliveries["clock_source"].to_pylist()) == {"kernel"}
     generators = metadata["generators"].values()
-    assert all(g["mqtt_client"] == "lean" and g["nofile_limit"] >= 2 * CLIENTS
+    assert all(g["mqtt_client"] == "native" and g["nofile_limit"] >= 2 * CLIENTS
                for g in generators)
     limits = metadata["broker"]["limits"]
     assert limits["max_connections"] == -1 and limits["nofile"] >= 2 * CLIENTS

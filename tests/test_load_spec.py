@@ -43,7 +43,9 @@ def test_the_generator_report_keeps_or_flags_the_rate_by_its_definition():
         "warmup_messages": 1}})
     endpoint = Endpoint(host="127.0.0.1", port=1883, transport=Transport.MQTT_TCP)
     clients = plan_assignments(spec, "r", "c", endpoint, ["a"])["a"].clients
-    session = MqttSession(endpoint, clients, VirtualGpio(), lambda _e: None)
+    # the Python clients' counters are set by hand here; both sessions report through
+    # agents.schedule_report, which this checks
+    session = MqttSession(endpoint, clients, VirtualGpio(), lambda _e: None, mqtt_client="lean")
     pub0, pub1, pub2 = session._clients
     # pub-0: on time (100 messages over 1 s + one period: exactly 100/s)
     pub0.sent, pub0.first_intended_ns, pub0.last_pub_ns = 101, 0, 1_000_000_000

@@ -1,0 +1,91 @@
+/* mqttbed's native load engine: every MQTT client of one agent process on one thread.
+ *
+ * The Python agent drives it through ctypes (agents/native/engine.py): it adds clients,
+ * connects and subscribes them, then steps the open-loop run in slices, draining the
+ * event tables (struct of arrays, preallocated) between slices. Nothing here calls Python.
+ */
+#ifndef MQE_ENGINE_H
+#define MQE_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#pragma GCC visibility push(default)  /* the library exports this surface only */
+
+typedef struct mqe_engine mqe_engine;
+
+/* Event tables and their columns (the Python side reads them by these numbers). */
+enum { MQE_T_PUBLISH, MQE_T_DELIVERY, MQE_T_SUBSCRIBE, MQE_T_TX, MQE_T_EDGE, MQE_TABLES };
+enum { PUB_CLIENT, PUB_SEQ, PUB_T_INTENDED, PUB_T_PUB, PUB_WARMUP, PUB_COLUMNS };
+enum { DLV_CLIENT, DLV_PUBLISHER, DLV_SEQ, DLV_TOPIC, DLV_PAYLOAD_BYTES, DLV_QOS, DLV_WARMUP,
+       DLV_T_INTENDED, DLV_T_PUB, DLV_T_RECV, DLV_KERNEL, DLV_T_RECV_USER, DLV_COLUMNS };
+enum { SUB_CLIENT, SUB_TOPIC, SUB_QOS, SUB_T_SUBACK, SUB_COLUMNS };
+enum { TX_CLIENT, TX_SEQ, TX_T_PUB, TX_T_KERNEL, TX_LAG, TX_COLUMNS };
+enum { EDGE_PIN, EDGE_T, EDGE_LEVEL, EDGE_LAG, EDGE_COLUMNS };
+
+/* What mqe_step returns. */
+enum { MQE_DONE = 0, MQE_SLICE = 1, MQE_DRAIN = 2, MQE_WOKEN = 3, MQE_DEADLINE = 4,
+       MQE_FAILED = -1 };
+
+typedef struct {
+    int64_t sent, acked, received_unique, deliveries;
+    int64_t first_intended_ns, last_pub_ns, send_lag_max_ns, last_delivery_ns;
+    int32_t connected, subscribed, failed, fd;
+} mqe_client_stats;
+
+mqe_engine *mqe_create(uint32_t event_capacity, int kernel_stamps, int pulse_mode);
+void mqe_destroy(mqe_engine *e);
+const char *mqe_error(const mqe_engine *e);  /* the last failure, "" if none */
+int64_t mqe_realtime_offset_ns(const mqe_engine *e);
+int64_t mqe_realtime_gap_ns(const mqe_engine *e);
+int mqe_kernel_stamps(const mqe_engine *e);   /* 1 if every socket took SO_TIMESTAMPING */
+
+/* role: 0 publisher, 1 subscriber. Returns the client's index, or -1 (mqe_error says). */
+int mqe_add_client(mqe_engine *e, const char *client_id, const char *host, int port,
+                   int role, const char *topic, int qos, int gpio_pin,
+                   uint32_t publisher_index, int32_t payload_bytes, double rate_hz,
+                   int64_t messages, int64_t warmup_messages, int64_t start_offset_ns,
+                   int closed_loop);
+/* Speak mqtt-udp on this client (before connecting): one packet per datagram, QoS 0,
+ * CONNECT and SUBSCRIBE sent again every half second until acknowledged. */
+int mqe_set_udp(mqe_engine *e, int client);
+/* A subscriber's warm-up for publishers first..end-1 (a message mix's stream). */
+int mqe_add_warmup_range(mqe_engine *e, int client, uint32_t first, uint32_t end,
+                         int64_t warmup_messages);
+/* Connect every client (TCP_NODELAY, stamps) and send CONNECT; 0, or -1 (mqe_error). */
+int mqe_connect_all(mqe_engine *e, int keepalive_s, int timeout_ms);
+int mqe_subscribe(mqe_engine *e, int client, const char *topic, int qos);
+/* Serve every socket for up to timeout_ns (reads, acks, keep-alive); -1 on a failure. */
+int mqe_poll(mqe_engine *e, int64_t timeout_ns);
+void mqe_wake(mqe_engine *e);  /* thread-safe: the current poll or step returns */
+int mqe_client_stats_of(const mqe_engine *e, int client, mqe_client_stats *out);
+const char *mqe_client_failure(const mqe_engine *e, int client);
+
+/* The run: begin it, then step until MQE_DONE / MQE_DEADLINE / MQE_FAILED. */
+void mqe_run_begin(mqe_engine *e, int64_t t_start_ns, int64_t t_deadline_ns,
+                   int64_t t_publish_end_ns, int64_t drain_window_end_ns,
+                   int64_t drain_idle_ns);
+int mqe_step(mqe_engine *e, int64_t slice_end_ns);
+
+/* Event tables: rows, a column's first element, forget the rows. */
+uint32_t mqe_rows(const mqe_engine *e, int table);
+void *mqe_column(const mqe_engine *e, int table, int column);
+void mqe_clear(mqe_engine *e, int table);
+/* Interned topic names (deliveries' and subscriptions' topic column index them). */
+uint32_t mqe_topics(const mqe_engine *e);
+const char *mqe_topic(const mqe_engine *e, uint32_t index);
+
+void mqe_disconnect_all(mqe_engine *e);
+
+/* Hand bytes to a client as if its socket had read them (fuzzing and tests: the parser and
+ * every flow behind it, without a broker). 0, or -1 once the client has failed. */
+int mqe_feed(mqe_engine *e, int client, const uint8_t *data, size_t len);
+/* Drive these pins' lines on a GPIO character device too (uAPI v2; at most 64 lines).
+ * 0, or -errno (mqe_error names the chip and why). Not validated on hardware here. */
+int mqe_gpio_open_chip(mqe_engine *e, const char *chip, const int32_t *pins, uint32_t n);
+/* The level a virtual GPIO line is at (0 for a pin outside 0..65535). */
+int mqe_gpio_level(const mqe_engine *e, int pin);
+
+#pragma GCC visibility pop
+
+#endif

@@ -1,0 +1,167 @@
+/* What the engine does with each packet from the broker: CONNACK, SUBACK, PINGRESP,
+ * deliveries (recorded, acknowledged: PUBACK, or PUBREC then PUBCOMP on PUBREL, a QoS 2
+ * message delivered once) and the acknowledgements of its own publishes. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+
+static void queue_ack(mqe_engine *e, mqe_client *c, int type, uint16_t packet_id) {
+    if (mqe_out_reserve(e, c, 4) != 0)
+        return;
+    c->out_len += mqe_encode_ack(c->out + c->out_len, type, packet_id);
+    c->stream_bytes += 4;
+}
+
+
+static void record_subscribed(mqe_engine *e, mqe_client *c) {
+    mqe_table *subs = &e->tables[MQE_T_SUBSCRIBE];
+    if (subs->rows == subs->capacity) {
+        mqe_client_fail(e, c, "event buffer full (%u subscriptions not drained)", subs->rows);
+        return;
+    }
+    uint32_t row = subs->rows++;
+    MQE_I32(subs, SUB_CLIENT)[row] = (int32_t)(c - e->clients);
+    MQE_I32(subs, SUB_TOPIC)[row] = c->subscribing_topic;
+    MQE_U8(subs, SUB_QOS)[row] = (uint8_t)c->subscribing_qos;
+    MQE_I64(subs, SUB_T_SUBACK)[row] = mqe_now_ns();
+}
+
+static int64_t warmup_of(const mqe_client *c, uint32_t publisher) {
+    for (size_t i = 0; i < c->n_ranges; i++)
+        if (c->ranges[i].first <= publisher && publisher < c->ranges[i].end)
+            return c->ranges[i].warmup;
+    return c->warmup;
+}
+
+static int32_t topic_index(mqe_engine *e, mqe_client *c, const mqe_packet *p) {
+    for (size_t i = 0; i < c->n_subs; i++)
+        if (c->subs[i].len == p->topic_len && memcmp(c->subs[i].name, p->topic, p->topic_len) == 0)
+            return c->subs[i].index;
+    return (int32_t)mqe_intern(&e->topics, (const char *)p->topic, p->topic_len);
+}
+
+static void delivered(mqe_engine *e, mqe_client *c, const mqe_packet *p, int64_t t_user,
+                      int64_t t_kernel) {
+    mqe_gpio_mark(e, c->gpio_pin, t_user);
+    uint64_t seq;
+    uint32_t publisher;
+    int64_t t_pub, t_intended;
+    if (mqe_decode_payload(p->payload, p->payload_len, &seq, &publisher, &t_pub, &t_intended))
+        return;  /* not one of ours (e.g. a stray retained message) */
+    int fresh = mqe_set_add(&c->received, ((uint64_t)publisher << 40) ^ seq);
+    if (fresh < 0) {
+        mqe_client_fail(e, c, "out of memory for the messages received");
+        return;
+    }
+    c->last_delivery_ns = t_user;
+    c->deliveries++;
+    int32_t topic = topic_index(e, c, p);
+    mqe_table *dlv = &e->tables[MQE_T_DELIVERY];
+    if (topic < 0 || dlv->rows == dlv->capacity) {
+        mqe_client_fail(e, c, "event buffer full (%u deliveries not drained)", dlv->rows);
+        return;
+    }
+    uint32_t row = dlv->rows++;
+    MQE_I32(dlv, DLV_CLIENT)[row] = (int32_t)(c - e->clients);
+    MQE_I32(dlv, DLV_PUBLISHER)[row] = (int32_t)publisher;
+    MQE_I64(dlv, DLV_SEQ)[row] = (int64_t)seq;
+    MQE_I32(dlv, DLV_TOPIC)[row] = topic;
+    MQE_I32(dlv, DLV_PAYLOAD_BYTES)[row] = (int32_t)p->payload_len;
+    MQE_U8(dlv, DLV_QOS)[row] = (uint8_t)p->qos;
+    MQE_U8(dlv, DLV_WARMUP)[row] = (int64_t)seq < warmup_of(c, publisher);
+    MQE_I64(dlv, DLV_T_INTENDED)[row] = t_intended;
+    MQE_I64(dlv, DLV_T_PUB)[row] = t_pub;
+    MQE_I64(dlv, DLV_T_RECV)[row] = t_kernel == MQE_NO_TIME ? t_user : t_kernel;
+    MQE_U8(dlv, DLV_KERNEL)[row] = t_kernel != MQE_NO_TIME;
+    MQE_I64(dlv, DLV_T_RECV_USER)[row] = t_user;
+}
+
+static int bit(const uint8_t *bits, uint16_t i) { return (bits[i >> 3] >> (i & 7)) & 1; }
+
+static void publish_received(mqe_engine *e, mqe_client *c, const mqe_packet *p,
+                             int64_t t_user, int64_t t_kernel) {
+    if (p->qos == 1) {
+        queue_ack(e, c, MQE_PUBACK, p->packet_id);
+    } else if (p->qos == 2) {
+        queue_ack(e, c, MQE_PUBREC, p->packet_id);
+        if (c->awaiting_pubrel == NULL && (c->awaiting_pubrel = calloc(8192, 1)) == NULL) {
+            mqe_client_fail(e, c, "out of memory for QoS 2 deliveries");
+            return;
+        }
+        if (bit(c->awaiting_pubrel, p->packet_id))
+            return;  /* a DUP of a message already delivered */
+        c->awaiting_pubrel[p->packet_id >> 3] |= (uint8_t)(1u << (p->packet_id & 7));
+    }
+    delivered(e, c, p, t_user, t_kernel);
+}
+
+static void acknowledged(mqe_engine *e, mqe_client *c, int type, uint16_t packet_id) {
+    if (type == MQE_PUBREL) {
+        if (c->awaiting_pubrel)
+            c->awaiting_pubrel[packet_id >> 3] &= (uint8_t)~(1u << (packet_id & 7));
+        queue_ack(e, c, MQE_PUBCOMP, packet_id);
+        return;
+    }
+    int awaited = c->inflight ? c->inflight[packet_id] : 0;
+    if (awaited != type) {
+        mqe_client_fail(e, c, "malformed packet from the broker: %s for packet id %u, which "
+                        "awaits %s", mqe_type_name(type), packet_id,
+                        awaited ? mqe_type_name(awaited) : "nothing");
+        return;
+    }
+    if (type == MQE_PUBREC) {
+        c->inflight[packet_id] = MQE_PUBCOMP;
+        queue_ack(e, c, MQE_PUBREL, packet_id);
+        return;
+    }
+    c->inflight[packet_id] = 0;
+    c->acked++;
+    if (c->closed_loop && e->running && c->sent < c->messages) {
+        /* the next message is due now, or at its place in the schedule if that is later */
+        int64_t due = mqe_due_ns(e, c, c->sent), now = mqe_now_ns();
+        mqe_heap_push(e, due > now ? due : now, (int32_t)(c - e->clients), c->sent);
+    }
+}
+
+void mqe_handle_packet(mqe_engine *e, mqe_client *c, const mqe_packet *p, int64_t t_user,
+                       int64_t t_kernel) {
+    switch (p->type) {
+    case MQE_PUBLISH:
+        publish_received(e, c, p, t_user, t_kernel);
+        break;
+    case MQE_CONNACK:
+        if (c->udp) {  /* the answer to a CONNECT sent again: once is enough */
+            if (c->connected)
+                break;
+            c->resend_len = 0;
+        }
+        if (p->return_code)
+            mqe_client_fail(e, c, "CONNACK refused: return code %u", p->return_code);
+        else
+            c->connected = 1;
+        break;
+    case MQE_SUBACK:
+        if (c->udp) {  /* only the pending SUBSCRIBE's first answer counts */
+            if (c->subscribed || p->packet_id != c->next_packet_id)
+                break;
+            c->resend_len = 0;
+        }
+        for (size_t i = 0; i < p->payload_len; i++) {
+            if (p->payload[i] == 0x80) {
+                mqe_client_fail(e, c, "SUBACK refused '%s': return code 0x80",
+                                mqe_topic(e, (uint32_t)c->subscribing_topic));
+                return;
+            }
+        }
+        c->subscribed = 1;
+        record_subscribed(e, c);
+        break;
+    case MQE_PINGRESP:
+        c->ping_sent_ns = 0;
+        break;
+    default:
+        acknowledged(e, c, p->type, p->packet_id);
+    }
+}
+

@@ -1,0 +1,259 @@
+/* The open-loop run: publishers on their schedule (intended send times kept, so
+ * coordinated omission stays visible), deliveries until every client is done. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+
+#define MAX_WAIT_NS 50000000LL
+#define MISC_INTERVAL_NS 250000000LL
+
+int64_t mqe_due_ns(const mqe_engine *e, const mqe_client *c, int64_t k) {
+    /* the same arithmetic as MqttSession._due_ns: int(k * 1e9 / rate) */
+    return e->t_start_ns + c->start_offset_ns + (int64_t)((double)k * 1e9 / c->rate_hz);
+}
+
+static int due_before(const mqe_due *a, const mqe_due *b) {
+    if (a->due_ns != b->due_ns)
+        return a->due_ns < b->due_ns;
+    if (a->client != b->client)
+        return a->client < b->client;
+    return a->k < b->k;
+}
+
+void mqe_heap_push(mqe_engine *e, int64_t due_ns, int32_t client, int64_t k) {
+    if (e->n_heap == e->cap_heap) {
+        size_t cap = e->cap_heap ? e->cap_heap * 2 : 64;
+        mqe_due *heap = realloc(e->heap, cap * sizeof *heap);
+        if (heap == NULL) {
+            mqe_client_fail(e, &e->clients[client], "out of memory for the schedule");
+            return;
+        }
+        e->heap = heap;
+        e->cap_heap = cap;
+    }
+    size_t at = e->n_heap++;
+    mqe_due item = {due_ns, client, k};
+    while (at && due_before(&item, &e->heap[(at - 1) / 2])) {
+        e->heap[at] = e->heap[(at - 1) / 2];
+        at = (at - 1) / 2;
+    }
+    e->heap[at] = item;
+}
+
+static mqe_due heap_pop(mqe_engine *e) {
+    mqe_due top = e->heap[0], last = e->heap[--e->n_heap];
+    size_t at = 0;
+    for (;;) {
+        size_t child = 2 * at + 1;
+        if (child >= e->n_heap)
+            break;
+        if (child + 1 < e->n_heap && due_before(&e->heap[child + 1], &e->heap[child]))
+            child++;
+        if (!due_before(&e->heap[child], &last))
+            break;
+        e->heap[at] = e->heap[child];
+        at = child;
+    }
+    if (e->n_heap)
+        e->heap[at] = last;
+    return top;
+}
+
+void mqe_run_begin(mqe_engine *e, int64_t t_start_ns, int64_t t_deadline_ns,
+                   int64_t t_publish_end_ns, int64_t drain_window_end_ns,
+                   int64_t drain_idle_ns) {
+    e->t_start_ns = t_start_ns;
+    e->t_deadline_ns = t_deadline_ns;
+    e->t_publish_end_ns = t_publish_end_ns;
+    e->drain_end_ns = drain_window_end_ns;
+    e->drain_idle_ns = drain_idle_ns;
+    e->n_heap = 0;
+    e->running = 1;
+    for (size_t i = 0; i < e->n_clients; i++) {
+        mqe_client *c = &e->clients[i];
+        if (c->role == 0 && c->messages > 0)
+            mqe_heap_push(e, mqe_due_ns(e, c, 0), (int32_t)i, 0);
+    }
+}
+
+static int tx_remember(mqe_client *c, int64_t seq, int64_t t_pub) {
+    if (c->tx_count == c->tx_cap) {
+        size_t cap = c->tx_cap ? c->tx_cap * 2 : 256;
+        int64_t *seqs = malloc(cap * sizeof *seqs), *t_pubs = malloc(cap * sizeof *t_pubs);
+        uint64_t *ends = malloc(cap * sizeof *ends);
+        if (!seqs || !t_pubs || !ends) {
+            free(seqs);
+            free(t_pubs);
+            free(ends);
+            return -1;
+        }
+        for (size_t i = 0; i < c->tx_count; i++) {
+            size_t from = (c->tx_head + i) % (c->tx_cap ? c->tx_cap : 1);
+            seqs[i] = c->tx_seq[from];
+            t_pubs[i] = c->tx_t_pub[from];
+            ends[i] = c->tx_end[from];
+        }
+        free(c->tx_seq);
+        free(c->tx_t_pub);
+        free(c->tx_end);
+        c->tx_seq = seqs;
+        c->tx_t_pub = t_pubs;
+        c->tx_end = ends;
+        c->tx_head = 0;
+        c->tx_cap = cap;
+    }
+    size_t at = (c->tx_head + c->tx_count++) % c->tx_cap;
+    c->tx_seq[at] = seq;
+    c->tx_t_pub[at] = t_pub;
+    c->tx_end[at] = c->stream_bytes;
+    return 0;
+}
+
+static uint16_t new_packet_id(mqe_engine *e, mqe_client *c) {
+    for (int tries = 0; tries < 0xFFFF; tries++) {
+        c->next_packet_id = (uint16_t)(c->next_packet_id % 0xFFFF + 1);
+        if (!c->inflight[c->next_packet_id])
+            return c->next_packet_id;
+    }
+    mqe_client_fail(e, c, "65535 publishes await acknowledgement");
+    return 0;
+}
+
+/* Build message k into the client's output (it leaves at the turn's flush). */
+static void publish(mqe_engine *e, mqe_client *c, int64_t k, int64_t t_intended) {
+    size_t payload = c->payload_bytes > MQE_PAYLOAD_MIN ? (size_t)c->payload_bytes
+                                                        : MQE_PAYLOAD_MIN;
+    if (mqe_out_reserve(e, c, c->prefix_len + 2 + payload) != 0)
+        return;
+    int64_t t_pub = mqe_now_ns();
+    uint8_t *to = c->out + c->out_len;
+    memcpy(to, c->prefix, c->prefix_len);
+    size_t n = c->prefix_len;
+    if (c->qos) {
+        uint16_t packet_id = new_packet_id(e, c);
+        if (!packet_id)
+            return;
+        c->inflight[packet_id] = c->qos == 1 ? MQE_PUBACK : MQE_PUBREC;
+        to[n++] = (uint8_t)(packet_id >> 8);
+        to[n++] = (uint8_t)packet_id;
+    }
+    mqe_encode_payload(to + n, payload, (uint64_t)k, c->publisher_index, t_pub, t_intended);
+    n += payload;
+    c->out_len += n;
+    c->stream_bytes += n;
+    if (c->sent++ == 0)
+        c->first_intended_ns = t_intended;
+    c->last_pub_ns = t_pub;
+    if (t_pub - t_intended > c->send_lag_max_ns)
+        c->send_lag_max_ns = t_pub - t_intended;
+    mqe_table *pubs = &e->tables[MQE_T_PUBLISH];
+    uint32_t row = pubs->rows++;  /* room checked before the turn */
+    MQE_I32(pubs, PUB_CLIENT)[row] = (int32_t)(c - e->clients);
+    MQE_I64(pubs, PUB_SEQ)[row] = k;
+    MQE_I64(pubs, PUB_T_INTENDED)[row] = t_intended;
+    MQE_I64(pubs, PUB_T_PUB)[row] = t_pub;
+    MQE_U8(pubs, PUB_WARMUP)[row] = k < c->warmup;
+    if (e->kernel_stamps_ok && !c->udp && tx_remember(c, k, t_pub) != 0)
+        mqe_client_fail(e, c, "out of memory for send stamps");
+}
+
+/* Write each batched publisher's queued PUBLISHes with one send, then mark their lines:
+ * like the seed's publisher, the line moves once the PUBLISH is written. */
+static void write_batch(mqe_engine *e) {
+    for (size_t i = 0; i < e->n_batch; i++) {
+        mqe_client *c = &e->clients[e->batch[i]];
+        int64_t t_sent = mqe_flush(e, c);
+        for (int m = 0; m < c->in_batch; m++)
+            mqe_gpio_mark(e, c->gpio_pin, t_sent);
+        c->in_batch = 0;
+    }
+    e->n_batch = 0;
+    mqe_gpio_settle(e);
+}
+
+static int finished(const mqe_engine *e, int window_over, int64_t idle_since_ns) {
+    if (e->n_heap)
+        return 0;
+    for (size_t i = 0; i < e->n_clients; i++) {
+        const mqe_client *c = &e->clients[i];
+        if (c->role == 0) {
+            if (c->sent < c->messages && !window_over)
+                return 0;  /* a closed-loop publisher waits for its acknowledgements */
+            if (c->qos && c->acked < c->sent)
+                return 0;
+        } else if ((int64_t)c->received.count < c->messages
+                   && (idle_since_ns == MQE_NO_TIME || c->last_delivery_ns >= idle_since_ns)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int any_failed(const mqe_engine *e) {
+    for (size_t i = 0; i < e->n_clients; i++)
+        if (e->clients[i].failure[0])
+            return 1;
+    return 0;
+}
+
+int mqe_step(mqe_engine *e, int64_t slice_end_ns) {
+    e->need_drain = 0;
+    const mqe_table *pubs = &e->tables[MQE_T_PUBLISH], *edges = &e->tables[MQE_T_EDGE];
+    for (;;) {
+        int64_t now = mqe_now_ns();
+        int full = pubs->rows + MQE_MAX_BATCH > pubs->capacity
+                   || edges->rows + 2 * MQE_MAX_BATCH > edges->capacity;
+        /* a generator behind schedule sends in turns of MAX_BATCH, reading between them */
+        int in_turn = 0;
+        while (!full && e->n_heap && e->heap[0].due_ns <= now && now <= e->t_publish_end_ns
+               && in_turn < MQE_MAX_BATCH) {
+            mqe_due due = heap_pop(e);
+            mqe_client *c = &e->clients[due.client];
+            publish(e, c, due.k, due.due_ns);
+            if (c->in_batch++ == 0)
+                e->batch[e->n_batch++] = due.client;
+            in_turn++;
+            if (!c->closed_loop && due.k + 1 < c->messages)
+                mqe_heap_push(e, mqe_due_ns(e, c, due.k + 1), due.client, due.k + 1);
+            now = mqe_now_ns();
+        }
+        if (e->n_batch) {
+            write_batch(e);
+            now = mqe_now_ns();
+        }
+        if (now > e->t_publish_end_ns)
+            e->n_heap = 0;  /* the publishing window is over: acks and drain only */
+        int64_t idle_since = MQE_NO_TIME;
+        if (e->drain_idle_ns > 0 && now - e->drain_end_ns >= e->drain_idle_ns)
+            idle_since = now - e->drain_idle_ns;
+        if (finished(e, now > e->t_publish_end_ns, idle_since)) {
+            e->running = 0;
+            return MQE_DONE;
+        }
+        if (now > e->t_deadline_ns) {
+            e->running = 0;
+            return MQE_DEADLINE;
+        }
+        if (full || e->need_drain)
+            return MQE_DRAIN;
+        if (now >= slice_end_ns)
+            return MQE_SLICE;
+        int64_t wait = e->n_heap ? e->heap[0].due_ns - now : MAX_WAIT_NS;
+        if (wait > MAX_WAIT_NS)
+            wait = MAX_WAIT_NS;
+        if (wait > slice_end_ns - now)
+            wait = slice_end_ns - now;
+        mqe_handle_events(e, wait);
+        if (now - e->last_misc_ns > MISC_INTERVAL_NS)
+            mqe_misc(e, now);
+        if (any_failed(e))
+            return MQE_FAILED;
+        if (e->need_drain)
+            return MQE_DRAIN;
+        if (e->woken) {
+            e->woken = 0;
+            return MQE_WOKEN;
+        }
+    }
+}

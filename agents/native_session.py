@@ -1,0 +1,377 @@
+"""The MQTT clients of one run on the native engine, with the Python session's surface.
+
+:class:`~mqttbed.agents.mqtt_session.MqttSession` hands itself over to a
+:class:`NativeSession` when the run's clients can run on the engine (mqtt-tcp or mqtt-udp, virtual
+GPIO lines, the engine builds here); :func:`unsupported_reason` says why they cannot
+otherwise, and that reason goes into the generator report with the client that ran.
+
+The engine runs the schedule, the sockets, the acknowledgement flows, the kernel stamps
+and the GPIO edges in C; this class is the control plane: it connects, subscribes in rank
+order, steps the run in slices of :data:`SLICE_NS` and, between slices, turns the engine's
+event tables into the uploader's columns (whole columns at a time: no Python work per
+event on the batch path).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mqttbed.agents.gpio import GpioLines, VirtualGpio
+from mqttbed.agents.native import engine as native
+from mqttbed.agents.schedule_report import PublisherProgress, schedule_fields
+from mqttbed.core.clock import monotonic_ns
+from mqttbed.core.events import ClockSource, EventKind, publisher_client_id
+from mqttbed.core.protocol import ClientAssignment, Endpoint, GeneratorReport, Role, Transport
+
+SLICE_NS = 50_000_000        # the run hands back this often: events drained, abort checked
+KEEPALIVE_S = 30
+RAW_COLUMNS = ("kind", "publisher", "seq", "receiver", "topic", "payload_bytes", "qos",
+               "warmup", "t_intended_ns", "t_pub_ns", "t_recv_ns", "clock_source",
+               "t_recv_user_ns")
+_CLOCKS = (ClockSource.USER.value, ClockSource.KERNEL.value)
+_MANY_PUBLISHERS = 1 << 20   # beyond: a foreign payload's index, named one at a time
+
+EventColumns = dict[str, list[Any]]
+
+
+def unsupported_reason(endpoint: Endpoint, clients: Sequence[ClientAssignment],
+                       gpio: GpioLines) -> str | None:
+    """Why these clients cannot run on the engine here, or None if they can."""
+    for spec in clients:
+        transport = (spec.broker or endpoint).transport
+        if transport not in (Transport.MQTT_TCP, Transport.MQTT_UDP):
+            return (f"transport {transport} (client {spec.client_id}): the native engine "
+                    f"runs mqtt-tcp and mqtt-udp only")
+        if not 0 <= spec.gpio_pin < 65536:
+            return f"gpio_pin {spec.gpio_pin} of {spec.client_id} is outside 0..65535"
+    if not isinstance(gpio, VirtualGpio):
+        return (f"GPIO backend {gpio.backend!r}: the native engine drives virtual lines "
+                f"only; hardware lines are toggled from Python")
+    return native.unavailable_reason()
+
+
+def _lookup(values: Sequence[Any], codes: list[int]) -> list[Any]:
+    """``[values[c] for c in codes]`` as C work: one value repeated when the codes are."""
+    if not codes:
+        return []
+    if codes.count(codes[0]) == len(codes):  # small ints compare by identity: cheap
+        return [values[codes[0]]] * len(codes)
+    return list(map(values.__getitem__, codes))
+
+
+def _percentile(values: array, q: float) -> int | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return int(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
+
+
+@dataclass
+class NativeClient:
+    """One engine client as the session's callers see it (``MqttSession._clients``)."""
+
+    spec: ClientAssignment
+    index: int
+    engine: native.Engine
+    warmup_ranges: tuple[tuple[int, int, int], ...] = field(default=())
+
+    @property
+    def connected(self) -> bool:
+        return bool(self.engine.stats(self.index).connected)
+
+    @property
+    def subscribed(self) -> bool:
+        return bool(self.engine.stats(self.index).subscribed)
+
+    @property
+    def sent(self) -> int:
+        return int(self.engine.stats(self.index).sent)
+
+    @property
+    def acked(self) -> int:
+        return int(self.engine.stats(self.index).acked)
+
+    @property
+    def received_count(self) -> int:
+        """Unique messages received (the Python client's ``len(received)``)."""
+        return int(self.engine.stats(self.index).received_unique)
+
+    @property
+    def failure(self) -> str | None:
+        return self.engine.failure(self.index) or None
+
+    @property
+    def paho(self) -> NativeClient:
+        """The client itself: its ``socket()`` is what callers of the historical name ask."""
+        return self
+
+    @property
+    def conn(self) -> NativeClient:
+        return self
+
+    def socket(self) -> socket.socket | None:
+        """A duplicate of the client's socket (for inspection: options, addresses)."""
+        fd = self.engine.stats(self.index).fd
+        return None if fd < 0 else socket.socket(fileno=os.dup(fd))
+
+
+class NativeSession:
+    """Connects, subscribes, publishes and receives for one agent during one run, in C."""
+
+    def __init__(self, endpoint: Endpoint, clients: list[ClientAssignment], gpio: GpioLines,
+                 record: Callable[[Any], None], gpio_pulses: bool = False,
+                 record_columns: Callable[[EventColumns], None] | None = None,
+                 kernel_timestamps: bool = True):
+        self._endpoint = endpoint
+        self._gpio = gpio
+        self._record = record
+        self._record_columns = record_columns
+        self._engine = native.Engine(kernel_stamps=kernel_timestamps, pulse_mode=gpio_pulses)
+        ordered = sorted(clients, key=lambda c: (c.role != Role.SUBSCRIBER, c.subscribe_rank))
+        self._clients = [self._add(spec) for spec in ordered]
+        gpio.setup([c.spec.gpio_pin for c in self._clients])
+        gpio.pulse_mode = gpio_pulses
+        self._ids = [c.spec.client_id for c in self._clients]
+        self._receivers = [*self._ids, None]          # index -1: no receiver
+        self._topics_of = [c.spec.topic for c in self._clients]
+        self._sizes = [c.spec.payload_bytes for c in self._clients]
+        self._qos = [c.spec.qos for c in self._clients]
+        self._publisher_names: list[str] = []
+        self._send_to_kernel_ns = array("q")          # per publish: kernel TX - user send
+        self._edge_lags_ns = array("q")               # per edge: edge - syscall return
+        self._kernel_deliveries = 0
+        self._user_deliveries = 0
+        self._closed = False
+
+    def _add(self, spec: ClientAssignment) -> NativeClient:
+        endpoint = spec.broker or self._endpoint
+        publisher = spec.role == Role.PUBLISHER
+        index = self._engine.add_client(
+            client_id=spec.client_id, host=endpoint.host, port=endpoint.port,
+            publisher=publisher, topic=spec.topic, qos=spec.qos, gpio_pin=spec.gpio_pin,
+            publisher_index=spec.publisher_index, payload_bytes=spec.payload_bytes,
+            rate_hz=spec.rate_hz, messages=spec.messages if publisher else spec.expected_messages,
+            warmup_messages=spec.warmup_messages, start_offset_ns=spec.start_offset_ns,
+            closed_loop=spec.closed_loop)
+        if endpoint.transport == Transport.MQTT_UDP:
+            self._engine.set_udp(index)
+        for stream in spec.streams:
+            self._engine.add_warmup_range(index, stream.first_publisher,
+                                          stream.first_publisher + stream.publishers,
+                                          stream.warmup_messages)
+        return NativeClient(spec=spec, index=index, engine=self._engine)
+
+    # -- set-up -----------------------------------------------------------------------
+
+    def connect(self, timeout_s: float) -> None:
+        """Connect every client, then subscribe every subscriber in rank order."""
+        self.open(timeout_s)
+        self.subscribe(timeout_s)
+
+    def open(self, timeout_s: float) -> None:
+        """Connect every client; returns once each holds its CONNACK, raises otherwise."""
+        self._engine.connect_all(KEEPALIVE_S, timeout_s)
+        deadline = monotonic_ns() + int(timeout_s * 1e9)
+        while not all(c.connected for c in self._clients):
+            self._check_deadline(deadline, "CONNACK")
+            self._poll(50_000_000)
+
+    def subscriber_ranks(self) -> list[int]:
+        """The subscribe ranks of this session's subscribers, lowest first."""
+        return sorted(c.spec.subscribe_rank for c in self._clients
+                      if c.spec.role == Role.SUBSCRIBER)
+
+    def subscribe(self, timeout_s: float, ranks: list[int] | None = None) -> None:
+        """Subscribe the subscribers of ``ranks`` (default: all), one at a time, in order,
+        each SUBSCRIBE after the SUBACK before it."""
+        by_rank = {c.spec.subscribe_rank: c for c in self._clients
+                   if c.spec.role == Role.SUBSCRIBER}
+        deadline = monotonic_ns() + int(timeout_s * 1e9)
+        for rank in self.subscriber_ranks() if ranks is None else ranks:
+            client = by_rank.get(rank)
+            if client is None:
+                raise RuntimeError(f"no subscriber of rank {rank} in this session")
+            for topic, qos in client.spec.subscriptions():
+                self._engine.subscribe(client.index, topic, qos)
+                while not client.subscribed:
+                    self._check_deadline(deadline, "SUBACK")
+                    self._poll(50_000_000)
+
+    def wake(self) -> None:
+        """Make a wait or a run step blocked in another thread return now."""
+        if not self._closed:
+            self._engine.wake()
+
+    def wait_for(self, event: threading.Event) -> None:
+        """Keep every connection alive (reads, writes, PINGREQ when due) until ``event``."""
+        while not event.is_set():
+            self._poll(50_000_000)
+
+    def _poll(self, timeout_ns: int) -> None:
+        self._engine.poll(timeout_ns)
+        self._drain()
+
+    def _failures(self) -> str:
+        return "; ".join(f"{c.spec.client_id}: {c.failure}" for c in self._clients
+                         if c.failure)
+
+    def _check_deadline(self, deadline_ns: int, waiting_for: str) -> None:
+        if failed := self._failures():
+            raise RuntimeError(failed)
+        if monotonic_ns() > deadline_ns:
+            if waiting_for == "CONNACK":
+                missing = [c.spec for c in self._clients if not c.connected]
+            else:
+                missing = [c.spec for c in self._clients
+                           if c.spec.role == Role.SUBSCRIBER and not c.subscribed]
+            brokers = sorted({f"{(s.broker or self._endpoint).host}:"
+                              f"{(s.broker or self._endpoint).port}" for s in missing})
+            raise RuntimeError(f"no {waiting_for} for "
+                               f"{', '.join(s.client_id for s in missing[:5])} "
+                               f"from {', '.join(brokers)}")
+
+    # -- the run --------------------------------------------------------------------------
+
+    def run(self, t_start_ns: int, t_deadline_ns: int, abort: Callable[[], bool],
+            t_publish_end_ns: int | None = None,
+            drain_idle: tuple[int, int] | None = None) -> None:
+        """Publish on schedule from ``t_start_ns`` and receive until done or the deadline
+        (the Python session's contract: :meth:`MqttSession.run`)."""
+        publish_end = t_deadline_ns if t_publish_end_ns is None else t_publish_end_ns
+        window_end, idle_ns = drain_idle if drain_idle is not None else (0, 0)
+        self._engine.run_begin(t_start_ns, t_deadline_ns, publish_end, window_end, idle_ns)
+        while not abort():
+            status = self._engine.step(monotonic_ns() + SLICE_NS)
+            self._drain()
+            if status in (native.DONE, native.DEADLINE):
+                return
+            if status == native.FAILED:
+                raise RuntimeError(self._failures())
+
+    # -- events ---------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        """Hand what the engine recorded to the uploader (columns) and the GPIO log."""
+        engine = self._engine
+        batches = [self._publish_columns(engine.take(native.T_PUBLISH)),
+                   self._delivery_columns(engine.take(native.T_DELIVERY)),
+                   self._subscribe_columns(engine.take(native.T_SUBSCRIBE))]
+        for batch in batches:
+            if batch is not None:
+                self._emit(batch)
+        engine.take_column_into(native.T_TX, "lag", self._send_to_kernel_ns)
+        if engine.rows(native.T_EDGE):
+            self._edge_lags_ns.frombytes(engine.column_bytes(native.T_EDGE, "lag"))
+            edges = engine.take(native.T_EDGE)
+            if isinstance(self._gpio, VirtualGpio):
+                self._gpio.add_edges(edges["pin"], edges["t"], edges["level"])
+
+    def _emit(self, columns: EventColumns) -> None:
+        if self._record_columns is not None:
+            self._record_columns(columns)
+            return
+        for event in zip(*(columns[name] for name in RAW_COLUMNS), strict=True):
+            self._record(event)
+
+    def _publish_columns(self, table: dict[str, list[int]]) -> EventColumns | None:
+        rows = len(table["client"])
+        if not rows:
+            return None
+        client = table["client"]
+        nothing: list[None] = [None] * rows
+        return {"kind": [EventKind.PUBLISH.value] * rows,
+                "publisher": _lookup(self._ids, client),
+                "seq": table["seq"], "receiver": nothing,
+                "topic": _lookup(self._topics_of, client),
+                "payload_bytes": _lookup(self._sizes, client),
+                "qos": _lookup(self._qos, client), "warmup": table["warmup"],
+                "t_intended_ns": table["t_intended"], "t_pub_ns": table["t_pub"],
+                "t_recv_ns": nothing, "clock_source": [_CLOCKS[0]] * rows,
+                "t_recv_user_ns": nothing}
+
+    def _publisher_names_of(self, indexes: list[int]) -> list[str]:
+        """The publishers' client ids of a delivery column's publisher indexes."""
+        most = max(indexes)
+        if most >= _MANY_PUBLISHERS:  # a foreign payload's index: named one at a time
+            return list(map(publisher_client_id, indexes))
+        names = self._publisher_names
+        names.extend(publisher_client_id(i) for i in range(len(names), most + 1))
+        return _lookup(names, indexes)
+
+    def _delivery_columns(self, table: dict[str, list[int]]) -> EventColumns | None:
+        rows = len(table["client"])
+        if not rows:
+            return None
+        kernel = sum(table["kernel"])
+        self._kernel_deliveries += kernel
+        self._user_deliveries += rows - kernel
+        topics = self._engine.topics()
+        return {"kind": [EventKind.DELIVERY.value] * rows,
+                "publisher": self._publisher_names_of(table["publisher"]),
+                "seq": table["seq"], "receiver": _lookup(self._receivers, table["client"]),
+                "topic": _lookup(topics, table["topic"]),
+                "payload_bytes": table["payload_bytes"], "qos": table["qos"],
+                "warmup": table["warmup"],
+                "t_intended_ns": table["t_intended"], "t_pub_ns": table["t_pub"],
+                "t_recv_ns": table["t_recv"],
+                "clock_source": _lookup(_CLOCKS, table["kernel"]),
+                "t_recv_user_ns": table["t_recv_user"]}
+
+    def _subscribe_columns(self, table: dict[str, list[int]]) -> EventColumns | None:
+        rows = len(table["client"])
+        if not rows:
+            return None
+        topics = self._engine.topics()
+        nothing: list[None] = [None] * rows
+        return {"kind": [EventKind.SUBSCRIBE.value] * rows, "publisher": nothing,
+                "seq": nothing, "receiver": list(map(self._receivers.__getitem__,
+                                                     table["client"])),
+                "topic": list(map(topics.__getitem__, table["topic"])),
+                "payload_bytes": [0] * rows, "qos": table["qos"], "warmup": [False] * rows,
+                "t_intended_ns": nothing, "t_pub_ns": nothing, "t_recv_ns": table["t_suback"],
+                "clock_source": [_CLOCKS[0]] * rows, "t_recv_user_ns": table["t_suback"]}
+
+    # -- reports --------------------------------------------------------------------------
+
+    def generator_report(self, mqtt_client_reason: str = "") -> GeneratorReport:
+        """How the open-loop publishers kept their schedule, which clock stamped the
+        deliveries, and the engine's own figures (send stamps, GPIO edge lag)."""
+        progress = []
+        for client in self._clients:
+            if client.spec.role == Role.PUBLISHER and not client.spec.closed_loop:
+                stats = self._engine.stats(client.index)
+                progress.append(PublisherProgress(
+                    client.spec, stats.sent, stats.first_intended_ns if stats.sent else None,
+                    stats.last_pub_ns, stats.send_lag_max_ns))
+        return GeneratorReport(
+            **schedule_fields(progress), mqtt_client="native",
+            mqtt_client_reason=mqtt_client_reason,
+            kernel_deliveries=self._kernel_deliveries, user_deliveries=self._user_deliveries,
+            realtime_offset_gap_ns=self._engine.realtime_gap_ns,
+            send_kernel_stamps=len(self._send_to_kernel_ns),
+            send_to_kernel_p50_ns=_percentile(self._send_to_kernel_ns, 0.5),
+            send_to_kernel_p99_ns=_percentile(self._send_to_kernel_ns, 0.99),
+            gpio_edge_lag_p99_ns=_percentile(self._edge_lags_ns, 0.99),
+            gpio_edge_lag_max_ns=max(self._edge_lags_ns) if self._edge_lags_ns else None)
+
+    def counts(self) -> tuple[int, int]:
+        """Return (messages published, unique messages received) over all clients."""
+        stats = [self._engine.stats(c.index) for c in self._clients]
+        return sum(s.sent for s in stats), sum(s.received_unique for s in stats)
+
+    def close(self) -> None:
+        """Disconnect every client politely, then close the sockets and free the engine."""
+        if self._closed:
+            return
+        self._drain()
+        if isinstance(self._gpio, VirtualGpio):
+            pins = {c.spec.gpio_pin for c in self._clients}
+            self._gpio.set_levels({pin: self._engine.gpio_level(pin) for pin in pins})
+        self._closed = True
+        self._engine.close()
