@@ -32,10 +32,17 @@ timestamps of one stream, whose offsets cancel.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from mqttbed.analytics.passes import (
+    PERCENTILES,
+    SKETCH_LEVELS,
+    Aggregate,
+    GroupKey,
+    figure_rows,
+)
 from mqttbed.analytics.topics import is_wildcard, topic_filter_regex
 from mqttbed.core.events import EventKind
 
@@ -49,7 +56,6 @@ StreamFigureKey = tuple[str, str, str, str]   # (level, key, stream, figure)
 
 RUN_LEVEL = "run"
 POINT_LEVEL = "point"
-PERCENTILES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
 BYTES_PER_KB = 1000  # kB, as instruments.resources.summarize
 NS_PER_US = 1000.0
 # RFC 3550 section 6.4.1: J += (|D| - J) / 16.
@@ -65,9 +71,9 @@ _DELIVERY_KEY = ("run_id", "publisher", "seq", "receiver")
 
 
 # Figures whose point percentiles get a bootstrap interval across runs; each run's values
-# are summarised by this many quantiles (0, 0.1 %, ... 100 %) for the resampling.
+# are summarised by their quantiles at SKETCH_LEVELS (0, 0.1 %, ... 100 %).
 SKETCHED_FIGURES = ("latency_us", "sync_spread_us")
-SKETCH_LEVELS = [i / 1000 for i in range(1001)]
+__all__ = ["PERCENTILES", "SKETCH_LEVELS"]  # re-exported: where callers have found them
 
 
 @dataclass(frozen=True)
@@ -94,12 +100,35 @@ class LevelFigures:
     stream_sketches: dict[tuple[str, str, str], QuantileSketch] = field(default_factory=dict)
 
 
-def compute_level_figures(events: DataFrame, samples: DataFrame, levels: DataFrame,
-                          faults: DataFrame | None = None,
-                          streams: DataFrame | None = None) -> LevelFigures:
-    """Aggregate ``events`` and broker ``samples`` per level.
+def subscription_rows(events: DataFrame) -> DataFrame:
+    """(run_id, receiver, topic_filter, suback_ns): each receiver's subscriptions.
+
+    A receiver subscribed twice to one filter is one subscription, from its first SUBACK;
+    SUBACK times are offset-corrected so receivers on different machines compare. Small
+    (a row per receiver and filter): collected before the figure pass, whose topic
+    matching needs the wildcard filters on the driver.
+    """
+    from pyspark.sql import functions as F
+
+    measured = _measured(events)
+    return (measured.where(F.col("kind") == EventKind.SUBSCRIBE.value)
+            .groupBy("run_id", "receiver", F.col("topic").alias("topic_filter"))
+            .agg(F.min(F.col("t_recv_ns") - F.col("clock_offset_ns")).alias("suback_ns")))
+
+
+SUBSCRIPTIONS_DDL = "run_id string, receiver string, topic_filter string, suback_ns bigint"
+
+
+def level_figure_rows(events: DataFrame, samples: DataFrame, levels: DataFrame,
+                      subscriptions: DataFrame, topic_filters: Sequence[str],
+                      faults: DataFrame | None = None,
+                      streams: DataFrame | None = None) -> list[DataFrame]:
+    """The figure rows (:mod:`mqttbed.analytics.passes`) of every count, distribution
+    and item of every level, for :func:`read_level_figures` once aggregated.
 
     ``levels`` has columns run_id, level, key: one row per level a run belongs to.
+    ``subscriptions`` are :func:`subscription_rows` of the events (as collected), and
+    ``topic_filters`` the filters among them.
     ``faults`` (run_id, fault_ns: on the controller's clock) are the runs in which a
     backend caused a fault on purpose, for the recovery figures (:func:`_fault_rows`).
     ``streams`` (run_id, publisher, stream) name the stream of a message mix each
@@ -107,78 +136,59 @@ def compute_level_figures(events: DataFrame, samples: DataFrame, levels: DataFra
     """
     from pyspark.sql import functions as F
 
-    publishes, subscriptions, deliveries = _split_events(events)
-    deliveries = deliveries.cache()
-    pairs = _expected_pairs(publishes, subscriptions).distinct().cache()
-    unique = _unique_deliveries(deliveries, publishes, pairs).cache()
+    publishes, deliveries = _split_events(events)
+    pairs = _expected_pairs(publishes, subscriptions, topic_filters).distinct()
+    unique = _unique_deliveries(deliveries, publishes, pairs)
     values = _distribution_rows(unique, subscriptions, publishes)
-    recovery: DataFrame | None = None
+    counted = _count_rows(publishes, pairs, deliveries, unique)
     if faults is not None:
-        recovery = _fault_rows(unique, faults).cache()
+        recovery = _fault_rows(unique, faults)
         values = values.unionByName(recovery.where(F.col("figure") != "receivers_not_resumed"))
+        # one row per receiver that got nothing sent after the fault
+        counted = counted.unionByName(recovery.where(
+            F.col("figure") == "receivers_not_resumed").select("run_id", "publisher",
+                                                               "figure"))
     values = _by_stream(values, streams, F.col("figure").isin(list(STREAM_DISTRIBUTIONS)))
-    values = values.cache()
-    try:
-        counted = _count_rows(publishes, pairs, deliveries, unique)
-        if recovery is not None:  # one row per receiver that got nothing sent after it
-            counted = counted.unionByName(recovery.where(
-                F.col("figure") == "receivers_not_resumed").select("run_id", "publisher",
-                                                                   "figure"))
-        counts_rows = _per_level(_by_stream(counted, streams,
-                                            F.col("figure") != "receivers_not_resumed"),
-                                 levels)
-        counts = (counts_rows.groupBy("level", "key", "stream")
-                  .pivot("figure", list(COUNT_FIGURES)).count().collect())
-        distributions = (
-            _per_level(values, levels)
-            .groupBy("level", "key", "stream", "figure")
-            .agg(F.count("value").alias("count"), F.avg("value").alias("mean"),
-                 F.stddev_samp("value").alias("std"),
-                 F.percentile("value", list(PERCENTILES.values())).alias("percentiles"),
-                 F.max("value").alias("max"))
-            .collect())
-        sketches = (
-            values.where(F.col("figure").isin(list(SKETCHED_FIGURES)))
-            .groupBy("run_id", "stream", "figure")
-            .agg(F.count("value").alias("count"),
-                 F.percentile("value", SKETCH_LEVELS).alias("quantiles"))
-            .collect())
-        items = (
-            _per_level(_item_rows(unique, samples, publishes), levels)
-            .groupBy("level", "key", "figure")
-            .agg(F.avg("value").alias("mean"), F.stddev_samp("value").alias("std"),
-                 F.max("value").alias("max"), F.sum("value").alias("sum"))
-            .collect())
-    finally:
-        for frame in (values, recovery, unique, pairs, deliveries):
-            if frame is not None:
-                frame.unpersist()
-    whole = [r for r in counts if r["stream"] is None]
-    whole_distributions = [r for r in distributions if r["stream"] is None]
-    whole_sketches = [r for r in sketches if r["stream"] is None and r["count"]]
+    counted = _by_stream(counted, streams, F.col("figure") != "receivers_not_resumed")
+    sketched = (F.col("level") == RUN_LEVEL) & F.col("figure").isin(list(SKETCHED_FIGURES))
+    return [
+        figure_rows(_per_level(counted, levels), "count", sub="stream", value=None),
+        figure_rows(_per_level(values, levels), "distribution", sub="stream", full=sketched),
+        figure_rows(_per_level(_item_rows(unique, samples, publishes), levels), "item"),
+    ]
+
+
+def read_level_figures(groups: dict[GroupKey, Aggregate]) -> LevelFigures:
+    """The LevelFigures of the aggregated :func:`level_figure_rows`."""
+    counts: dict[tuple[str, str, str | None], dict[str, int]] = {}
+    distributions: dict[tuple[str, str, str | None, str], dict[str, float | None]] = {}
+    sketches: dict[tuple[str, str | None, str], QuantileSketch] = {}
+    items: dict[FigureKey, dict[str, float | None]] = {}
+    for (family, level, key, sub, figure), found in groups.items():
+        if family == "count":
+            counts.setdefault((level, key, sub), dict.fromkeys(COUNT_FIGURES, 0))[figure] = (
+                found.rows)
+        elif family == "distribution":
+            distributions[(level, key, sub, figure)] = found.distribution()
+            if found.quantiles is not None and found.count:
+                sketches[(key, sub, figure)] = QuantileSketch(found.count, found.quantiles)
+        elif family == "item":
+            items[(level, key, figure)] = {"mean": found.mean, "std": found.std,
+                                           "max": found.max, "sum": found.sum}
     return LevelFigures(
-        counts={(r["level"], r["key"]): _counts(r) for r in whole},
-        distributions={(r["level"], r["key"], r["figure"]): _distribution(r)
-                       for r in whole_distributions},
-        items={(r["level"], r["key"], r["figure"]): {s: _number(r[s]) for s in
-                                                     ("mean", "std", "max", "sum")}
-               for r in items},
-        sketches={(r["run_id"], r["figure"]): _sketch(r) for r in whole_sketches},
-        stream_counts={(r["level"], r["key"], r["stream"]): _counts(r)
-                       for r in counts if r["stream"] is not None},
-        stream_distributions={(r["level"], r["key"], r["stream"], r["figure"]): _distribution(r)
-                              for r in distributions if r["stream"] is not None},
-        stream_sketches={(r["run_id"], r["stream"], r["figure"]): _sketch(r)
-                         for r in sketches if r["stream"] is not None and r["count"]},
+        counts={(level, key): c for (level, key, sub), c in counts.items() if sub is None},
+        distributions={(level, key, figure): d for (level, key, sub, figure), d
+                       in distributions.items() if sub is None},
+        items=items,
+        sketches={(run_id, figure): s for (run_id, sub, figure), s in sketches.items()
+                  if sub is None},
+        stream_counts={(level, key, sub): c for (level, key, sub), c in counts.items()
+                       if sub is not None},
+        stream_distributions={(level, key, sub, figure): d for (level, key, sub, figure), d
+                              in distributions.items() if sub is not None},
+        stream_sketches={(run_id, sub, figure): s for (run_id, sub, figure), s
+                         in sketches.items() if sub is not None},
     )
-
-
-def _counts(row: Any) -> dict[str, int]:
-    return {f: int(row[f] or 0) for f in COUNT_FIGURES}
-
-
-def _sketch(row: Any) -> QuantileSketch:
-    return QuantileSketch(int(row["count"]), [float(q) for q in row["quantiles"]])
 
 
 def _by_stream(frame: DataFrame, streams: DataFrame | None, per_stream: Column) -> DataFrame:
@@ -193,22 +203,6 @@ def _by_stream(frame: DataFrame, streams: DataFrame | None, per_stream: Column) 
     return whole.unionByName(tagged)
 
 
-def _number(value: Any) -> float | None:
-    """Return ``value`` as a float, None for null, NaN or infinity."""
-    if value is None:
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def _distribution(row: Any) -> dict[str, float | None]:
-    percentiles = row["percentiles"] or [None] * len(PERCENTILES)
-    return {"count": int(row["count"] or 0), "mean": _number(row["mean"]),
-            "std": _number(row["std"]),
-            **{name: _number(v) for name, v in zip(PERCENTILES, percentiles, strict=True)},
-            "max": _number(row["max"])}
-
-
 def _per_level(frame: DataFrame, levels: DataFrame) -> DataFrame:
     """Repeat each row of ``frame`` once per level its run belongs to."""
     from pyspark.sql import functions as F
@@ -219,38 +213,41 @@ def _per_level(frame: DataFrame, levels: DataFrame) -> DataFrame:
 # -- the rows every figure starts from ------------------------------------------------
 
 
-def _split_events(events: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
-    """Return (publishes, subscriptions, deliveries) without warm-up messages."""
+def _measured(events: DataFrame) -> DataFrame:
+    """The events without warm-up messages (subscribe rows stay: a subscription is not
+    a message)."""
+    from pyspark.sql import functions as F
+
+    return events.where(~F.col("warmup") | (F.col("kind") == EventKind.SUBSCRIBE.value))
+
+
+def _split_events(events: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """Return (publishes, deliveries) without warm-up messages."""
     from pyspark.sql import functions as F
 
     kind = F.col("kind")
-    measured = events.where(~F.col("warmup") | (kind == EventKind.SUBSCRIBE.value))
+    measured = _measured(events)
     publishes = measured.where(kind == EventKind.PUBLISH.value).select(
         "run_id", "publisher", "seq", "topic", "t_pub_ns", "t_intended_ns",
         F.col("clock_offset_ns").alias("pub_offset_ns"))
-    # A receiver subscribed twice to one filter is one subscription, from its first SUBACK.
-    # SUBACK times are offset-corrected so receivers on different machines compare.
-    subscriptions = (
-        measured.where(kind == EventKind.SUBSCRIBE.value)
-        .groupBy("run_id", "receiver", F.col("topic").alias("topic_filter"))
-        .agg(F.min(F.col("t_recv_ns") - F.col("clock_offset_ns")).alias("suback_ns")))
     deliveries = measured.where(kind == EventKind.DELIVERY.value).select(
         "run_id", "publisher", "seq", "receiver", "t_pub_ns", "t_intended_ns", "t_recv_ns",
         F.col("clock_offset_ns").alias("recv_offset_ns"))
-    return publishes, subscriptions, deliveries
+    return publishes, deliveries
 
 
-def _expected_pairs(publishes: DataFrame, subscriptions: DataFrame) -> DataFrame:
+def _expected_pairs(publishes: DataFrame, subscriptions: DataFrame,
+                    topic_filters: Sequence[str]) -> DataFrame:
     """Return (run_id, publisher, seq, receiver) for each (publish, matching subscription).
 
     Callers take the distinct rows: a receiver whose overlapping filters both match a
     topic expects the message once (MQTT 3.1.1 section 3.3.5: one delivery, at the
     highest QoS of the matching subscriptions).
 
-    Filters without wildcards join by equality; the few wildcard filters are collected,
-    turned into regexes and matched with ``rlike`` against a broadcast of their
-    subscriptions. A wildcard filter never equals a topic name (names cannot hold
-    wildcards), so no pair is counted twice.
+    Filters without wildcards join by equality; the few wildcard filters (of
+    ``topic_filters``, every filter subscribed to) are turned into regexes and matched
+    with ``rlike`` against a broadcast of their subscriptions. A wildcard filter never
+    equals a topic name (names cannot hold wildcards), so no pair is counted twice.
     """
     from pyspark.sql import functions as F
 
@@ -259,9 +256,7 @@ def _expected_pairs(publishes: DataFrame, subscriptions: DataFrame) -> DataFrame
     same_run = F.col("p.run_id") == F.col("s.run_id")
     pairs = p.join(s, same_run & (F.col("p.topic") == F.col("s.topic_filter"))).select(
         *pair_columns)
-    wildcards = sorted(row["topic_filter"] for row in
-                       subscriptions.select("topic_filter").distinct().collect()
-                       if is_wildcard(row["topic_filter"]))
+    wildcards = sorted({f for f in topic_filters if is_wildcard(f)})
     if wildcards:
         wild = F.broadcast(subscriptions.where(F.col("topic_filter").isin(wildcards))).alias("s")
         matches: Column = F.lit(False)

@@ -22,25 +22,33 @@ from mqttbed.analytics.figures import (
     POINT_LEVEL,
     RUN_LEVEL,
     STREAM_DISTRIBUTIONS,
+    SUBSCRIPTIONS_DDL,
     LevelFigures,
     LevelKey,
-    compute_level_figures,
+    level_figure_rows,
+    read_level_figures,
+    subscription_rows,
 )
+from mqttbed.analytics.passes import aggregate_figures, collect_facts
 from mqttbed.analytics.results import CampaignStats, ScopeRun, results_model
 from mqttbed.analytics.scope import (
     agent_clocks,
+    clock_rows,
     clock_uncertainty_us,
-    scope_figures,
+    read_scope_figures,
+    read_time_sync_errors,
+    scope_rows,
     split_by_clock,
-    time_sync_errors,
+    time_sync_rows,
 )
 from mqttbed.analytics.sections import (
     RECORDS_DDL,
     SectionStats,
     build_sections,
-    section_statistics,
+    read_section_statistics,
+    section_rows,
 )
-from mqttbed.analytics.series import compute_series
+from mqttbed.analytics.series import read_series, series_rows
 from mqttbed.core.sections import BackendSection
 
 if TYPE_CHECKING:
@@ -155,18 +163,33 @@ def _compute(spark: SparkSession, campaign: dict[str, Any], campaign_id: str,
     streams = (spark.createDataFrame(publisher_streams,
                                      "run_id string, publisher string, stream string")
                if publisher_streams else None)
+    # Pass 1 (one action, small result): the subscriptions, which the topic matching of
+    # pass 2 needs on the driver, and the clocks. It also fills the held events.
+    facts = collect_facts({"subscriptions": subscription_rows(events),
+                           "clocks": clock_rows(events)})
+    subscribed = facts["subscriptions"]
+    subscriptions = spark.createDataFrame(
+        [(s.get("run_id"), s.get("receiver"), s.get("topic_filter"), s.get("suback_ns"))
+         for s in subscribed], SUBSCRIPTIONS_DDL)
+    # Pass 2 (one action): every grouped figure, series and section at once.
+    frames = [*level_figure_rows(events, samples, levels, subscriptions,
+                                 [s["topic_filter"] for s in subscribed if "topic_filter" in s],
+                                 faults, streams),
+              scope_rows(scope_events, levels), *series_rows(events, levels, streams)]
+    if any(run.mode == "time-sync" for run in runs):
+        frames.append(time_sync_rows(events, levels))
+    if records is not None:
+        frames.append(section_rows(records, levels))
+    groups = aggregate_figures(frames)
     inputs = _Inputs(
-        figures=compute_level_figures(
-            events, samples, levels, faults, streams),
-        scope=scope_figures(scope_events, levels),
-        sync_errors=time_sync_errors(events, levels) if any(
-            run.mode == "time-sync" for run in runs) else {},
-        uncertainty=clock_uncertainty_us(events),
-        agent_clocks=agent_clocks(events),
-        sections=section_statistics(records, levels) if records is not None else {},
+        figures=read_level_figures(groups),
+        scope=read_scope_figures(groups),
+        sync_errors=read_time_sync_errors(groups),
+        uncertainty=clock_uncertainty_us(facts["clocks"]),
+        agent_clocks=agent_clocks(facts["clocks"]),
+        sections=read_section_statistics(groups) if records is not None else {},
         section_types=section_types)
-    series = compute_series(events, {run.run_id: run.point_index for run in runs
-                                     if run.state == DONE}, streams)
+    series = read_series(groups)
     ordered = sorted(runs, key=lambda run: (run.point_index, run.repetition, run.run_id))
     by_point: dict[int, list[RunInfo]] = {}
     for run in ordered:

@@ -1,0 +1,148 @@
+"""The fused Spark pass: every grouped figure of a campaign from one aggregation.
+
+Each family of figures (counts, distributions, items, scope, time sync, backend
+sections, series) describes its input as *figure rows* in one long format:
+
+    family, level, key, sub, figure, value, full
+
+``level``/``key`` is the level the row counts in (a run, a sweep point, a run's time
+bin); ``sub`` what the family splits a level by (a stream of a message mix, a receiver,
+a section, a time bin; null for the level's own rows); ``value`` a double (null for rows
+that are only counted); ``full`` whether the group needs its whole quantile sketch
+(:data:`mqttbed.analytics.figures.SKETCH_LEVELS`) or only :data:`PERCENTILE_LEVELS`.
+The union of all families is grouped once by (family, level, key, sub, figure) and
+collected: one Spark action instead of one per figure, and every statistic a family
+reads comes from the same aggregate row.
+
+Percentiles are Spark's exact ``percentile`` (linear interpolation between the closest
+ranks at (n - 1) q), as before; a percentile does not depend on which other levels are
+asked with it, so p50 read from a full sketch equals p50 read from the short list.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, Row
+
+PERCENTILES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
+# Each run's values of a sketched figure are summarised by these quantiles (0, 0.1 %, ...
+# 100 %) for the bootstrap; the series' CDFs (0, 1 %, ... 100 %) are every tenth.
+SKETCH_LEVELS = [i / 1000 for i in range(1001)]
+PERCENTILE_LEVELS = list(PERCENTILES.values())
+FIGURE_ROW_COLUMNS = ("family", "level", "key", "sub", "figure", "value", "full")
+
+
+def figure_rows(frame: DataFrame, family: str, *, level: Column | str = "level",
+                key: Column | str = "key", sub: Column | str | None = None,
+                figure: Column | str = "figure", value: Column | str | None = "value",
+                full: Column | bool = False) -> DataFrame:
+    """``frame`` as figure rows of ``family`` (columns or literals for each field)."""
+    from pyspark.sql import functions as F
+
+    def column(given: Column | str | None, kind: str) -> Column:
+        if given is None:
+            return F.lit(None).cast(kind)
+        return (F.col(given) if isinstance(given, str) else given).cast(kind)
+
+    return frame.select(
+        F.lit(family).alias("family"), column(level, "string").alias("level"),
+        column(key, "string").alias("key"), column(sub, "string").alias("sub"),
+        column(figure, "string").alias("figure"),
+        column(value, "double").alias("value"),
+        (F.lit(full) if isinstance(full, bool) else full).alias("full"))
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One group's statistics, as plain Python numbers (None when empty or not finite)."""
+
+    rows: int
+    count: int
+    mean: float | None
+    std: float | None
+    max: float | None
+    min: float | None
+    sum: float | None
+    max_abs: float | None
+    # the sketch (SKETCH_LEVELS) of a full group, else None
+    quantiles: list[float] | None
+    # PERCENTILES by name, from the sketch or the short list
+    percentiles: dict[str, float | None]
+
+    def distribution(self) -> dict[str, float | None]:
+        """count, mean, std, the PERCENTILES and max: a distribution's figures."""
+        return {"count": self.count, "mean": self.mean, "std": self.std,
+                **self.percentiles, "max": self.max}
+
+
+GroupKey = tuple[str, str | None, str | None, str | None, str]  # family, level, key, sub, figure
+
+
+def aggregate_figures(frames: Sequence[DataFrame]) -> dict[GroupKey, Aggregate]:
+    """Group the union of ``frames`` (figure rows) once; return every group's statistics."""
+    from pyspark.sql import functions as F
+
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+    value, full = F.col("value"), F.col("full")
+    rows = (union.groupBy("family", "level", "key", "sub", "figure")
+            .agg(F.count("*").alias("rows"), F.count(value).alias("count"),
+                 F.avg(value).alias("mean"), F.stddev_samp(value).alias("std"),
+                 F.max(value).alias("max"), F.min(value).alias("min"),
+                 F.sum(value).alias("sum"), F.max(F.abs(value)).alias("max_abs"),
+                 F.percentile(F.when(full, value), SKETCH_LEVELS).alias("quantiles"),
+                 F.percentile(F.when(~full, value), PERCENTILE_LEVELS).alias("percentiles"))
+            .collect())
+    return {(r["family"], r["level"], r["key"], r["sub"], r["figure"]): _aggregate(r)
+            for r in rows}
+
+
+def collect_facts(frames: dict[str, DataFrame]) -> dict[str, list[dict[str, Any]]]:
+    """Collect several small frames in one Spark action: each row as a dict, by name.
+
+    The rows travel as JSON (``to_json`` of the row), so frames of any schema share one
+    union; integers stay exact (JSON numbers without a fraction).
+    """
+    from pyspark.sql import functions as F
+
+    named = [frame.select(F.lit(name).alias("name"),
+                          F.to_json(F.struct(*frame.columns)).alias("row"))
+             for name, frame in frames.items()]
+    union = named[0]
+    for frame in named[1:]:
+        union = union.unionByName(frame)
+    found: dict[str, list[dict[str, Any]]] = {name: [] for name in frames}
+    for row in union.collect():
+        found[row["name"]].append(json.loads(row["row"]))
+    return found
+
+
+def number(value: Any) -> float | None:
+    """Return ``value`` as a float, None for null, NaN or infinity."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+_SKETCH_INDEX = {name: round(q * (len(SKETCH_LEVELS) - 1)) for name, q in PERCENTILES.items()}
+
+
+def _aggregate(row: Row) -> Aggregate:
+    quantiles = None if row["quantiles"] is None else [float(q) for q in row["quantiles"]]
+    if quantiles is not None:
+        percentiles = {name: number(quantiles[i]) for name, i in _SKETCH_INDEX.items()}
+    else:
+        short = row["percentiles"] or [None] * len(PERCENTILES)
+        percentiles = {name: number(v) for name, v in zip(PERCENTILES, short, strict=True)}
+    return Aggregate(rows=int(row["rows"]), count=int(row["count"]), mean=number(row["mean"]),
+                     std=number(row["std"]), max=number(row["max"]), min=number(row["min"]),
+                     sum=number(row["sum"]), max_abs=number(row["max_abs"]),
+                     quantiles=quantiles, percentiles=percentiles)
