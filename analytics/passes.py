@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, Row
+    from pyspark.sql import Column, DataFrame, Row, SparkSession
 
 PERCENTILES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
 # Each run's values of a sketched figure are summarised by these quantiles (0, 0.1 %, ...
@@ -104,6 +105,34 @@ def aggregate_figures(frames: Sequence[DataFrame]) -> dict[GroupKey, Aggregate]:
             for r in rows}
 
 
+# Adaptive query execution re-plans what is left of a query after every shuffle stage and
+# runs each stage as a job of its own: on the fused pass (one large plan, small data) that
+# re-planning is most of the time, and its partition coalescing buys nothing with few
+# shuffle partitions. Off for the analysis only; the session's own setting comes back.
+# Small tables (which levels a run counts in, the streams of a mix, the subscriptions) go
+# into the plan as literal maps (:func:`literal_map`), and joins are never broadcast:
+# every broadcast is a Spark job of its own.
+ANALYSIS_CONF = {"spark.sql.adaptive.enabled": "false",
+                 "spark.sql.autoBroadcastJoinThreshold": "-1"}
+
+
+@contextmanager
+def analysis_conf(spark: SparkSession) -> Iterator[None]:
+    """Set ANALYSIS_CONF on ``spark`` for the duration, then restore what was there."""
+    conf = spark.conf
+    before = {key: conf.get(key, None) for key in ANALYSIS_CONF}
+    for key, value in ANALYSIS_CONF.items():
+        conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                conf.unset(key)
+            else:
+                conf.set(key, value)
+
+
 def collect_facts(frames: dict[str, DataFrame]) -> dict[str, list[dict[str, Any]]]:
     """Collect several small frames in one Spark action: each row as a dict, by name.
 
@@ -122,6 +151,27 @@ def collect_facts(frames: dict[str, DataFrame]) -> dict[str, list[dict[str, Any]
     for row in union.collect():
         found[row["name"]].append(json.loads(row["row"]))
     return found
+
+
+def literal_map(mapping: dict[str, Column]) -> Column | None:
+    """``mapping`` as a map literal of the plan (None when empty): a lookup in a table the
+    driver holds, without a join or a broadcast. Look up with ``F.try_element_at``."""
+    from pyspark.sql import functions as F
+
+    if not mapping:
+        return None
+    return F.create_map(*[item for key, value in mapping.items()
+                          for item in (F.lit(key), value)])
+
+
+def lookup(mapping: Column | None, key: Column, kind: str) -> Column:
+    """The value of ``key`` in a :func:`literal_map` (of values of type ``kind``); null
+    when the key is null or absent."""
+    from pyspark.sql import functions as F
+
+    if mapping is None:
+        return F.lit(None).cast(kind)
+    return F.when(key.isNotNull(), F.try_element_at(mapping, key)).cast(kind)
 
 
 def number(value: Any) -> float | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from mqttbed.analytics.figures import _per_level
+from mqttbed.analytics.figures import Levels, _per_level
 from mqttbed.analytics.passes import Aggregate, GroupKey, figure_rows, number
 from mqttbed.core.events import ClockSource, EventKind
 
@@ -36,7 +36,7 @@ def split_by_clock(events: DataFrame) -> tuple[DataFrame, DataFrame]:
     return events.where(~is_scope), events.where(is_scope)
 
 
-def scope_rows(scope: DataFrame, levels: DataFrame) -> DataFrame:
+def scope_rows(scope: DataFrame, levels: Levels) -> DataFrame:
     """The figure rows of the scope's figures per level: its delays (``latency_us``),
     the spread of each acquisition that caught two subscribers or more
     (``sync_spread_us``), and a counted row per acquisition (``acquisitions``)."""
@@ -108,7 +108,7 @@ def agent_clocks(clocks: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[s
     return result
 
 
-def time_sync_rows(software: DataFrame, levels: DataFrame) -> DataFrame:
+def time_sync_rows(software: DataFrame, levels: Levels) -> DataFrame:
     """The figure rows of each subscriber's clock error after adopting the time server's
     timestamp, per level (``sub``: the receiver)."""
     from pyspark.sql import functions as F

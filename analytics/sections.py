@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from mqttbed.analytics.figures import LevelKey, _per_level
+from mqttbed.analytics.figures import LevelKey, Levels, _per_level
 from mqttbed.analytics.passes import Aggregate, GroupKey, figure_rows
 from mqttbed.core.sections import BackendSection, Distribution, FigureKind
 
@@ -25,7 +25,7 @@ RECORDS_DDL = "section string, figure string, value double"
 SectionStats = dict[LevelKey, dict[str, dict[str, dict[str, Any]]]]
 
 
-def section_rows(records: DataFrame, levels: DataFrame) -> DataFrame:
+def section_rows(records: DataFrame, levels: Levels) -> DataFrame:
     """The figure rows of every (section, figure) of the records per level."""
     return figure_rows(_per_level(records, levels), "section", sub="section")
 

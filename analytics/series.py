@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from mqttbed.analytics.figures import POINT_LEVEL, RUN_LEVEL
+from mqttbed.analytics.figures import (
+    POINT_LEVEL,
+    RUN_LEVEL,
+    Levels,
+    PublisherStreams,
+    _per_level,
+    stream_of,
+)
 from mqttbed.analytics.passes import SKETCH_LEVELS, Aggregate, GroupKey, figure_rows
 from mqttbed.core.events import EventKind
 
@@ -46,28 +53,26 @@ def _unique_latencies(events: DataFrame) -> DataFrame:
                          ((F.col("arrival_ns") - t_send) / 1000.0).alias("latency_us"))
 
 
-def series_rows(events: DataFrame, levels: DataFrame,
-                streams: DataFrame | None = None) -> list[DataFrame]:
+def series_rows(events: DataFrame, levels: Levels,
+                streams: PublisherStreams | None = None) -> list[DataFrame]:
     """The figure rows of the series: each point's latencies of its done runs (whole, and
-    per stream of a message mix with ``streams``: run_id, publisher, stream) for the
-    CDFs, and each run's latencies by time bin of the send time for the timeline.
+    per stream of a message mix with ``streams``) for the CDFs, and each run's latencies
+    by time bin of the send time for the timeline.
 
-    ``levels`` are the stats' levels (run_id, level, key): a point's rows are those of
-    its done runs.
+    ``levels`` are the stats' levels: a point's rows are those of its done runs.
     """
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     latencies = _unique_latencies(events)
-    pooled = (latencies.withColumn("stream", F.lit(None).cast("string"))
-              if streams is None else latencies.withColumn(
-                  "stream", F.lit(None).cast("string")).unionByName(
-                      latencies.join(F.broadcast(streams), ["run_id", "publisher"])))
-    points = F.broadcast(levels.where(F.col("level") == POINT_LEVEL))
-    start = latencies.groupBy("run_id").agg(F.min("t_send_ns").alias("t0"))
-    bins = (latencies.join(start, "run_id")
-            .withColumn("bin", F.floor((F.col("t_send_ns") - F.col("t0"))
-                                       / (TIMELINE_BIN_S * 1e9)).cast("int")))
-    return [figure_rows(pooled.join(points, "run_id"), "cdf", sub="stream",
+    pooled = latencies.withColumn("stream", F.lit(None).cast("string"))
+    if streams:
+        pooled = pooled.unionByName(latencies.withColumn("stream", stream_of(streams))
+                                    .where(F.col("stream").isNotNull()))
+    t0 = F.min("t_send_ns").over(Window.partitionBy("run_id"))
+    bins = latencies.withColumn("bin", F.floor((F.col("t_send_ns") - t0)
+                                               / (TIMELINE_BIN_S * 1e9)).cast("int"))
+    return [figure_rows(_per_level(pooled, levels, only=POINT_LEVEL), "cdf", sub="stream",
                         figure=F.lit("latency_us"), value="latency_us", full=True),
             figure_rows(bins, "timeline", level=F.lit(RUN_LEVEL), key="run_id", sub="bin",
                         figure=F.lit("latency_us"), value="latency_us")]

@@ -22,14 +22,16 @@ from mqttbed.analytics.figures import (
     POINT_LEVEL,
     RUN_LEVEL,
     STREAM_DISTRIBUTIONS,
-    SUBSCRIPTIONS_DDL,
     LevelFigures,
     LevelKey,
+    Levels,
+    PublisherStreams,
+    delivery_rows,
     level_figure_rows,
     read_level_figures,
     subscription_rows,
 )
-from mqttbed.analytics.passes import aggregate_figures, collect_facts
+from mqttbed.analytics.passes import aggregate_figures, analysis_conf, collect_facts
 from mqttbed.analytics.results import CampaignStats, ScopeRun, results_model
 from mqttbed.analytics.scope import (
     agent_clocks,
@@ -131,21 +133,20 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
         raise ValueError(f"runs lists run ids more than once: {', '.join(repeated)}; "
                          "pass each run once")
     campaign_id = str(campaign["id"])
-    levels = spark.createDataFrame(
-        [(run.run_id, RUN_LEVEL, run.run_id) for run in runs]
-        + [(run.run_id, POINT_LEVEL, str(run.point_index)) for run in runs if run.state == DONE],
-        "run_id string, level string, key string")
+    levels: Levels = {run.run_id: [(RUN_LEVEL, run.run_id)] + (
+        [(POINT_LEVEL, str(run.point_index))] if run.state == DONE else []) for run in runs}
     stored_events = read_runs_held(spark, events_path, campaign_id, run_ids, EVENTS_DDL)
     try:
-        return _compute(spark, campaign, campaign_id, runs, levels, stored_events,
-                        read_runs(spark, samples_path, campaign_id, run_ids, SAMPLES_DDL),
-                        records_path, tuple(section_types))
+        with analysis_conf(spark):
+            return _compute(spark, campaign, campaign_id, runs, levels, stored_events,
+                            read_runs(spark, samples_path, campaign_id, run_ids, SAMPLES_DDL),
+                            records_path, tuple(section_types))
     finally:
         stored_events.unpersist()
 
 
 def _compute(spark: SparkSession, campaign: dict[str, Any], campaign_id: str,
-             runs: list[RunInfo], levels: Any, stored_events: Any, samples: Any,
+             runs: list[RunInfo], levels: Levels, stored_events: Any, samples: Any,
              records_path: Path | None, section_types: tuple[type[BackendSection], ...]
              ) -> CampaignStats:
     """compute_campaign_stats over the campaign's events as read (held in memory)."""
@@ -155,25 +156,20 @@ def _compute(spark: SparkSession, campaign: dict[str, Any], campaign_id: str,
                                         if run.receive_clock == "user"])
     records = (read_runs(spark, records_path, campaign_id, run_ids, RECORDS_DDL)
                if records_path is not None and section_types else None)
-    faulted = [(run.run_id, run.fault_at_ns) for run in runs if run.fault_at_ns is not None]
-    faults = (spark.createDataFrame(faulted, "run_id string, fault_ns long") if faulted
-              else None)
-    publisher_streams = [(run.run_id, publisher, stream.name) for run in runs
-                         for stream in run.streams for publisher in stream.publishers]
-    streams = (spark.createDataFrame(publisher_streams,
-                                     "run_id string, publisher string, stream string")
-               if publisher_streams else None)
+    faults = {run.run_id: run.fault_at_ns for run in runs if run.fault_at_ns is not None}
+    streams: PublisherStreams = {
+        run.run_id: {publisher: stream.name for stream in run.streams
+                     for publisher in stream.publishers} for run in runs if run.streams}
     # Pass 1 (one action, small result): the subscriptions, which the topic matching of
     # pass 2 needs on the driver, and the clocks. It also fills the held events.
     facts = collect_facts({"subscriptions": subscription_rows(events),
                            "clocks": clock_rows(events)})
-    subscribed = facts["subscriptions"]
-    subscriptions = spark.createDataFrame(
-        [(s.get("run_id"), s.get("receiver"), s.get("topic_filter"), s.get("suback_ns"))
-         for s in subscribed], SUBSCRIPTIONS_DDL)
-    # Pass 2 (one action): every grouped figure, series and section at once.
-    frames = [*level_figure_rows(events, samples, levels, subscriptions,
-                                 [s["topic_filter"] for s in subscribed if "topic_filter" in s],
+    subscriptions = facts["subscriptions"]
+    # Pass 2: the per-delivery rows every figure starts from, materialised (its lineage
+    # cut, so that pass 3's plan stays small).
+    deliveries = delivery_rows(events, subscriptions).localCheckpoint()
+    # Pass 3 (one action): every grouped figure, series and section at once.
+    frames = [*level_figure_rows(events, deliveries, samples, levels, subscriptions,
                                  faults, streams),
               scope_rows(scope_events, levels), *series_rows(events, levels, streams)]
     if any(run.mode == "time-sync" for run in runs):
