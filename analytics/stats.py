@@ -6,6 +6,11 @@ their data gives, in the runs section only. Every figure derived from events, br
 samples or backend records is computed here, with Spark; the result is the typed
 document :class:`mqttbed.analytics.results.CampaignStats`. Definitions of the figures
 are in :mod:`mqttbed.analytics.figures`.
+
+An analysis is three Spark jobs, whatever the number of figures: (1) the subscriptions
+and clocks, collected (small); (2) the per-delivery rows every figure starts from,
+materialised; (3) one aggregation of every family's figure rows
+(:mod:`mqttbed.analytics.passes`), collected.
 """
 
 from __future__ import annotations
@@ -166,7 +171,8 @@ def _compute(spark: SparkSession, campaign: dict[str, Any], campaign_id: str,
                            "clocks": clock_rows(events)})
     subscriptions = facts["subscriptions"]
     # Pass 2: the per-delivery rows every figure starts from, materialised (its lineage
-    # cut, so that pass 3's plan stays small).
+    # cut, so that pass 3's plan stays small; Spark's cleaner frees the blocks once the
+    # frame is unreachable).
     deliveries = delivery_rows(events, subscriptions).localCheckpoint()
     # Pass 3 (one action): every grouped figure, series and section at once.
     frames = [*level_figure_rows(events, deliveries, samples, levels, subscriptions,
