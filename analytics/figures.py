@@ -32,10 +32,19 @@ timestamps of one stream, whose offsets cancel.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mqttbed.analytics.passes import (
+    PERCENTILES,
+    SKETCH_LEVELS,
+    Aggregate,
+    GroupKey,
+    figure_rows,
+    literal_map,
+    lookup,
+)
 from mqttbed.analytics.topics import is_wildcard, topic_filter_regex
 from mqttbed.core.events import EventKind
 
@@ -43,13 +52,16 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
 LevelKey = tuple[str, str]
+# run_id -> the levels its rows count in (its run; its point if done)
+Levels = dict[str, list[LevelKey]]
+# run_id -> publisher -> the stream of a message mix the publisher belongs to
+PublisherStreams = dict[str, dict[str, str]]
 FigureKey = tuple[str, str, str]
 StreamKey = tuple[str, str, str]              # (level, key, stream)
 StreamFigureKey = tuple[str, str, str, str]   # (level, key, stream, figure)
 
 RUN_LEVEL = "run"
 POINT_LEVEL = "point"
-PERCENTILES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
 BYTES_PER_KB = 1000  # kB, as instruments.resources.summarize
 NS_PER_US = 1000.0
 # RFC 3550 section 6.4.1: J += (|D| - J) / 16.
@@ -65,9 +77,9 @@ _DELIVERY_KEY = ("run_id", "publisher", "seq", "receiver")
 
 
 # Figures whose point percentiles get a bootstrap interval across runs; each run's values
-# are summarised by this many quantiles (0, 0.1 %, ... 100 %) for the resampling.
+# are summarised by their quantiles at SKETCH_LEVELS (0, 0.1 %, ... 100 %).
 SKETCHED_FIGURES = ("latency_us", "sync_spread_us")
-SKETCH_LEVELS = [i / 1000 for i in range(1001)]
+__all__ = ["PERCENTILES", "SKETCH_LEVELS"]  # re-exported: where callers have found them
 
 
 @dataclass(frozen=True)
@@ -94,263 +106,316 @@ class LevelFigures:
     stream_sketches: dict[tuple[str, str, str], QuantileSketch] = field(default_factory=dict)
 
 
-def compute_level_figures(events: DataFrame, samples: DataFrame, levels: DataFrame,
-                          faults: DataFrame | None = None,
-                          streams: DataFrame | None = None) -> LevelFigures:
-    """Aggregate ``events`` and broker ``samples`` per level.
+def subscription_rows(events: DataFrame) -> DataFrame:
+    """(run_id, receiver, topic_filter, suback_ns): each receiver's subscriptions.
 
-    ``levels`` has columns run_id, level, key: one row per level a run belongs to.
-    ``faults`` (run_id, fault_ns: on the controller's clock) are the runs in which a
-    backend caused a fault on purpose, for the recovery figures (:func:`_fault_rows`).
-    ``streams`` (run_id, publisher, stream) name the stream of a message mix each
-    publisher of a run belongs to; their figures come out per stream too.
+    A receiver subscribed twice to one filter is one subscription, from its first SUBACK;
+    SUBACK times are offset-corrected so receivers on different machines compare. Small
+    (a row per receiver and filter): collected before the figure pass, whose topic
+    matching needs the wildcard filters on the driver.
     """
     from pyspark.sql import functions as F
 
-    publishes, subscriptions, deliveries = _split_events(events)
-    deliveries = deliveries.cache()
-    pairs = _expected_pairs(publishes, subscriptions).distinct().cache()
-    unique = _unique_deliveries(deliveries, publishes, pairs).cache()
-    values = _distribution_rows(unique, subscriptions, publishes)
-    recovery: DataFrame | None = None
-    if faults is not None:
-        recovery = _fault_rows(unique, faults).cache()
-        values = values.unionByName(recovery.where(F.col("figure") != "receivers_not_resumed"))
-    values = _by_stream(values, streams, F.col("figure").isin(list(STREAM_DISTRIBUTIONS)))
-    values = values.cache()
-    try:
-        counted = _count_rows(publishes, pairs, deliveries, unique)
-        if recovery is not None:  # one row per receiver that got nothing sent after it
-            counted = counted.unionByName(recovery.where(
-                F.col("figure") == "receivers_not_resumed").select("run_id", "publisher",
-                                                                   "figure"))
-        counts_rows = _per_level(_by_stream(counted, streams,
-                                            F.col("figure") != "receivers_not_resumed"),
-                                 levels)
-        counts = (counts_rows.groupBy("level", "key", "stream")
-                  .pivot("figure", list(COUNT_FIGURES)).count().collect())
-        distributions = (
-            _per_level(values, levels)
-            .groupBy("level", "key", "stream", "figure")
-            .agg(F.count("value").alias("count"), F.avg("value").alias("mean"),
-                 F.stddev_samp("value").alias("std"),
-                 F.percentile("value", list(PERCENTILES.values())).alias("percentiles"),
-                 F.max("value").alias("max"))
-            .collect())
-        sketches = (
-            values.where(F.col("figure").isin(list(SKETCHED_FIGURES)))
-            .groupBy("run_id", "stream", "figure")
-            .agg(F.count("value").alias("count"),
-                 F.percentile("value", SKETCH_LEVELS).alias("quantiles"))
-            .collect())
-        items = (
-            _per_level(_item_rows(unique, samples, publishes), levels)
-            .groupBy("level", "key", "figure")
-            .agg(F.avg("value").alias("mean"), F.stddev_samp("value").alias("std"),
-                 F.max("value").alias("max"), F.sum("value").alias("sum"))
-            .collect())
-    finally:
-        for frame in (values, recovery, unique, pairs, deliveries):
-            if frame is not None:
-                frame.unpersist()
-    whole = [r for r in counts if r["stream"] is None]
-    whole_distributions = [r for r in distributions if r["stream"] is None]
-    whole_sketches = [r for r in sketches if r["stream"] is None and r["count"]]
-    return LevelFigures(
-        counts={(r["level"], r["key"]): _counts(r) for r in whole},
-        distributions={(r["level"], r["key"], r["figure"]): _distribution(r)
-                       for r in whole_distributions},
-        items={(r["level"], r["key"], r["figure"]): {s: _number(r[s]) for s in
-                                                     ("mean", "std", "max", "sum")}
-               for r in items},
-        sketches={(r["run_id"], r["figure"]): _sketch(r) for r in whole_sketches},
-        stream_counts={(r["level"], r["key"], r["stream"]): _counts(r)
-                       for r in counts if r["stream"] is not None},
-        stream_distributions={(r["level"], r["key"], r["stream"], r["figure"]): _distribution(r)
-                              for r in distributions if r["stream"] is not None},
-        stream_sketches={(r["run_id"], r["stream"], r["figure"]): _sketch(r)
-                         for r in sketches if r["stream"] is not None and r["count"]},
-    )
+    measured = _measured(events)
+    return (measured.where(F.col("kind") == EventKind.SUBSCRIBE.value)
+            .groupBy("run_id", "receiver", F.col("topic").alias("topic_filter"))
+            .agg(F.min(F.col("t_recv_ns") - F.col("clock_offset_ns")).alias("suback_ns")))
 
 
-def _counts(row: Any) -> dict[str, int]:
-    return {f: int(row[f] or 0) for f in COUNT_FIGURES}
+def delivery_rows(events: DataFrame, subscriptions: Sequence[dict[str, Any]]) -> DataFrame:
+    """One row per (run, publisher, seq, receiver) that was expected or received, with
+    every per-delivery figure: the row every count, distribution and item starts from.
 
-
-def _sketch(row: Any) -> QuantileSketch:
-    return QuantileSketch(int(row["count"]), [float(q) for q in row["quantiles"]])
-
-
-def _by_stream(frame: DataFrame, streams: DataFrame | None, per_stream: Column) -> DataFrame:
-    """``frame`` (with run_id, publisher) tagged with a null ``stream`` (the level's own
-    rows), plus a copy of its ``per_stream`` rows tagged with their publisher's stream."""
-    from pyspark.sql import functions as F
-
-    whole = frame.withColumn("stream", F.lit(None).cast("string"))
-    if streams is None:
-        return whole
-    tagged = frame.where(per_stream).join(F.broadcast(streams), ["run_id", "publisher"])
-    return whole.unionByName(tagged)
-
-
-def _number(value: Any) -> float | None:
-    """Return ``value`` as a float, None for null, NaN or infinity."""
-    if value is None:
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def _distribution(row: Any) -> dict[str, float | None]:
-    percentiles = row["percentiles"] or [None] * len(PERCENTILES)
-    return {"count": int(row["count"] or 0), "mean": _number(row["mean"]),
-            "std": _number(row["std"]),
-            **{name: _number(v) for name, v in zip(PERCENTILES, percentiles, strict=True)},
-            "max": _number(row["max"])}
-
-
-def _per_level(frame: DataFrame, levels: DataFrame) -> DataFrame:
-    """Repeat each row of ``frame`` once per level its run belongs to."""
-    from pyspark.sql import functions as F
-
-    return frame.join(F.broadcast(levels), "run_id")
-
-
-# -- the rows every figure starts from ------------------------------------------------
-
-
-def _split_events(events: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
-    """Return (publishes, subscriptions, deliveries) without warm-up messages."""
-    from pyspark.sql import functions as F
-
-    kind = F.col("kind")
-    measured = events.where(~F.col("warmup") | (kind == EventKind.SUBSCRIBE.value))
-    publishes = measured.where(kind == EventKind.PUBLISH.value).select(
-        "run_id", "publisher", "seq", "topic", "t_pub_ns", "t_intended_ns",
-        F.col("clock_offset_ns").alias("pub_offset_ns"))
-    # A receiver subscribed twice to one filter is one subscription, from its first SUBACK.
-    # SUBACK times are offset-corrected so receivers on different machines compare.
-    subscriptions = (
-        measured.where(kind == EventKind.SUBSCRIBE.value)
-        .groupBy("run_id", "receiver", F.col("topic").alias("topic_filter"))
-        .agg(F.min(F.col("t_recv_ns") - F.col("clock_offset_ns")).alias("suback_ns")))
-    deliveries = measured.where(kind == EventKind.DELIVERY.value).select(
-        "run_id", "publisher", "seq", "receiver", "t_pub_ns", "t_intended_ns", "t_recv_ns",
-        F.col("clock_offset_ns").alias("recv_offset_ns"))
-    return publishes, subscriptions, deliveries
-
-
-def _expected_pairs(publishes: DataFrame, subscriptions: DataFrame) -> DataFrame:
-    """Return (run_id, publisher, seq, receiver) for each (publish, matching subscription).
-
-    Callers take the distinct rows: a receiver whose overlapping filters both match a
-    topic expects the message once (MQTT 3.1.1 section 3.3.5: one delivery, at the
-    highest QoS of the matching subscriptions).
-
-    Filters without wildcards join by equality; the few wildcard filters are collected,
-    turned into regexes and matched with ``rlike`` against a broadcast of their
-    subscriptions. A wildcard filter never equals a topic name (names cannot hold
-    wildcards), so no pair is counted twice.
+    ``subscriptions`` are the collected :func:`subscription_rows`. Columns: the delivery
+    key; of its first
+    arrival t_pub_ns (payload), t_recv_ns, arrival_ns and departure_ns (offset
+    corrected), latency_us and intended_latency_us (from the open-loop intended send
+    time), all null if it never arrived; ``received``; ``expected`` (a subscription of
+    the receiver matches); ``copies`` (rows received, duplicates included) and
+    ``reordered_copies`` (of those, rows that came after a higher seq of the same
+    publisher at that receiver).
     """
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    pair_columns = [F.col("p.run_id"), F.col("p.publisher"), F.col("p.seq"), F.col("s.receiver")]
-    p, s = publishes.alias("p"), subscriptions.alias("s")
-    same_run = F.col("p.run_id") == F.col("s.run_id")
-    pairs = p.join(s, same_run & (F.col("p.topic") == F.col("s.topic_filter"))).select(
-        *pair_columns)
-    wildcards = sorted(row["topic_filter"] for row in
-                       subscriptions.select("topic_filter").distinct().collect()
-                       if is_wildcard(row["topic_filter"]))
-    if wildcards:
-        wild = F.broadcast(subscriptions.where(F.col("topic_filter").isin(wildcards))).alias("s")
-        matches: Column = F.lit(False)
-        for topic_filter in wildcards:
-            matches = matches | ((F.col("s.topic_filter") == topic_filter)
-                                 & F.col("p.topic").rlike(topic_filter_regex(topic_filter)))
-        pairs = pairs.unionByName(p.join(wild, same_run & matches).select(*pair_columns))
-    return pairs
-
-
-def _unique_deliveries(deliveries: DataFrame, publishes: DataFrame,
-                       pairs: DataFrame) -> DataFrame:
-    """Return the first arrival of each (run, publisher, seq, receiver), with its figures.
-
-    ``pairs`` are the distinct expected (run_id, publisher, seq, receiver).
-    Columns: the delivery key, t_pub_ns (payload), t_recv_ns, arrival_ns and
-    departure_ns (offset corrected), latency_us, intended_latency_us (from the open-loop
-    intended send time) and ``expected`` (a subscription of the receiver matches).
-    """
-    from pyspark.sql import functions as F
-
-    first = (deliveries.groupBy(*_DELIVERY_KEY)
+    publishes, deliveries = _split_events(events)
+    pairs = (_expected_pairs(publishes, subscriptions).distinct()
+             .withColumn("expected", F.lit(True)))
+    # A row is reordered if an earlier arrival on its stream carried a higher seq.
+    stream = (Window.partitionBy("run_id", "receiver", "publisher").orderBy("t_recv_ns", "seq")
+              .rowsBetween(Window.unboundedPreceding, -1))
+    reordered = F.coalesce(F.col("seq") < F.max("seq").over(stream), F.lit(False))
+    first = (deliveries.withColumn("reordered", reordered)
+             .groupBy(*_DELIVERY_KEY)
              .agg(F.min(F.struct("t_recv_ns", "recv_offset_ns", "t_pub_ns",
-                                 "t_intended_ns")).alias("d"))
-             .select(*_DELIVERY_KEY, "d.*"))
+                                 "t_intended_ns")).alias("d"),
+                  F.count("*").alias("copies"),
+                  F.count(F.when(F.col("reordered"), 1)).alias("reordered_copies"))
+             .select(*_DELIVERY_KEY, "d.*", "copies", "reordered_copies"))
     sent = (publishes.groupBy(*_MESSAGE_KEY)
             .agg(F.min(F.struct("t_pub_ns", "pub_offset_ns", "t_intended_ns")).alias("p"))
             .select(*_MESSAGE_KEY, F.col("p.t_pub_ns").alias("sent_ns"),
                     F.col("p.pub_offset_ns"), F.col("p.t_intended_ns").alias("intended_ns")))
-    expected = pairs.withColumn("expected", F.lit(True))
     arrival = F.col("t_recv_ns") - F.col("recv_offset_ns")
     # The publisher's own record is the better send time; without one, use the payload's
     # timestamp on an unknown clock (offset 0).
     pub_offset = F.coalesce(F.col("pub_offset_ns"), F.lit(0))
     departure = F.coalesce(F.col("sent_ns"), F.col("t_pub_ns")) - pub_offset
     intended = F.coalesce(F.col("intended_ns"), F.col("t_intended_ns")) - pub_offset
-    return (first.join(sent, list(_MESSAGE_KEY), "left")
-            .join(expected, list(_DELIVERY_KEY), "left")
+    return (first.join(pairs, list(_DELIVERY_KEY), "full")
+            .join(sent, list(_MESSAGE_KEY), "left")
             .select(*_DELIVERY_KEY, "t_pub_ns", "t_recv_ns", arrival.alias("arrival_ns"),
                     departure.alias("departure_ns"),
                     ((arrival - departure).cast("double") / NS_PER_US).alias("latency_us"),
                     ((arrival - intended).cast("double") / NS_PER_US)
                     .alias("intended_latency_us"),
-                    F.coalesce(F.col("expected"), F.lit(False)).alias("expected")))
+                    F.col("t_recv_ns").isNotNull().alias("received"),
+                    F.coalesce(F.col("expected"), F.lit(False)).alias("expected"),
+                    F.coalesce(F.col("copies"), F.lit(0)).alias("copies"),
+                    F.coalesce(F.col("reordered_copies"), F.lit(0)).alias("reordered_copies")))
+
+
+def level_figure_rows(events: DataFrame, deliveries: DataFrame, samples: DataFrame,
+                      levels: Levels, subscriptions: Sequence[dict[str, Any]],
+                      faults: dict[str, int] | None = None,
+                      streams: PublisherStreams | None = None) -> list[DataFrame]:
+    """The figure rows (:mod:`mqttbed.analytics.passes`) of every count, distribution
+    and item of every level, for :func:`read_level_figures` once aggregated.
+
+    ``deliveries`` are the :func:`delivery_rows` of ``events`` (best materialised: every
+    family reads them). ``levels`` are the levels each run belongs to.
+    ``subscriptions`` are the collected :func:`subscription_rows`. ``faults`` (run_id ->
+    fault_ns, on the controller's clock) are the runs in which a backend caused a fault
+    on purpose, for the recovery figures (:func:`_fault_rows`). ``streams`` name the
+    stream of a message mix each publisher of a run belongs to; their figures come out
+    per stream too.
+    """
+    from pyspark.sql import functions as F
+
+    publishes, _ = _split_events(events)
+    unique = deliveries.where("received")
+    values = _distribution_rows(unique, subscription_ends(subscriptions), publishes)
+    counted = _count_rows(publishes, deliveries)
+    if faults:
+        recovery = _fault_rows(unique, faults)
+        values = values.unionByName(recovery.where(F.col("figure") != "receivers_not_resumed"))
+        # one row per receiver that got nothing sent after the fault
+        counted = counted.unionByName(recovery.where(
+            F.col("figure") == "receivers_not_resumed").select(
+                "run_id", "publisher", "figure", F.lit(1.0).alias("value")))
+    values = _by_stream(values, streams, F.col("figure").isin(list(STREAM_DISTRIBUTIONS)))
+    counted = _by_stream(counted, streams, F.col("figure") != "receivers_not_resumed")
+    sketched = (F.col("level") == RUN_LEVEL) & F.col("figure").isin(list(SKETCHED_FIGURES))
+    return [
+        figure_rows(_per_level(counted, levels), "count", sub="stream"),
+        figure_rows(_per_level(values, levels), "distribution", sub="stream", full=sketched),
+        figure_rows(_per_level(_item_rows(unique, samples, publishes), levels), "item"),
+    ]
+
+
+def read_level_figures(groups: dict[GroupKey, Aggregate]) -> LevelFigures:
+    """The LevelFigures of the aggregated :func:`level_figure_rows`."""
+    counts: dict[tuple[str, str, str | None], dict[str, int]] = {}
+    distributions: dict[tuple[str, str, str | None, str], dict[str, float | None]] = {}
+    sketches: dict[tuple[str, str | None, str], QuantileSketch] = {}
+    items: dict[FigureKey, dict[str, float | None]] = {}
+    for (family, level, key, sub, figure), found in groups.items():
+        if family == "count":
+            counts.setdefault((level, key, sub), dict.fromkeys(COUNT_FIGURES, 0))[figure] = (
+                int(found.sum or 0))
+        elif family == "distribution":
+            distributions[(level, key, sub, figure)] = found.distribution()
+            if found.quantiles is not None and found.count:
+                sketches[(key, sub, figure)] = QuantileSketch(found.count, found.quantiles)
+        elif family == "item":
+            items[(level, key, figure)] = {"mean": found.mean, "std": found.std,
+                                           "max": found.max, "sum": found.sum}
+    return LevelFigures(
+        counts={(level, key): c for (level, key, sub), c in counts.items() if sub is None},
+        distributions={(level, key, figure): d for (level, key, sub, figure), d
+                       in distributions.items() if sub is None},
+        items=items,
+        sketches={(run_id, figure): s for (run_id, sub, figure), s in sketches.items()
+                  if sub is None},
+        stream_counts={(level, key, sub): c for (level, key, sub), c in counts.items()
+                       if sub is not None},
+        stream_distributions={(level, key, sub, figure): d for (level, key, sub, figure), d
+                              in distributions.items() if sub is not None},
+        stream_sketches={(run_id, sub, figure): s for (run_id, sub, figure), s
+                         in sketches.items() if sub is not None},
+    )
+
+
+def _by_stream(frame: DataFrame, streams: PublisherStreams | None,
+               per_stream: Column) -> DataFrame:
+    """``frame`` (with run_id, publisher) tagged with a null ``stream`` (the level's own
+    rows), plus a copy of its ``per_stream`` rows tagged with their publisher's stream."""
+    from pyspark.sql import functions as F
+
+    whole = frame.withColumn("stream", F.lit(None).cast("string"))
+    if not streams:
+        return whole
+    tagged = (frame.where(per_stream).withColumn("stream", stream_of(streams))
+              .where(F.col("stream").isNotNull()))
+    return whole.unionByName(tagged)
+
+
+def stream_of(streams: PublisherStreams) -> Column:
+    """The stream of each row's (run_id, publisher); null for a publisher of none."""
+    from pyspark.sql import functions as F
+
+    by_run = literal_map({run_id: literal_map({p: F.lit(s) for p, s in publishers.items()})
+                          for run_id, publishers in streams.items() if publishers})
+    return lookup(lookup(by_run, F.col("run_id"), "map<string,string>"), F.col("publisher"),
+                  "string")
+
+
+def _per_level(frame: DataFrame, levels: Levels, only: str | None = None) -> DataFrame:
+    """Repeat each row of ``frame`` once per level its run belongs to (of the ``only``
+    level, if given), with columns ``level`` and ``key``; rows of other runs are dropped."""
+    from pyspark.sql import functions as F
+
+    chosen = {run_id: [F.struct(F.lit(level).alias("level"), F.lit(key).alias("key"))
+                       for level, key in keys if only is None or level == only]
+              for run_id, keys in levels.items()}
+    of_run = literal_map({run_id: F.array(*keys) for run_id, keys in chosen.items() if keys})
+    found = F.explode(lookup(of_run, F.col("run_id"), "array<struct<level:string,key:string>>"))
+    return (frame.withColumn("_level", found)
+            .select(*frame.columns, F.col("_level.level").alias("level"),
+                    F.col("_level.key").alias("key")))
+
+
+# -- the rows every figure starts from ------------------------------------------------
+
+
+def _measured(events: DataFrame) -> DataFrame:
+    """The events without warm-up messages (subscribe rows stay: a subscription is not
+    a message)."""
+    from pyspark.sql import functions as F
+
+    return events.where(~F.col("warmup") | (F.col("kind") == EventKind.SUBSCRIBE.value))
+
+
+def _split_events(events: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """Return (publishes, deliveries) without warm-up messages."""
+    from pyspark.sql import functions as F
+
+    kind = F.col("kind")
+    measured = _measured(events)
+    publishes = measured.where(kind == EventKind.PUBLISH.value).select(
+        "run_id", "publisher", "seq", "topic", "t_pub_ns", "t_intended_ns",
+        F.col("clock_offset_ns").alias("pub_offset_ns"))
+    deliveries = measured.where(kind == EventKind.DELIVERY.value).select(
+        "run_id", "publisher", "seq", "receiver", "t_pub_ns", "t_intended_ns", "t_recv_ns",
+        F.col("clock_offset_ns").alias("recv_offset_ns"))
+    return publishes, deliveries
+
+
+def _expected_pairs(publishes: DataFrame, subscriptions: Sequence[dict[str, Any]]
+                    ) -> DataFrame:
+    """Return (run_id, publisher, seq, receiver) for each (publish, matching subscription).
+
+    Callers take the distinct rows: a receiver whose overlapping filters both match a
+    topic expects the message once (MQTT 3.1.1 section 3.3.5: one delivery, at the
+    highest QoS of the matching subscriptions), and a publish recorded twice is one.
+
+    ``subscriptions`` are the collected :func:`subscription_rows`. Filters without
+    wildcards are looked up by topic name; each of the few wildcard filters is turned
+    into a regex and matched with ``rlike``. A wildcard filter never equals a topic name
+    (names cannot hold wildcards), so no pair is found twice.
+    """
+    from pyspark.sql import functions as F
+
+    exact: dict[str, dict[str, set[str]]] = {}
+    wild: dict[str, dict[str, set[str]]] = {}
+    for row in subscriptions:
+        topic_filter, receiver = row.get("topic_filter"), row.get("receiver")
+        if topic_filter is None or receiver is None:
+            continue
+        if is_wildcard(topic_filter):
+            wild.setdefault(topic_filter, {}).setdefault(row["run_id"], set()).add(receiver)
+        else:
+            exact.setdefault(row["run_id"], {}).setdefault(topic_filter, set()).add(receiver)
+    none = F.array().cast("array<string>")
+
+    def receivers(names: set[str]) -> Column:
+        return F.array(*[F.lit(r) for r in sorted(names)])
+
+    by_topic = literal_map({run_id: literal_map({t: receivers(r) for t, r in topics.items()})
+                            for run_id, topics in exact.items()})
+    matching = F.coalesce(lookup(lookup(by_topic, F.col("run_id"), "map<string,array<string>>"),
+                                 F.col("topic"), "array<string>"), none)
+    for topic_filter in sorted(wild):
+        of_run = literal_map({run_id: receivers(r) for run_id, r in wild[topic_filter].items()})
+        matching = F.concat(matching, F.when(
+            F.col("topic").rlike(topic_filter_regex(topic_filter)),
+            F.coalesce(lookup(of_run, F.col("run_id"), "array<string>"), none)).otherwise(none))
+    return publishes.select("run_id", "publisher", "seq",
+                            F.explode(F.array_distinct(matching)).alias("receiver"))
+
+
+def subscription_ends(subscriptions: Sequence[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """First and last subscribed receiver of each run, by (offset-corrected) SUBACK time
+    (ties: by receiver), where they differ."""
+    subacks: dict[str, dict[str, list[int]]] = {}
+    for row in subscriptions:
+        if row.get("receiver") is not None:
+            times = subacks.setdefault(row["run_id"], {}).setdefault(row["receiver"], [])
+            if row.get("suback_ns") is not None:
+                times.append(row["suback_ns"])
+    # as SQL's min: nulls ignored, null when there is nothing else
+    first_suback = {run_id: {r: min(times, default=None) for r, times in receivers.items()}
+                    for run_id, receivers in subacks.items()}
+    ends = {}
+    for run_id, receivers in first_suback.items():
+        # SQL order: a null SUBACK time first
+        ordered = sorted(receivers, key=lambda r: (receivers[r] is not None,
+                                                   receivers[r] or 0, r))
+        if ordered[0] != ordered[-1]:
+            ends[run_id] = (ordered[0], ordered[-1])
+    return ends
 
 
 # -- the three families -----------------------------------------------------------------
 
 
-def _count_rows(publishes: DataFrame, pairs: DataFrame, deliveries: DataFrame,
-                unique: DataFrame) -> DataFrame:
-    """Return (run_id, publisher, figure): one row per thing counted under ``figure``."""
-    from pyspark.sql import Window
+def _count_rows(publishes: DataFrame, deliveries: DataFrame) -> DataFrame:
+    """Return (run_id, publisher, figure, value): how many of ``figure`` a row counts."""
     from pyspark.sql import functions as F
 
-    # A row is reordered if an earlier arrival on its stream carried a higher seq.
-    stream = (Window.partitionBy("run_id", "receiver", "publisher").orderBy("t_recv_ns", "seq")
-              .rowsBetween(Window.unboundedPreceding, -1))
-    reordered = (deliveries.withColumn("highest_before", F.max("seq").over(stream))
-                 .where(F.col("seq") < F.col("highest_before")))
+    received = F.col("received")
     counted = {
-        "messages_sent": publishes, "deliveries_expected": pairs, "delivery_rows": deliveries,
-        "unique_deliveries": unique, "deliveries_received": unique.where("expected"),
-        "reordered": reordered,
+        "messages_sent": (publishes, F.lit(1)),
+        "deliveries_expected": (deliveries.where("expected"), F.lit(1)),
+        "delivery_rows": (deliveries.where(received), F.col("copies")),
+        "unique_deliveries": (deliveries.where(received), F.lit(1)),
+        "deliveries_received": (deliveries.where(received & F.col("expected")), F.lit(1)),
+        "reordered": (deliveries.where(F.col("reordered_copies") > 0),
+                      F.col("reordered_copies")),
     }
-    frames = [frame.select("run_id", "publisher", F.lit(figure).alias("figure"))
-              for figure, frame in counted.items()]
+    frames = [frame.select("run_id", "publisher", F.lit(figure).alias("figure"),
+                           how_many.cast("double").alias("value"))
+              for figure, (frame, how_many) in counted.items()]
     rows = frames[0]
     for frame in frames[1:]:
         rows = rows.unionByName(frame)
     return rows
 
 
-def _distribution_rows(unique: DataFrame, subscriptions: DataFrame,
+def _distribution_rows(unique: DataFrame, ends: dict[str, tuple[str, str]],
                        publishes: DataFrame) -> DataFrame:
     """Return (run_id, publisher, figure, value) in us: latencies per delivery (from the
-    actual and from the intended send time), spreads per message, send lag per publish."""
+    actual and from the intended send time), spreads per message, send lag per publish.
+    ``ends`` are the first and last subscribed receivers (:func:`subscription_ends`)."""
     from pyspark.sql import functions as F
 
-    # First and last subscribed receiver of each run, by (offset-corrected) SUBACK time.
-    by_suback = F.struct("suback_ns", "receiver")
-    ends = (subscriptions.groupBy("run_id", "receiver").agg(F.min("suback_ns").alias("suback_ns"))
-            .groupBy("run_id")
-            .agg(F.min_by("receiver", by_suback).alias("first_receiver"),
-                 F.max_by("receiver", by_suback).alias("last_receiver"))
-            .where(F.col("first_receiver") != F.col("last_receiver")))
+    run_id = F.col("run_id")
+    first = literal_map({r: F.lit(first) for r, (first, _) in ends.items()})
+    last = literal_map({r: F.lit(last) for r, (_, last) in ends.items()})
     arrival = F.col("arrival_ns")
     messages = (
-        unique.join(F.broadcast(ends), "run_id", "left")
+        unique.withColumn("first_receiver", lookup(first, run_id, "string"))
+        .withColumn("last_receiver", lookup(last, run_id, "string"))
         .groupBy(*_MESSAGE_KEY)
         .agg(F.count("*").alias("receivers"),
              (F.max(arrival) - F.min(arrival)).alias("spread_ns"),
@@ -375,7 +440,7 @@ def _distribution_rows(unique: DataFrame, subscriptions: DataFrame,
             (first_last_ns / NS_PER_US).alias("value"))))
 
 
-def _fault_rows(unique: DataFrame, faults: DataFrame) -> DataFrame:
+def _fault_rows(unique: DataFrame, faults: dict[str, int]) -> DataFrame:
     """Return (run_id, publisher (null), figure, value): how delivery came back after a
     run's fault.
 
@@ -388,7 +453,10 @@ def _fault_rows(unique: DataFrame, faults: DataFrame) -> DataFrame:
 
     no_publisher = F.lit(None).cast("string").alias("publisher")
     after = F.col("departure_ns") > F.col("fault_ns")
-    per_receiver = (unique.where("expected").join(F.broadcast(faults), "run_id")
+    fault_ns = lookup(literal_map({r: F.lit(t) for r, t in faults.items()}), F.col("run_id"),
+                      "bigint")
+    per_receiver = (unique.where("expected").withColumn("fault_ns", fault_ns)
+                    .where(F.col("fault_ns").isNotNull())
                     .groupBy("run_id", "receiver", "fault_ns")
                     .agg(F.min(F.when(after, F.col("arrival_ns"))).alias("resumed_ns")))
     resumed = (per_receiver.groupBy("run_id", "fault_ns")

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from mqttbed.analytics.figures import PERCENTILES, LevelKey, _distribution, _number, _per_level
+from mqttbed.analytics.figures import LevelKey, Levels, _per_level
+from mqttbed.analytics.passes import Aggregate, GroupKey, figure_rows
 from mqttbed.core.sections import BackendSection, Distribution, FigureKind
 
 if TYPE_CHECKING:
@@ -24,23 +25,20 @@ RECORDS_DDL = "section string, figure string, value double"
 SectionStats = dict[LevelKey, dict[str, dict[str, dict[str, Any]]]]
 
 
-def section_statistics(records: DataFrame, levels: DataFrame) -> SectionStats:
-    """Aggregate every (section, figure) of the records per level."""
-    from pyspark.sql import functions as F
+def section_rows(records: DataFrame, levels: Levels) -> DataFrame:
+    """The figure rows of every (section, figure) of the records per level."""
+    return figure_rows(_per_level(records, levels), "section", sub="section")
 
-    rows = (_per_level(records, levels)
-            .groupBy("level", "key", "section", "figure")
-            .agg(F.count("value").alias("count"), F.sum("value").alias("sum"),
-                 F.avg("value").alias("mean"), F.stddev_samp("value").alias("std"),
-                 F.percentile("value", list(PERCENTILES.values())).alias("percentiles"),
-                 F.max("value").alias("max"), F.min("value").alias("min"))
-            .collect())
+
+def read_section_statistics(groups: dict[GroupKey, Aggregate]) -> SectionStats:
+    """The aggregated :func:`section_rows`: statistics per level, section and figure."""
     result: SectionStats = {}
-    for row in rows:
-        figures = result.setdefault((row["level"], row["key"]), {}).setdefault(
-            row["section"], {})
-        figures[row["figure"]] = {**_distribution(row), "sum": _number(row["sum"]),
-                                  "min": _number(row["min"])}
+    for (family, level, key, section, figure), found in groups.items():
+        if family != "section":
+            continue
+        assert section is not None  # a section row's sub is its section's name
+        figures = result.setdefault((level, key), {}).setdefault(section, {})
+        figures[figure] = {**found.distribution(), "sum": found.sum, "min": found.min}
     return result
 
 

@@ -11,12 +11,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from mqttbed.analytics.figures import (
+    POINT_LEVEL,
+    RUN_LEVEL,
+    Levels,
+    PublisherStreams,
+    _per_level,
+    stream_of,
+)
+from mqttbed.analytics.passes import SKETCH_LEVELS, Aggregate, GroupKey, figure_rows
 from mqttbed.core.events import EventKind
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 CDF_LEVELS = [i / 100 for i in range(101)]
+# The CDF is every CDF_STEP-th quantile of the sketch (the same doubles: i/100 == 10i/1000).
+CDF_STEP = (len(SKETCH_LEVELS) - 1) // (len(CDF_LEVELS) - 1)
 TIMELINE_BIN_S = 0.1
 _KEY = ("run_id", "publisher", "seq", "receiver")
 
@@ -42,47 +53,58 @@ def _unique_latencies(events: DataFrame) -> DataFrame:
                          ((F.col("arrival_ns") - t_send) / 1000.0).alias("latency_us"))
 
 
-def compute_series(events: DataFrame, point_of_done_run: dict[str, int],
-                   streams: DataFrame | None = None) -> dict[str, Any]:
-    """Return ``{"latency_cdf_us": {point: [101 quantiles]}, "latency_timeline": {run: ...}}``,
-    and with ``streams`` (run_id, publisher, stream of a message mix) each point's CDF per
-    stream under ``stream_latency_cdf_us``.
+def series_rows(events: DataFrame, levels: Levels,
+                streams: PublisherStreams | None = None) -> list[DataFrame]:
+    """The figure rows of the series: each point's latencies of its done runs (whole, and
+    per stream of a message mix with ``streams``) for the CDFs, and each run's latencies
+    by time bin of the send time for the timeline.
 
-    ``point_of_done_run`` maps each done run to its point index; the CDF pools those.
+    ``levels`` are the stats' levels: a point's rows are those of its done runs.
     """
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    latencies = _unique_latencies(events).cache()
-    try:
-        points = events.sparkSession.createDataFrame(
-            list(point_of_done_run.items()) or [("", -1)], "run_id string, point int")
-        pooled = latencies.join(F.broadcast(points), "run_id")
-        cdf_rows = (pooled.groupBy("point")
-                    .agg(F.percentile("latency_us", CDF_LEVELS).alias("q")).collect())
-        stream_rows = [] if streams is None else (
-            pooled.join(F.broadcast(streams), ["run_id", "publisher"])
-            .groupBy("point", "stream")
-            .agg(F.percentile("latency_us", CDF_LEVELS).alias("q")).collect())
-        start = latencies.groupBy("run_id").agg(F.min("t_send_ns").alias("t0"))
-        bins = (latencies.join(start, "run_id")
-                .withColumn("bin", F.floor((F.col("t_send_ns") - F.col("t0"))
-                                           / (TIMELINE_BIN_S * 1e9)).cast("int"))
-                .groupBy("run_id", "bin")
-                .agg(F.percentile("latency_us", [0.5, 0.99]).alias("q"),
-                     F.count("*").alias("n"))
-                .orderBy("run_id", "bin").collect())
-    finally:
-        latencies.unpersist()
-    timeline: dict[str, dict[str, list[float]]] = {}
-    for row in bins:
-        series = timeline.setdefault(row["run_id"], {"t_s": [], "p50_us": [], "p99_us": [],
-                                                     "deliveries": []})
-        series["t_s"].append(round(row["bin"] * TIMELINE_BIN_S, 6))
-        series["p50_us"].append(float(row["q"][0]))
-        series["p99_us"].append(float(row["q"][1]))
-        series["deliveries"].append(int(row["n"]))
+    latencies = _unique_latencies(events)
+    pooled = latencies.withColumn("stream", F.lit(None).cast("string"))
+    if streams:
+        pooled = pooled.unionByName(latencies.withColumn("stream", stream_of(streams))
+                                    .where(F.col("stream").isNotNull()))
+    t0 = F.min("t_send_ns").over(Window.partitionBy("run_id"))
+    bins = latencies.withColumn("bin", F.floor((F.col("t_send_ns") - t0)
+                                               / (TIMELINE_BIN_S * 1e9)).cast("int"))
+    return [figure_rows(_per_level(pooled, levels, only=POINT_LEVEL), "cdf", sub="stream",
+                        figure=F.lit("latency_us"), value="latency_us", full=True),
+            figure_rows(bins, "timeline", level=F.lit(RUN_LEVEL), key="run_id", sub="bin",
+                        figure=F.lit("latency_us"), value="latency_us")]
+
+
+def read_series(groups: dict[GroupKey, Aggregate]) -> dict[str, Any]:
+    """``{"latency_cdf_us": {point: [101 quantiles]}, "stream_latency_cdf_us": {point:
+    {stream: [...]}}, "latency_timeline": {run: ...}}`` from the aggregated
+    :func:`series_rows`."""
+    cdfs: dict[str, list[float]] = {}
     by_stream: dict[str, dict[str, list[float]]] = {}
-    for row in sorted(stream_rows, key=lambda r: (r["point"], r["stream"])):
-        by_stream.setdefault(str(row["point"]), {})[row["stream"]] = [float(v) for v in row["q"]]
-    return {"latency_cdf_us": {str(r["point"]): [float(v) for v in r["q"]] for r in cdf_rows},
-            "stream_latency_cdf_us": by_stream, "latency_timeline": timeline}
+    bins: dict[str, list[tuple[int, Aggregate]]] = {}
+    for (family, _, key, sub, _), found in groups.items():
+        if family == "cdf" and found.quantiles is not None:
+            cdf = found.quantiles[::CDF_STEP]
+            if sub is None:
+                cdfs[key] = cdf
+            else:
+                by_stream.setdefault(key, {})[sub] = cdf
+        elif family == "timeline":
+            assert sub is not None  # a timeline row's sub is its time bin
+            bins.setdefault(key, []).append((int(sub), found))
+    timeline: dict[str, dict[str, list[float | None]]] = {}
+    for run_id in sorted(bins):
+        series = timeline.setdefault(run_id, {"t_s": [], "p50_us": [], "p99_us": [],
+                                              "deliveries": []})
+        for number, found in sorted(bins[run_id], key=lambda b: b[0]):
+            series["t_s"].append(round(number * TIMELINE_BIN_S, 6))
+            series["p50_us"].append(found.percentiles["p50"])
+            series["p99_us"].append(found.percentiles["p99"])
+            series["deliveries"].append(found.rows)
+    return {"latency_cdf_us": cdfs,
+            "stream_latency_cdf_us": {point: dict(sorted(streams.items()))
+                                      for point, streams in sorted(by_stream.items())},
+            "latency_timeline": timeline}

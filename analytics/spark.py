@@ -2,12 +2,19 @@
 
 pyspark is imported inside the functions, so importing mqttbed.analytics stays cheap and
 a host without the ``[analytics]`` extra can still import the package.
+
+A controller that is about to measure starts the session early, on a background thread
+(:func:`start_spark_in_background`), so that the JVM's start-up is over by the time the
+last run ends. That JVM is started niced (:data:`SPARK_NICE`): its start-up, JIT and the
+analyses that follow yield the CPU to the brokers and agents measuring beside it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 from mqttbed.core.settings import Settings
@@ -15,8 +22,16 @@ from mqttbed.core.settings import Settings
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-# The one allowed global: the session of this process (Spark allows one per JVM anyway).
+log = logging.getLogger("mqttbed.spark")
+
+# The one allowed global: the session of this process (Spark allows one per JVM anyway),
+# and the lock that makes its creation happen once when two threads ask at the same time.
 _session: SparkSession | None = None
+_session_lock = threading.Lock()
+
+# Nice value of a JVM started by start_spark_in_background (0 is normal, 19 the lowest
+# priority): well below the measuring processes, not starved when the machine is idle.
+SPARK_NICE = 10
 
 
 def get_spark(settings: Settings | None = None) -> SparkSession:
@@ -26,9 +41,12 @@ def get_spark(settings: Settings | None = None) -> SparkSession:
     ``settings`` (default: :meth:`Settings.load`, i.e. ``MQTTBED_SPARK_*``). Only the first
     call's settings count: later calls get the session already running.
     """
+    with _session_lock:
+        return _session if _session is not None else _create(settings)
+
+
+def _create(settings: Settings | None) -> SparkSession:
     global _session
-    if _session is not None:
-        return _session
     from pyspark.sql import SparkSession
 
     settings = settings or Settings.load()
@@ -72,6 +90,38 @@ def get_spark(settings: Settings | None = None) -> SparkSession:
 def stop_spark() -> None:
     """Stop this process's Spark session (and its JVM's context), if one is running."""
     global _session
-    if _session is not None:
-        _session.stop()
-        _session = None
+    with _session_lock:
+        if _session is not None:
+            _session.stop()
+            _session = None
+
+
+def start_spark_in_background(settings: Settings | None = None,
+                              nice: int = SPARK_NICE) -> threading.Thread:
+    """Start this process's Spark session on a daemon thread; return the thread.
+
+    The JVM is a child of that thread, and on Linux a child inherits its creating thread's
+    nice value: the thread lowers its own priority by ``nice`` first, so the JVM (and
+    everything it runs) is niced while the process's other threads are not. A failure
+    is logged, not raised: the analysis that needs the session reports it when it asks.
+    """
+    def start() -> None:
+        try:
+            if _session is None:
+                # who=0 with PRIO_PROCESS is the calling thread on Linux (per-thread nice).
+                os.setpriority(os.PRIO_PROCESS, 0, min(19, os.getpriority(os.PRIO_PROCESS, 0)
+                                                       + nice))
+            get_spark(settings)
+        except Exception:  # noqa: BLE001 - the analysis asks again and reports it
+            log.exception("starting Spark in the background failed")
+
+    thread = threading.Thread(target=start, name="spark-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
+def spark_jvm_pid(spark: SparkSession) -> int:
+    """The process id of the JVM behind ``spark`` (on this machine)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None  # a live session's context has its gateway's JVM view
+    return int(jvm.java.lang.ProcessHandle.current().pid())

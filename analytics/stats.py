@@ -6,6 +6,11 @@ their data gives, in the runs section only. Every figure derived from events, br
 samples or backend records is computed here, with Spark; the result is the typed
 document :class:`mqttbed.analytics.results.CampaignStats`. Definitions of the figures
 are in :mod:`mqttbed.analytics.figures`.
+
+An analysis is three Spark jobs, whatever the number of figures: (1) the subscriptions
+and clocks, collected (small); (2) the per-delivery rows every figure starts from,
+materialised; (3) one aggregation of every family's figure rows
+(:mod:`mqttbed.analytics.passes`), collected.
 """
 
 from __future__ import annotations
@@ -24,23 +29,33 @@ from mqttbed.analytics.figures import (
     STREAM_DISTRIBUTIONS,
     LevelFigures,
     LevelKey,
-    compute_level_figures,
+    Levels,
+    PublisherStreams,
+    delivery_rows,
+    level_figure_rows,
+    read_level_figures,
+    subscription_rows,
 )
+from mqttbed.analytics.passes import aggregate_figures, analysis_conf, collect_facts
 from mqttbed.analytics.results import CampaignStats, ScopeRun, results_model
 from mqttbed.analytics.scope import (
     agent_clocks,
+    clock_rows,
     clock_uncertainty_us,
-    scope_figures,
+    read_scope_figures,
+    read_time_sync_errors,
+    scope_rows,
     split_by_clock,
-    time_sync_errors,
+    time_sync_rows,
 )
 from mqttbed.analytics.sections import (
     RECORDS_DDL,
     SectionStats,
     build_sections,
-    section_statistics,
+    read_section_statistics,
+    section_rows,
 )
-from mqttbed.analytics.series import compute_series
+from mqttbed.analytics.series import read_series, series_rows
 from mqttbed.core.sections import BackendSection
 
 if TYPE_CHECKING:
@@ -123,21 +138,20 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
         raise ValueError(f"runs lists run ids more than once: {', '.join(repeated)}; "
                          "pass each run once")
     campaign_id = str(campaign["id"])
-    levels = spark.createDataFrame(
-        [(run.run_id, RUN_LEVEL, run.run_id) for run in runs]
-        + [(run.run_id, POINT_LEVEL, str(run.point_index)) for run in runs if run.state == DONE],
-        "run_id string, level string, key string")
+    levels: Levels = {run.run_id: [(RUN_LEVEL, run.run_id)] + (
+        [(POINT_LEVEL, str(run.point_index))] if run.state == DONE else []) for run in runs}
     stored_events = read_runs_held(spark, events_path, campaign_id, run_ids, EVENTS_DDL)
     try:
-        return _compute(spark, campaign, campaign_id, runs, levels, stored_events,
-                        read_runs(spark, samples_path, campaign_id, run_ids, SAMPLES_DDL),
-                        records_path, tuple(section_types))
+        with analysis_conf(spark):
+            return _compute(spark, campaign, campaign_id, runs, levels, stored_events,
+                            read_runs(spark, samples_path, campaign_id, run_ids, SAMPLES_DDL),
+                            records_path, tuple(section_types))
     finally:
         stored_events.unpersist()
 
 
 def _compute(spark: SparkSession, campaign: dict[str, Any], campaign_id: str,
-             runs: list[RunInfo], levels: Any, stored_events: Any, samples: Any,
+             runs: list[RunInfo], levels: Levels, stored_events: Any, samples: Any,
              records_path: Path | None, section_types: tuple[type[BackendSection], ...]
              ) -> CampaignStats:
     """compute_campaign_stats over the campaign's events as read (held in memory)."""
@@ -147,26 +161,37 @@ def _compute(spark: SparkSession, campaign: dict[str, Any], campaign_id: str,
                                         if run.receive_clock == "user"])
     records = (read_runs(spark, records_path, campaign_id, run_ids, RECORDS_DDL)
                if records_path is not None and section_types else None)
-    faulted = [(run.run_id, run.fault_at_ns) for run in runs if run.fault_at_ns is not None]
-    faults = (spark.createDataFrame(faulted, "run_id string, fault_ns long") if faulted
-              else None)
-    publisher_streams = [(run.run_id, publisher, stream.name) for run in runs
-                         for stream in run.streams for publisher in stream.publishers]
-    streams = (spark.createDataFrame(publisher_streams,
-                                     "run_id string, publisher string, stream string")
-               if publisher_streams else None)
+    faults = {run.run_id: run.fault_at_ns for run in runs if run.fault_at_ns is not None}
+    streams: PublisherStreams = {
+        run.run_id: {publisher: stream.name for stream in run.streams
+                     for publisher in stream.publishers} for run in runs if run.streams}
+    # Pass 1 (one action, small result): the subscriptions, which the topic matching of
+    # pass 2 needs on the driver, and the clocks. It also fills the held events.
+    facts = collect_facts({"subscriptions": subscription_rows(events),
+                           "clocks": clock_rows(events)})
+    subscriptions = facts["subscriptions"]
+    # Pass 2: the per-delivery rows every figure starts from, materialised (its lineage
+    # cut, so that pass 3's plan stays small; Spark's cleaner frees the blocks once the
+    # frame is unreachable).
+    deliveries = delivery_rows(events, subscriptions).localCheckpoint()
+    # Pass 3 (one action): every grouped figure, series and section at once.
+    frames = [*level_figure_rows(events, deliveries, samples, levels, subscriptions,
+                                 faults, streams),
+              scope_rows(scope_events, levels), *series_rows(events, levels, streams)]
+    if any(run.mode == "time-sync" for run in runs):
+        frames.append(time_sync_rows(events, levels))
+    if records is not None:
+        frames.append(section_rows(records, levels))
+    groups = aggregate_figures(frames)
     inputs = _Inputs(
-        figures=compute_level_figures(
-            events, samples, levels, faults, streams),
-        scope=scope_figures(scope_events, levels),
-        sync_errors=time_sync_errors(events, levels) if any(
-            run.mode == "time-sync" for run in runs) else {},
-        uncertainty=clock_uncertainty_us(events),
-        agent_clocks=agent_clocks(events),
-        sections=section_statistics(records, levels) if records is not None else {},
+        figures=read_level_figures(groups),
+        scope=read_scope_figures(groups),
+        sync_errors=read_time_sync_errors(groups),
+        uncertainty=clock_uncertainty_us(facts["clocks"]),
+        agent_clocks=agent_clocks(facts["clocks"]),
+        sections=read_section_statistics(groups) if records is not None else {},
         section_types=section_types)
-    series = compute_series(events, {run.run_id: run.point_index for run in runs
-                                     if run.state == DONE}, streams)
+    series = read_series(groups)
     ordered = sorted(runs, key=lambda run: (run.point_index, run.repetition, run.run_id))
     by_point: dict[int, list[RunInfo]] = {}
     for run in ordered:

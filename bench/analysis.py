@@ -14,9 +14,9 @@ Measured, in one process, on the files as written (the OS page cache is warm for
 - Spark: ``compute_campaign_stats`` with the session of ``get_spark()`` (mqttbed's
   settings, ``MQTTBED_SPARK_*``). Session start-up is timed apart; *cold* is the first
   call, *warm* the median of ``--repeat`` further calls. Where its time goes is taken
-  from the real call: every ``DataFrame.collect`` (the only Spark actions in the job) is
-  timed with the line that issued it, plus the bootstrap; the rest is driver-side
-  Python. Jobs, stages and tasks per call come from the status tracker.
+  from the real call: every ``DataFrame.collect`` and ``localCheckpoint`` (the only Spark
+  actions in the job) is timed with the line that issued it, plus the bootstrap; the
+  rest is driver-side Python. Jobs, stages and tasks per call come from the status tracker.
 - DuckDB: the same figures, with the same definitions (mqttbed.analytics.figures and
   .series): per run and pooled per point, counts, latency / latency from intended send
   time / send lag / sync spread / first-last spread distributions, jitter (std, RFC
@@ -82,6 +82,7 @@ QOS = 1
 LOSS_RATE = 1e-5        # of deliveries
 DUPLICATE_RATE = 1e-5   # QoS 1 redeliveries, 35 ms after the first copy
 REL_TOL = 1e-9
+GOAL_RATIO = 3.0        # Spark's warm time over DuckDB's, at 10 M rows (issue 24)
 ABS_TOL_US = 1e-9
 NS = 1_000_000_000
 
@@ -546,15 +547,8 @@ def _duckdb_series(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
 
 # What each collect of the job computes, by (module.function, its n-th collect in a call).
 _ACTIONS = {
-    ("figures._expected_pairs", 1): "distinct topic filters (wildcard check)",
-    ("figures.compute_level_figures", 1): "counts (caches deliveries, pairs, unique)",
-    ("figures.compute_level_figures", 2): "distributions (caches values)",
-    ("figures.compute_level_figures", 3): "quantile sketches per run",
-    ("figures.compute_level_figures", 4): "items: jitter, RFC 3550, throughput, broker",
-    ("scope.scope_figures", 1): "scope figures (scans for scope rows)",
-    ("scope.clock_uncertainty_us", 1): "clock uncertainty per run",
-    ("series.compute_series", 1): "series: latency CDF per point",
-    ("series.compute_series", 2): "series: latency timeline per run",
+    ("passes.collect_facts", 1): "pass 1: subscriptions, clocks (fills the held events)",
+    ("passes.aggregate_figures", 1): "pass 3: every grouped figure, one aggregation",
 }
 
 
@@ -603,6 +597,7 @@ def _timed_pieces(spark: Any, call: SparkCall) -> Iterator[None]:
     patches = [(frame_class, "collect", None),
                (frame_class, "cache", "cache(): plan and register"),
                (frame_class, "unpersist", "unpersist()"),
+               (frame_class, "localCheckpoint", "pass 2: per-delivery rows (localCheckpoint)"),
                (type(spark), "createDataFrame", "createDataFrame (levels, points)"),
                (reader_class, "parquet", "read_runs: list the run directories"),
                (stats_module, "bootstrap_interval", "bootstrap intervals (numpy)")]
@@ -780,8 +775,8 @@ def print_report(workload: Workload, data: str, generate_s: float,
     for title, chosen in (("cold call", calls[:1]), ("warm calls, median", calls[1:])):
         _print_breakdown(title, chosen)
     ratio = spark_t.warm_median_s / duck_t.warm_median_s
-    print(f"\ngoal Spark <= 4x DuckDB warm: {ratio:.1f}x, "
-          f"{'met' if ratio <= 4 else 'not met'}")
+    print(f"\ngoal Spark <= {GOAL_RATIO:g}x DuckDB warm (issue 24): {ratio:.1f}x, "
+          f"{'met' if ratio <= GOAL_RATIO else 'not met'}")
     print(f"agreement: {compared:,} figures compared (counts exactly, the rest within "
           f"rel {REL_TOL:g}): {'all agree' if not wrong else f'{len(wrong)} DISAGREE'}")
     for line in wrong[:25]:

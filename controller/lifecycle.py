@@ -1,6 +1,8 @@
 """A campaign from its start to its final status: its runs, then its statistics.
 
-``running -> analysing -> done | failed | cancelled``. What the runs came to (all done,
+``running -> analysing -> done | failed | cancelled``. Spark starts in the background as
+the runs begin (niced, :func:`mqttbed.analytics.spark.start_spark_in_background`), and a
+served controller keeps that one session for its life. What the runs came to (all done,
 some failed, cancelled) becomes the campaign's status only after Spark has written
 ``stats.json``, so a client that sees ``done`` can fetch the statistics at once. Failed
 and cancelled campaigns are analysed too: their partial results are kept. An analysis
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+from mqttbed.analytics.spark import start_spark_in_background
 from mqttbed.controller.analysis import ANALYSIS_FAILED, analyze_campaign
 from mqttbed.controller.documents import ResultsReady
 from mqttbed.controller.engine import RunEngine
@@ -34,6 +37,8 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     """
     if engine.is_cancelled(campaign_id):
         return CampaignStatus.CANCELLED  # cancelled while queued: nothing ran
+    # The JVM starts (niced) while the first run measures, not after the last one.
+    start_spark_in_background(settings)
     engine.run_campaign(campaign_id)
     if engine.stopping is not None:
         # The controller is stopping: the campaign stays running, for the next controller

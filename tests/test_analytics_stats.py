@@ -447,19 +447,42 @@ PROBE_RECORDS = {"r1": {"packets": [40.0], "load": [0.5, 1.5], "delay_ns": [10.0
                  "r4": {"packets": [7.0], "delay_ns": [1.0]}}
 
 
+# Issue 24's aim: all figures of a campaign from a handful of Spark jobs (today: the
+# subscriptions and clocks, the per-delivery rows, every grouped figure), whatever the
+# number of figures, runs, streams or sections; before the fused pass it was ~40.
+MAX_ANALYSIS_JOBS = 5
+ANALYSIS_JOB_GROUP = "test-analytics-stats"
+
+
 @pytest.fixture(scope="module")
-def results(spark, dataset):
+def analysis_jobs(spark, dataset):
+    """The Spark jobs the analysis of the ``results`` fixture ran (filled by it), each
+    named by its first stage."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def results(spark, dataset, analysis_jobs):
     root, _, _ = dataset
+    context = spark.sparkContext
+    context.setJobGroup(ANALYSIS_JOB_GROUP, "compute_campaign_stats under test")
     for run_id, records in PROBE_RECORDS.items():
         rows = [{"section": "probe", "figure": f, "value": v}
                 for f, values in records.items() for v in values]
         _write(root / "records", CAMPAIGN, run_id, "probe.parquet", pa.Table.from_pylist(
             rows, schema=pa.schema([("section", pa.string()), ("figure", pa.string()),
                                     ("value", pa.float64())])))
-    return compute_campaign_stats(
-        spark, events_path=root / "events", samples_path=root / "samples",
-        records_path=root / "records", section_types=[ProbeSection],
-        campaign={"id": CAMPAIGN, "name": "unit", "spec": {"repetitions": 2}}, runs=RUNS)
+    try:
+        return compute_campaign_stats(
+            spark, events_path=root / "events", samples_path=root / "samples",
+            records_path=root / "records", section_types=[ProbeSection],
+            campaign={"id": CAMPAIGN, "name": "unit", "spec": {"repetitions": 2}}, runs=RUNS)
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+        tracker = context.statusTracker()
+        for job_id in sorted(tracker.getJobIdsForGroup(ANALYSIS_JOB_GROUP)):
+            stages = [tracker.getStageInfo(s) for s in tracker.getJobInfo(job_id).stageIds]
+            analysis_jobs.append(f"job {job_id}: {stages[0].name if stages else '?'}")
 
 
 @pytest.fixture(scope="module")
@@ -506,6 +529,11 @@ def test_every_run_figure_matches_the_reference(stats, dataset):
     # a run that did not finish has figures of what arrived before it ended: partial
     assert {run_id: run["partial"] for run_id, run in runs.items()} == {
         "r1": False, "r2": False, "r3": False, "r4": True, "r5": True}
+
+
+def test_one_analysis_is_a_handful_of_spark_jobs(results, analysis_jobs):
+    # streams, sections, a wildcard filter and failed runs included (see the dataset)
+    assert results.runs and 1 <= len(analysis_jobs) <= MAX_ANALYSIS_JOBS, analysis_jobs
 
 
 def test_a_run_whose_generator_fell_behind_is_flagged_in_its_point_and_run(stats):

@@ -1,0 +1,202 @@
+"""The fused Spark pass: every grouped figure of a campaign from one aggregation.
+
+Each family of figures (counts, distributions, items, scope, time sync, backend
+sections, series) describes its input as *figure rows* in one long format:
+
+    family, level, key, sub, figure, value, full
+
+``level``/``key`` is the level the row counts in (a run, a sweep point, a run's time
+bin); ``sub`` what the family splits a level by (a stream of a message mix, a receiver,
+a section, a time bin; null for the level's own rows); ``value`` a double (null for rows
+that are only counted); ``full`` whether the group needs its whole quantile sketch
+(:data:`mqttbed.analytics.figures.SKETCH_LEVELS`) or only :data:`PERCENTILE_LEVELS`.
+The union of all families is grouped once by (family, level, key, sub, figure) and
+collected: one Spark action instead of one per figure, and every statistic a family
+reads comes from the same aggregate row.
+
+Percentiles are Spark's exact ``percentile`` (linear interpolation between the closest
+ranks at (n - 1) q), as before; a percentile does not depend on which other levels are
+asked with it, so p50 read from a full sketch equals p50 read from the short list.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, Row, SparkSession
+
+PERCENTILES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
+# Each run's values of a sketched figure are summarised by these quantiles (0, 0.1 %, ...
+# 100 %) for the bootstrap; the series' CDFs (0, 1 %, ... 100 %) are every tenth.
+SKETCH_LEVELS = [i / 1000 for i in range(1001)]
+PERCENTILE_LEVELS = list(PERCENTILES.values())
+FIGURE_ROW_COLUMNS = ("family", "level", "key", "sub", "figure", "value", "full")
+
+
+def figure_rows(frame: DataFrame, family: str, *, level: Column | str = "level",
+                key: Column | str = "key", sub: Column | str | None = None,
+                figure: Column | str = "figure", value: Column | str | None = "value",
+                full: Column | bool = False) -> DataFrame:
+    """``frame`` as figure rows of ``family`` (columns or literals for each field)."""
+    from pyspark.sql import functions as F
+
+    def column(given: Column | str | None, kind: str) -> Column:
+        if given is None:
+            return F.lit(None).cast(kind)
+        return (F.col(given) if isinstance(given, str) else given).cast(kind)
+
+    return frame.select(
+        F.lit(family).alias("family"), column(level, "string").alias("level"),
+        column(key, "string").alias("key"), column(sub, "string").alias("sub"),
+        column(figure, "string").alias("figure"),
+        column(value, "double").alias("value"),
+        (F.lit(full) if isinstance(full, bool) else full).alias("full"))
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One group's statistics, as plain Python numbers (None when empty or not finite)."""
+
+    rows: int
+    count: int
+    mean: float | None
+    std: float | None
+    max: float | None
+    min: float | None
+    sum: float | None
+    max_abs: float | None
+    # the sketch (SKETCH_LEVELS) of a full group, else None
+    quantiles: list[float] | None
+    # PERCENTILES by name, from the sketch or the short list
+    percentiles: dict[str, float | None]
+
+    def distribution(self) -> dict[str, float | None]:
+        """count, mean, std, the PERCENTILES and max: a distribution's figures."""
+        return {"count": self.count, "mean": self.mean, "std": self.std,
+                **self.percentiles, "max": self.max}
+
+
+# family, level, key, sub, figure: every figure row names its level and key (a point or
+# a run), only ``sub`` (a stream, receiver, section or time bin) may be null
+GroupKey = tuple[str, str, str, str | None, str]
+
+
+def aggregate_figures(frames: Sequence[DataFrame]) -> dict[GroupKey, Aggregate]:
+    """Group the union of ``frames`` (figure rows) once; return every group's statistics."""
+    from pyspark.sql import functions as F
+
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+    value, full = F.col("value"), F.col("full")
+    rows = (union.groupBy("family", "level", "key", "sub", "figure")
+            .agg(F.count("*").alias("rows"), F.count(value).alias("count"),
+                 F.avg(value).alias("mean"), F.stddev_samp(value).alias("std"),
+                 F.max(value).alias("max"), F.min(value).alias("min"),
+                 F.sum(value).alias("sum"), F.max(F.abs(value)).alias("max_abs"),
+                 F.percentile(F.when(full, value), SKETCH_LEVELS).alias("quantiles"),
+                 F.percentile(F.when(~full, value), PERCENTILE_LEVELS).alias("percentiles"))
+            .collect())
+    return {(r["family"], r["level"], r["key"], r["sub"], r["figure"]): _aggregate(r)
+            for r in rows}
+
+
+# Adaptive query execution re-plans what is left of a query after every shuffle stage and
+# runs each stage as a job of its own: on the fused pass (one large plan, small data) that
+# re-planning is most of the time, and its partition coalescing buys nothing with few
+# shuffle partitions. Off for the analysis only; the session's own setting comes back.
+# Small tables (which levels a run counts in, the streams of a mix, the subscriptions) go
+# into the plan as literal maps (:func:`literal_map`), and joins are never broadcast:
+# every broadcast is a Spark job of its own.
+ANALYSIS_CONF = {"spark.sql.adaptive.enabled": "false",
+                 "spark.sql.autoBroadcastJoinThreshold": "-1"}
+
+
+@contextmanager
+def analysis_conf(spark: SparkSession) -> Iterator[None]:
+    """Set ANALYSIS_CONF on ``spark`` for the duration, then restore what was there."""
+    conf = spark.conf
+    before = {key: conf.get(key, None) for key in ANALYSIS_CONF}
+    for key, value in ANALYSIS_CONF.items():
+        conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, was in before.items():
+            if was is None:
+                conf.unset(key)
+            else:
+                conf.set(key, was)
+
+
+def collect_facts(frames: dict[str, DataFrame]) -> dict[str, list[dict[str, Any]]]:
+    """Collect several small frames in one Spark action: each row as a dict, by name.
+
+    The rows travel as JSON (``to_json`` of the row), so frames of any schema share one
+    union; integers stay exact (JSON numbers without a fraction).
+    """
+    from pyspark.sql import functions as F
+
+    named = [frame.select(F.lit(name).alias("name"),
+                          F.to_json(F.struct(*frame.columns)).alias("row"))
+             for name, frame in frames.items()]
+    union = named[0]
+    for frame in named[1:]:
+        union = union.unionByName(frame)
+    found: dict[str, list[dict[str, Any]]] = {name: [] for name in frames}
+    for row in union.collect():
+        found[row["name"]].append(json.loads(row["row"]))
+    return found
+
+
+def literal_map(mapping: Mapping[str, Column | None]) -> Column | None:
+    """``mapping`` as a map literal of the plan (None when empty): a lookup in a table the
+    driver holds, without a join or a broadcast. Look up with ``F.try_element_at``."""
+    from pyspark.sql import functions as F
+
+    # an entry without a value (an empty inner map) is an absent key: null either way
+    present = {key: value for key, value in mapping.items() if value is not None}
+    if not present:
+        return None
+    return F.create_map(*[item for key, value in present.items()
+                          for item in (F.lit(key), value)])
+
+
+def lookup(mapping: Column | None, key: Column, kind: str) -> Column:
+    """The value of ``key`` in a :func:`literal_map` (of values of type ``kind``); null
+    when the key is null or absent."""
+    from pyspark.sql import functions as F
+
+    if mapping is None:
+        return F.lit(None).cast(kind)
+    return F.when(key.isNotNull(), F.try_element_at(mapping, key)).cast(kind)
+
+
+def number(value: Any) -> float | None:
+    """Return ``value`` as a float, None for null, NaN or infinity."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+_SKETCH_INDEX = {name: round(q * (len(SKETCH_LEVELS) - 1)) for name, q in PERCENTILES.items()}
+
+
+def _aggregate(row: Row) -> Aggregate:
+    quantiles = None if row["quantiles"] is None else [float(q) for q in row["quantiles"]]
+    if quantiles is not None:
+        percentiles = {name: number(quantiles[i]) for name, i in _SKETCH_INDEX.items()}
+    else:
+        short = row["percentiles"] or [None] * len(PERCENTILES)
+        percentiles = {name: number(v) for name, v in zip(PERCENTILES, short, strict=True)}
+    return Aggregate(rows=int(row["rows"]), count=int(row["count"]), mean=number(row["mean"]),
+                     std=number(row["std"]), max=number(row["max"]), min=number(row["min"]),
+                     sum=number(row["sum"]), max_abs=number(row["max_abs"]),
+                     quantiles=quantiles, percentiles=percentiles)

@@ -1,0 +1,47 @@
+"""The process's one Spark session, started early and niced while runs measure.
+
+Each check runs in a fresh Python process: a test process may hold a session already.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mqttbed.analytics.spark import SPARK_NICE
+
+pytestmark = pytest.mark.integration
+
+# In the child: the main thread's nice value, then Spark started on the background thread,
+# then the JVM's nice value (field 19 of /proc/PID/stat) and whether the main thread's
+# own get_spark() got that session (the same JVM) instead of starting another.
+CHILD = """
+import json, os
+from pathlib import Path
+from mqttbed.analytics.spark import get_spark, spark_jvm_pid, start_spark_in_background, stop_spark
+from mqttbed.core.settings import Settings
+
+main_nice = os.getpriority(os.PRIO_PROCESS, 0)
+thread = start_spark_in_background(Settings.load(spark_master="local[1]"))
+thread.join()
+spark = get_spark()          # the session the thread started, not another
+pid = spark_jvm_pid(spark)
+fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+print(json.dumps({"main_nice": main_nice, "main_nice_after": os.getpriority(os.PRIO_PROCESS, 0),
+                  "jvm_nice": int(fields[16]), "same_jvm": spark_jvm_pid(get_spark()) == pid,
+                  "rows": spark.range(3).count()}))
+stop_spark()
+"""
+
+
+def test_spark_started_in_the_background_runs_niced_and_is_the_one_session():
+    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["jvm_nice"] == min(19, found["main_nice"] + SPARK_NICE)
+    assert found["main_nice_after"] == found["main_nice"]   # only the JVM yields the CPU
+    assert found["same_jvm"] and found["rows"] == 3
