@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 
+from mqttbed.controller.agent_api import client_address
 from mqttbed.controller.controller import Controller
-from mqttbed.controller.gateway import client_address
 from mqttbed.controller.tokens import TokenRole
 from mqttbed.controller.worker import CampaignWorker
 

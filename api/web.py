@@ -12,7 +12,7 @@ from mqttbed.api.compare_page import NotComparable, comparison_of, render_compar
 from mqttbed.api.deps import TOKEN_COOKIE, ControllerDep, presented_token
 from mqttbed.api.report import plotly_js_path, render_report, templates
 from mqttbed.api.simulations import SeedQuery, UnitsQuery, cloud_edge_result, render_cloud_edge
-from mqttbed.controller.gateway import client_address
+from mqttbed.controller.agent_api import client_address
 from mqttbed.controller.tokens import TokenRole
 
 router = APIRouter(include_in_schema=False)

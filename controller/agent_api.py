@@ -38,7 +38,7 @@ from mqttbed.core.protocol import (
     Subscribed,
 )
 
-log = logging.getLogger("mqttbed.gateway")
+log = logging.getLogger("mqttbed.agent_api")
 
 HTTP_507_INSUFFICIENT_STORAGE = 507
 Authenticate = Callable[[str, str], Caller]   # (token, address) -> who is calling
@@ -205,7 +205,7 @@ def client_address(request: Request) -> str:
 
 def agent_app(router: APIRouter) -> FastAPI:
     """A minimal app serving only the agent routes (the embedded controller of ``mqttbed run``)."""
-    app = FastAPI(title="mqttbed agent gateway")
+    app = FastAPI(title="mqttbed agent API")
     app.include_router(router)
     app.add_middleware(BodyLimit)
     return app
