@@ -15,11 +15,11 @@ from pyarrow.lib import ArrowException
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
+from mqttbed.controller.agent_registry import AgentRegistry
 from mqttbed.controller.auth import Caller
 from mqttbed.controller.body_limit import BodyLimit
 from mqttbed.controller.compaction import compact_run, is_compacted, run_lock
 from mqttbed.controller.db import ChunkRow, RunRow
-from mqttbed.controller.registry import AgentRegistry
 from mqttbed.controller.storage import DataLayout, write_edges, write_event_chunk
 from mqttbed.controller.tokens import TokenRole
 from mqttbed.core.clock import boot_id, monotonic_ns
