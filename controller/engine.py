@@ -42,7 +42,7 @@ from mqttbed.controller.compaction import (
 from mqttbed.controller.db import CampaignRow, LabHostRow, RunRow, TransitionRow, utcnow
 from mqttbed.controller.documents import CampaignUpdate, DocumentStream, RunUpdate
 from mqttbed.controller.impaired_links import ImpairedLinks, has_impaired_clients
-from mqttbed.controller.lab import lab_host_backends, resolve_named_hosts, target_of
+from mqttbed.controller.lab_hosts import lab_host_backends, resolve_named_hosts, target_of
 from mqttbed.controller.scope_recorder import ScopeRecorder
 from mqttbed.controller.states import (
     ACTIVE_STATES,
