@@ -1,4 +1,4 @@
-"""The controller as a web service: REST API, agent gateway, web pages, campaign worker."""
+"""The controller as a web service: REST API, agent API, web pages, campaign worker."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from starlette.background import BackgroundTask
 
 from mqttbed.analytics.results_files import StaleResults
-from mqttbed.api.deps import CoreDep, UserDep, WorkerDep
+from mqttbed.api.deps import ControllerDep, UserDep, WorkerDep
 from mqttbed.api.export import build_dataset_zip, stream_deliveries_csv
 from mqttbed.api.schemas import CampaignPublic, Progress, RunPublic, StatsPending
 from mqttbed.campaigns.spec import spec_from_bytes
@@ -49,9 +49,9 @@ def _progress(runs: list[RunRow]) -> Progress:
                     fraction=(done + failed) / total if total else 1.0)
 
 
-def load_campaign(core: Controller, campaign_id: str) -> tuple[CampaignRow, list[RunRow]]:
+def load_campaign(controller: Controller, campaign_id: str) -> tuple[CampaignRow, list[RunRow]]:
     """The campaign and its runs, or 404."""
-    with core.sessions() as s:
+    with controller.sessions() as s:
         row = s.get(CampaignRow, campaign_id)
         if row is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no campaign {campaign_id!r}")
@@ -59,21 +59,21 @@ def load_campaign(core: Controller, campaign_id: str) -> tuple[CampaignRow, list
     return row, runs
 
 
-def _summary(core: Controller, row: CampaignRow, runs: list[RunRow]) -> dict[str, Any]:
+def _summary(controller: Controller, row: CampaignRow, runs: list[RunRow]) -> dict[str, Any]:
     return {"id": row.id, "name": row.name, "status": row.status, "reason": row.reason,
             "created_at": row.created_at, "updated_at": row.updated_at,
             "progress": _progress(runs),
-            "stats_ready": (core.layout.campaign_dir(row.id) / "stats.json").exists()}
+            "stats_ready": (controller.layout.campaign_dir(row.id) / "stats.json").exists()}
 
 
-def campaign_public(core: Controller, campaign_id: str) -> CampaignPublic:
-    row, runs = load_campaign(core, campaign_id)
-    return _public(core, row, runs)
+def campaign_public(controller: Controller, campaign_id: str) -> CampaignPublic:
+    row, runs = load_campaign(controller, campaign_id)
+    return _public(controller, row, runs)
 
 
-def _public(core: Controller, row: CampaignRow, runs: list[RunRow]) -> CampaignPublic:
+def _public(controller: Controller, row: CampaignRow, runs: list[RunRow]) -> CampaignPublic:
     return CampaignPublic(
-        **_summary(core, row, runs), spec=row.spec,
+        **_summary(controller, row, runs), spec=row.spec,
         runs=[RunPublic(id=r.id, ordinal=r.ordinal, point_index=r.point_index,
                         repetition=r.repetition, attempt=r.attempt, params=r.params,
                         state=r.state, reason=r.reason, started_at=r.started_at,
@@ -84,53 +84,54 @@ def _public(core: Controller, row: CampaignRow, runs: list[RunRow]) -> CampaignP
 @router.post("", status_code=status.HTTP_201_CREATED, openapi_extra=_SPEC_BODY,
              responses={422: {"description": "the spec is invalid; the detail names the "
                                              "field and the bad value"}})
-async def create_campaign(request: Request, core: CoreDep) -> CampaignPublic:
+async def create_campaign(request: Request, controller: ControllerDep) -> CampaignPublic:
     """Create a campaign from a spec sent as JSON, or as YAML (``application/yaml``)."""
     try:
         spec = spec_from_bytes(await request.body(), "request body")
         # what only this controller can check: lab hosts named, cgroups for cpu_limit
-        campaign_id = core.engine.create_campaign(spec)
+        campaign_id = controller.engine.create_campaign(spec)
     except SpecError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
-    return campaign_public(core, campaign_id)
+    return campaign_public(controller, campaign_id)
 
 
 @router.get("")
-def list_campaigns(core: CoreDep) -> list[CampaignPublic]:
+def list_campaigns(controller: ControllerDep) -> list[CampaignPublic]:
     """Every campaign, newest first: spec, status, progress, runs with states and reasons."""
-    with core.sessions() as s:
+    with controller.sessions() as s:
         rows = s.query(CampaignRow).order_by(CampaignRow.created_at.desc()).all()
         runs = s.query(RunRow).all()
     by_campaign: dict[str, list[RunRow]] = {}
     for run in runs:
         by_campaign.setdefault(run.campaign_id, []).append(run)
-    return [_public(core, row, by_campaign.get(row.id, [])) for row in rows]
+    return [_public(controller, row, by_campaign.get(row.id, [])) for row in rows]
 
 
 @router.get("/{campaign_id}", responses=_NOT_FOUND)
-def get_campaign(campaign_id: str, core: CoreDep) -> CampaignPublic:
+def get_campaign(campaign_id: str, controller: ControllerDep) -> CampaignPublic:
     """One campaign: spec, status, progress, and its runs with states and failure reasons."""
-    return campaign_public(core, campaign_id)
+    return campaign_public(controller, campaign_id)
 
 
 @router.post("/{campaign_id}/start", responses={**_NOT_FOUND, 409: {"description":
                                                                      "already started"}})
-def start_campaign(campaign_id: str, core: CoreDep, worker: WorkerDep) -> CampaignPublic:
+def start_campaign(campaign_id: str, controller: ControllerDep,
+                   worker: WorkerDep) -> CampaignPublic:
     """Queue the campaign; it runs when the campaigns queued before it have ended."""
-    row, _ = load_campaign(core, campaign_id)
+    row, _ = load_campaign(controller, campaign_id)
     if row.status != CampaignStatus.CREATED:
         raise HTTPException(status.HTTP_409_CONFLICT,
                             f"campaign {campaign_id} is {row.status}; only a created campaign "
                             "can be started")
     worker.enqueue(campaign_id)
-    return campaign_public(core, campaign_id)
+    return campaign_public(controller, campaign_id)
 
 
 @router.post("/{campaign_id}/cancel", responses={**_NOT_FOUND, 409: {
     "description": "already ended, or analysing (its runs have ended)"}})
-def cancel_campaign(campaign_id: str, core: CoreDep) -> CampaignPublic:
+def cancel_campaign(campaign_id: str, controller: ControllerDep) -> CampaignPublic:
     """Cancel: the running run stops cleanly and keeps its events; no further run starts."""
-    row, _ = load_campaign(core, campaign_id)
+    row, _ = load_campaign(controller, campaign_id)
     if row.status in CAMPAIGN_ENDED:
         raise HTTPException(status.HTTP_409_CONFLICT, f"campaign {campaign_id} already "
                                                       f"ended ({row.status})")
@@ -138,8 +139,8 @@ def cancel_campaign(campaign_id: str, core: CoreDep) -> CampaignPublic:
         raise HTTPException(status.HTTP_409_CONFLICT,
                             f"campaign {campaign_id} is analysing: its runs have ended and "
                             "its statistics are being computed; nothing is left to cancel")
-    core.engine.cancel(campaign_id)
-    return campaign_public(core, campaign_id)
+    controller.engine.cancel(campaign_id)
+    return campaign_public(controller, campaign_id)
 
 
 STATS_RETRY_AFTER_S = 5
@@ -163,11 +164,12 @@ _STATS_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 @router.get("/{campaign_id}/stats", response_class=Response, responses=_STATS_RESPONSES)
-def campaign_stats(campaign_id: str, core: CoreDep) -> Response:
+def campaign_stats(campaign_id: str, controller: ControllerDep) -> Response:
     """The campaign's results (``stats.json``): figures per sweep point and per run."""
-    row, _ = load_campaign(core, campaign_id)
+    row, _ = load_campaign(controller, campaign_id)
     try:
-        results = load_results(core.layout, campaign_id)  # written atomically: whole or absent
+        # written atomically: whole or absent
+        results = load_results(controller.layout, campaign_id)
     except StaleResults as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     if results is not None:
@@ -194,16 +196,16 @@ def campaign_stats(campaign_id: str, core: CoreDep) -> Response:
     200: {"content": {"application/zip": {}, "text/csv": {}},
           "description": "parquet: a zip of the dataset and manifest.json; csv: one row per "
                          "delivery"}})
-def campaign_dataset(campaign_id: str, core: CoreDep,
+def campaign_dataset(campaign_id: str, controller: ControllerDep,
                      format: Annotated[Literal["parquet", "csv"], Query()] = "parquet"
                      ) -> Response:
     """The campaign's data: a zip of its Parquet dataset with a provenance manifest, or
     every delivery as one CSV file (streamed)."""
-    load_campaign(core, campaign_id)
+    load_campaign(controller, campaign_id)
     if format == "csv":
         return StreamingResponse(
-            stream_deliveries_csv(core, campaign_id), media_type="text/csv",
+            stream_deliveries_csv(controller, campaign_id), media_type="text/csv",
             headers={"content-disposition": f'attachment; filename="{campaign_id}.csv"'})
-    path = build_dataset_zip(core, campaign_id)
+    path = build_dataset_zip(controller, campaign_id)
     return FileResponse(path, media_type="application/zip", filename=f"{campaign_id}.zip",
                         background=BackgroundTask(path.unlink, missing_ok=True))

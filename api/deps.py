@@ -6,16 +6,16 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 
+from mqttbed.controller.agent_api import client_address
 from mqttbed.controller.controller import Controller
-from mqttbed.controller.gateway import client_address
 from mqttbed.controller.tokens import TokenRole
 from mqttbed.controller.worker import CampaignWorker
 
 TOKEN_COOKIE = "mqttbed_token"
 
 
-def get_core(request: Request) -> Controller:
-    """The app's controller (``core`` in the routes' parameters)."""
+def get_controller(request: Request) -> Controller:
+    """The app's controller (``controller`` in the routes' parameters)."""
     return request.app.state.controller
 
 
@@ -23,7 +23,7 @@ def get_worker(request: Request) -> CampaignWorker:
     return request.app.state.worker
 
 
-CoreDep = Annotated[Controller, Depends(get_core)]
+ControllerDep = Annotated[Controller, Depends(get_controller)]
 WorkerDep = Annotated[CampaignWorker, Depends(get_worker)]
 
 
@@ -35,9 +35,9 @@ def presented_token(request: Request) -> str:
     return request.cookies.get(TOKEN_COOKIE, "")
 
 
-def require_user(request: Request, core: CoreDep) -> None:
+def require_user(request: Request, controller: ControllerDep) -> None:
     """401 without a valid token, 403 for an agent token: these routes are for users."""
-    caller = core.authenticate(presented_token(request), client_address(request))
+    caller = controller.authenticate(presented_token(request), client_address(request))
     role = caller.role
     if role is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED,

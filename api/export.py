@@ -63,24 +63,24 @@ def _deployment_facts(broker: BrokerDeployment | None) -> dict[str, Any]:
     return {key: recorded.get(key) for key in _DEPLOYMENT_FACTS}
 
 
-def _clock_sources(core: Controller, campaign_id: str) -> list[str]:
+def _clock_sources(controller: Controller, campaign_id: str) -> list[str]:
     import pyarrow.dataset as ds
 
-    root = core.layout.events / f"campaign_id={campaign_id}"
+    root = controller.layout.events / f"campaign_id={campaign_id}"
     if not root.exists():
         return []
     table = ds.dataset(root, format="parquet").to_table(columns=["clock_source"])
     return sorted({source for source in table["clock_source"].to_pylist() if source is not None})
 
 
-def manifest(core: Controller, campaign_id: str) -> dict[str, Any]:
+def manifest(controller: Controller, campaign_id: str) -> dict[str, Any]:
     """Provenance of a campaign's data: spec, what was deployed, where, with which clocks."""
-    with core.sessions() as s:
+    with controller.sessions() as s:
         campaign = s.get(CampaignRow, campaign_id)
         runs = s.query(RunRow).filter_by(campaign_id=campaign_id).order_by(RunRow.ordinal).all()
     records = {r.id: run_record(r.run_metadata, r.id) for r in runs}
     agent_ids = {a for record in records.values() for a in record.agents}
-    with core.sessions() as s:
+    with controller.sessions() as s:
         agent_rows = {a.id: a for a in s.query(AgentRow).filter(AgentRow.id.in_(agent_ids))}
     backends = []
     for run in runs:
@@ -96,7 +96,7 @@ def manifest(core: Controller, campaign_id: str) -> dict[str, Any]:
         "backends": backends,
         "controller_host": _host_facts(),
         "clock": {"software": CLOCK_NAME,
-                  "sources_in_data": _clock_sources(core, campaign_id)},
+                  "sources_in_data": _clock_sources(controller, campaign_id)},
         "event_schema": [{"name": n, "type": t, "nullable": nb} for n, t, nb in EVENT_FIELDS],
         "layout": "events/campaign_id=<c>/run_id=<r>/*.parquet (hive partitions); "
                   "broker_samples/ and backend_records/ likewise; stats.json (schema: "
@@ -104,14 +104,14 @@ def manifest(core: Controller, campaign_id: str) -> dict[str, Any]:
     }
 
 
-def build_dataset_zip(core: Controller, campaign_id: str) -> Path:
+def build_dataset_zip(controller: Controller, campaign_id: str) -> Path:
     """Write the campaign's dataset, stats and manifest.json into a temporary zip file."""
-    layout = core.layout
+    layout = controller.layout
     handle, name = tempfile.mkstemp(prefix=f"{campaign_id}-", suffix=".zip")
     os.close(handle)
     path = Path(name)
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
-        archive.writestr("manifest.json", json.dumps(manifest(core, campaign_id), indent=2,
+        archive.writestr("manifest.json", json.dumps(manifest(controller, campaign_id), indent=2,
                                                      default=str))
         for root in (layout.events, layout.broker_samples, layout.backend_records):
             campaign_root = root / f"campaign_id={campaign_id}"
@@ -124,7 +124,7 @@ def build_dataset_zip(core: Controller, campaign_id: str) -> Path:
     return path
 
 
-def stream_deliveries_csv(core: Controller, campaign_id: str) -> Iterator[bytes]:
+def stream_deliveries_csv(controller: Controller, campaign_id: str) -> Iterator[bytes]:
     """Yield the campaign's deliveries as CSV, one run's file at a time, header first."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -132,7 +132,7 @@ def stream_deliveries_csv(core: Controller, campaign_id: str) -> Iterator[bytes]
     import pyarrow.parquet as pq
 
     header = True
-    root = core.layout.events / f"campaign_id={campaign_id}"
+    root = controller.layout.events / f"campaign_id={campaign_id}"
     for run_dir in sorted(root.iterdir()) if root.exists() else []:
         run_id = run_dir.name.removeprefix("run_id=")
         for file in sorted(run_dir.glob("*.parquet")):

@@ -438,9 +438,9 @@ def script_json(value: Any) -> str:
     return json.dumps(value).replace("</", "<\\/")
 
 
-def render_report(core: Controller, campaign_id: str, *, standalone: bool) -> str:
+def render_report(controller: Controller, campaign_id: str, *, standalone: bool) -> str:
     """The report page; ``standalone`` inlines Plotly and drops live updates and links."""
-    context = report_context(core, campaign_id)
+    context = report_context(controller, campaign_id)
     plotly_inline = plotly_js_path().read_text() if standalone else None
     return templates().get_template("report.html").render(
         **context, standalone=standalone, plotly_inline=plotly_inline,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 import mqttbed
-from mqttbed.api.deps import CoreDep, UserDep
+from mqttbed.api.deps import ControllerDep, UserDep
 from mqttbed.api.schemas import AgentPublic, BackendPublic, Health
 from mqttbed.controller.analysis import results_type
 from mqttbed.controller.db import AgentRow
@@ -22,11 +22,11 @@ def health() -> Health:
 
 
 @router.get("/agents")
-def list_agents(core: CoreDep) -> list[AgentPublic]:
+def list_agents(controller: ControllerDep) -> list[AgentPublic]:
     """Registered agents: host, state (idle, busy, lost, gone) and last heartbeat."""
-    with core.sessions() as s:
+    with controller.sessions() as s:
         rows = s.query(AgentRow).order_by(AgentRow.registered_at.desc()).all()
-    live = {record.agent_id: record for record in core.registry.agents()}
+    live = {record.agent_id: record for record in controller.registry.agents()}
     return [AgentPublic(id=r.id, name=r.name, hostname=r.hostname, pid=r.pid,
                         state=live[r.id].state if r.id in live else r.state,
                         registered_at=r.registered_at, last_heartbeat=r.last_heartbeat)

@@ -132,7 +132,7 @@ def _ints(values: np.ndarray, null: np.ndarray | None = None) -> pa.Array:
 
 def _write_chunks(layout: DataLayout, run_id: str, agent_id: str, table: pa.Table,
                   clock: tuple[int, int]) -> None:
-    """Store an agent's rows as the gateway stores its uploaded chunks."""
+    """Store an agent's rows as the agent API stores its uploaded chunks."""
     constants = {"agent_id": agent_id, "clock_source": "user", "clock_offset_ns": clock[0],
                  "clock_offset_uncertainty_ns": clock[1]}
     for seq, start in enumerate(range(0, table.num_rows, CHUNK_EVENTS)):

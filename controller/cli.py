@@ -377,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.set_defaults(func=_analyze)
 
     serve = commands.add_parser("serve", help="run the controller: REST API, web reports, "
-                                              "agent gateway, campaign queue")
+                                              "agent API, campaign queue")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--data-dir")

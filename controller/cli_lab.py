@@ -10,7 +10,14 @@ from pathlib import Path
 
 def _lab(args: argparse.Namespace) -> int:
     from mqttbed.controller.db import database_url, open_database
-    from mqttbed.controller.lab import Access, HostArg, Lab, LabError, Wheels, parse_extras
+    from mqttbed.controller.lab_hosts import (
+        Access,
+        HostArg,
+        LabError,
+        LabHosts,
+        Wheels,
+        parse_extras,
+    )
     from mqttbed.core.settings import Settings
 
     settings = Settings.from_env(args.data_dir)
@@ -18,7 +25,7 @@ def _lab(args: argparse.Namespace) -> int:
     sessions = open_database(settings.database_url or database_url(settings.data_dir))
     # MQTTBED_LAB_WHEELS: where built wheels are cached (default: the data dir's lab/)
     cache = Path(os.environ.get("MQTTBED_LAB_WHEELS") or settings.data_dir / "lab")
-    lab = Lab(sessions, Wheels(cache, wheel=getattr(args, "wheel", None)))
+    lab = LabHosts(sessions, Wheels(cache, wheel=getattr(args, "wheel", None)))
     try:
         if args.action == "provision":
             hosts = [HostArg.parse(text) for text in args.hosts]

@@ -20,14 +20,14 @@ from types import TracebackType
 from fastapi import APIRouter
 from sqlalchemy.orm import sessionmaker
 
+from mqttbed.controller.agent_api import ChunkStore, agent_app, agent_router
+from mqttbed.controller.agent_registry import AgentRecord, AgentRegistry
 from mqttbed.controller.auth import AuthFailureLimit, Caller, throttled
 from mqttbed.controller.db import AgentRow, database_url, open_database, utcnow
 from mqttbed.controller.documents import DocumentStream, Listener
 from mqttbed.controller.embedded import BackgroundServer, bind_socket
 from mqttbed.controller.engine import EngineContext, RunEngine
-from mqttbed.controller.gateway import ChunkStore, agent_app, agent_router
 from mqttbed.controller.lifecycle import conduct_campaign
-from mqttbed.controller.registry import AgentRecord, AgentRegistry
 from mqttbed.controller.states import CampaignStatus
 from mqttbed.controller.storage import DataLayout
 from mqttbed.controller.tokens import TokenRole, find_token

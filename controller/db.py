@@ -140,7 +140,7 @@ def database_url(data_dir: Path) -> str:
 
 
 def make_engine(url: str) -> Engine:
-    """Create an engine; SQLite gets WAL and a busy timeout (the gateway writes from threads)."""
+    """Create an engine; SQLite gets WAL and a busy timeout (the agent API writes from threads)."""
     engine = create_engine(url, json_serializer=lambda o: json.dumps(o, default=str),
                            connect_args={"check_same_thread": False, "timeout": 30}
                            if url.startswith("sqlite") else {})

@@ -24,6 +24,7 @@ from mqttbed.agents.deploy import AgentPool, Site
 from mqttbed.brokers.cpu_budget import CpuBudget, CpuBudgetError, cpu_budget_unavailable
 from mqttbed.brokers.cpu_budget import reap_stale as reap_cpu_budgets
 from mqttbed.campaigns.spec import CampaignSpec, plan_runs
+from mqttbed.controller.agent_registry import AgentRegistry, RunInbox
 from mqttbed.controller.agent_sites import AgentSites, open_sites
 from mqttbed.controller.assignments import (
     ClientPlacement,
@@ -41,8 +42,7 @@ from mqttbed.controller.compaction import (
 from mqttbed.controller.db import CampaignRow, LabHostRow, RunRow, TransitionRow, utcnow
 from mqttbed.controller.documents import CampaignUpdate, DocumentStream, RunUpdate
 from mqttbed.controller.impaired_links import ImpairedLinks, has_impaired_clients
-from mqttbed.controller.lab import lab_host_backends, resolve_named_hosts, target_of
-from mqttbed.controller.registry import AgentRegistry, RunInbox
+from mqttbed.controller.lab_hosts import lab_host_backends, resolve_named_hosts, target_of
 from mqttbed.controller.scope_recorder import ScopeRecorder
 from mqttbed.controller.states import (
     ACTIVE_STATES,

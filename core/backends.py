@@ -278,7 +278,7 @@ class BackendDeclaration:
         return self.features
 
 
-# -- the registry ------------------------------------------------------------------------
+# -- the backend registry ----------------------------------------------------------------
 
 @cache
 def _targets() -> Mapping[str, str]:

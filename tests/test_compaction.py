@@ -67,7 +67,7 @@ def event_columns(rng: random.Random, agent: int, seq: int) -> dict[str, list]:
 
 
 def write_run(layout: DataLayout, run_id: str = RUN, seed: int = 7) -> None:
-    """Store a run's chunks (and GPIO edges) the way the gateway stores uploads."""
+    """Store a run's chunks (and GPIO edges) the way the agent API stores uploads."""
     rng = random.Random(seed)
     for agent, name in enumerate(AGENTS):
         for seq in range(CHUNKS_PER_AGENT):

@@ -207,9 +207,9 @@ def test_a_configured_binary_that_is_not_executable_is_refused(tmp_path):
         ForkPipeBackend().deploy(Options(binary=str(tmp_path / "nope")), LocalHost())
 
 
-# -- registry and campaign ----------------------------------------------------------------------
+# -- backend registry and campaign ----------------------------------------------------------------
 
-def test_the_registry_creates_a_forkpipe_backend_that_meets_the_contract():
+def test_the_backend_registry_creates_a_forkpipe_backend_that_meets_the_contract():
     backend = create_backend("forkpipe")
     assert isinstance(backend, BrokerBackend) and backend.name == "forkpipe"
     assert options_model("forkpipe") is Options

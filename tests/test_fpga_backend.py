@@ -1,4 +1,6 @@
-"""The ``fpga`` backend deploying the model: registry, options, UDP endpoint, metadata, teardown."""
+"""The ``fpga`` backend deploying the model: backend registry, options, UDP endpoint, metadata,
+teardown.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from tests.test_fpga_model_udp import udp_client
 pytestmark = pytest.mark.timeout(30)
 
 
-def test_the_registry_knows_fpga_and_validates_its_options():
+def test_the_backend_registry_knows_fpga_and_validates_its_options():
     assert "fpga" in backend_names()
     assert isinstance(create_backend("fpga"), BrokerBackend)
     model = options_model("fpga")

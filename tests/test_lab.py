@@ -35,7 +35,7 @@ from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.analysis import load_results
 from mqttbed.controller.controller import create_controller
 from mqttbed.controller.db import LabHostRow, RunRow, database_url, open_database
-from mqttbed.controller.lab import HostArg, LabError, parse_extras
+from mqttbed.controller.lab_hosts import HostArg, LabError, parse_extras
 from mqttbed.core.errors import BackendError, SpecError
 from mqttbed.core.mqtt_codec import Connect, encode, encode_publish
 from mqttbed.core.settings import Settings

@@ -247,7 +247,7 @@ def test_unknown_backend_names_the_available_ones():
         options_model("hivemq")
 
 
-def test_registry_creates_a_backend_that_meets_the_contract():
+def test_backend_registry_creates_a_backend_that_meets_the_contract():
     backend = create_backend("mosquitto")
     assert isinstance(backend, BrokerBackend)
     assert backend.name == "mosquitto"

@@ -1,4 +1,4 @@
-"""Chunked uploads from an agent to a real controller gateway."""
+"""Chunked uploads from an agent to the agent API of a real controller."""
 
 from __future__ import annotations
 

@@ -15,11 +15,11 @@ from pyarrow.lib import ArrowException
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
+from mqttbed.controller.agent_registry import AgentRegistry
 from mqttbed.controller.auth import Caller
 from mqttbed.controller.body_limit import BodyLimit
 from mqttbed.controller.compaction import compact_run, is_compacted, run_lock
 from mqttbed.controller.db import ChunkRow, RunRow
-from mqttbed.controller.registry import AgentRegistry
 from mqttbed.controller.storage import DataLayout, write_edges, write_event_chunk
 from mqttbed.controller.tokens import TokenRole
 from mqttbed.core.clock import boot_id, monotonic_ns
@@ -38,7 +38,7 @@ from mqttbed.core.protocol import (
     Subscribed,
 )
 
-log = logging.getLogger("mqttbed.gateway")
+log = logging.getLogger("mqttbed.agent_api")
 
 HTTP_507_INSUFFICIENT_STORAGE = 507
 Authenticate = Callable[[str, str], Caller]   # (token, address) -> who is calling
@@ -205,7 +205,7 @@ def client_address(request: Request) -> str:
 
 def agent_app(router: APIRouter) -> FastAPI:
     """A minimal app serving only the agent routes (the embedded controller of ``mqttbed run``)."""
-    app = FastAPI(title="mqttbed agent gateway")
+    app = FastAPI(title="mqttbed agent API")
     app.include_router(router)
     app.add_middleware(BodyLimit)
     return app

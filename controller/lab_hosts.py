@@ -226,7 +226,7 @@ class Access:
     trust_new: bool = False
 
 
-class Lab:
+class LabHosts:
     """The lab hosts of one controller database: provision, upgrade, status, remove."""
 
     def __init__(self, sessions: sessionmaker, wheels: Wheels,

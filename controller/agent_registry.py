@@ -52,7 +52,7 @@ class RunInbox:
 
 
 class AgentRegistry:
-    """Thread-safe state shared by the HTTP gateway and the run engine."""
+    """Thread-safe state shared by the agent API (HTTP) and the run engine."""
 
     def __init__(self, heartbeat_interval_s: float = 0.5,
                  on_agent_change: Callable[[AgentRecord], None] | None = None):
