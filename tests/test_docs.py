@@ -178,7 +178,7 @@ def _run_blocks(blocks: list[ShellBlock], workdir: Path, timeout_s: float,
         _script, failure = _bash(blocks, workdir, timeout_s)
     finally:
         if cleanup:
-            _script, cleanup_failure = _bash(cleanup, workdir, 300)
+            _script, cleanup_failure = _bash(cleanup, workdir, 60)
     assert not failure, f"a tutorial's shell blocks failed ({failure}"
     assert not cleanup_failure, f"a tutorial's cleanup blocks failed ({cleanup_failure}"
 
@@ -250,5 +250,5 @@ def test_the_whole_tutorial_runs(page, tmp_path):
     if not any(block.tier == "system" for block in blocks):
         pytest.skip(f"{page.name} has no long block (its short ones run in make test)")
     before = _installed_packages()
-    _run_blocks(blocks, tmp_path, timeout_s=1100, cleanup=cleanup)
+    _run_blocks(blocks, tmp_path, timeout_s=1050, cleanup=cleanup)
     assert _installed_packages() == before, "the tutorial left the venv's packages changed"
