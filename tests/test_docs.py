@@ -107,10 +107,13 @@ def test_docs_site_builds_strict_without_a_warning(tmp_path):
 # "Needs hardware" admonition). A block marked `<!-- docs-test: system -->` is long: it runs
 # in `make test-system`, with the page's other blocks, in order, in one shell. Unmarked
 # blocks are short: they run in `make test`, and must not need the long ones before them.
+# A block marked `<!-- docs-test: cleanup -->` undoes what the page did (uninstalls a
+# package): it runs with the long ones, after them, in a shell of its own, even when they
+# failed; and the venv's packages must then be as they were before the page ran.
 
 TUTORIALS = sorted((ROOT / "docs" / "tutorials").glob("*.md"))
 SHELL_LANGUAGES = {"", "sh", "bash", "shell", "console"}
-TIERS = {"short", "system", "hardware"}
+TIERS = {"short", "system", "hardware", "cleanup"}
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<language>[\w-]*)")
 MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(?P<tier>[\w-]+)\s*-->\s*$")
 
@@ -149,20 +152,43 @@ def shell_blocks(page: Path) -> list[ShellBlock]:
     return blocks
 
 
-def _run_blocks(blocks: list[ShellBlock], workdir: Path, timeout_s: float) -> None:
-    """Run ``blocks`` in order in one bash, in ``workdir`` beside the repository's
-    campaigns/ and .venv/ (the paths the tutorials use), with its own data dir."""
-    for name in ("campaigns", ".venv"):
-        (workdir / name).symlink_to(ROOT / name)
+def _bash(blocks: list[ShellBlock], workdir: Path, timeout_s: float) -> tuple[str, str]:
+    """Run ``blocks`` in order in one bash in ``workdir``; (script, failure or "")."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MQTTBED_")}
     env["PATH"] = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     script = "set -euo pipefail\n" + "\n".join(
         f"# {block.page.name}:{block.line}\n{block.code}" for block in blocks)
     result = subprocess.run(["bash", "-c", script], cwd=workdir, env=env, text=True,
                             capture_output=True, timeout=timeout_s)
-    assert result.returncode == 0, (
-        f"a tutorial's shell blocks failed (exit {result.returncode}):\n{script}\n--- stdout\n"
+    failure = "" if result.returncode == 0 else (
+        f"exit {result.returncode}:\n{script}\n--- stdout\n"
         f"{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}")
+    return script, failure
+
+
+def _run_blocks(blocks: list[ShellBlock], workdir: Path, timeout_s: float,
+                cleanup: list[ShellBlock] | None = None) -> None:
+    """Run ``blocks`` in order in one bash, in ``workdir`` beside the repository's
+    campaigns/ and .venv/ (the paths the tutorials use), with its own data dir; then the
+    ``cleanup`` blocks in a bash of their own, whatever became of the others."""
+    for name in ("campaigns", ".venv"):
+        (workdir / name).symlink_to(ROOT / name)
+    failure = cleanup_failure = ""
+    try:
+        _script, failure = _bash(blocks, workdir, timeout_s)
+    finally:
+        if cleanup:
+            _script, cleanup_failure = _bash(cleanup, workdir, 60)
+    assert not failure, f"a tutorial's shell blocks failed ({failure}"
+    assert not cleanup_failure, f"a tutorial's cleanup blocks failed ({cleanup_failure}"
+
+
+def _installed_packages() -> list[str]:
+    """The venv's distributions and versions, as pip lists them."""
+    result = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check",
+                             "list", "--format=freeze"], capture_output=True, text=True,
+                            check=True, timeout=120)
+    return sorted(result.stdout.splitlines())
 
 
 def test_every_tutorial_shell_block_runs_or_is_visibly_marked_as_needing_hardware():
@@ -185,10 +211,24 @@ def test_shell_blocks_are_found_with_their_markers(tmp_path):
     page.write_text("intro\n\n```sh\necho short\n```\n\n<!-- docs-test: system -->\n"
                     "```bash\necho long\n```\n\n```yaml\nnot: shell\n```\n\n"
                     '1. step\n\n   !!! warning "Needs hardware"\n       a Pi\n\n'
-                    "   <!-- docs-test: hardware -->\n   ```\n   ssh pi\n   ```\n")
+                    "   <!-- docs-test: hardware -->\n   ```\n   ssh pi\n   ```\n\n"
+                    "<!-- docs-test: cleanup -->\n```sh\necho undo\n```\n")
     blocks = shell_blocks(page)
     assert [(b.tier, b.code) for b in blocks] == [
-        ("short", "echo short"), ("system", "echo long"), ("hardware", "ssh pi")]
+        ("short", "echo short"), ("system", "echo long"), ("hardware", "ssh pi"),
+        ("cleanup", "echo undo")]
+
+
+def test_cleanup_blocks_run_even_when_an_earlier_block_failed(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("<!-- docs-test: system -->\n```sh\ntouch made\nfalse\necho never\n```\n\n"
+                    "<!-- docs-test: cleanup -->\n```sh\nrm made\ntouch cleaned\n```\n")
+    blocks = shell_blocks(page)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    with pytest.raises(AssertionError, match="shell blocks failed"):
+        _run_blocks(blocks[:1], workdir, timeout_s=30, cleanup=blocks[1:])
+    assert (workdir / "cleaned").exists() and not (workdir / "made").exists()
 
 
 @pytest.mark.integration  # runs mqttbed commands
@@ -205,7 +245,10 @@ def test_short_shell_blocks_of_the_tutorial_run(page, tmp_path):
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("page", TUTORIALS, ids=[p.stem for p in TUTORIALS])
 def test_the_whole_tutorial_runs(page, tmp_path):
-    blocks = [block for block in shell_blocks(page) if block.tier != "hardware"]
+    blocks = [block for block in shell_blocks(page) if block.tier in ("short", "system")]
+    cleanup = [block for block in shell_blocks(page) if block.tier == "cleanup"]
     if not any(block.tier == "system" for block in blocks):
         pytest.skip(f"{page.name} has no long block (its short ones run in make test)")
-    _run_blocks(blocks, tmp_path, timeout_s=1150)
+    before = _installed_packages()
+    _run_blocks(blocks, tmp_path, timeout_s=1050, cleanup=cleanup)
+    assert _installed_packages() == before, "the tutorial left the venv's packages changed"
