@@ -46,6 +46,7 @@ from mqttbed.agents.mqtt_udp import UdpMqttClient
 from mqttbed.agents.native_session import EventColumns, NativeSession, unsupported_reason
 from mqttbed.agents.rx_timestamps import RealtimeToMonotonic
 from mqttbed.agents.schedule_report import PublisherProgress, schedule_fields
+from mqttbed.agents.subscribe_order import subscriber_ranks, subscribers_in_order
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import (
     ClockSource,
@@ -319,8 +320,7 @@ class MqttSession:
         """The subscribe ranks of this session's subscribers, lowest first."""
         if self._native is not None:
             return self._native.subscriber_ranks()
-        return sorted(c.spec.subscribe_rank for c in self._clients
-                      if c.spec.role == Role.SUBSCRIBER)
+        return subscriber_ranks(self._clients)
 
     def subscribe(self, timeout_s: float, ranks: list[int] | None = None) -> None:
         """Subscribe the subscribers of ``ranks`` (default: all), one at a time, in order.
@@ -331,13 +331,8 @@ class MqttSession:
         """
         if self._native is not None:
             return self._native.subscribe(timeout_s, ranks)
-        by_rank = {c.spec.subscribe_rank: c for c in self._clients
-                   if c.spec.role == Role.SUBSCRIBER}
         deadline = monotonic_ns() + int(timeout_s * 1e9)
-        for rank in self.subscriber_ranks() if ranks is None else ranks:
-            client = by_rank.get(rank)
-            if client is None:
-                raise RuntimeError(f"no subscriber of rank {rank} in this session")
+        for client in subscribers_in_order(self._clients, ranks):
             for topic, qos in client.spec.subscriptions():
                 client.subscribed, client.subscribing = False, topic
                 client.conn.subscribe(topic, qos=qos)

@@ -25,6 +25,7 @@ from typing import Any
 from mqttbed.agents.gpio import GpioLines, VirtualGpio
 from mqttbed.agents.native import engine as native
 from mqttbed.agents.schedule_report import PublisherProgress, schedule_fields
+from mqttbed.agents.subscribe_order import subscriber_ranks, subscribers_in_order
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import ClockSource, EventKind, publisher_client_id
 from mqttbed.core.protocol import ClientAssignment, Endpoint, GeneratorReport, Role, Transport
@@ -184,19 +185,13 @@ class NativeSession:
 
     def subscriber_ranks(self) -> list[int]:
         """The subscribe ranks of this session's subscribers, lowest first."""
-        return sorted(c.spec.subscribe_rank for c in self._clients
-                      if c.spec.role == Role.SUBSCRIBER)
+        return subscriber_ranks(self._clients)
 
     def subscribe(self, timeout_s: float, ranks: list[int] | None = None) -> None:
         """Subscribe the subscribers of ``ranks`` (default: all), one at a time, in order,
         each SUBSCRIBE after the SUBACK before it."""
-        by_rank = {c.spec.subscribe_rank: c for c in self._clients
-                   if c.spec.role == Role.SUBSCRIBER}
         deadline = monotonic_ns() + int(timeout_s * 1e9)
-        for rank in self.subscriber_ranks() if ranks is None else ranks:
-            client = by_rank.get(rank)
-            if client is None:
-                raise RuntimeError(f"no subscriber of rank {rank} in this session")
+        for client in subscribers_in_order(self._clients, ranks):
             for topic, qos in client.spec.subscriptions():
                 self._engine.subscribe(client.index, topic, qos)
                 while not client.subscribed:
