@@ -36,16 +36,34 @@ def captured() -> dict:
     return json.loads(CAPTURED.read_text())
 
 
+def kept_within(old: object, new: object, where: str = "") -> list[str]:
+    """Where ``new`` lost or changed something of ``old`` (fields ``new`` adds are fine)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [miss for key, value in old.items()
+                for miss in ([f"{where}.{key} missing"] if key not in new
+                             else kept_within(value, new[key], f"{where}.{key}"))]
+    return [] if old == new else [f"{where}: {old!r} became {new!r}"]
+
+
 def test_a_record_written_before_the_typed_record_loads_and_stores_back_unchanged():
     metadata = captured()
     record = run_record(metadata)
-    assert record.stored() == metadata
+    # every value it had is kept as it was; only fields added since (with their defaults,
+    # e.g. a generator report's mqtt_client_reason) may be new
+    assert kept_within(metadata, record.stored()) == []
+    assert run_record(record.stored()) == record
     (publisher_agent,) = [a for a, clients in record.agents.items() if "pub-0" in clients]
     assert record.delivery_counts[publisher_agent].published == \
         record.generators[publisher_agent].open_loop_publishers * 500
     assert record.scope is not None and record.scope.acquisitions == record.scope.requested
     assert all(isinstance(c, ClockEstimate) for c in record.agent_clocks.values())
     assert record.endpoint is not None and record.endpoint.port == record.broker.port
+
+
+def test_the_keeping_check_sees_a_changed_or_lost_value():
+    assert kept_within({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 2, "d": 3}}) == []
+    assert kept_within({"a": {"b": 1, "c": 2}}, {"a": {"b": 5}}) == [
+        ".a.b: 1 became 5", ".a.c missing"]
 
 
 def test_a_backends_own_deployment_fields_are_kept_and_read_back_typed():
