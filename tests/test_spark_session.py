@@ -37,7 +37,9 @@ stop_spark()
 """
 
 
-# A niced JVM starts slowly on a loaded machine (110 s seen at load 10 on 2 cores)
+# A niced JVM starts slowly beside other work (110 s in CI's make test, 96 s at load 3.7:
+# it yields to everything else, as meant): a system test
+@pytest.mark.system
 @pytest.mark.timeout(400)
 def test_spark_started_in_the_background_runs_niced_and_is_the_one_session():
     done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
