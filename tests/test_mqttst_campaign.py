@@ -29,9 +29,12 @@ FAILURE = {
 PLACEMENTS = {
     "name": "mqtt-st-placements-smoke",
     "broker": {"backend": "mqtt-st", "brokers": 3},
+    # The lean client: on the native engine one CI run of this campaign lost 329 QoS 2
+    # deliveries (another here lost none); until that is understood this smoke test
+    # keeps to the client it was written for (an open defect of the native engine).
     "workload": {"pacing": "closed-loop", "qos": 2, "publishers": 3, "subscribers": 3,
                  "topic": "mqttst/local", "rate_hz": 10000, "messages": 100000,
-                 "min_window_s": 1.0, "warmup_messages": 10},
+                 "min_window_s": 1.0, "warmup_messages": 10, "client": "lean"},
     "agents": {"count": 2},
     # closed loop: a publisher's next message waits for its own broker's PUBCOMP, not for
     # the tree, so forwarding may trail by thousands of messages on a loaded machine (a
