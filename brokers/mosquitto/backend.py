@@ -50,7 +50,9 @@ class Options(BaseModel):
         default=None, description="path to mosquitto; default: found on PATH or in sbin")
     max_queued_messages: int = Field(
         default=1000, ge=0,
-        description="per-client queue; QoS 0 beyond it is dropped; 0 = no limit")
+        description="messages queued per client beyond those in flight; past it Mosquitto "
+                    "drops what arrives for that client, QoS 1 and 2 too (counted in "
+                    "$SYS/broker/publish/messages/dropped); 0 = no limit")
     max_inflight_messages: int = Field(
         default=20, ge=0, description="QoS 1/2 messages in flight per client; 0 = no limit")
     max_connections: int = Field(

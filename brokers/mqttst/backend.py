@@ -113,7 +113,9 @@ class Options(BaseModel):
                                                        "one broker (default: regions[0])")
     converge_timeout_s: float = Field(30.0, gt=0, le=600,
                                       description="how long the tree may take to form")
-    max_queued_messages: int = Field(1000, ge=0, description="per Mosquitto, as mosquitto's")
+    max_queued_messages: int = Field(1000, ge=0, description="per Mosquitto, as mosquitto's: "
+                                     "past it messages for a slow client are dropped, QoS 2 "
+                                     "too; 0 = no limit")
     max_inflight_messages: int = Field(20, ge=0, description="per Mosquitto, as mosquitto's")
     stats_interval_s: float = Field(0.2, gt=0, description="seconds between resource samples")
 
