@@ -226,3 +226,94 @@ def test_the_controller_serves_the_tallies_in_prometheus_text(tmp_path):
     (queued,) = samples_of(found["mqttbed_campaigns_queued"])
     assert queued.value == 0
     check_histogram(found["mqttbed_analysis_duration_seconds"], None)  # type: ignore[arg-type]
+
+
+# -- a scrape while a real campaign runs -------------------------------------------------
+
+LIVE_SPEC = {"name": "metrics-live", "agents": {"count": 1},
+             "workload": {"subscribers": 2, "rate_hz": 200, "messages": 1200,
+                          "warmup_messages": 20}}
+
+
+def scrape(http: Any) -> dict[str, Any]:
+    answer = http.get("/metrics")
+    assert answer.status_code == 200, answer.text
+    return families(answer.text)
+
+
+def run_value(found: dict[str, Any], name: str, run_id: str, suffix: str = "") -> float | None:
+    if name not in found:
+        return None
+    values = samples_of(found[name], run_id, suffix)
+    return values[0].value if values else None
+
+
+def run_state(found: dict[str, Any], run_id: str) -> str | None:
+    states = [s.labels["state"] for s in samples_of(found["mqttbed_run_state"], run_id)]
+    return states[0] if states else None
+
+
+@pytest.mark.integration
+@pytest.mark.system
+def test_scrapes_while_a_campaign_runs_follow_its_deliveries_to_the_analysed_figures(
+        tmp_path):
+    from tests.conftest import Served
+
+    served = Served(tmp_path / "data")
+    while_running: list[tuple[float, float, float | None]] = []   # deliveries, rss, cpu
+    with served.server:
+        with served.client(token=None) as anonymous:
+            assert anonymous.get("/metrics").status_code == 401
+        with served.client() as http:
+            campaign_id = http.post("/api/v1/campaigns", json=LIVE_SPEC).json()["id"]
+            assert http.post(f"/api/v1/campaigns/{campaign_id}/start").status_code == 200
+            run_id = f"{campaign_id}-r0000"
+            deadline = time.monotonic() + 240
+            while http.get(f"/api/v1/campaigns/{campaign_id}").json()["status"] != "done":
+                assert time.monotonic() < deadline, "campaign did not finish in 240 s"
+                found = scrape(http)
+                if run_state(found, run_id) == "running":
+                    while_running.append((
+                        run_value(found, "mqttbed_run_deliveries", run_id, "_total") or 0,
+                        run_value(found, "mqttbed_run_broker_resident_memory_bytes", run_id)
+                        or 0,
+                        run_value(found, "mqttbed_run_broker_cpu_ratio", run_id)))
+                time.sleep(0.4)
+            stats = http.get(f"/api/v1/campaigns/{campaign_id}/stats").json()
+            final = scrape(http)
+    # the counter grew between scrapes while the run measured, and never went back
+    counts = [d for d, _, _ in while_running]
+    assert counts == sorted(counts), counts
+    assert len({c for c in counts if c > 0}) >= 2, f"no growth seen while running: {counts}"
+    assert all(rss > 0 for _, rss, _ in while_running[1:]), while_running
+    assert any(cpu is not None for _, _, cpu in while_running), while_running
+    # at the end, the live counts are the analysed ones of the run (one machine: no
+    # duplicates or unexpected deliveries from Mosquitto at QoS 0, so every copy counted
+    # live is one unique expected delivery; the test says so rather than assume it)
+    (analysed,) = stats["runs"]
+    assert analysed["duplicates"] == 0 and analysed["deliveries_unexpected"] == 0, analysed
+    assert run_state(final, run_id) == "done"
+    assert run_value(final, "mqttbed_run_deliveries", run_id, "_total") == \
+        analysed["deliveries_received"] > 0
+    assert run_value(final, "mqttbed_run_messages_sent", run_id, "_total") == \
+        analysed["messages_sent"] == 1180   # 20 warm-up
+    assert run_value(final, "mqttbed_run_deliveries_expected", run_id, "_total") == \
+        analysed["deliveries_expected"] == 2360
+    assert run_value(final, "mqttbed_run_lost_deliveries", run_id) == analysed["lost"]
+    # the latency histogram holds the analysed latencies: one agent, so both sides' clock
+    # offsets are one and cancel; same count, same sum, p50 inside the bucket it names
+    latency = final["mqttbed_run_latency_seconds"]
+    buckets = check_histogram(latency, run_id)
+    assert buckets[-1][1] == analysed["latency_us"]["count"]
+    (total,) = samples_of(latency, run_id, "_sum")
+    assert total.value == pytest.approx(
+        analysed["latency_us"]["mean"] * analysed["latency_us"]["count"] / 1e6, rel=1e-6)
+    half = buckets[-1][1] / 2
+    lower = max([b for b, c in buckets if c < half], default=0.0)
+    upper = min(b for b, c in buckets if c >= half)
+    assert lower <= analysed["latency_us"]["p50"] / 1e6 <= upper, (buckets, analysed)
+    check_histogram(final["mqttbed_run_send_lag_seconds"], run_id)
+    (analyses,) = samples_of(final["mqttbed_analysis_duration_seconds"], None, "_count")
+    assert analyses.value == 1
+    runs = {s.labels["state"]: s.value for s in samples_of(final["mqttbed_runs"])}
+    assert runs["done"] == 1 and sum(runs.values()) == 1
