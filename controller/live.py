@@ -143,10 +143,11 @@ def chunk_figures(chunk: ResultChunk) -> ChunkFigures:
         return pa.nulls(rows, kind) if value is None else pa.repeat(pa.scalar(value, kind), rows)
 
     kinds = column("kind", pa.string())
-    measured = pc.invert(pc.fill_null(column("warmup", pa.bool_()), False))
-    published = pc.and_(pc.equal(kinds, EventKind.PUBLISH.value), measured)
-    delivered = pc.and_(pc.equal(kinds, EventKind.DELIVERY.value), measured)
-    subscribed = pc.equal(kinds, EventKind.SUBSCRIBE.value)
+    # masks of the rows each figure counts (Any: the pyarrow stubs type them as scalars)
+    measured: Any = pc.invert(pc.fill_null(column("warmup", pa.bool_()), False))
+    published: Any = pc.and_(pc.equal(kinds, pa.scalar(EventKind.PUBLISH.value)), measured)
+    delivered: Any = pc.and_(pc.equal(kinds, pa.scalar(EventKind.DELIVERY.value)), measured)
+    subscribed: Any = pc.equal(kinds, pa.scalar(EventKind.SUBSCRIBE.value))
     topics, t_pub = column("topic", pa.string()), column("t_pub_ns", pa.int64())
 
     latency = FixedHistogram(LATENCY_BUCKETS_S)
@@ -155,7 +156,7 @@ def chunk_figures(chunk: ResultChunk) -> ChunkFigures:
     send_lag = FixedHistogram(SEND_LAG_BUCKETS_S)
     send_lag.add(_values(pc.subtract(pc.filter(t_pub, published),
                                      pc.filter(column("t_intended_ns", pa.int64()), published))))
-    by_topic = pc.value_counts(pc.filter(topics, published)).to_pylist()
+    by_topic: list[Any] = pc.value_counts(pc.filter(topics, published)).tolist()
     receivers = pc.filter(column("receiver", pa.string()), subscribed).to_pylist()
     filters = pc.filter(topics, subscribed).to_pylist()
     return ChunkFigures(
