@@ -38,13 +38,13 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mqttbed.analytics.topics import topic_filter_regex
+from mqttbed.analytics.topics import is_wildcard, topic_filter_regex
 from mqttbed.controller.documents import CampaignUpdate, Document, ResultsReady, RunUpdate
 from mqttbed.controller.states import ACTIVE_STATES, CampaignStatus, RunState
 from mqttbed.controller.storage import DataLayout
@@ -211,7 +211,7 @@ class RunTally:
         self._deliveries = 0
         self._latency = FixedHistogram(LATENCY_BUCKETS_S)
         self._send_lag = FixedHistogram(SEND_LAG_BUCKETS_S)
-        self._subscriptions: set[tuple[str, str]] = set()
+        self._subscriptions = Subscriptions()
 
     def fold(self, figures: ChunkFigures) -> None:
         """Add one chunk's figures."""
@@ -223,33 +223,59 @@ class RunTally:
             self._deliveries += figures.deliveries
             self._latency.merge(figures.latency)
             self._send_lag.merge(figures.send_lag)
-            self._subscriptions |= figures.subscriptions
+            self._subscriptions.add(figures.subscriptions)
 
     def figures(self) -> RunFigures:
         """A consistent copy of the figures so far."""
         with self._lock:
-            sent_by_topic = dict(self._sent_by_topic)
-            subscriptions = set(self._subscriptions)
-            figures = RunFigures(
+            expected = sum(sent * self._subscriptions.receivers_of(topic)
+                           for topic, sent in self._sent_by_topic.items())
+            return RunFigures(
                 campaign_id=self.campaign_id, run_id=self.run_id, state=self.state,
                 chunks=self._chunks, messages_sent=self._sent, deliveries=self._deliveries,
-                deliveries_expected=0, latency=self._latency.copy(),
+                deliveries_expected=expected, latency=self._latency.copy(),
                 send_lag=self._send_lag.copy(), broker=self.broker)
-        return replace(figures, deliveries_expected=expected_deliveries(sent_by_topic,
-                                                                        subscriptions))
 
 
-def expected_deliveries(sent_by_topic: dict[str, int],
-                        subscriptions: set[tuple[str, str]]) -> int:
-    """Publishes times the receivers with a matching filter (a receiver whose several
-    filters match expects a message once, as MQTT delivers it once)."""
-    patterns = [(receiver, re.compile(topic_filter_regex(topic_filter)))
-                for receiver, topic_filter in subscriptions]
-    total = 0
-    for topic, sent in sent_by_topic.items():
-        receivers = {receiver for receiver, pattern in patterns if pattern.fullmatch(topic)}
-        total += sent * len(receivers)
-    return total
+class Subscriptions:
+    """A run's (receiver, topic filter) pairs, and how many receivers a topic reaches.
+
+    A receiver whose several filters match a topic counts once (MQTT 3.1.1 section 3.3.5:
+    one delivery per matching client), as the analysis' expected pairs count it. Answers
+    are kept per topic until a new subscription comes, so a scrape of a run with many
+    topics and subscribers does not match them all again.
+    """
+
+    def __init__(self) -> None:
+        self._exact: dict[str, set[str]] = {}                  # filter -> receivers
+        self._wildcards: dict[str, tuple[re.Pattern[str], set[str]]] = {}
+        self._pairs: set[tuple[str, str]] = set()
+        self._reach: dict[str, int] = {}
+
+    def add(self, pairs: set[tuple[str, str]]) -> None:
+        new = pairs - self._pairs
+        if not new:
+            return
+        self._pairs |= new
+        self._reach.clear()
+        for receiver, topic_filter in new:
+            if is_wildcard(topic_filter):
+                pattern, receivers = self._wildcards.setdefault(
+                    topic_filter, (re.compile(topic_filter_regex(topic_filter)), set()))
+                receivers.add(receiver)
+            else:
+                self._exact.setdefault(topic_filter, set()).add(receiver)
+
+    def receivers_of(self, topic: str) -> int:
+        """How many receivers a message on ``topic`` is expected at."""
+        if (known := self._reach.get(topic)) is not None:
+            return known
+        receivers = set(self._exact.get(topic, ()))
+        for pattern, wild in self._wildcards.values():
+            if pattern.fullmatch(topic):
+                receivers |= wild
+        self._reach[topic] = len(receivers)
+        return len(receivers)
 
 
 @dataclass
