@@ -335,9 +335,14 @@ class LiveFigures:
     def on_document(self, document: Document) -> None:
         """Follow run states, keep an ended run's last broker sample, time analyses."""
         if isinstance(document, RunUpdate):
-            if document.state == RunState.QUEUED:
-                return   # a retry's new attempt, not yet started
-            tally = self.tally(document.campaign_id, document.run_id)
+            # A run's figures start with its deployment (or its first chunk); the runs a
+            # restarted controller marks interrupted, or a queued retry, have none.
+            with self._lock:
+                tally = self._tallies.get(document.run_id)
+            if tally is None and document.state == RunState.DEPLOYING:
+                tally = self.tally(document.campaign_id, document.run_id)
+            if tally is None:
+                return
             tally.state = document.state
             if document.state not in ACTIVE_STATES:
                 tally.broker = (self._last_stored_sample(document.campaign_id,

@@ -144,6 +144,9 @@ def test_run_states_the_last_broker_sample_and_analysis_times_follow_the_documen
         live.on_document(RunUpdate("c1", f"c1-r000{ordinal}", ordinal, 3, {}, 0,
                                    RunState.DEPLOYING))
     assert [r.run_id for r in live.runs()] == ["c1-r0001", "c1-r0002"]   # the oldest went
+    # a run the controller did not see start (interrupted by a restart) gets no series
+    live.on_document(RunUpdate("c1", "c1-r0000", 0, 3, {}, 0, RunState.INTERRUPTED))
+    assert [r.run_id for r in live.runs()] == ["c1-r0001", "c1-r0002"]
     samples = [BrokerStatsSample(t_ns=t, cpu_percent=cpu, rss_bytes=rss, bytes_recv=t,
                                  bytes_sent=2 * t, processes=1)
                for t, cpu, rss in ((1, 10.0, 1000), (2, 150.0, 5000))]
@@ -181,7 +184,7 @@ def samples_of(family: Any, run_id: str | None = None, suffix: str = "") -> list
             and (run_id is None or s.labels.get("run") == run_id)]
 
 
-def check_histogram(family: Any, run_id: str) -> list[tuple[float, float]]:
+def check_histogram(family: Any, run_id: str | None) -> list[tuple[float, float]]:
     """The run's buckets, checked: cumulative, +Inf last and equal to _count; returned."""
     buckets = [(float(s.labels["le"]), s.value) for s in samples_of(family, run_id, "_bucket")]
     bounds = [b for b, _ in buckets]
@@ -228,7 +231,7 @@ def test_the_controller_serves_the_tallies_in_prometheus_text(tmp_path):
     assert set(runs) == {str(s) for s in RunState} and sum(runs.values()) == 0
     (queued,) = samples_of(found["mqttbed_campaigns_queued"])
     assert queued.value == 0
-    check_histogram(found["mqttbed_analysis_duration_seconds"], None)  # type: ignore[arg-type]
+    check_histogram(found["mqttbed_analysis_duration_seconds"], None)
 
 
 # -- a scrape while a real campaign runs -------------------------------------------------
