@@ -323,3 +323,18 @@ def test_scrapes_while_a_campaign_runs_follow_its_deliveries_to_the_analysed_fig
     assert analyses.value == 1
     runs = {s.labels["state"]: s.value for s in samples_of(final["mqttbed_runs"])}
     assert runs["done"] == 1 and sum(runs.values()) == 1
+
+
+def test_stored_chunks_reach_the_live_figures_once_a_retried_upload_adds_nothing(controller):
+    from mqttbed.campaigns.spec import parse_spec
+
+    campaign_id = controller.engine.create_campaign(parse_spec(
+        {"name": "uploads", "workload": {"subscribers": 1, "messages": 30}}))
+    run_id = f"{campaign_id}-r0000"
+    first = chunk(SUBSCRIPTIONS + PUBLISHES, seq=0, run_id=run_id)
+    second = chunk(DELIVERIES, seq=1, run_id=run_id)
+    assert controller.chunks.store(first) and controller.chunks.store(second)
+    assert not controller.chunks.store(second)   # the agent's retry: stored once
+    (run,) = controller.live.runs()
+    assert (run.campaign_id, run.run_id, run.chunks) == (campaign_id, run_id, 2)
+    assert run.deliveries == 6 and run.deliveries_expected == 8 and run.lost == 2
