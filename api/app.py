@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 import mqttbed
-from mqttbed.api import campaigns, simulations, system, web
+from mqttbed.api import campaigns, metrics, simulations, system, web
 from mqttbed.controller.body_limit import BodyLimit
 from mqttbed.controller.controller import Controller, create_controller
 from mqttbed.controller.worker import CampaignWorker
@@ -54,6 +54,7 @@ def create_app(controller: Controller | Settings, controller_url: str | None = N
     app.include_router(system.router)
     app.include_router(campaigns.router)
     app.include_router(simulations.router)
+    app.include_router(metrics.router)
     app.include_router(controller.agent_router())
     app.include_router(web.router)
     app.add_middleware(BodyLimit)

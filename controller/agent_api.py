@@ -44,13 +44,23 @@ HTTP_507_INSUFFICIENT_STORAGE = 507
 Authenticate = Callable[[str, str], Caller]   # (token, address) -> who is calling
 
 
-class ChunkStore:
-    """Stores uploaded chunks once: Parquet file first, then the chunk's row."""
+ChunkListener = Callable[[str, ResultChunk], None]   # (campaign id, chunk newly stored)
 
-    def __init__(self, sessions: sessionmaker, layout: DataLayout, registry: AgentRegistry):
+
+class ChunkStore:
+    """Stores uploaded chunks once: Parquet file first, then the chunk's row.
+
+    ``on_stored`` hears of each chunk stored for the first time, after its row is
+    committed (the live figures, :mod:`mqttbed.controller.live`); a retried upload of a
+    chunk already stored is not passed on.
+    """
+
+    def __init__(self, sessions: sessionmaker, layout: DataLayout, registry: AgentRegistry,
+                 on_stored: ChunkListener | None = None):
         self._sessions = sessions
         self._layout = layout
         self._registry = registry
+        self._on_stored = on_stored
 
     def store(self, chunk: ResultChunk) -> bool:
         """Store ``chunk``; return False if it had been stored before (a retry)."""
@@ -94,6 +104,9 @@ class ChunkStore:
                 session.rollback()
                 stored = False
         if stored:
+            # Folded before the registry counts it: a run collected has every chunk folded.
+            if self._on_stored is not None:
+                self._on_stored(campaign_id, chunk)
             self._registry.chunk_stored(chunk)
         if late:
             # The run was compacted before this chunk came (an agent retrying its upload

@@ -28,6 +28,8 @@ from mqttbed.controller.documents import DocumentStream, Listener
 from mqttbed.controller.embedded import BackgroundServer, bind_socket
 from mqttbed.controller.engine import EngineContext, RunEngine
 from mqttbed.controller.lifecycle import conduct_campaign
+from mqttbed.controller.live import LiveFigures
+from mqttbed.controller.prometheus import controller_registry
 from mqttbed.controller.states import CampaignStatus
 from mqttbed.controller.storage import DataLayout
 from mqttbed.controller.tokens import TokenRole, find_token
@@ -80,7 +82,11 @@ class Controller:
         self.sessions: sessionmaker = open_database(settings.database_url
                                                     or database_url(layout.root))
         self.registry = AgentRegistry(on_agent_change=self._record_agent)
-        self.chunks = ChunkStore(self.sessions, layout, self.registry)
+        # The live figures (GET /metrics) follow the chunks and the documents.
+        self.live = LiveFigures(layout)
+        documents.subscribe(self.live.on_document)
+        self.chunks = ChunkStore(self.sessions, layout, self.registry,
+                                 on_stored=self.live.chunk_stored)
         # The agents this controller spawns itself get a token that lives as long as it does.
         self._local_agent_token = secrets.token_urlsafe(32)
         self.auth_failures = AuthFailureLimit(settings.auth_failures_per_minute, 60.0)
@@ -89,6 +95,8 @@ class Controller:
             host=LocalHost(settings.lab_address), controller_url=url,
             agent_token=self._local_agent_token, documents=documents,
             agent_env=_agent_env(settings, url)))
+        self.live.running_broker = self.engine.running_broker_sample
+        self.metrics = controller_registry(self.sessions, self.live, self.registry)
         self._agent_socket = agent_socket
         self._agent_server = (BackgroundServer(agent_app(self.agent_router()), agent_socket)
                               if agent_socket is not None else None)

@@ -80,7 +80,7 @@ from mqttbed.core.run_record import (
     RunRecord,
     run_record,
 )
-from mqttbed.core.samples import SysTopicsSource
+from mqttbed.core.samples import BrokerStatsSample, SysTopicsSource
 from mqttbed.core.ssh import SshError, SshHost
 from mqttbed.network.topology import reap_stale
 
@@ -168,6 +168,7 @@ class RunEngine:
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
         self._stopping: str | None = None  # why the controller is stopping, once it is
+        self._running: tuple[str, _LiveRun] | None = None   # (run id, its live run)
 
     # -- campaigns ----------------------------------------------------------------------
 
@@ -224,6 +225,15 @@ class RunEngine:
         and the next controller on the data dir requeues it. Safe from a signal handler.
         """
         self._stopping = reason
+
+    def running_broker_sample(self) -> tuple[str, BrokerStatsSample] | None:
+        """The run under way and its broker's latest resource sample, or None (no run
+        under way, no broker deployed yet, no sample taken yet). Safe from any thread."""
+        running = self._running
+        if running is None or (backend := running[1].backend) is None:
+            return None
+        samples = backend.stats()
+        return (running[0], samples[-1]) if samples else None
 
     @property
     def stopping(self) -> str | None:
@@ -388,6 +398,7 @@ class RunEngine:
         live = _LiveRun(spec=CampaignSpec.model_validate(run.spec),
                         inbox=self.ctx.registry.open_inbox(run.id, run.campaign_id),
                         record=run_record(run.run_metadata, run.id))  # e.g. retry_of
+        self._running = (run.id, live)
         try:
             self._transition(run, total, RunState.DEPLOYING, record=live.record)
             self._deploy(run, live)
@@ -417,6 +428,7 @@ class RunEngine:
             self._end_badly(run, total, live, RunState.FAILED,
                             f"{type(exc).__name__}: {exc}")
         finally:
+            self._running = None
             if live.recorder is not None:
                 live.recorder.stop()
             self._teardown(live.pool, live.sites, live.backend, live.links)
