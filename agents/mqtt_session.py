@@ -46,7 +46,11 @@ from mqttbed.agents.mqtt_udp import UdpMqttClient
 from mqttbed.agents.native_session import EventColumns, NativeSession, unsupported_reason
 from mqttbed.agents.rx_timestamps import RealtimeToMonotonic
 from mqttbed.agents.schedule_report import PublisherProgress, schedule_fields
-from mqttbed.agents.subscribe_order import subscriber_ranks, subscribers_in_order
+from mqttbed.agents.subscribe_order import (
+    check_handshakes,
+    subscriber_ranks,
+    subscribers_in_order,
+)
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import (
     ClockSource,
@@ -313,7 +317,7 @@ class MqttSession:
             self._selector.register(client.conn.socket(), selectors.EVENT_READ, client)
         deadline = monotonic_ns() + int(timeout_s * 1e9)
         while not all(c.connected for c in self._clients):
-            self._check_deadline(deadline, "CONNACK")
+            check_handshakes(self._clients, deadline, "CONNACK", self._endpoint_of)
             self.pump(0.05)
 
     def subscriber_ranks(self) -> list[int]:
@@ -337,7 +341,7 @@ class MqttSession:
                 client.subscribed, client.subscribing = False, topic
                 client.conn.subscribe(topic, qos=qos)
                 while not client.subscribed:
-                    self._check_deadline(deadline, "SUBACK")
+                    check_handshakes(self._clients, deadline, "SUBACK", self._endpoint_of)
                     self.pump(0.05)
 
     def wake(self) -> None:
@@ -363,21 +367,6 @@ class MqttSession:
                 for client in self._clients:
                     client.conn.loop_misc()
                 last_misc = monotonic_ns()
-
-    def _check_deadline(self, deadline_ns: int, waiting_for: str) -> None:
-        failed = [f"{c.spec.client_id}: {c.failure}" for c in self._clients if c.failure]
-        if failed:
-            raise RuntimeError("; ".join(failed))
-        if monotonic_ns() > deadline_ns:
-            if waiting_for == "CONNACK":
-                missing = [c.spec for c in self._clients if not c.connected]
-            else:
-                missing = [c.spec for c in self._clients
-                           if c.spec.role == Role.SUBSCRIBER and not c.subscribed]
-            brokers = sorted({f"{e.host}:{e.port}" for e in map(self._endpoint_of, missing)})
-            raise RuntimeError(f"no {waiting_for} for "
-                               f"{', '.join(c.client_id for c in missing[:5])} "
-                               f"from {', '.join(brokers)}")
 
     # -- callbacks (run on the loop thread) ---------------------------------------------
 

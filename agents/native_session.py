@@ -25,7 +25,11 @@ from typing import Any
 from mqttbed.agents.gpio import GpioLines, VirtualGpio
 from mqttbed.agents.native import engine as native
 from mqttbed.agents.schedule_report import PublisherProgress, schedule_fields
-from mqttbed.agents.subscribe_order import subscriber_ranks, subscribers_in_order
+from mqttbed.agents.subscribe_order import (
+    check_handshakes,
+    subscriber_ranks,
+    subscribers_in_order,
+)
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import ClockSource, EventKind, publisher_client_id
 from mqttbed.core.protocol import ClientAssignment, Endpoint, GeneratorReport, Role, Transport
@@ -180,7 +184,7 @@ class NativeSession:
         self._engine.connect_all(KEEPALIVE_S, timeout_s)
         deadline = monotonic_ns() + int(timeout_s * 1e9)
         while not all(c.connected for c in self._clients):
-            self._check_deadline(deadline, "CONNACK")
+            check_handshakes(self._clients, deadline, "CONNACK", self._endpoint_of)
             self._poll(50_000_000)
 
     def subscriber_ranks(self) -> list[int]:
@@ -195,7 +199,7 @@ class NativeSession:
             for topic, qos in client.spec.subscriptions():
                 self._engine.subscribe(client.index, topic, qos)
                 while not client.subscribed:
-                    self._check_deadline(deadline, "SUBACK")
+                    check_handshakes(self._clients, deadline, "SUBACK", self._endpoint_of)
                     self._poll(50_000_000)
 
     def wake(self) -> None:
@@ -216,20 +220,8 @@ class NativeSession:
         return "; ".join(f"{c.spec.client_id}: {c.failure}" for c in self._clients
                          if c.failure)
 
-    def _check_deadline(self, deadline_ns: int, waiting_for: str) -> None:
-        if failed := self._failures():
-            raise RuntimeError(failed)
-        if monotonic_ns() > deadline_ns:
-            if waiting_for == "CONNACK":
-                missing = [c.spec for c in self._clients if not c.connected]
-            else:
-                missing = [c.spec for c in self._clients
-                           if c.spec.role == Role.SUBSCRIBER and not c.subscribed]
-            brokers = sorted({f"{(s.broker or self._endpoint).host}:"
-                              f"{(s.broker or self._endpoint).port}" for s in missing})
-            raise RuntimeError(f"no {waiting_for} for "
-                               f"{', '.join(s.client_id for s in missing[:5])} "
-                               f"from {', '.join(brokers)}")
+    def _endpoint_of(self, spec: ClientAssignment) -> Endpoint:
+        return spec.broker or self._endpoint
 
     # -- the run --------------------------------------------------------------------------
 

@@ -1,20 +1,34 @@
-"""The order in which a session's subscribers subscribe: by rank, as the controller says.
+"""The order in which a session's subscribers subscribe (by rank, as the controller says),
+and the deadline of a session's handshakes.
 
 Both sessions (the native engine's and the Python clients') subscribe one subscriber at
-a time in this order, each SUBSCRIBE after the SUBACK before it.
+a time in this order, each SUBSCRIBE after the SUBACK before it, and give up on a CONNACK
+or SUBACK that does not come in time with the same error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, TypeVar
 
-from mqttbed.core.protocol import ClientAssignment, Role
+from mqttbed.core.clock import monotonic_ns
+from mqttbed.core.protocol import ClientAssignment, Endpoint, Role
 
 
 class HasSpec(Protocol):
     @property
     def spec(self) -> ClientAssignment: ...
+
+
+class Handshaking(HasSpec, Protocol):
+    """A session's client as the handshake deadline sees it."""
+
+    @property
+    def connected(self) -> bool: ...
+    @property
+    def subscribed(self) -> bool: ...
+    @property
+    def failure(self) -> str | None: ...
 
 
 ClientT = TypeVar("ClientT", bound=HasSpec)
@@ -36,3 +50,21 @@ def subscribers_in_order(clients: Sequence[ClientT], ranks: list[int] | None) ->
     if missing:
         raise RuntimeError(f"no subscriber of rank {missing[0]} in this session")
     return [by_rank[rank] for rank in order]
+
+
+def check_handshakes(clients: Sequence[Handshaking], deadline_ns: int, waiting_for: str,
+                     endpoint_of: Callable[[ClientAssignment], Endpoint]) -> None:
+    """Raise RuntimeError if a client failed, or if ``deadline_ns`` (monotonic) passed
+    with a ``waiting_for`` ("CONNACK" or "SUBACK") missing: the error names the first
+    five clients still waiting and the brokers they wait on."""
+    if failed := "; ".join(f"{c.spec.client_id}: {c.failure}" for c in clients if c.failure):
+        raise RuntimeError(failed)
+    if monotonic_ns() <= deadline_ns:
+        return
+    if waiting_for == "CONNACK":
+        missing = [c.spec for c in clients if not c.connected]
+    else:
+        missing = [c.spec for c in clients if c.spec.role == Role.SUBSCRIBER and not c.subscribed]
+    brokers = sorted({f"{e.host}:{e.port}" for e in map(endpoint_of, missing)})
+    raise RuntimeError(f"no {waiting_for} for {', '.join(s.client_id for s in missing[:5])} "
+                       f"from {', '.join(brokers)}")
