@@ -38,12 +38,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, ratio  # noqa: E402
-from publish_capacity import measure, paho_publisher  # noqa: E402
+from publish_capacity import measure, paho_publisher, timed_publishers  # noqa: E402
 
 from mqttbed.brokers.mosquitto.backend import MosquittoBackend, Options  # noqa: E402
 from mqttbed.core.host import LocalHost  # noqa: E402
@@ -55,33 +54,15 @@ HERE = Path(__file__).resolve()
 def native_publisher(host: str, port: int, seconds: float, publishers: int,
                      out: mp.Queue) -> None:
     from mqttbed.agents.gpio import VirtualGpio
-    from mqttbed.agents.mqtt_session import MqttSession
-    from mqttbed.core.clock import monotonic_ns
-    from mqttbed.core.protocol import ClientAssignment, Endpoint, Role, Transport
 
     batches: list = []
-    rate = 10_000_000.0
-    clients = [ClientAssignment(client_id=f"pub-{i}", role=Role.PUBLISHER, topic=f"cap/{i}",
-                                qos=0, gpio_pin=2 + i, publisher_index=i,
-                                payload_bytes=PAYLOAD_BYTES, rate_hz=rate,
-                                messages=int(rate * seconds))
-               for i in range(publishers)]
-    endpoint = Endpoint(host=host, port=port, transport=Transport.MQTT_TCP)
     gpio = VirtualGpio()
-    session = MqttSession(endpoint, clients, gpio, lambda _e: None,
-                          record_columns=batches.append)
+    session, figures = timed_publishers(host, port, seconds, publishers, 10_000_000.0,
+                                        gpio=gpio, record=lambda _e: None,
+                                        record_columns=batches.append)
     assert session.native, session.generator_report().mqtt_client_reason
-    session.connect(timeout_s=10)
-    start = monotonic_ns() + 50_000_000
-    cpu0 = time.process_time()
-    session.run(start, start + int(seconds * 1e9), abort=lambda: False)
-    elapsed = (monotonic_ns() - start) / 1e9
-    cpu = time.process_time() - cpu0
-    sent, _ = session.counts()
-    session.close()
-    out.put({"sent": sent, "seconds": elapsed, "cpu_percent": 100 * cpu / elapsed,
-             "events_recorded": sum(len(b["kind"]) for b in batches),
-             "edges_recorded": len(gpio.edges())})
+    out.put(figures | {"events_recorded": sum(len(b["kind"]) for b in batches),
+                       "edges_recorded": len(gpio.edges())})
 
 
 # -- P3b: one measured process under callgrind -----------------------------------------

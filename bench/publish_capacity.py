@@ -23,6 +23,7 @@ import multiprocessing as mp
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -58,25 +59,23 @@ def paho_publisher(host: str, port: int, seconds: float, out: mp.Queue) -> None:
     out.put({"sent": sent, "seconds": elapsed, "cpu_percent": 100 * cpu / elapsed})
 
 
-def mqttbed_publisher(host: str, port: int, seconds: float, publishers: int, client: str,
-                      out: mp.Queue) -> None:
+def timed_publishers(host: str, port: int, seconds: float, publishers: int, rate: float,
+                     **session_options: Any) -> tuple[Any, dict]:
+    """``publishers`` QoS 0 publishers of one session at ``rate`` each for ``seconds``:
+    the session (closed) and its figures (sent, seconds, cpu_percent)."""
     from mqttbed.agents.gpio import VirtualGpio
     from mqttbed.agents.mqtt_session import MqttSession
     from mqttbed.core.clock import monotonic_ns
     from mqttbed.core.protocol import ClientAssignment, Endpoint, Role, Transport
 
-    sys.setswitchinterval(0.0005)   # as the agent process sets it
-    events: list = []
-    record = events.append   # what the uploader's record() does: a list append
-
-    rate = 1_000_000.0
     clients = [ClientAssignment(client_id=f"pub-{i}", role=Role.PUBLISHER, topic=f"cap/{i}",
                                 qos=0, gpio_pin=2 + i, publisher_index=i,
                                 payload_bytes=PAYLOAD_BYTES, rate_hz=rate,
                                 messages=int(rate * seconds))
                for i in range(publishers)]
     endpoint = Endpoint(host=host, port=port, transport=Transport.MQTT_TCP)
-    session = MqttSession(endpoint, clients, VirtualGpio(), record, mqtt_client=client)
+    session_options.setdefault("gpio", VirtualGpio())
+    session = MqttSession(endpoint, clients, **session_options)
     session.connect(timeout_s=10)
     start = monotonic_ns() + 50_000_000
     cpu0 = time.process_time()
@@ -85,8 +84,17 @@ def mqttbed_publisher(host: str, port: int, seconds: float, publishers: int, cli
     cpu = time.process_time() - cpu0
     sent, _ = session.counts()
     session.close()
-    out.put({"sent": sent, "seconds": elapsed, "cpu_percent": 100 * cpu / elapsed,
-             "events_recorded": len(events)})
+    return session, {"sent": sent, "seconds": elapsed, "cpu_percent": 100 * cpu / elapsed}
+
+
+def mqttbed_publisher(host: str, port: int, seconds: float, publishers: int, client: str,
+                      out: mp.Queue) -> None:
+    sys.setswitchinterval(0.0005)   # as the agent process sets it
+    events: list = []
+    # record: what the uploader's record() does, a list append
+    _, figures = timed_publishers(host, port, seconds, publishers, 1_000_000.0,
+                                  record=events.append, mqtt_client=client)
+    out.put(figures | {"events_recorded": len(events)})
 
 
 def measure(name: str, target, args: tuple, seconds: float) -> dict:
