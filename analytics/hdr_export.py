@@ -96,26 +96,34 @@ def run_values(spark: SparkSession, events_path: Path, campaign_id: str,
     """
     from pyspark.sql import functions as F
 
-    from mqttbed.analytics.datasets import EVENTS_DDL, read_runs
+    from mqttbed.analytics.datasets import EVENTS_DDL, read_runs_held
     from mqttbed.analytics.figures import (
         delivery_rows,
         distribution_value_rows,
         subscription_rows,
     )
+    from mqttbed.analytics.passes import analysis_conf
     from mqttbed.analytics.stats import software_events
 
     if not runs:
         return {}
-    events = software_events(read_runs(spark, events_path, campaign_id,
-                                       [run.run_id for run in runs], EVENTS_DDL), runs)
-    subscriptions = [row.asDict() for row in subscription_rows(events).collect()]
-    deliveries = delivery_rows(events, subscriptions)
-    values = (distribution_value_rows(events, deliveries, subscriptions)
-              .where(F.col("figure").isin(list(HDR_FIGURES)) & F.col("value").isNotNull())
-              # us back to the integer ns they were computed from (exact below 2**53 / 1000)
-              .select("run_id", "figure",
-                      F.round(F.col("value") * NS_PER_US).cast("long").alias("value_ns"))
-              .toArrow())
+    # held as the analysis holds them: two actions read the events
+    stored = read_runs_held(spark, events_path, campaign_id, [run.run_id for run in runs],
+                            EVENTS_DDL)
+    try:
+        with analysis_conf(spark):
+            events = software_events(stored, runs)
+            subscriptions = [row.asDict() for row in subscription_rows(events).collect()]
+            deliveries = delivery_rows(events, subscriptions)
+            values = (
+                distribution_value_rows(events, deliveries, subscriptions)
+                .where(F.col("figure").isin(list(HDR_FIGURES)) & F.col("value").isNotNull())
+                # us back to the integer ns they were computed from (exact below 2**53/1000)
+                .select("run_id", "figure",
+                        F.round(F.col("value") * NS_PER_US).cast("long").alias("value_ns"))
+                .toArrow())
+    finally:
+        stored.unpersist()
     run_ids = np.asarray(values.column("run_id").to_pylist(), dtype=object)
     figures = np.asarray(values.column("figure").to_pylist(), dtype=object)
     ns = values.column("value_ns").to_numpy().astype(np.int64)

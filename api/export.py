@@ -134,13 +134,17 @@ def hdr_logs(controller: Controller, campaign_id: str) -> list[PointLog]:
     with controller.sessions() as s:
         campaign = s.get(CampaignRow, campaign_id)
         rows = [r for r in latest_attempts(s.query(RunRow).filter_by(campaign_id=campaign_id))
-                if r.state == RunState.DONE and r.started_at is not None and r.ended_at is not None]
+                if r.state == RunState.DONE]
+    windows = []
+    for r in rows:
+        # a done run has both times; 0 s for one that somehow lacks them
+        start_s = _as_epoch_s(r.started_at) if r.started_at is not None else 0.0
+        end_s = _as_epoch_s(r.ended_at) if r.ended_at is not None else start_s
+        windows.append(RunWindow(run_id=r.id, point_index=r.point_index,
+                                 repetition=r.repetition, params=r.params, start_s=start_s,
+                                 length_s=max(0.0, end_s - start_s)))
     if not rows:
         return []
-    windows = [RunWindow(run_id=r.id, point_index=r.point_index, repetition=r.repetition,
-                         params=r.params, start_s=_as_epoch_s(r.started_at),
-                         length_s=_as_epoch_s(r.ended_at) - _as_epoch_s(r.started_at))
-               for r in rows]
     values = run_values(get_spark(controller.settings), controller.layout.events,
                         campaign_id, [run_info(r) for r in rows])
     heading = (f"mqttbed {mqttbed.__version__}, campaign {campaign_id} ({campaign.name})",)
