@@ -44,7 +44,7 @@ def _counts(histogram: HdrHistogram) -> list[int]:
     return [histogram.get_count_at_index(i) for i in range(histogram.counts_len)]
 
 
-@pytest.mark.parametrize(("digits", "lowest"), [(3, 1), (2, 1), (3, 1000), (5, 1)])
+@pytest.mark.parametrize(("digits", "lowest"), [(3, 1), (2, 1), (3, 1000), (1, 1)])
 def test_encoded_histogram_decodes_to_the_counts_hdrhistogram_records(digits, lowest):
     rng = np.random.default_rng(digits * 7 + lowest)
     # latencies of tens of us to ms in ns, with the edges of the first buckets and a
@@ -251,6 +251,7 @@ agents: {count: 2}
 """
 
 
+@pytest.mark.system   # a whole campaign over REST (20 s alone, 50 s on a busy machine)
 @pytest.mark.timeout(300)
 def test_each_repetition_is_an_interval_and_their_sum_is_the_point(served, tmp_path):
     with served.client() as http:
