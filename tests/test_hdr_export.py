@@ -109,7 +109,8 @@ def _values() -> dict[tuple[str, str], np.ndarray]:
     return {(run, figure): rng.integers(20_000, 900_000, size=n)
             for run, n in (("r1", 400), ("r2", 300), ("r3", 500))
             for figure in ("latency_us", "sync_spread_us")} | {
-        ("r3", "latency_us"): np.array([-40, -1, 50_000, 60_000])}
+        ("r3", "latency_us"): np.array([-40, -1, 50_000, 60_000]),
+        ("r3", "sync_spread_us"): np.zeros(0, np.int64)}   # a run without a spread
 
 
 def test_point_logs_hold_one_interval_per_run_at_its_time(tmp_path):
@@ -143,17 +144,24 @@ def test_point_logs_hold_one_interval_per_run_at_its_time(tmp_path):
 @pytest.mark.skipif(not shutil.which("java") or not HDR_JAR.exists(),
                     reason="needs java and Debian's libhdrhistogram-java "
                            "(scripts/system-deps.sh installs it)")
-def test_javas_histogram_log_processor_reads_our_log(tmp_path):
+@pytest.mark.parametrize(("point", "figure", "runs"), [
+    (1, "latency_us", ("r2",)),
+    (0, "sync_spread_us", ("r1", "r3")),   # r3's interval is empty
+])
+def test_javas_histogram_log_processor_reads_our_log(tmp_path, point, figure, runs):
     logs = point_logs(_values(), _windows())
-    log = next(lg for lg in logs if (lg.point_index, lg.figure) == (1, "latency_us"))
+    log = next(lg for lg in logs if (lg.point_index, lg.figure) == (point, figure))
     (tmp_path / "in.hlog").write_text(log.text)
     done = subprocess.run(["java", "-cp", str(HDR_JAR), "org.HdrHistogram.HistogramLogProcessor",
                            "-i", str(tmp_path / "in.hlog"), "-o", str(tmp_path / "out"),
                            "-outputValueUnitRatio", "1"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+    # one line per interval (run), each with its own count ("2.500: I:400 ( ...")
+    per_interval = re.findall(r"^[\d.]+: I:(\d+) ", (tmp_path / "out").read_text(), re.M)
+    assert [int(n) for n in per_interval] == [_values()[(r, figure)].size for r in runs]
     distribution = (tmp_path / "out.hgrm").read_text()
-    values = np.sort(_values()[("r2", "latency_us")])
+    values = np.sort(np.concatenate([_values()[(r, figure)] for r in runs]))
     # its summary: the maximum and the count, read from the accumulated histogram
     # ("#[Max     =   895999.000, Total count    =          300]")
     summary = dict(re.findall(r"([A-Z][A-Za-z ]*?)\s*=\s*([\d.]+)", distribution))
