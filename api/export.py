@@ -3,7 +3,9 @@
 The zip also holds each sweep point's latency and sync spread as HdrHistogram logs
 (``hdrhistogram/point-NNN-latency.hlog``, ``...-sync_spread.hlog``; see
 :mod:`mqttbed.analytics.hdr_export`), computed with Spark from the events when the zip is
-built, and listed in ``manifest.json`` under ``hdrhistogram``.
+built, and listed in ``manifest.json`` under ``hdrhistogram``. Only a campaign with results
+(``stats.json``) has them: they are the distributions its results report, and a campaign
+still running or analysing would have the export wait for Spark beside its own analysis.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import psutil
 
 import mqttbed
 from mqttbed.analytics.hdr_export import PointLog, RunWindow, point_logs, run_values
+from mqttbed.analytics.results_files import STATS_JSON
 from mqttbed.controller.analysis import run_info
 from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import AgentRow, CampaignRow, RunRow
@@ -111,6 +114,9 @@ def manifest(controller: Controller, campaign_id: str,
                   "sources_in_data": _clock_sources(controller, campaign_id)},
         "hdrhistogram": [log.facts() | {"file": f"{HDR_DIR}/{log.file_name}"}
                          for log in hdr_logs or []],
+        "hdrhistogram_omitted": (None if hdr_logs is not None else
+                                 "the campaign has no results (stats.json) yet: export it "
+                                 "again once it is done for its HdrHistogram logs"),
         "event_schema": [{"name": n, "type": t, "nullable": nb} for n, t, nb in EVENT_FIELDS],
         "layout": "events/campaign_id=<c>/run_id=<r>/*.parquet (hive partitions); "
                   "broker_samples/ and backend_records/ likewise; stats.json (schema: "
@@ -126,15 +132,20 @@ def _as_epoch_s(moment: datetime) -> float:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
-def hdr_logs(controller: Controller, campaign_id: str) -> list[PointLog]:
+def hdr_logs(controller: Controller, campaign_id: str) -> list[PointLog] | None:
     """The campaign's HdrHistogram logs: per point and figure, one interval per done run
-    (the runs its results pool: the latest attempts that are done). Runs Spark."""
+    (the runs its results pool: the latest attempts that are done); None before the
+    campaign has results. Runs Spark."""
     from mqttbed.analytics.spark import get_spark
 
+    if not (controller.layout.campaign_dir(campaign_id) / STATS_JSON).exists():
+        return None
     with controller.sessions() as s:
         campaign = s.get(CampaignRow, campaign_id)
         rows = [r for r in latest_attempts(s.query(RunRow).filter_by(campaign_id=campaign_id))
                 if r.state == RunState.DONE]
+    if not rows:
+        return []
     windows = []
     for r in rows:
         # a done run has both times; 0 s for one that somehow lacks them
@@ -143,8 +154,6 @@ def hdr_logs(controller: Controller, campaign_id: str) -> list[PointLog]:
         windows.append(RunWindow(run_id=r.id, point_index=r.point_index,
                                  repetition=r.repetition, params=r.params, start_s=start_s,
                                  length_s=max(0.0, end_s - start_s)))
-    if not rows:
-        return []
     values = run_values(get_spark(controller.settings), controller.layout.events,
                         campaign_id, [run_info(r) for r in rows])
     heading = (f"mqttbed {mqttbed.__version__}, campaign {campaign_id} ({campaign.name})",)
@@ -162,7 +171,7 @@ def build_dataset_zip(controller: Controller, campaign_id: str) -> Path:
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
         archive.writestr("manifest.json", json.dumps(manifest(controller, campaign_id, logs),
                                                      indent=2, default=str))
-        for log in logs:
+        for log in logs or []:
             archive.writestr(f"{HDR_DIR}/{log.file_name}", log.text)
         for root in (layout.events, layout.broker_samples, layout.backend_records):
             campaign_root = root / f"campaign_id={campaign_id}"

@@ -216,6 +216,7 @@ def _read_log(text: str, tmp_path: Path, name: str) -> tuple[HdrHistogram, list[
 
 def _check_export(archive: zipfile.ZipFile, stats: dict, tmp_path: Path) -> dict:
     manifest = json.loads(archive.read("manifest.json"))
+    assert manifest["hdrhistogram_omitted"] is None
     logs = {(entry["point_index"], entry["figure"]): entry for entry in manifest["hdrhistogram"]}
     for point in stats["points"]:
         for figure in ("latency_us", "sync_spread_us"):
@@ -285,3 +286,20 @@ def test_each_repetition_is_an_interval_and_their_sum_is_the_point(served, tmp_p
         assert interval.get_max_value() == pytest.approx(
             runs[run_id]["latency_us"]["max"] * 1000, rel=1e-3)
         assert f"#[run {run_id}, repetition {runs[run_id]['repetition']}:" in text
+
+
+def test_a_campaign_without_results_exports_no_logs_and_says_why(controller):
+    from mqttbed.api.export import build_dataset_zip
+    from mqttbed.campaigns.spec import parse_spec
+
+    campaign_id = controller.engine.create_campaign(parse_spec(
+        {"name": "unrun", "workload": {"subscribers": 2, "messages": 30}}))
+    path = build_dataset_zip(controller, campaign_id)
+    try:
+        archive = zipfile.ZipFile(path)
+        manifest = json.loads(archive.read("manifest.json"))
+        assert not [n for n in archive.namelist() if n.startswith("hdrhistogram/")]
+    finally:
+        path.unlink()
+    assert manifest["hdrhistogram"] == []
+    assert "no results (stats.json) yet" in manifest["hdrhistogram_omitted"]
