@@ -94,6 +94,7 @@ def run_values(spark: SparkSession, events_path: Path, campaign_id: str,
 
     Reads only ``runs`` (pass the done ones: the points pool only those); one Spark job.
     """
+    import pyarrow.compute as pc
     from pyspark.sql import functions as F
 
     from mqttbed.analytics.datasets import EVENTS_DDL, read_runs_held
@@ -124,13 +125,12 @@ def run_values(spark: SparkSession, events_path: Path, campaign_id: str,
                 .toArrow())
     finally:
         stored.unpersist()
-    run_ids = np.asarray(values.column("run_id").to_pylist(), dtype=object)
-    figures = np.asarray(values.column("figure").to_pylist(), dtype=object)
-    ns = values.column("value_ns").to_numpy().astype(np.int64)
     found: dict[tuple[str, str], np.ndarray] = {}
     for run in runs:
         for figure in HDR_FIGURES:
-            found[(run.run_id, figure)] = ns[(run_ids == run.run_id) & (figures == figure)]
+            chosen = (pc.field("run_id") == run.run_id) & (pc.field("figure") == figure)
+            found[(run.run_id, figure)] = (values.filter(chosen)["value_ns"]
+                                           .to_numpy().astype(np.int64))
     return found
 
 
