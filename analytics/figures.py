@@ -194,7 +194,7 @@ def level_figure_rows(events: DataFrame, deliveries: DataFrame, samples: DataFra
 
     publishes, _ = _split_events(events)
     unique = deliveries.where("received")
-    values = _distribution_rows(unique, subscription_ends(subscriptions), publishes)
+    values = distribution_value_rows(events, deliveries, subscriptions)
     counted = _count_rows(publishes, deliveries)
     if faults:
         recovery = _fault_rows(unique, faults)
@@ -211,6 +211,21 @@ def level_figure_rows(events: DataFrame, deliveries: DataFrame, samples: DataFra
         figure_rows(_per_level(values, levels), "distribution", sub="stream", full=sketched),
         figure_rows(_per_level(_item_rows(unique, samples, publishes), levels), "item"),
     ]
+
+
+def distribution_value_rows(events: DataFrame, deliveries: DataFrame,
+                            subscriptions: Sequence[dict[str, Any]]) -> DataFrame:
+    """(run_id, publisher, figure, value): every value of every per-delivery, per-message
+    and per-publish distribution (latencies, spreads and send lag, in us), one row each.
+
+    What the distributions of :func:`level_figure_rows` are aggregated from, and what an
+    export of the raw values (HdrHistogram logs) reads, so that both count the same
+    values. ``deliveries`` are the :func:`delivery_rows` of ``events``; ``subscriptions``
+    the collected :func:`subscription_rows`.
+    """
+    publishes, _ = _split_events(events)
+    return _distribution_rows(deliveries.where("received"), subscription_ends(subscriptions),
+                              publishes)
 
 
 def read_level_figures(groups: dict[GroupKey, Aggregate]) -> LevelFigures:

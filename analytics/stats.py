@@ -208,6 +208,18 @@ def _compute(spark: SparkSession, campaign: dict[str, Any], campaign_id: str,
     return results_model(section_types).model_validate(document)
 
 
+def software_events(events: Any, runs: Sequence[RunInfo]) -> Any:
+    """The events the software figures are computed from: without the scope's rows, and
+    with each run's ``t_recv_ns`` on its receive clock (``RunInfo.receive_clock``).
+
+    For readers of the per-value rows outside :func:`compute_campaign_stats` (the
+    HdrHistogram export), so that their values are the ones the results pool.
+    """
+    events, _ = split_by_clock(events)
+    return _on_receive_clock(events, [run.run_id for run in runs
+                                      if run.receive_clock == "user"])
+
+
 def _on_receive_clock(events: Any, user_clock_runs: list[str]) -> Any:
     """The events with ``t_recv_ns`` replaced by the user-space receive time in the runs
     analysed on the user clock (where a row has one)."""

@@ -1,4 +1,12 @@
-"""Dataset exports: the Parquet dataset as a zip with its provenance, or deliveries as CSV."""
+"""Dataset exports: the Parquet dataset as a zip with its provenance, or deliveries as CSV.
+
+The zip also holds each sweep point's latency and sync spread as HdrHistogram logs
+(``hdrhistogram/point-NNN-latency.hlog``, ``...-sync_spread.hlog``; see
+:mod:`mqttbed.analytics.hdr_export`), computed with Spark from the events when the zip is
+built, and listed in ``manifest.json`` under ``hdrhistogram``. Only a campaign with results
+(``stats.json``) has them: they are the distributions its results report, and a campaign
+still running or analysing would have the export wait for Spark beside its own analysis.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +24,13 @@ from typing import Any
 import psutil
 
 import mqttbed
+from mqttbed.analytics.hdr_export import PointLog, RunWindow, point_logs, run_values
+from mqttbed.analytics.results_files import STATS_JSON
+from mqttbed.controller.analysis import run_info
 from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import AgentRow, CampaignRow, RunRow
+from mqttbed.controller.engine import latest_attempts
+from mqttbed.controller.states import RunState
 from mqttbed.core.clock import CLOCK_NAME
 from mqttbed.core.events import EVENT_FIELDS, EventKind
 from mqttbed.core.run_record import BrokerDeployment, RunRecord, run_record
@@ -73,8 +86,10 @@ def _clock_sources(controller: Controller, campaign_id: str) -> list[str]:
     return sorted({source for source in table["clock_source"].to_pylist() if source is not None})
 
 
-def manifest(controller: Controller, campaign_id: str) -> dict[str, Any]:
-    """Provenance of a campaign's data: spec, what was deployed, where, with which clocks."""
+def manifest(controller: Controller, campaign_id: str,
+             hdr_logs: list[PointLog] | None = None) -> dict[str, Any]:
+    """Provenance of a campaign's data: spec, what was deployed, where, with which clocks
+    (and what each of ``hdr_logs``, the export's HdrHistogram logs, holds)."""
     with controller.sessions() as s:
         campaign = s.get(CampaignRow, campaign_id)
         runs = s.query(RunRow).filter_by(campaign_id=campaign_id).order_by(RunRow.ordinal).all()
@@ -97,6 +112,11 @@ def manifest(controller: Controller, campaign_id: str) -> dict[str, Any]:
         "controller_host": _host_facts(),
         "clock": {"software": CLOCK_NAME,
                   "sources_in_data": _clock_sources(controller, campaign_id)},
+        "hdrhistogram": [log.facts() | {"file": f"{HDR_DIR}/{log.file_name}"}
+                         for log in hdr_logs or []],
+        "hdrhistogram_omitted": (None if hdr_logs is not None else
+                                 "the campaign has no results (stats.json) yet: export it "
+                                 "again once it is done for its HdrHistogram logs"),
         "event_schema": [{"name": n, "type": t, "nullable": nb} for n, t, nb in EVENT_FIELDS],
         "layout": "events/campaign_id=<c>/run_id=<r>/*.parquet (hive partitions); "
                   "broker_samples/ and backend_records/ likewise; stats.json (schema: "
@@ -104,15 +124,55 @@ def manifest(controller: Controller, campaign_id: str) -> dict[str, Any]:
     }
 
 
+HDR_DIR = "hdrhistogram"
+
+
+def _as_epoch_s(moment: datetime) -> float:
+    # SQLite hands back the stored UTC times without their zone.
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def hdr_logs(controller: Controller, campaign_id: str) -> list[PointLog] | None:
+    """The campaign's HdrHistogram logs: per point and figure, one interval per done run
+    (the runs its results pool: the latest attempts that are done); None before the
+    campaign has results. Runs Spark."""
+    from mqttbed.analytics.spark import get_spark
+
+    if not (controller.layout.campaign_dir(campaign_id) / STATS_JSON).exists():
+        return None
+    with controller.sessions() as s:
+        campaign = s.get(CampaignRow, campaign_id)
+        rows = [r for r in latest_attempts(s.query(RunRow).filter_by(campaign_id=campaign_id))
+                if r.state == RunState.DONE]
+    if not rows:
+        return []
+    windows = []
+    for r in rows:
+        # a done run has both times; 0 s for one that somehow lacks them
+        start_s = _as_epoch_s(r.started_at) if r.started_at is not None else 0.0
+        end_s = _as_epoch_s(r.ended_at) if r.ended_at is not None else start_s
+        windows.append(RunWindow(run_id=r.id, point_index=r.point_index,
+                                 repetition=r.repetition, params=r.params, start_s=start_s,
+                                 length_s=max(0.0, end_s - start_s)))
+    values = run_values(get_spark(controller.settings), controller.layout.events,
+                        campaign_id, [run_info(r) for r in rows])
+    heading = (f"mqttbed {mqttbed.__version__}, campaign {campaign_id} ({campaign.name})",)
+    return point_logs(values, windows, heading)
+
+
 def build_dataset_zip(controller: Controller, campaign_id: str) -> Path:
-    """Write the campaign's dataset, stats and manifest.json into a temporary zip file."""
+    """Write the campaign's dataset, stats, HdrHistogram logs and manifest.json into a
+    temporary zip file."""
     layout = controller.layout
+    logs = hdr_logs(controller, campaign_id)
     handle, name = tempfile.mkstemp(prefix=f"{campaign_id}-", suffix=".zip")
     os.close(handle)
     path = Path(name)
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
-        archive.writestr("manifest.json", json.dumps(manifest(controller, campaign_id), indent=2,
-                                                     default=str))
+        archive.writestr("manifest.json", json.dumps(manifest(controller, campaign_id, logs),
+                                                     indent=2, default=str))
+        for log in logs or []:
+            archive.writestr(f"{HDR_DIR}/{log.file_name}", log.text)
         for root in (layout.events, layout.broker_samples, layout.backend_records):
             campaign_root = root / f"campaign_id={campaign_id}"
             for file in sorted(campaign_root.rglob("*.parquet")) if campaign_root.exists() else []:

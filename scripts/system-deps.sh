@@ -51,6 +51,10 @@ if ! java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])'; then
     need+=(default-jre-headless)
 fi
 
+# The exported HdrHistogram logs are read in a test by Java's HistogramLogProcessor, the
+# tool their users know (tests/test_hdr_export.py).
+[ -f /usr/share/java/hdrhistogram.jar ] || need+=(libhdrhistogram-java)
+
 if [ ${#need[@]} -eq 0 ]; then
     echo "system packages: all present"
     exit 0

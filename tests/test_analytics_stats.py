@@ -813,3 +813,21 @@ def test_a_receiver_cut_off_by_the_fault_is_counted(spark, dataset):
     # Nothing was sent after the fault: nobody resumed, and no resumption time is made up.
     assert run.fault.receivers_not_resumed == 2
     assert run.fault.delivery_resumed_s.count == 0 and run.fault.delivery_resumed_s.max is None
+
+
+def test_hdr_export_values_are_each_done_runs_reference_values_in_ns(spark, dataset):
+    """The HdrHistogram export's values (tests/test_hdr_export.py reads its logs) are the
+    plain-Python definitions' latencies and spreads of each run, value for value, in ns."""
+    from mqttbed.analytics.hdr_export import run_values
+
+    root, events, _ = dataset
+    done = [run for run in RUNS if run.state == "done"]
+    values = run_values(spark, root / "events", CAMPAIGN, done)
+    assert sorted(values) == sorted((run.run_id, figure) for run in done
+                                    for figure in ("latency_us", "sync_spread_us"))
+    for run in done:
+        reference = _reference_run(events[run.run_id])
+        for figure, name in (("latency_us", "latency"), ("sync_spread_us", "spread")):
+            expected = sorted(round(v * 1000) for v in reference[name])
+            assert expected, (run.run_id, figure)
+            assert sorted(values[(run.run_id, figure)].tolist()) == expected, (run.run_id, figure)
