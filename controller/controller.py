@@ -78,7 +78,8 @@ class Controller:
         self.documents = documents
         self.url = url
         self.sessions: sessionmaker = open_database(settings.database_url
-                                                    or database_url(layout.root))
+                                                    or database_url(layout.root),
+                                                    settings.database_reconnect_s)
         self.registry = AgentRegistry(on_agent_change=self._record_agent)
         self.chunks = ChunkStore(self.sessions, layout, self.registry)
         # The agents this controller spawns itself get a token that lives as long as it does.
