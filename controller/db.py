@@ -241,11 +241,12 @@ def make_engine(url: str, reconnect_s: float = DEFAULT_RECONNECT_S) -> Engine:
             try:
                 return dialect.loaded_dbapi.connect(*cargs, **cparams)
             except dialect.loaded_dbapi.OperationalError as exc:
-                if time.monotonic() + pause_s > give_up_at:
+                left_s = give_up_at - time.monotonic()
+                if left_s <= 0:
                     raise
                 log.warning("database %s refuses connections (%s); retrying for up to "
-                            "%.0f s", shown, str(exc).strip().splitlines()[0], reconnect_s)
-                time.sleep(pause_s)
+                            "%.0f s", shown, str(exc).strip().splitlines()[0], left_s)
+                time.sleep(min(pause_s, left_s))
                 pause_s = min(pause_s * 2, 1.0)
     return engine
 

@@ -125,8 +125,9 @@ def normalize_database_url(url: str) -> str:
     PostgreSQL); a URL of another database, or none at all, raises ValueError."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in _DATABASE_SCHEMES or not rest:
-        raise ValueError(f"{masked_password(url)!r} is not a database URL mqttbed supports: expected "
-                         "sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DATABASE")
+        raise ValueError(f"{masked_password(url)!r} is not a database URL mqttbed supports: "
+                         "expected sqlite:///PATH or "
+                         "postgresql://USER:PASSWORD@HOST:PORT/DATABASE")
     return f"{_DATABASE_SCHEMES[scheme]}://{rest}"
 
 
