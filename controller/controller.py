@@ -23,7 +23,13 @@ from sqlalchemy.orm import sessionmaker
 from mqttbed.controller.agent_api import ChunkStore, agent_app, agent_router
 from mqttbed.controller.agent_registry import AgentRecord, AgentRegistry
 from mqttbed.controller.auth import AuthFailureLimit, Caller, throttled
-from mqttbed.controller.db import AgentRow, database_url, open_database, utcnow
+from mqttbed.controller.db import (
+    AgentRow,
+    database_url,
+    open_database,
+    retry_on_disconnect,
+    utcnow,
+)
 from mqttbed.controller.documents import DocumentStream, Listener
 from mqttbed.controller.embedded import BackgroundServer, bind_socket
 from mqttbed.controller.engine import EngineContext, RunEngine
@@ -172,6 +178,7 @@ class Controller:
         """The ``/agent/v1`` routes, open to agent tokens only."""
         return agent_router(self.registry, self.chunks, self.authenticate)
 
+    @retry_on_disconnect
     def _record_agent(self, record: AgentRecord) -> None:
         """Keep the agents table in step with registrations, losses and departures."""
         with self.sessions() as s:

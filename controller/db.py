@@ -251,27 +251,35 @@ def make_engine(url: str, reconnect_s: float = DEFAULT_RECONNECT_S) -> Engine:
     return engine
 
 
-def retry_on_disconnect(work: Callable[_P, _T], *, retry_for_s: float = DEFAULT_RECONNECT_S,
-                        ) -> Callable[_P, _T]:
-    """``work`` (one or more whole transactions), run again when the database connection
-    died under it (``DBAPIError.connection_invalidated``: a PostgreSQL restart), for up to
-    ``retry_for_s``; any other error is raised at once.
+# How many times a transaction whose connection died is run again: each new attempt opens
+# a connection, which waits for the server (make_engine's reconnect_s), so one restart
+# costs one attempt; three allow for a server that goes down again as it comes back.
+DISCONNECT_RETRIES = 3
 
-    Safe for work whose transactions either commit or leave nothing behind, which a
-    transaction that died with its connection does. SQLite never invalidates a connection
-    this way, so on SQLite this is the work as it is.
+
+def retry_on_disconnect(work: Callable[_P, _T]) -> Callable[_P, _T]:
+    """``work`` (one or more whole transactions), run again when the database connection
+    died under it (``DBAPIError.connection_invalidated``: a PostgreSQL restart or a
+    session ended by an administrator), up to :data:`DISCONNECT_RETRIES` times; any other
+    error is raised at once.
+
+    For work whose transactions either commit or leave nothing behind, which a transaction
+    that died with its connection does (one that died after the server committed it, before
+    the answer came, would be applied twice: the engine's writes are state changes and
+    appended transitions, where that shows as one repeated transition row). On SQLite a
+    connection is never invalidated this way: the work runs as it is.
     """
     @functools.wraps(work)
     def again(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-        give_up_at = time.monotonic() + retry_for_s
-        while True:
+        for attempt in range(DISCONNECT_RETRIES + 1):
             try:
                 return work(*args, **kwargs)
             except DBAPIError as exc:
-                if not exc.connection_invalidated or time.monotonic() > give_up_at:
+                if not exc.connection_invalidated or attempt == DISCONNECT_RETRIES:
                     raise
                 log.warning("the database connection died under %s (%s); running it again",
                             work.__qualname__, str(exc.orig).strip().splitlines()[0])
+        raise AssertionError("unreachable")
     return again
 
 
