@@ -22,6 +22,7 @@ from sqlalchemy.orm import sessionmaker
 
 from mqttbed.controller import db
 from mqttbed.controller.db import (
+    DISCONNECT_RETRIES,
     Base,
     CampaignRow,
     RunRow,
@@ -259,6 +260,25 @@ def test_a_transaction_whose_connection_died_is_run_again_whole(pg):
     assert len(attempts) == 2
     with sessions() as s:
         assert [t.name for t in s.query(TokenRow)] == ["t1"]  # the first left nothing
+    sessions.kw["bind"].dispose()
+
+
+@pytest.mark.integration
+def test_a_connection_that_keeps_dying_is_given_up_after_the_last_retry(pg):
+    cluster, url = pg
+    sessions = sessionmaker(make_engine(url))
+    attempts = []
+
+    def doomed() -> None:
+        with sessions() as s:
+            attempts.append(s.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar())
+            cluster.terminate_backend(attempts[-1])
+            s.execute(text("SELECT 1"))
+
+    with pytest.raises(DBAPIError) as died:
+        retry_on_disconnect(doomed)()
+    assert died.value.connection_invalidated
+    assert len(attempts) == DISCONNECT_RETRIES + 1
     sessions.kw["bind"].dispose()
 
 
