@@ -22,7 +22,8 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 # Fixtures that start a real component: every test using one is an integration test
 # (`pytest -m "not integration"` is the fast unit run), marked here so none is forgotten.
-REAL_FIXTURES = {"spark": "Spark", "served": "Mosquitto, agent processes and Spark"}
+REAL_FIXTURES = {"spark": "Spark", "served": "Mosquitto, agent processes and Spark",
+                 "postgres": "PostgreSQL"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -61,7 +61,7 @@ class PostgresCluster:
         self.data = root / "data"
         self.socket_dir = root / "socket"
         self.log = root / "postgres.log"
-        self.port = port or _free_port()
+        self.port = port if port is not None else _free_port()
         self.bindir = postgres_bindir()
         self._as_postgres = os.geteuid() == 0
 
@@ -199,10 +199,17 @@ def _alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] not in "ZX"
 
 
+PREFIX = "mqttbed-postgres-"
+OWNER_FILE = "owner.pid"  # the pid of the process a temporary cluster belongs to
+
+
 def temporary_cluster() -> PostgresCluster:
     """A started cluster in a new directory under the system temp dir (the pytest temp
-    dirs are private to root, where the ``postgres`` user could not reach its files)."""
-    cluster = PostgresCluster(Path(tempfile.mkdtemp(prefix="mqttbed-postgres-")))
+    dirs are private to root, where the ``postgres`` user could not reach its files).
+    Clusters a killed test session left behind are stopped and deleted first."""
+    reap_stale_clusters()
+    cluster = PostgresCluster(Path(tempfile.mkdtemp(prefix=PREFIX)))
+    (cluster.root / OWNER_FILE).write_text(f"{os.getpid()}\n")
     try:
         cluster.init()
         cluster.start()
@@ -210,6 +217,20 @@ def temporary_cluster() -> PostgresCluster:
         cluster.remove()
         raise
     return cluster
+
+
+def reap_stale_clusters() -> list[Path]:
+    """Stop and delete the temporary clusters whose owning process is gone; return them."""
+    reaped = []
+    for root in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
+        try:
+            owner = int((root / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # not one of ours, or still being made
+        if not _alive(owner):
+            PostgresCluster(root, port=0).remove()
+            reaped.append(root)
+    return reaped
 
 
 def main(argv: list[str] | None = None) -> int:

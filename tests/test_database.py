@@ -5,6 +5,8 @@ reconnected to."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta, timezone
@@ -297,3 +299,20 @@ def test_other_database_errors_are_not_retried(pg):
         retry_on_disconnect(bad_sql)()
     assert calls == [1]
     sessions.kw["bind"].dispose()
+
+
+@pytest.mark.integration
+def test_a_cluster_a_killed_test_session_left_running_is_reaped_by_the_next():
+    from tests.postgres_cluster import PostgresCluster, reap_stale_clusters
+
+    code = ("import os; from tests.postgres_cluster import temporary_cluster; "
+            "print(temporary_cluster().root, flush=True); os._exit(0)")  # no clean-up
+    left = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).parent.parent, timeout=60, check=True)
+    root = Path(left.stdout.strip())
+    postmaster = PostgresCluster(root, port=0).postmaster_pid()
+    assert postmaster is not None
+    assert root in reap_stale_clusters()
+    assert not root.exists()
+    assert not Path(f"/proc/{postmaster}").exists() or \
+        Path(f"/proc/{postmaster}/stat").read_text().split(") ")[1][0] in "ZX"
