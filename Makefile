@@ -39,8 +39,7 @@ test-system: install
 # recovery, a restart under a running campaign (each on a private cluster the tests start
 # and stop: `make test` runs them too, beside their SQLite twins).
 test-postgres: install
-	$(PY) -m pytest -ra --durations=10 -k postgres tests/test_database.py tests/test_tokens.py \
-		tests/test_run_retries.py tests/test_engine_failures.py tests/test_postgres_restart.py
+	$(PY) -m pytest -ra --durations=10 -m postgres
 
 # The FPGA broker's RTL suite in full (brokers/fpga/rtl, `rtl` marker): what `make test`
 # runs of it, plus the Verilator harness and whole-broker cocotb tests, the 4,096th

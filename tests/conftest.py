@@ -30,6 +30,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if REAL_FIXTURES.keys() & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+        if "postgres" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
 
 
 class UpdateLog(list[Document]):
@@ -85,7 +87,8 @@ def postgres():
     cluster.remove()
 
 
-DATABASES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)]
+DATABASES = ["sqlite", pytest.param("postgresql", marks=[pytest.mark.integration,
+                                                       pytest.mark.postgres])]
 
 
 @pytest.fixture(params=DATABASES)

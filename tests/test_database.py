@@ -302,6 +302,7 @@ def test_other_database_errors_are_not_retried(pg):
 
 
 @pytest.mark.integration
+@pytest.mark.postgres
 def test_a_cluster_a_killed_test_session_left_running_is_reaped_by_the_next():
     from tests.postgres_cluster import PostgresCluster, reap_stale_clusters
 
