@@ -4,7 +4,8 @@ finishes, and nothing is lost, neither a run state nor an event.
 A real controller on a real PostgreSQL (the session's private cluster), real local agents
 and a real Mosquitto. The server is restarted with ``pg_ctl restart -m fast`` (every
 session ended, as an administrator's restart does) while each run measures and its agents
-upload events every 0.2 s, and once more while the next run deploys.
+upload events every 0.2 s, and once more while the next run deploys; in the system test,
+through the whole lifecycle, once more while Spark analyses the campaign.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import pyarrow.dataset as ds
 import pytest
 
 from mqttbed.campaigns.spec import parse_spec
+from mqttbed.controller.analysis import load_results
 from mqttbed.controller.controller import create_controller
 from mqttbed.controller.db import ChunkRow, RunRow, TransitionRow
-from mqttbed.controller.documents import RunUpdate
+from mqttbed.controller.documents import CampaignUpdate, RunUpdate
 from mqttbed.controller.states import CampaignStatus
 from mqttbed.core.settings import Settings
 from tests.conftest import UpdateLog, child_processes
@@ -104,3 +106,51 @@ def test_a_postgresql_restart_mid_campaign_loses_no_state_and_no_event(postgres,
             assert ds.dataset(path, format="parquet").count_rows() == expected, run.id
             assert chunk_rows[run.id] == expected, run.id
     assert child_processes("mqttbed.agents") == [] and child_processes("mosquitto") == []
+
+
+def first_status(updates: UpdateLog, status: str) -> bool:
+    return any(isinstance(u, CampaignUpdate) and u.status == status for u in updates)
+
+
+@pytest.mark.system
+@pytest.mark.timeout(400)
+def test_a_campaign_through_its_analysis_outlives_postgresql_restarts(postgres, tmp_path):
+    """The whole lifecycle (runs, Spark analysis, final status) on PostgreSQL, restarted
+    while the first run measures and again while the analysis runs."""
+    url = postgres.create_database()
+    updates = UpdateLog()
+    settings = Settings(data_dir=tmp_path / "data", database_url=url)
+    with create_controller(settings, listeners=[updates.append]) as controller:
+        campaign_id = controller.engine.create_campaign(parse_spec(SPEC))
+        outcome: dict[str, CampaignStatus] = {}
+        runner = threading.Thread(target=lambda: outcome.setdefault(
+            "status", controller.run_campaign(campaign_id)))
+        runner.start()
+        restarted_during = []
+        try:
+            wait_for_update(updates, "running", 0, 60)
+            time.sleep(1.0)
+            postgres.restart()
+            restarted_during.append("running")
+            deadline = time.monotonic() + 300
+            while not first_status(updates, "analysing"):
+                assert time.monotonic() < deadline and runner.is_alive(), updates
+                time.sleep(0.05)
+            time.sleep(1.0)  # Spark is reading the events
+            if not first_status(updates, "done"):
+                postgres.restart()
+                restarted_during.append("analysing")
+        finally:
+            runner.join(300)
+        assert not runner.is_alive()
+        assert restarted_during == ["running", "analysing"], "the analysis ended too soon"
+        assert outcome["status"] == CampaignStatus.DONE
+        assert [u.status for u in updates if isinstance(u, CampaignUpdate)] == [
+            "running", "analysing", "done"]
+        results = load_results(controller.layout, campaign_id)
+    assert results is not None
+    (point,) = results.points
+    assert (point.runs, point.runs_failed) == (2, 0)
+    assert point.messages_sent == 2 * MESSAGES
+    assert point.deliveries_received == point.deliveries_expected == 2 * MESSAGES * SUBSCRIBERS
+    assert (point.duplicates, point.lost) == (0, 0)
