@@ -242,13 +242,27 @@ def make_engine(url: str, reconnect_s: float = DEFAULT_RECONNECT_S) -> Engine:
                 return dialect.loaded_dbapi.connect(*cargs, **cparams)
             except dialect.loaded_dbapi.OperationalError as exc:
                 left_s = give_up_at - time.monotonic()
-                if left_s <= 0:
+                if left_s <= 0 or not _server_away(exc):
                     raise
-                log.warning("database %s refuses connections (%s); retrying for up to "
-                            "%.0f s", shown, str(exc).strip().splitlines()[0], left_s)
+                log.log(logging.WARNING if pause_s == 0.05 else logging.DEBUG,
+                        "database %s refuses connections (%s); retrying for up to %.0f s",
+                        shown, str(exc).strip().splitlines()[0], left_s)
                 time.sleep(min(pause_s, left_s))
                 pause_s = min(pause_s * 2, 1.0)
     return engine
+
+
+def _server_away(exc: Exception) -> bool:
+    """Whether a failed connect means the server is away (worth waiting for), not that it
+    refused us (a wrong password, no such database or role: said at once).
+
+    libpq gives a failed connect no SQLSTATE, only its text: a server that answered sends
+    a FATAL message, and only "the database system is starting up / shutting down / in
+    recovery mode" among them means it will take connections soon; no FATAL at all is a
+    refused, unreachable or timed-out socket.
+    """
+    text = str(exc)
+    return "FATAL" not in text or "the database system is" in text
 
 
 # How many times a transaction whose connection died is run again: each new attempt opens

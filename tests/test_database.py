@@ -243,6 +243,18 @@ def test_a_connection_gives_up_after_reconnect_s_naming_the_cause(pg):
 
 
 @pytest.mark.integration
+def test_a_database_that_does_not_exist_is_said_at_once_not_waited_for(pg):
+    cluster, _ = pg
+    engine = make_engine(cluster.url("no_such_db"), reconnect_s=30)
+    started_at = time.monotonic()
+    with pytest.raises(OperationalError, match='database "no_such_db" does not exist'), \
+            engine.connect():
+        pass
+    assert time.monotonic() - started_at < 5
+    engine.dispose()
+
+
+@pytest.mark.integration
 def test_a_transaction_whose_connection_died_is_run_again_whole(pg):
     cluster, url = pg
     sessions = sessionmaker(make_engine(url))
