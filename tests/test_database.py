@@ -183,6 +183,13 @@ def test_a_database_url_mqttbed_cannot_use_is_refused_naming_it_but_not_its_pass
     assert url.replace("s3cret", "***") in str(refused.value)
 
 
+def test_a_bad_reconnect_wait_is_refused_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("MQTTBED_DATABASE_RECONNECT_S", "0")
+    with pytest.raises(SettingsError, match="MQTTBED_DATABASE_RECONNECT_S: .*greater than 0 "
+                                            r"\(got '0'\)"):
+        Settings.load()
+
+
 # -- a PostgreSQL that goes away ----------------------------------------------------------
 
 @pytest.fixture
