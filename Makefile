@@ -6,7 +6,7 @@ EXTRAS := agent,controller,analytics,p4,brokers,dev
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: install system-deps test test-system rtl-test lint fuzz demo bench docs clean lab-up lab-down
+.PHONY: install system-deps test test-system test-postgres rtl-test lint fuzz demo bench docs clean lab-up lab-down postgres-up postgres-down
 
 install: system-deps $(VENV)/.installed
 
@@ -34,6 +34,12 @@ test: install lint
 
 test-system: install
 	$(PY) -m pytest -ra --durations=40 -m "system and not rtl"
+
+# The database's tests on PostgreSQL only: the migrations, the types, tokens, run states and
+# recovery, a restart under a running campaign (each on a private cluster the tests start
+# and stop: `make test` runs them too, beside their SQLite twins).
+test-postgres: install
+	$(PY) -m pytest -ra --durations=10 -m postgres
 
 # The FPGA broker's RTL suite in full (brokers/fpga/rtl, `rtl` marker): what `make test`
 # runs of it, plus the Verilator harness and whole-broker cocotb tests, the 4,096th
@@ -74,6 +80,17 @@ lab-up: install
 
 lab-down:
 	$(PY) -m mqttbed.network.lab down --dir $(LAB_DIR)
+
+# A PostgreSQL of your own for the controller (tests/postgres_cluster.py): a cluster in
+# POSTGRES_DIR on 127.0.0.1:POSTGRES_PORT with a database `mqttbed`; it prints the
+# MQTTBED_DATABASE_URL to export. Root runs it as the `postgres` user.
+POSTGRES_DIR ?= data/postgres
+POSTGRES_PORT ?= 5433
+postgres-up: install
+	$(PY) -m tests.postgres_cluster up --dir $(POSTGRES_DIR) --port $(POSTGRES_PORT)
+
+postgres-down:
+	$(PY) -m tests.postgres_cluster down --dir $(POSTGRES_DIR)
 
 clean:
 	rm -rf $(VENV) data build *.egg-info .pytest_cache

@@ -193,7 +193,8 @@ def _token(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env(args.data_dir)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    sessions = open_database(settings.database_url or database_url(settings.data_dir))
+    sessions = open_database(settings.database_url or database_url(settings.data_dir),
+                             settings.database_reconnect_s)
     try:
         if args.action == "create":
             token = create_token(sessions, args.name, TokenRole(args.role),

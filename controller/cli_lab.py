@@ -22,7 +22,8 @@ def _lab(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env(args.data_dir)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    sessions = open_database(settings.database_url or database_url(settings.data_dir))
+    sessions = open_database(settings.database_url or database_url(settings.data_dir),
+                             settings.database_reconnect_s)
     # MQTTBED_LAB_WHEELS: where built wheels are cached (default: the data dir's lab/)
     cache = Path(os.environ.get("MQTTBED_LAB_WHEELS") or settings.data_dir / "lab")
     lab = LabHosts(sessions, Wheels(cache, wheel=getattr(args, "wheel", None)))

@@ -23,7 +23,13 @@ from sqlalchemy.orm import sessionmaker
 from mqttbed.controller.agent_api import ChunkStore, agent_app, agent_router
 from mqttbed.controller.agent_registry import AgentRecord, AgentRegistry
 from mqttbed.controller.auth import AuthFailureLimit, Caller, throttled
-from mqttbed.controller.db import AgentRow, database_url, open_database, utcnow
+from mqttbed.controller.db import (
+    AgentRow,
+    database_url,
+    open_database,
+    retry_on_disconnect,
+    utcnow,
+)
 from mqttbed.controller.documents import DocumentStream, Listener
 from mqttbed.controller.embedded import BackgroundServer, bind_socket
 from mqttbed.controller.engine import EngineContext, RunEngine
@@ -80,7 +86,8 @@ class Controller:
         self.documents = documents
         self.url = url
         self.sessions: sessionmaker = open_database(settings.database_url
-                                                    or database_url(layout.root))
+                                                    or database_url(layout.root),
+                                                    settings.database_reconnect_s)
         self.registry = AgentRegistry(on_agent_change=self._record_agent)
         # The live figures (GET /metrics) follow the chunks and the documents.
         self.live = LiveFigures(layout)
@@ -179,6 +186,7 @@ class Controller:
         """The ``/agent/v1`` routes, open to agent tokens only."""
         return agent_router(self.registry, self.chunks, self.authenticate)
 
+    @retry_on_disconnect
     def _record_agent(self, record: AgentRecord) -> None:
         """Keep the agents table in step with registrations, losses and departures."""
         with self.sessions() as s:

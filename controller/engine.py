@@ -39,7 +39,14 @@ from mqttbed.controller.compaction import (
     compaction_summary,
     leftover_runs,
 )
-from mqttbed.controller.db import CampaignRow, LabHostRow, RunRow, TransitionRow, utcnow
+from mqttbed.controller.db import (
+    CampaignRow,
+    LabHostRow,
+    RunRow,
+    TransitionRow,
+    retry_on_disconnect,
+    utcnow,
+)
 from mqttbed.controller.documents import CampaignUpdate, DocumentStream, RunUpdate
 from mqttbed.controller.impaired_links import ImpairedLinks, has_impaired_clients
 from mqttbed.controller.lab_hosts import lab_host_backends, resolve_named_hosts, target_of
@@ -271,6 +278,7 @@ class RunEngine:
             self._execute(run, total)
         return self.outcome(campaign_id)[0]
 
+    @retry_on_disconnect
     def outcome(self, campaign_id: str) -> tuple[CampaignStatus, str | None]:
         """What the campaign's runs came to: cancelled, done (all done) or failed; and why.
 
@@ -329,6 +337,7 @@ class RunEngine:
         for campaign_id, run_id in sorted(wanted):
             self.compact(campaign_id, run_id)
 
+    @retry_on_disconnect
     def retry(self, run: RunRow) -> str | None:
         """Queue the next attempt of ``run``, interrupted by its controller, if the spec's
         ``retries`` allow; return the new attempt's run id (None: no retry left).
@@ -356,6 +365,7 @@ class RunEngine:
         run.run_metadata = stored
         return retry_id
 
+    @retry_on_disconnect
     def set_campaign_status(self, campaign_id: str, status: CampaignStatus,
                             reason: str | None = None) -> None:
         """Write the campaign's status and its reason, then tell the listeners."""
@@ -368,6 +378,9 @@ class RunEngine:
 
     # -- one run ------------------------------------------------------------------------
 
+    # This and the engine's other writes are run again whole when a PostgreSQL restart ends
+    # their connection (controller.db): a campaign outlives its database server's restart.
+    @retry_on_disconnect
     def _transition(self, run: RunRow, total: int, target: RunState,
                     reason: str | None = None, record: RunRecord | None = None) -> None:
         """Write the transition to the database, with what the run recorded so far

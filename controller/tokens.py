@@ -14,7 +14,6 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import overload
 
 from sqlalchemy.orm import sessionmaker
 
@@ -77,20 +76,10 @@ def _digest(token: str) -> str:
 
 
 def _record(row: TokenRow) -> TokenRecord:
+    # the database hands back timezone-aware UTC times on SQLite too (db.UtcDateTime)
     return TokenRecord(id=row.id, name=row.name, role=TokenRole(row.role),
-                       created_at=_aware(row.created_at), expires_at=_aware(row.expires_at),
-                       revoked_at=_aware(row.revoked_at))
-
-
-@overload
-def _aware(moment: datetime) -> datetime: ...
-@overload
-def _aware(moment: datetime | None) -> datetime | None: ...
-def _aware(moment: datetime | None) -> datetime | None:
-    """SQLite hands back naive datetimes; every stored one is UTC."""
-    if moment is None or moment.tzinfo is not None:
-        return moment
-    return moment.replace(tzinfo=utcnow().tzinfo)
+                       created_at=row.created_at, expires_at=row.expires_at,
+                       revoked_at=row.revoked_at)
 
 
 def create_token(sessions: sessionmaker, name: str, role: TokenRole,

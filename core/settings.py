@@ -24,6 +24,13 @@ ENV_PREFIX = "MQTTBED_"
 _CONFIG = SettingsConfigDict(env_prefix=ENV_PREFIX, env_file=".env", env_file_encoding="utf-8",
                              extra="ignore", frozen=True)
 _JVM_MEMORY = re.compile(r"^[1-9][0-9]*[kKmMgGtT]?$")
+# How long the controller waits for its PostgreSQL to come back (a restart, a failover)
+# before a database error ends what it was doing.
+DEFAULT_RECONNECT_S = 60.0
+# The databases the controller is tested on, by URL scheme: SQLite, and PostgreSQL through
+# psycopg 3 (SQLAlchemy's bare ``postgresql://`` would mean psycopg2, not installed).
+_DATABASE_SCHEMES = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg",
+                     "postgres": "postgresql+psycopg", "postgresql+psycopg": "postgresql+psycopg"}
 
 
 class SettingsError(MqttbedError):
@@ -49,8 +56,12 @@ class Settings(_Loadable):
 
     data_dir: Path = Field(Path("data"), description="where the database, events and results "
                                                      "live")
-    database_url: str | None = Field(None, description="SQLAlchemy URL (default: SQLite in "
-                                                       "data_dir)")
+    database_url: str | None = Field(None, description=(
+        "the controller's database: sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DB "
+        "(psycopg 3; ?host=/socket/dir for a unix socket); default: SQLite in data_dir"))
+    database_reconnect_s: float = Field(DEFAULT_RECONNECT_S, gt=0, le=3600, description=(
+        "how long the controller waits for a restarting PostgreSQL before a database error "
+        "fails what it was doing"))
     # This machine's address on the lab network: where agents on other machines reach the
     # controller and the brokers it deploys. Loopback: only agents on this machine can.
     lab_address: str = Field("127.0.0.1", description="this machine's address on the lab "
@@ -74,6 +85,11 @@ class Settings(_Loadable):
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()
+
+    @field_validator("database_url")
+    @classmethod
+    def _a_database(cls, value: str | None) -> str | None:
+        return None if value is None else normalize_database_url(value)
 
     @field_validator("lab_address")
     @classmethod
@@ -102,6 +118,22 @@ class Settings(_Loadable):
         """The command line's way in: its options over the environment and ``.env``."""
         return cls.load(data_dir=data_dir, spark_master=spark_master,
                         database_url=database_url)
+
+
+def normalize_database_url(url: str) -> str:
+    """``url`` with the driver the controller uses for its database (psycopg 3 for
+    PostgreSQL); a URL of another database, or none at all, raises ValueError."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in _DATABASE_SCHEMES or not rest:
+        raise ValueError(f"{masked_password(url)!r} is not a database URL mqttbed supports: "
+                         "expected sqlite:///PATH or "
+                         "postgresql://USER:PASSWORD@HOST:PORT/DATABASE")
+    return f"{_DATABASE_SCHEMES[scheme]}://{rest}"
+
+
+def masked_password(url: str) -> str:
+    """``url`` with the password of its ``user:password@`` part as ``***``."""
+    return re.sub(r"//([^:/@]*):[^@/]*@", r"//\1:***@", url)
 
 
 class _ControllerClient(_Loadable):
@@ -134,5 +166,8 @@ def _explain(exc: ValidationError, given: dict[str, Any]) -> str:
         field = name.split(".")[0]
         source = f"{field} (given)" if field in given else f"{ENV_PREFIX}{field.upper()}"
         message = error["msg"].removeprefix("Value error, ")
-        lines.append(f"{source}: {message} (got {error.get('input')!r})")
+        got = error.get("input")
+        if field == "database_url" and isinstance(got, str):
+            got = masked_password(got)  # a database URL may carry its password
+        lines.append(f"{source}: {message} (got {got!r})")
     return "bad setting: " + "; ".join(lines)

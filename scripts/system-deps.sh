@@ -46,6 +46,13 @@ command -v yosys >/dev/null 2>&1 || need+=(yosys)
 # instance per run: RabbitMQ with its MQTT plugin (Erlang comes with it) and NATS server.
 [ -x /usr/sbin/rabbitmq-server ] || need+=(rabbitmq-server)
 command -v nats-server >/dev/null 2>&1 || need+=(nats-server)
+# The controller's database on PostgreSQL (MQTTBED_DATABASE_URL) is tested against a private
+# cluster the tests start (tests/postgres_cluster.py: initdb and pg_ctl, run as the package's
+# `postgres` user since initdb refuses root); Debian keeps them in /usr/lib/postgresql/N/bin.
+if ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || ! id postgres >/dev/null 2>&1
+then
+    need+=(postgresql)
+fi
 # Spark 4 needs Java 17 or newer.
 if ! java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])'; then
     need+=(default-jre-headless)

@@ -22,13 +22,16 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 # Fixtures that start a real component: every test using one is an integration test
 # (`pytest -m "not integration"` is the fast unit run), marked here so none is forgotten.
-REAL_FIXTURES = {"spark": "Spark", "served": "Mosquitto, agent processes and Spark"}
+REAL_FIXTURES = {"spark": "Spark", "served": "Mosquitto, agent processes and Spark",
+                 "postgres": "PostgreSQL"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if REAL_FIXTURES.keys() & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+        if "postgres" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
 
 
 class UpdateLog(list[Document]):
@@ -50,9 +53,12 @@ def updates() -> UpdateLog:
 
 
 @pytest.fixture
-def controller(tmp_path, updates) -> Iterator[Controller]:
-    """A started controller serving its agent routes itself, as in ``mqttbed run``."""
-    with create_controller(Settings(data_dir=tmp_path / "data"),
+def controller(request, tmp_path, updates) -> Iterator[Controller]:
+    """A started controller serving its agent routes itself, as in ``mqttbed run``; on
+    SQLite in its data dir, or, in a test that asks for ``db_url`` too, on that database
+    (SQLite and PostgreSQL in turn)."""
+    database = request.getfixturevalue("db_url") if "db_url" in request.fixturenames else None
+    with create_controller(Settings(data_dir=tmp_path / "data", database_url=database),
                            listeners=[updates.append]) as ctl:
         yield ctl
 
@@ -68,6 +74,38 @@ def broker():
     endpoint = backend.deploy(Options(), LocalHost())
     yield endpoint
     backend.teardown()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """One private PostgreSQL cluster for the whole session (tests/postgres_cluster.py),
+    started on first use, stopped and deleted at the end: never a running service."""
+    from tests.postgres_cluster import temporary_cluster
+
+    cluster = temporary_cluster()
+    yield cluster
+    cluster.remove()
+
+
+DATABASES = ["sqlite", pytest.param("postgresql", marks=[pytest.mark.integration,
+                                                       pytest.mark.postgres])]
+
+
+@pytest.fixture(params=DATABASES)
+def db_url(request, tmp_path, monkeypatch) -> Iterator[str]:
+    """The controller's database, once on SQLite (the default, in the data dir) and once
+    on a fresh database of the session's PostgreSQL; ``MQTTBED_DATABASE_URL`` is set to
+    it, so a controller, the CLI and ``Settings`` in the test all use it."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'mqttbed.sqlite'}"
+        monkeypatch.setenv("MQTTBED_DATABASE_URL", url)
+        yield url
+        return
+    cluster = request.getfixturevalue("postgres")
+    url = cluster.create_database()
+    monkeypatch.setenv("MQTTBED_DATABASE_URL", url)
+    yield url
+    cluster.drop_database(url.rsplit("/", 1)[1])
 
 
 @pytest.fixture(scope="session")

@@ -96,10 +96,16 @@ class Serve:
 
 
 @pytest.fixture
-def lab(tmp_path):
+def lab(tmp_path, db_url, monkeypatch):
+    """A data dir, a user token, and a way to start ``mqttbed serve`` on them; the database
+    SQLite in the data dir (the default) or PostgreSQL (``MQTTBED_DATABASE_URL``, which
+    each serve inherits)."""
     data = tmp_path / "data"
     data.mkdir()
-    sessions = open_database(database_url(data))
+    if db_url.startswith("sqlite"):
+        monkeypatch.delenv("MQTTBED_DATABASE_URL")
+        db_url = database_url(data)
+    sessions = open_database(db_url)
     token = create_token(sessions, "faults", TokenRole.USER)
     sessions.kw["bind"].dispose()
     started: list[Serve] = []

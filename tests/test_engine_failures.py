@@ -106,7 +106,7 @@ def test_killed_agent_fails_run_with_reason_keeps_uploaded_events_and_next_run_p
 # A broker killed mid-run, for every backend: tests/test_backend_conformance.py.
 
 
-def test_every_transition_is_recorded_in_order(controller, updates):
+def test_every_transition_is_recorded_in_order(controller, updates, db_url):
     spec = {"name": "tiny", "agents": {"count": 1},
             "workload": {"subscribers": 2, "rate_hz": 200, "messages": 40, "warmup_messages": 5}}
     campaign_id, thread, result = start_campaign(controller, spec)
@@ -131,7 +131,7 @@ def test_every_transition_is_recorded_in_order(controller, updates):
     assert child_processes("mqttbed.agents") == [] and child_processes("mosquitto") == []
 
 
-def test_a_chunk_sent_twice_is_stored_once(controller):
+def test_a_chunk_sent_twice_is_stored_once(controller, db_url):
     campaign_id = controller.engine.create_campaign(parse_spec({"name": "idem"}))
     run_id = f"{campaign_id}-r0000"
     columns = {"kind": ["publish"] * 2, "publisher": ["pub-0"] * 2, "seq": [1, 2],
@@ -189,7 +189,8 @@ def test_a_chunk_missing_a_column_is_rejected_naming_it():
                     columns={c: [] for c in EVENT_COLUMNS if c != "t_recv_ns"})
 
 
-def test_runs_left_active_by_a_dead_controller_are_marked_interrupted(controller):
+def test_runs_left_active_by_a_dead_controller_are_marked_interrupted(controller,
+                                                                             db_url):
     campaign_id = controller.engine.create_campaign(parse_spec({"name": "crash"}))
     with controller.sessions() as s:
         run = s.get(RunRow, f"{campaign_id}-r0000")

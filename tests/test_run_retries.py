@@ -38,7 +38,7 @@ def runs(controller, campaign_id: str) -> list[tuple[str, int, str]]:
         return [(r.id.removeprefix(campaign_id), r.attempt, r.state) for r in rows]
 
 
-def test_a_run_interrupted_by_a_restart_is_retried_until_its_retries_are_used(controller):
+def test_a_run_interrupted_by_a_restart_is_retried_until_its_retries_are_used(controller, db_url):
     campaign_id = controller.engine.create_campaign(parse_spec(
         {"name": "crash", "retries": 2, "sweep": {"workload.subscribers": [1, 2]}}))
     mark_running(controller, f"{campaign_id}-r0000")
@@ -63,7 +63,7 @@ def test_a_run_interrupted_by_a_restart_is_retried_until_its_retries_are_used(co
                                              ("-r0001", 0, "queued")]
 
 
-def test_the_outcome_counts_a_retried_run_by_its_last_attempt(controller):
+def test_the_outcome_counts_a_retried_run_by_its_last_attempt(controller, db_url):
     campaign_id = controller.engine.create_campaign(parse_spec({"name": "crash"}))
     mark_running(controller, f"{campaign_id}-r0000")
     controller.engine.recover()
@@ -73,7 +73,7 @@ def test_the_outcome_counts_a_retried_run_by_its_last_attempt(controller):
     assert controller.engine.outcome(campaign_id) == (CampaignStatus.DONE, None)
 
 
-def test_retries_zero_leaves_an_interrupted_run_interrupted(controller):
+def test_retries_zero_leaves_an_interrupted_run_interrupted(controller, db_url):
     campaign_id = controller.engine.create_campaign(parse_spec({"name": "crash",
                                                                 "retries": 0}))
     mark_running(controller, f"{campaign_id}-r0000")

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from mqttbed.api.app import create_app
 from mqttbed.controller.auth import AuthFailureLimit
 from mqttbed.controller.cli import main
-from mqttbed.controller.db import TokenRow, database_url, open_database, utcnow
+from mqttbed.controller.db import TokenRow, open_database, utcnow
 from mqttbed.controller.tokens import TokenRole, create_token, list_tokens
 from mqttbed.core.settings import Settings
 
@@ -32,9 +32,12 @@ def cli(capsys, *args: str) -> str:
 
 
 @pytest.fixture
-def app_client(tmp_path):
+def app_client(tmp_path, db_url):
+    """The app on SQLite and on PostgreSQL (``db_url`` sets MQTTBED_DATABASE_URL, which
+    the CLI commands of the tests read too)."""
     app = create_app(Settings(data_dir=tmp_path / "data"), "http://127.0.0.1:9",
                      run_campaigns=False)
+    assert app.state.controller.settings.database_url == db_url
     with TestClient(app) as client:
         client.controller = app.state.controller
         client.data_dir = tmp_path / "data"
@@ -120,13 +123,13 @@ def test_requests_without_a_token_are_not_counted_as_failures(app_client):
     assert app_client.get("/api/v1/health").status_code == 200
 
 
-def test_tokens_of_a_database_from_before_expiry_keep_working(tmp_path):
+def test_tokens_of_a_database_from_before_expiry_keep_working(db_url):
     from alembic import command
     from alembic.config import Config
 
     from mqttbed.controller import db
 
-    url = database_url(tmp_path)
+    url = db_url
     config = Config()
     config.set_main_option("script_location", str(db.Path(db.__file__).with_name("migrations")))
     config.set_main_option("sqlalchemy.url", url)
