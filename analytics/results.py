@@ -332,6 +332,41 @@ class Methods(_Block):
                          "clock source is in the dataset"
 
 
+class SearchProbe(_Block):
+    """One probe run of a capacity search: its value, the figures its SLO named, its
+    verdict and why."""
+
+    run_id: str
+    value: float = Field(description="the searched parameter's value in this run")
+    phase: str = Field(description="what chose it: bracketing, bisection or confirmation")
+    verdict: str = Field(description="accepted (every SLO term held), rejected (one did "
+                                     "not, or the run failed) or generator-limited (the load "
+                                     "generator did not keep the rate: not the broker's "
+                                     "limit)")
+    why: str = Field(description="the SLO terms that failed with their measured values, or "
+                                 "why the probe was accepted or generator-limited")
+    figures: dict[str, float | None] = Field(
+        default_factory=dict, description="the run's figures the SLO names, as in runs[]")
+
+
+class SearchResults(_Block):
+    """A capacity search (spec ``search``): the highest value meeting the SLO, its
+    interval and every probe that led there."""
+
+    parameter: str = Field(description="the dotted path searched over")
+    slo: list[str] = Field(description="the SLO terms, as the spec gave them")
+    capacity: float | None = Field(description="the highest value at which every probe met "
+                                               "the SLO; null if even low did not")
+    interval: tuple[float | None, float | None] = Field(
+        description="[highest accepted, lowest rejected]: the capacity lies in it; null "
+                    "where nothing bounds it (above high, below low, or a generator that "
+                    "could not go higher)")
+    stop_reason: str = Field(description="resolution, high-accepted, low-rejected, "
+                                         "generator-limited or max-probes")
+    conclusion: str = Field(description="the capacity in words, with what bounded it")
+    probes: list[SearchProbe] = Field(default_factory=list, description="in the order run")
+
+
 class CampaignStats(_Block, Generic[SectionsT]):
     """The results of one campaign."""
 
@@ -342,6 +377,8 @@ class CampaignStats(_Block, Generic[SectionsT]):
     points: list[PointStats[SectionsT]]
     runs: list[RunStats[SectionsT]]
     series: Series = Field(default_factory=Series)
+    search: SearchResults | None = Field(
+        None, description="a capacity search's outcome; null for a campaign without search")
 
 
 @cache
@@ -361,6 +398,19 @@ def results_model(section_types: Iterable[type[BackendSection]]) -> type[Campaig
     ordered = tuple(sorted(set(section_types), key=lambda t: t.key))
     # type argument made at run time: mypy takes none but a static type
     return CampaignStats[sections_model(ordered)]  # type: ignore[misc,return-value]  # above
+
+
+def figure_at(figures: BaseModel, path: str) -> float | None:
+    """The number at a dotted path of a run's or point's figures (``latency_us.p99``,
+    ``generator.achieved_msgs_per_s``); None where it was not measured."""
+    value: Any = figures
+    for part in path.split("."):
+        if value is None:
+            return None
+        if not isinstance(value, BaseModel) or part not in type(value).model_fields:
+            raise KeyError(f"no figure {path!r} in {type(figures).__name__}")
+        value = getattr(value, part)
+    return None if value is None else float(value)
 
 
 def present_sections(sections: BackendSections) -> dict[str, BackendSection]:

@@ -7,17 +7,25 @@ some failed, cancelled) becomes the campaign's status only after Spark has writt
 ``stats.json``, so a client that sees ``done`` can fetch the statistics at once. Failed
 and cancelled campaigns are analysed too: their partial results are kept. An analysis
 that raises fails the campaign, keeps every event, and leaves no statistics behind.
+
+A search campaign (spec ``search``) adds its runs as it goes: once its queued runs have
+ended, the ended runs' figures are computed (the numbers its results will show) and the
+search (:mod:`mqttbed.campaigns.search`) queues its next probe, until it has ended.
 """
 
 from __future__ import annotations
 
 import logging
 
+from mqttbed.analytics.results import RunStats
 from mqttbed.analytics.spark import start_spark_in_background
-from mqttbed.controller.analysis import ANALYSIS_FAILED, analyze_campaign
+from mqttbed.campaigns.spec import CampaignSpec, probe_point
+from mqttbed.controller.analysis import ANALYSIS_FAILED, analyze_campaign, run_figures
+from mqttbed.controller.db import CampaignRow, RunRow
 from mqttbed.controller.documents import ResultsReady
-from mqttbed.controller.engine import RunEngine
-from mqttbed.controller.states import CampaignStatus
+from mqttbed.controller.engine import RunEngine, latest_attempts
+from mqttbed.controller.search_runs import conclusion, next_point_index, replay
+from mqttbed.controller.states import TERMINAL_STATES, CampaignStatus, RunState
 from mqttbed.controller.storage import DataLayout
 from mqttbed.core.settings import Settings
 
@@ -40,6 +48,16 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     # The JVM starts (niced) while the first run measures, not after the last one.
     start_spark_in_background(settings)
     engine.run_campaign(campaign_id)
+    probe_figures: dict[str, RunStats] = {}
+    while engine.stopping is None and not engine.is_cancelled(campaign_id):
+        try:
+            if not next_probe(engine, layout, campaign_id, probe_figures, settings):
+                break
+        except Exception:  # noqa: BLE001 - the analysis below says why, the events stay
+            log.exception("campaign %s: the search could not choose its next probe; it "
+                          "ends here", campaign_id)
+            break
+        engine.run_campaign(campaign_id)
     if engine.stopping is not None:
         # The controller is stopping: the campaign stays running, for the next controller
         # on the data dir to requeue (RunEngine.recover) and finish.
@@ -59,6 +77,38 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     engine.ctx.documents.emit(ResultsReady(campaign_id, json_path, parquet_path, stats))
     engine.set_campaign_status(campaign_id, outcome, reason)
     return outcome
+
+
+def next_probe(engine: RunEngine, layout: DataLayout, campaign_id: str,
+               figures: dict[str, RunStats], settings: Settings | None = None) -> bool:
+    """For a search campaign whose runs have ended: queue the probe its search asks for
+    next; return whether it did (False: no search, or the search has ended).
+
+    The probes are read back from the stored runs each time (``figures`` caches the ended
+    runs' figures), so after a controller restart the search goes on from its runs.
+    """
+    with engine.ctx.sessions() as s:
+        campaign = s.get(CampaignRow, campaign_id)
+        rows = latest_attempts(s.query(RunRow).filter_by(campaign_id=campaign_id).all())
+    spec = CampaignSpec.model_validate(campaign.spec)
+    if spec.search is None or any(r.state not in TERMINAL_STATES for r in rows):
+        return False
+    missing = [r for r in rows if r.state == RunState.DONE and r.id not in figures]
+    figures.update(run_figures(layout, campaign, missing, settings))
+    probes, decision = replay(spec, rows, figures)
+    if probes:
+        last, _ = probes[-1]
+        log.info("campaign %s: probe %s = %g %s (%s)", campaign_id, spec.search.parameter,
+                 last.value, last.verdict, last.why)
+    if decision.next_value is None:
+        log.info("campaign %s: search ended (%s): %s", campaign_id, decision.stop,
+                 conclusion(decision, spec.search.parameter))
+        return False
+    index, repetition = next_point_index(rows, decision.next_value, spec.search.parameter)
+    engine.add_run(campaign_id, probe_point(spec, decision.next_value, index), repetition)
+    log.info("campaign %s: next probe (%s) %s = %g", campaign_id, decision.phase,
+             spec.search.parameter, decision.next_value)
+    return True
 
 
 def analysis_failure(exc: Exception) -> str:
