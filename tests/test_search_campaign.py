@@ -1,0 +1,99 @@
+"""Capacity search end to end: real brokers, real agents, real Spark.
+
+A search on Mosquitto and on the fork/pipe broker, each under a CPU budget of 0.05 cores
+(``broker.cpu_limit``), finds a capacity; then the found rate and 1.2x it are run by hand
+as a plain campaign (a sweep) and judged by the same SLO: the found rate must meet it and
+1.2x must not.
+
+Why the SLO is ``latency_us.p50 <= 2000`` and ``lost == 0`` under a budget: on a 2-core
+machine shared with other work, an unbudgeted broker outruns the Python agents (the
+search would end generator-limited), so the budget makes the broker saturate first, at
+a rate the agents keep. Past saturation its queue grows for the whole run, and the
+median delivery goes from ~0.1 ms to tens or hundreds of ms: a sharp boundary. p99 is
+not: a CPU quota stalls a busy broker for the rest of each 100 ms period well before it
+saturates, and other processes on a shared machine reach the tail first, so p99 moves
+from run to run by more than 1.2x in rate (measured: 24 to 52 ms at 250 Hz, well below
+capacity). Near the boundary a single run can still land either side; the search
+confirms its capacity by running it twice, and this test re-runs it a third time.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mqttbed.analytics.results import figure_at
+from mqttbed.brokers.cpu_budget import cpu_budget_unavailable
+from mqttbed.campaigns.search import Verdict, judge, parse_slo_term
+from mqttbed.campaigns.spec import CampaignSpec, parse_spec
+from mqttbed.controller.analysis import load_results
+from mqttbed.controller.controller import create_controller
+from mqttbed.controller.db import CampaignRow, RunRow
+from mqttbed.controller.search_runs import replay
+from mqttbed.core.settings import Settings
+
+SLO = ["latency_us.p50 <= 2000", "lost == 0"]
+WORKLOAD = {"publishers": 1, "subscribers": 10, "payload_bytes": 64, "messages": 800,
+            "warmup_messages": 50}
+
+needs_cgroups = pytest.mark.skipif(cpu_budget_unavailable() is not None,
+                                   reason=f"{cpu_budget_unavailable()}")
+
+
+def spec_for(backend: str, **extra: object) -> dict[str, object]:
+    return {"name": f"capacity-{backend}", "broker": {"backend": backend, "cpu_limit": 0.05},
+            "workload": dict(WORKLOAD), "agents": {"count": 2}, "timing": {"drain_s": 1},
+            **extra}
+
+
+@pytest.mark.system
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+@needs_cgroups
+@pytest.mark.parametrize("backend", ["mosquitto", "forkpipe"])
+def test_a_capacity_search_finds_a_capacity_whose_interval_holds_when_rerun(tmp_path, backend):
+    search = {"parameter": "workload.rate_hz", "low": 200, "high": 20_000, "slo": SLO,
+              "resolution": 0.15, "confirmations": 1, "max_probes": 14}
+    terms = [parse_slo_term(text) for text in SLO]
+    with create_controller(Settings(data_dir=tmp_path / "data")) as controller:
+        campaign_id = controller.engine.create_campaign(
+            parse_spec(spec_for(backend, search=search)))
+        assert controller.run_campaign(campaign_id) == "done"
+        stats = load_results(controller.layout, campaign_id)
+        with controller.sessions() as s:
+            rows = s.query(RunRow).filter_by(campaign_id=campaign_id).all()
+        assert stats is not None and stats.search is not None
+        found = stats.search
+        print(f"{backend}: {found.conclusion}; probes "
+              f"{[(p.value, p.verdict) for p in found.probes]}")
+        assert found.stop_reason == "resolution", found.conclusion
+        capacity, rejected = found.interval
+        assert capacity is not None and rejected is not None and capacity == found.capacity
+        assert rejected <= capacity * 1.15 * 1.001
+        # the figures judged are the numbers stats.json shows for those runs ...
+        runs = {r.run_id: r for r in stats.runs}
+        assert len(found.probes) == len(rows) == len(runs)
+        for probe in found.probes:
+            for term in terms:
+                assert probe.figures[term.figure] == figure_at(runs[probe.run_id], term.figure)
+        # ... and replaying the decisions on them chooses the very runs that ran
+        with controller.sessions() as s:
+            stored = CampaignSpec.model_validate(s.get(CampaignRow, campaign_id).spec)
+        replayed, decision = replay(stored, rows, runs)
+        assert [p.value for p, _ in replayed] == [p.value for p in found.probes]
+        assert decision.capacity == capacity and decision.stop == "resolution"
+
+        # by hand: the found rate and 1.2x it, as a plain campaign
+        check_rates = [capacity, round(capacity * 1.2, 1)]
+        plain_id = controller.engine.create_campaign(parse_spec(
+            spec_for(backend, sweep={"workload.rate_hz": check_rates})))
+        assert controller.run_campaign(plain_id) == "done"
+        plain = load_results(controller.layout, plain_id)
+    assert plain is not None
+    verdicts = {}
+    for run in plain.runs:
+        figures = {t.figure: figure_at(run, t.figure) for t in terms}
+        rate_kept = run.generator.rate_kept if run.generator else None
+        verdicts[run.params["workload.rate_hz"]] = judge(terms, figures, rate_kept)
+    print(f"{backend}: re-run by hand: {verdicts}")
+    assert verdicts[check_rates[0]][0] == Verdict.ACCEPTED, verdicts
+    assert verdicts[check_rates[1]][0] == Verdict.REJECTED, verdicts
