@@ -367,6 +367,45 @@ class SearchResults(_Block):
     probes: list[SearchProbe] = Field(default_factory=list, description="in the order run")
 
 
+class DriftCheck(_Block):
+    """Whether one point's per-run medians trend over the campaign (before pooling)."""
+
+    figure: str = Field("latency_us.p50", description="the per-run figure tested")
+    medians: list[float] = Field(default_factory=list,
+                                 description="per done run, in the order the runs were made")
+    tau: float | None = Field(None, description="Kendall's tau of the medians against run "
+                                                "order (-1 .. 1); null with fewer than 3 runs")
+    p_value: float | None = Field(None, description="two-sided, under no trend")
+    drifting: bool = Field(False, description="p_value below the method's alpha: the runs "
+                                              "may not be exchangeable, pool them with care")
+
+
+class PointRepetitions(_Block):
+    """How many runs one point got under ``repetitions.until``, and why it stopped."""
+
+    point_index: int
+    runs: int = Field(description="runs of the point (failed ones too)")
+    stopped: str = Field(description="narrow: every interval narrower than its width; max: "
+                                     "it hit repetitions.max first; unfinished: the "
+                                     "campaign ended first")
+    widths: dict[str, float | None] = Field(
+        default_factory=dict, description="figure -> width of its 95 % interval across runs")
+    drift: DriftCheck = Field(default_factory=DriftCheck)
+
+
+class RepetitionsResults(_Block):
+    """``repetitions: {min, max, until}``: which points stopped early, which hit max."""
+
+    min: int
+    max: int
+    until: dict[str, float] = Field(description="figure -> the width asked for")
+    points: list[PointRepetitions] = Field(default_factory=list)
+    hit_max: list[int] = Field(default_factory=list,
+                               description="indexes of the points that hit max runs while "
+                                           "an interval was still too wide")
+    drift_method: str = Field("", description="how drift across repetitions was tested")
+
+
 class CampaignStats(_Block, Generic[SectionsT]):
     """The results of one campaign."""
 
@@ -379,6 +418,9 @@ class CampaignStats(_Block, Generic[SectionsT]):
     series: Series = Field(default_factory=Series)
     search: SearchResults | None = Field(
         None, description="a capacity search's outcome; null for a campaign without search")
+    repetitions: RepetitionsResults | None = Field(
+        None, description="repetitions until confident: runs per point, why each stopped, "
+                          "and a drift check; null with a plain repetitions count")
 
 
 @cache

@@ -21,14 +21,21 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     SerializerFunctionWrapHandler,
+    Tag,
     ValidationError,
     field_validator,
     model_serializer,
     model_validator,
 )
 
+from mqttbed.campaigns.repetitions import (
+    RepetitionsUntil,
+    first_repetitions,
+    most_repetitions,
+)
 from mqttbed.campaigns.search import SearchSpec
 from mqttbed.core.bounded_yaml import MAX_BYTES as MAX_SPEC_BYTES
 from mqttbed.core.bounded_yaml import YamlBoundsError, load_bounded_yaml
@@ -555,6 +562,18 @@ class Network(_Strict):
         return impairments
 
 
+def _repetitions_form(value: Any) -> str:
+    return "function-until" if isinstance(value, dict | RepetitionsUntil) else "function-count"
+
+
+# ``repetitions: 3`` or ``repetitions: {min, max, until}``; an error names the form given
+# only (the tags begin "function-", which error locations leave out).
+Repetitions = Annotated[
+    Annotated[Annotated[int, Field(ge=1, le=10_000)], Tag("function-count")]
+    | Annotated[RepetitionsUntil, Tag("function-until")],
+    Discriminator(_repetitions_form)]
+
+
 class CampaignSpec(_Strict):
     """A whole campaign: base settings, the sweep over them, and repetitions."""
 
@@ -571,8 +590,10 @@ class CampaignSpec(_Strict):
     network: Network = Field(default_factory=Network, description="link impairments")
     sweep: dict[str, list[Any]] = Field(default_factory=dict, description="dotted path -> "
                                         "values; the cross product is run")
-    repetitions: int = Field(1, ge=1, le=10_000, description="runs of every sweep point, "
-                             "interleaved: every point once, then again")
+    repetitions: Repetitions = Field(
+        1, description="runs of every sweep point, interleaved: every point once, then "
+                       "again; or {min, max, until: {FIGURE: WIDTH}}: runs until the point's "
+                       "interval is narrow enough (docs: how-to/repetitions-until)")
     retries: int = Field(
         1, ge=0, le=10,
         description="how many times a run interrupted by its controller stopping or dying "
@@ -628,7 +649,8 @@ class CampaignSpec(_Strict):
     @model_validator(mode="after")
     def _runs_within_bound(self) -> CampaignSpec:
         factors = [len(self.scenarios) or 1, *(len(v) for v in self.sweep.values()),
-                   self.repetitions if self.search is None else self.search.max_probes]
+                   most_repetitions(self.repetitions) if self.search is None
+                   else self.search.max_probes]
         runs = math.prod(factors)
         if runs > MAX_RUNS:
             shown = " x ".join(f"{f:,}" for f in factors)
@@ -927,7 +949,8 @@ def plan_runs(spec: CampaignSpec) -> list[PlannedRun]:
     if spec.search is not None:   # the first probe; the search adds the others
         return [PlannedRun(point=probe_point(spec, search_start(spec), 0), repetition=0)]
     points = expand_points(spec)
-    return [PlannedRun(point=p, repetition=r) for r in range(spec.repetitions) for p in points]
+    return [PlannedRun(point=p, repetition=r)
+            for r in range(first_repetitions(spec.repetitions)) for p in points]
 
 
 def search_is_integer(spec: CampaignSpec) -> bool:

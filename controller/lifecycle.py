@@ -10,7 +10,9 @@ that raises fails the campaign, keeps every event, and leaves no statistics behi
 
 A search campaign (spec ``search``) adds its runs as it goes: once its queued runs have
 ended, the ended runs' figures are computed (the numbers its results will show) and the
-search (:mod:`mqttbed.campaigns.search`) queues its next probe, until it has ended.
+search (:mod:`mqttbed.campaigns.search`) queues its next probe, until it has ended. A
+``repetitions.until`` campaign likewise gets one more round of runs for the points whose
+intervals are still too wide (:mod:`mqttbed.campaigns.repetitions`).
 """
 
 from __future__ import annotations
@@ -19,11 +21,18 @@ import logging
 
 from mqttbed.analytics.results import RunStats
 from mqttbed.analytics.spark import start_spark_in_background
-from mqttbed.campaigns.spec import CampaignSpec, probe_point
-from mqttbed.controller.analysis import ANALYSIS_FAILED, analyze_campaign, run_figures
+from mqttbed.campaigns.repetitions import RepetitionsUntil
+from mqttbed.campaigns.spec import CampaignSpec, expand_points, probe_point
+from mqttbed.controller.analysis import (
+    ANALYSIS_FAILED,
+    analyze_campaign,
+    analyze_runs,
+    run_figures,
+)
 from mqttbed.controller.db import CampaignRow, RunRow
 from mqttbed.controller.documents import ResultsReady
 from mqttbed.controller.engine import RunEngine, latest_attempts
+from mqttbed.controller.repetition_runs import next_round, runs_per_point
 from mqttbed.controller.search_runs import conclusion, next_point_index, replay
 from mqttbed.controller.states import TERMINAL_STATES, CampaignStatus, RunState
 from mqttbed.controller.storage import DataLayout
@@ -51,11 +60,11 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     probe_figures: dict[str, RunStats] = {}
     while engine.stopping is None and not engine.is_cancelled(campaign_id):
         try:
-            if not next_probe(engine, layout, campaign_id, probe_figures, settings):
+            if not next_runs(engine, layout, campaign_id, probe_figures, settings):
                 break
         except Exception:  # noqa: BLE001 - the analysis below says why, the events stay
-            log.exception("campaign %s: the search could not choose its next probe; it "
-                          "ends here", campaign_id)
+            log.exception("campaign %s: its next runs could not be chosen; it ends here",
+                          campaign_id)
             break
         engine.run_campaign(campaign_id)
     if engine.stopping is not None:
@@ -77,6 +86,48 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     engine.ctx.documents.emit(ResultsReady(campaign_id, json_path, parquet_path, stats))
     engine.set_campaign_status(campaign_id, outcome, reason)
     return outcome
+
+
+def next_runs(engine: RunEngine, layout: DataLayout, campaign_id: str,
+              figures: dict[str, RunStats], settings: Settings | None = None) -> bool:
+    """Once a campaign's queued runs have ended: queue the runs it chooses as it goes (a
+    search's next probe, another round of ``repetitions.until``); return whether it did.
+    ``figures`` caches ended runs' figures across calls."""
+    with engine.ctx.sessions() as s:
+        spec = CampaignSpec.model_validate(s.get(CampaignRow, campaign_id).spec)
+    if spec.search is not None:
+        return next_probe(engine, layout, campaign_id, figures, settings)
+    if isinstance(spec.repetitions, RepetitionsUntil):
+        return next_repetitions(engine, layout, campaign_id, settings)
+    return False
+
+
+def next_repetitions(engine: RunEngine, layout: DataLayout, campaign_id: str,
+                     settings: Settings | None = None) -> bool:
+    """For a ``repetitions.until`` campaign whose runs have ended: queue one more run of
+    every point whose interval is still too wide and that has fewer than ``max`` runs (one
+    round, in point order: interleaved as before); return whether any was queued."""
+    with engine.ctx.sessions() as s:
+        campaign = s.get(CampaignRow, campaign_id)
+        rows = latest_attempts(s.query(RunRow).filter_by(campaign_id=campaign_id).all())
+    spec = CampaignSpec.model_validate(campaign.spec)
+    until = spec.repetitions
+    if not isinstance(until, RepetitionsUntil) or any(
+            r.state not in TERMINAL_STATES for r in rows):
+        return False
+    stats = analyze_runs(layout, campaign, rows, settings)
+    wanted = next_round(until, rows, stats.points)
+    counts = runs_per_point(rows)
+    if not wanted:
+        log.info("campaign %s: every point is narrow enough or has %d runs", campaign_id,
+                 until.max)
+        return False
+    points = expand_points(spec)
+    for index in wanted:
+        engine.add_run(campaign_id, points[index], counts.get(index, 0))
+    log.info("campaign %s: one more run of points %s (intervals still too wide)",
+             campaign_id, wanted)
+    return True
 
 
 def next_probe(engine: RunEngine, layout: DataLayout, campaign_id: str,
