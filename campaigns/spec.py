@@ -591,9 +591,9 @@ class CampaignSpec(_Strict):
     sweep: dict[str, list[Any]] = Field(default_factory=dict, description="dotted path -> "
                                         "values; the cross product is run")
     repetitions: Repetitions = Field(
-        1, description="runs of every sweep point, interleaved: every point once, then "
-                       "again; or {min, max, until: {FIGURE: WIDTH}}: runs until the point's "
-                       "interval is narrow enough (docs: how-to/repetitions-until)")
+        1, description="runs of every sweep point (1 to 10,000), interleaved: every point "
+                       "once, then again; or {min, max, until: {FIGURE: WIDTH}}: runs until "
+                       "the point's interval is narrow enough (docs: how-to/repetitions-until)")
     retries: int = Field(
         1, ge=0, le=10,
         description="how many times a run interrupted by its controller stopping or dying "
