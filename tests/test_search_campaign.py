@@ -2,19 +2,23 @@
 
 A search on Mosquitto and on the fork/pipe broker, each under a CPU budget of 0.05 cores
 (``broker.cpu_limit``), finds a capacity; then the found rate and 1.2x it are run by hand
-as a plain campaign (a sweep) and judged by the same SLO: the found rate must meet it and
-1.2x must not.
+as a plain campaign (a sweep, two runs of each, interleaved) and judged by the same SLO.
 
 Why the SLO is ``latency_us.p50 <= 2000`` and ``lost == 0`` under a budget: on a 2-core
-machine shared with other work, an unbudgeted broker outruns the Python agents (the
-search would end generator-limited), so the budget makes the broker saturate first, at
-a rate the agents keep. Past saturation its queue grows for the whole run, and the
-median delivery goes from ~0.1 ms to tens or hundreds of ms: a sharp boundary. p99 is
-not: a CPU quota stalls a busy broker for the rest of each 100 ms period well before it
-saturates, and other processes on a shared machine reach the tail first, so p99 moves
-from run to run by more than 1.2x in rate (measured: 24 to 52 ms at 250 Hz, well below
-capacity). Near the boundary a single run can still land either side; the search
-confirms its capacity by running it twice, and this test re-runs it a third time.
+machine an unbudgeted broker outruns the Python side of the agents (the search would end
+generator-limited), so the budget makes the broker saturate first, at a rate the agents
+keep. Past saturation its queue grows for the whole run, and the median delivery goes
+from ~0.1 ms to tens of ms: a sharp boundary. p99 is not: a CPU quota stalls a busy
+broker for the rest of each 100 ms period well before it saturates, and other processes
+reach the tail first (measured: p99 24 to 52 ms at 250 Hz, far below capacity).
+
+What is not sharp here is the capacity itself: a quota is a ceiling, not a guarantee, and
+on a 2-core machine shared with other work the broker gets less than its 0.05 cores while
+others are busy. Measured with Mosquitto: one search found 565.7 Hz (616.9 rejected),
+another, under more load, 733.6 Hz (accepted twice) whose re-run by hand then failed
+with p50 27.6 ms. So the check by hand is: 1.2x the found rate fails every time (load
+only lowers a capacity), and the found rate meets the SLO in at least one of its two
+runs; both are printed.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ SLO = ["latency_us.p50 <= 2000", "lost == 0"]
 WORKLOAD = {"publishers": 1, "subscribers": 10, "payload_bytes": 64, "messages": 800,
             "warmup_messages": 50}
 
+# the first probe: below capacity, near enough to take few probes (fork/pipe: a process
+# per client and per subscription, under the same 0.05 cores, saturates far lower)
+LOW = {"mosquitto": 200, "forkpipe": 25}
+
 needs_cgroups = pytest.mark.skipif(cpu_budget_unavailable() is not None,
                                    reason=f"{cpu_budget_unavailable()}")
 
@@ -51,7 +59,7 @@ def spec_for(backend: str, **extra: object) -> dict[str, object]:
 @needs_cgroups
 @pytest.mark.parametrize("backend", ["mosquitto", "forkpipe"])
 def test_a_capacity_search_finds_a_capacity_whose_interval_holds_when_rerun(tmp_path, backend):
-    search = {"parameter": "workload.rate_hz", "low": 200, "high": 20_000, "slo": SLO,
+    search = {"parameter": "workload.rate_hz", "low": LOW[backend], "high": 20_000, "slo": SLO,
               "resolution": 0.15, "confirmations": 1, "max_probes": 14}
     terms = [parse_slo_term(text) for text in SLO]
     with create_controller(Settings(data_dir=tmp_path / "data")) as controller:
@@ -85,15 +93,15 @@ def test_a_capacity_search_finds_a_capacity_whose_interval_holds_when_rerun(tmp_
         # by hand: the found rate and 1.2x it, as a plain campaign
         check_rates = [capacity, round(capacity * 1.2, 1)]
         plain_id = controller.engine.create_campaign(parse_spec(
-            spec_for(backend, sweep={"workload.rate_hz": check_rates})))
+            spec_for(backend, sweep={"workload.rate_hz": check_rates}, repetitions=2)))
         assert controller.run_campaign(plain_id) == "done"
         plain = load_results(controller.layout, plain_id)
     assert plain is not None
-    verdicts = {}
+    verdicts: dict[float, list[tuple[Verdict, str]]] = {rate: [] for rate in check_rates}
     for run in plain.runs:
         figures = {t.figure: figure_at(run, t.figure) for t in terms}
         rate_kept = run.generator.rate_kept if run.generator else None
-        verdicts[run.params["workload.rate_hz"]] = judge(terms, figures, rate_kept)
+        verdicts[run.params["workload.rate_hz"]].append(judge(terms, figures, rate_kept))
     print(f"{backend}: re-run by hand: {verdicts}")
-    assert verdicts[check_rates[0]][0] == Verdict.ACCEPTED, verdicts
-    assert verdicts[check_rates[1]][0] == Verdict.REJECTED, verdicts
+    assert [v for v, _ in verdicts[check_rates[1]]] == [Verdict.REJECTED] * 2, verdicts
+    assert Verdict.ACCEPTED in [v for v, _ in verdicts[check_rates[0]]], verdicts
