@@ -635,10 +635,7 @@ class CampaignSpec(_Strict):
             raise ValueError(f"search over {parameter!r} chooses its own runs (and repeats "
                              "at the boundary itself): leave sweep, scenarios and "
                              "repetitions out")
-        try:
-            _check_override_path(parameter, "search.parameter")
-        except ValueError as exc:
-            raise ValueError(str(exc)) from None
+        _check_override_path(parameter, "search.parameter")
         value = _value_at(self.model_dump(), parameter)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"search.parameter {parameter!r} is {value!r} in this spec, not "
