@@ -41,7 +41,7 @@ WORKLOAD = {"publishers": 1, "subscribers": 10, "payload_bytes": 64, "messages":
 
 # the first probe: below capacity, near enough to take few probes (fork/pipe: a process
 # per client and per subscription, under the same 0.05 cores, saturates far lower)
-LOW = {"mosquitto": 200, "forkpipe": 25}
+LOW = {"mosquitto": 200, "forkpipe": 50}
 
 needs_cgroups = pytest.mark.skipif(cpu_budget_unavailable() is not None,
                                    reason=f"{cpu_budget_unavailable()}")
