@@ -16,9 +16,13 @@ What is not sharp here is the capacity itself: a quota is a ceiling, not a guara
 on a 2-core machine shared with other work the broker gets less than its 0.05 cores while
 others are busy. Measured with Mosquitto: one search found 565.7 Hz (616.9 rejected),
 another, under more load, 733.6 Hz (accepted twice) whose re-run by hand then failed
-with p50 27.6 ms. So the check by hand is: 1.2x the found rate fails every time (load
-only lowers a capacity), and the found rate meets the SLO in at least one of its two
-runs; both are printed.
+with p50 27.6 ms; a third found 616.9 Hz (672.7 rejected), and by hand both 616.9 and
+740.3 Hz then met the SLO twice (p50 69 and 81 µs): the load had dropped. So the check by
+hand is: 1.2x the found rate fails every time, and the found rate meets the SLO in at
+least one of its two runs; both are printed. On this shared machine it is an open
+defect of the set-up, not of the search, that the Mosquitto case fails when the load
+changes between the search and the check (fork/pipe, whose boundary is at 130-140 Hz,
+passed: found 129.7, re-run 129.7 passed and 155.6 failed).
 """
 
 from __future__ import annotations
