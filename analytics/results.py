@@ -332,6 +332,80 @@ class Methods(_Block):
                          "clock source is in the dataset"
 
 
+class SearchProbe(_Block):
+    """One probe run of a capacity search: its value, the figures its SLO named, its
+    verdict and why."""
+
+    run_id: str
+    value: float = Field(description="the searched parameter's value in this run")
+    phase: str = Field(description="what chose it: bracketing, bisection or confirmation")
+    verdict: str = Field(description="accepted (every SLO term held), rejected (one did "
+                                     "not, or the run failed) or generator-limited (the load "
+                                     "generator did not keep the rate: not the broker's "
+                                     "limit)")
+    why: str = Field(description="the SLO terms that failed with their measured values, or "
+                                 "why the probe was accepted or generator-limited")
+    figures: dict[str, float | None] = Field(
+        default_factory=dict, description="the run's figures the SLO names, as in runs[]")
+
+
+class SearchResults(_Block):
+    """A capacity search (spec ``search``): the highest value meeting the SLO, its
+    interval and every probe that led there."""
+
+    parameter: str = Field(description="the dotted path searched over")
+    slo: list[str] = Field(description="the SLO terms, as the spec gave them")
+    capacity: float | None = Field(description="the highest value at which every probe met "
+                                               "the SLO; null if even low did not")
+    interval: tuple[float | None, float | None] = Field(
+        description="[highest accepted, lowest rejected]: the capacity lies in it; null "
+                    "where nothing bounds it (above high, below low, or a generator that "
+                    "could not go higher)")
+    stop_reason: str = Field(description="resolution, high-accepted, low-rejected, "
+                                         "generator-limited or max-probes")
+    conclusion: str = Field(description="the capacity in words, with what bounded it")
+    probes: list[SearchProbe] = Field(default_factory=list, description="in the order run")
+
+
+class DriftCheck(_Block):
+    """Whether one point's per-run medians trend over the campaign (before pooling)."""
+
+    figure: str = Field("latency_us.p50", description="the per-run figure tested")
+    medians: list[float] = Field(default_factory=list,
+                                 description="per done run, in the order the runs were made")
+    tau: float | None = Field(None, description="Kendall's tau of the medians against run "
+                                                "order (-1 .. 1); null with fewer than 3 runs")
+    p_value: float | None = Field(None, description="two-sided, under no trend")
+    drifting: bool = Field(False, description="p_value below the method's alpha: the runs "
+                                              "may not be exchangeable, pool them with care")
+
+
+class PointRepetitions(_Block):
+    """How many runs one point got under ``repetitions.until``, and why it stopped."""
+
+    point_index: int
+    runs: int = Field(description="runs of the point (failed ones too)")
+    stopped: str = Field(description="narrow: every interval narrower than its width; max: "
+                                     "it hit repetitions.max first; unfinished: the "
+                                     "campaign ended first")
+    widths: dict[str, float | None] = Field(
+        default_factory=dict, description="figure -> width of its 95 % interval across runs")
+    drift: DriftCheck = Field(default_factory=DriftCheck)
+
+
+class RepetitionsResults(_Block):
+    """``repetitions: {min, max, until}``: which points stopped early, which hit max."""
+
+    min: int
+    max: int
+    until: dict[str, float] = Field(description="figure -> the width asked for")
+    points: list[PointRepetitions] = Field(default_factory=list)
+    hit_max: list[int] = Field(default_factory=list,
+                               description="indexes of the points that hit max runs while "
+                                           "an interval was still too wide")
+    drift_method: str = Field("", description="how drift across repetitions was tested")
+
+
 class CampaignStats(_Block, Generic[SectionsT]):
     """The results of one campaign."""
 
@@ -342,6 +416,11 @@ class CampaignStats(_Block, Generic[SectionsT]):
     points: list[PointStats[SectionsT]]
     runs: list[RunStats[SectionsT]]
     series: Series = Field(default_factory=Series)
+    search: SearchResults | None = Field(
+        None, description="a capacity search's outcome; null for a campaign without search")
+    repetitions: RepetitionsResults | None = Field(
+        None, description="repetitions until confident: runs per point, why each stopped, "
+                          "and a drift check; null with a plain repetitions count")
 
 
 @cache
@@ -361,6 +440,19 @@ def results_model(section_types: Iterable[type[BackendSection]]) -> type[Campaig
     ordered = tuple(sorted(set(section_types), key=lambda t: t.key))
     # type argument made at run time: mypy takes none but a static type
     return CampaignStats[sections_model(ordered)]  # type: ignore[misc,return-value]  # above
+
+
+def figure_at(figures: BaseModel, path: str) -> float | None:
+    """The number at a dotted path of a run's or point's figures (``latency_us.p99``,
+    ``generator.achieved_msgs_per_s``); None where it was not measured."""
+    value: Any = figures
+    for part in path.split("."):
+        if value is None:
+            return None
+        if not isinstance(value, BaseModel) or part not in type(value).model_fields:
+            raise KeyError(f"no figure {path!r} in {type(figures).__name__}")
+        value = getattr(value, part)
+    return None if value is None else float(value)
 
 
 def present_sections(sections: BackendSections) -> dict[str, BackendSection]:

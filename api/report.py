@@ -23,6 +23,7 @@ from mqttbed.analytics.results import (
     present_sections,
 )
 from mqttbed.analytics.results_files import StaleResults
+from mqttbed.api.report_search import VERDICT_COLOURS, search_figures
 from mqttbed.api.report_streams import stream_latency_cdf, stream_rows
 from mqttbed.controller.analysis import load_results
 from mqttbed.controller.controller import Controller
@@ -173,6 +174,8 @@ def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[
     references = spec.get("report", {}).get("reference", [])
     plain = [figure_point(p) for p in points]
     figures: dict[str, dict[str, Any]] = {}
+    if stats.search is not None:   # a capacity search: its probe path first
+        figures |= search_figures(stats.search)
     # what each backend of the campaign adds (e.g. MQTT-ST's latency against locality)
     for backend in sorted({p.backend for p in points}):
         if (own := backend_figures(backend)) is not None:
@@ -384,6 +387,7 @@ def report_context(controller: Controller, campaign_id: str) -> dict[str, Any]:
         "stream_rows": stream_rows([(point_label(p, show_backend), p) for p in points]),
         "figures": build_figures(stats, campaign.spec) if stats else {},
         "live": not (ended and stats),
+        "search": stats.search if stats else None, "verdict_colours": VERDICT_COLOURS,
         "finished": sum(r.state in ("done", "failed", "interrupted") for r in runs),
     }
 

@@ -21,14 +21,22 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     SerializerFunctionWrapHandler,
+    Tag,
     ValidationError,
     field_validator,
     model_serializer,
     model_validator,
 )
 
+from mqttbed.campaigns.repetitions import (
+    RepetitionsUntil,
+    first_repetitions,
+    most_repetitions,
+)
+from mqttbed.campaigns.search import SearchSpec
 from mqttbed.core.bounded_yaml import MAX_BYTES as MAX_SPEC_BYTES
 from mqttbed.core.bounded_yaml import YamlBoundsError, load_bounded_yaml
 from mqttbed.core.errors import SpecError
@@ -554,6 +562,18 @@ class Network(_Strict):
         return impairments
 
 
+def _repetitions_form(value: Any) -> str:
+    return "function-until" if isinstance(value, dict | RepetitionsUntil) else "function-count"
+
+
+# ``repetitions: 3`` or ``repetitions: {min, max, until}``; an error names the form given
+# only (the tags begin "function-", which error locations leave out).
+Repetitions = Annotated[
+    Annotated[Annotated[int, Field(ge=1, le=10_000)], Tag("function-count")]
+    | Annotated[RepetitionsUntil, Tag("function-until")],
+    Discriminator(_repetitions_form)]
+
+
 class CampaignSpec(_Strict):
     """A whole campaign: base settings, the sweep over them, and repetitions."""
 
@@ -570,14 +590,20 @@ class CampaignSpec(_Strict):
     network: Network = Field(default_factory=Network, description="link impairments")
     sweep: dict[str, list[Any]] = Field(default_factory=dict, description="dotted path -> "
                                         "values; the cross product is run")
-    repetitions: int = Field(1, ge=1, le=10_000, description="runs of every sweep point, "
-                             "interleaved: every point once, then again")
+    repetitions: Repetitions = Field(
+        1, description="runs of every sweep point (1 to 10,000), interleaved: every point "
+                       "once, then again; or {min, max, until: {FIGURE: WIDTH}}: runs until "
+                       "the point's interval is narrow enough (docs: how-to/repetitions-until)")
     retries: int = Field(
         1, ge=0, le=10,
         description="how many times a run interrupted by its controller stopping or dying "
                     "is run again (a new attempt of the same run); failed runs are not")
     report: ReportOptions = Field(default_factory=ReportOptions,
                                   description="how the report presents the campaign")
+    search: SearchSpec | None = Field(
+        None, description="a capacity search instead of a sweep: the highest value of one "
+                          "parameter at which every SLO term holds, probe after probe "
+                          "(docs: how-to/capacity-search)")
 
     scenarios: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -600,9 +626,28 @@ class CampaignSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _search_alone(self) -> CampaignSpec:
+        """A search chooses its own runs: no sweep, scenarios or repetitions beside it."""
+        if self.search is None:
+            return self
+        parameter = self.search.parameter
+        if self.sweep or self.scenarios or self.repetitions != 1:
+            raise ValueError(f"search over {parameter!r} chooses its own runs (and repeats "
+                             "at the boundary itself): leave sweep, scenarios and "
+                             "repetitions out")
+        _check_override_path(parameter, "search.parameter")
+        value = _value_at(self.model_dump(), parameter)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"search.parameter {parameter!r} is {value!r} in this spec, not "
+                             "a number: a search needs a numeric parameter (e.g. "
+                             "workload.rate_hz; a broker option needs a value in the spec)")
+        return self
+
+    @model_validator(mode="after")
     def _runs_within_bound(self) -> CampaignSpec:
         factors = [len(self.scenarios) or 1, *(len(v) for v in self.sweep.values()),
-                   self.repetitions]
+                   most_repetitions(self.repetitions) if self.search is None
+                   else self.search.max_probes]
         runs = math.prod(factors)
         if runs > MAX_RUNS:
             shown = " x ".join(f"{f:,}" for f in factors)
@@ -675,6 +720,19 @@ def _check_override_path(path: str, what: str) -> None:
     if section != "broker" and field not in fields:
         raise ValueError(f"{what} {path!r}: {section} has no field {field!r} "
                          f"(fields: {', '.join(fields)})")
+
+
+def _value_at(data: dict[str, Any], path: str) -> Any:
+    """The value at a dotted path of a dumped spec (None where the path leads nowhere)."""
+    value: Any = data
+    for part in path.split("."):
+        if isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        elif isinstance(value, dict):
+            value = value.get(part)
+        else:
+            return None
+    return value
 
 
 def _impairment_target(path: str, what: str) -> tuple[str, str]:
@@ -797,6 +855,13 @@ def parse_spec(data: Any) -> CampaignSpec:
     except ValidationError as exc:
         raise SpecError(_format_errors(exc)) from None
     expand_points(spec)  # every swept value must validate too
+    if spec.search is not None:  # so must both ends of a search
+        for end in ("low", "high"):
+            try:
+                probe_point(spec, getattr(spec.search, end), 0)
+            except SpecError as exc:
+                raise SpecError(f"search.{end} ({getattr(spec.search, end):g}): "
+                                f"{exc}") from None
     return spec
 
 
@@ -842,7 +907,7 @@ def expand_points(spec: CampaignSpec) -> list[SweepPoint]:
 
     A point's ``params`` hold its scenario's name (under ``scenario``) and its swept values.
     """
-    base = spec.model_dump(exclude={"sweep", "scenarios"})
+    base = spec.model_dump(exclude={"sweep", "scenarios", "search"})
     keys = list(spec.sweep)
     backend_varies = "broker.backend" in spec.sweep or any(
         "broker.backend" in sc for sc in spec.scenarios)
@@ -878,8 +943,51 @@ def plan_runs(spec: CampaignSpec) -> list[PlannedRun]:
     Repetitions are interleaved (every point once, then every point again) so a slow
     drift of the machine spreads over all points instead of biasing the last one.
     """
+    if spec.search is not None:   # the first probe; the search adds the others
+        return [PlannedRun(point=probe_point(spec, search_start(spec), 0), repetition=0)]
     points = expand_points(spec)
-    return [PlannedRun(point=p, repetition=r) for r in range(spec.repetitions) for p in points]
+    return [PlannedRun(point=p, repetition=r)
+            for r in range(first_repetitions(spec.repetitions)) for p in points]
+
+
+def search_is_integer(spec: CampaignSpec) -> bool:
+    """Whether a search's parameter takes whole numbers (an int in the spec's model)."""
+    assert spec.search is not None
+    point = probe_point(spec, spec.search.low, 0)
+    value = _value_at(point.spec.model_dump(), spec.search.parameter)
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def search_start(spec: CampaignSpec) -> float:
+    """The value of a search's first probe."""
+    from mqttbed.campaigns.search import decide
+
+    assert spec.search is not None
+    first = decide(spec.search, [], integer=search_is_integer(spec)).next_value
+    assert first is not None
+    return first
+
+
+def probe_point(spec: CampaignSpec, value: float, index: int) -> SweepPoint:
+    """The resolved spec of one probe of a search: the base spec with the searched
+    parameter at ``value`` (an int for an integer parameter); raise SpecError if it does
+    not validate."""
+    assert spec.search is not None
+    parameter = spec.search.parameter
+    data = spec.model_dump(exclude={"sweep", "scenarios", "search"})
+    run_value: float | int = value
+    try:
+        _apply_override(data, parameter, value)
+        resolved = CampaignSpec.model_validate(data)
+        current = _value_at(resolved.model_dump(), parameter)
+        if isinstance(current, int) and not isinstance(current, bool) and value == int(value):
+            run_value = int(value)
+            _apply_override(data, parameter, run_value)
+            resolved = CampaignSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(f"search probe ({parameter}={value!r}): "
+                        f"{_format_errors(exc)}") from None
+    return SweepPoint(index=index, params={parameter: run_value}, spec=resolved)
 
 
 def builtin_spec_path(name: str) -> Path:

@@ -12,11 +12,20 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import sessionmaker
 
-from mqttbed.analytics.results import CampaignStats, ScopeRun, SysTopicSeries, results_model
+from mqttbed.analytics.results import (
+    CampaignStats,
+    RunStats,
+    ScopeRun,
+    SysTopicSeries,
+    results_model,
+)
 from mqttbed.analytics.results_files import STATS_JSON, read_stats
+from mqttbed.campaigns.repetitions import RepetitionsUntil
 from mqttbed.campaigns.spec import CampaignSpec, Workload
 from mqttbed.controller.db import CampaignRow, RunRow
 from mqttbed.controller.engine import RunEngine, latest_attempts
+from mqttbed.controller.repetition_runs import repetitions_results
+from mqttbed.controller.search_runs import search_results
 from mqttbed.controller.states import CAMPAIGN_UNDER_WAY, CampaignStatus
 from mqttbed.controller.storage import DataLayout, read_sys_samples
 from mqttbed.core.backends import section_types
@@ -70,9 +79,37 @@ def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: st
         records_path=layout.backend_records, section_types=section_types(),
         campaign={"id": campaign.id, "name": campaign.name, "spec": campaign.spec}, runs=runs)
     series = stats.series.model_copy(update={"sys_topics": sys_topic_series(layout, rows)})
-    stats = stats.model_copy(update={"series": series})
+    spec = CampaignSpec.model_validate(campaign.spec)
+    stats = stats.model_copy(update={
+        "series": series,
+        "search": search_results(spec, rows, {r.run_id: r for r in stats.runs}),
+        "repetitions": (repetitions_results(spec.repetitions, rows, stats.points, stats.runs)
+                        if isinstance(spec.repetitions, RepetitionsUntil) else None)})
     json_path, parquet_path = write_stats(stats, layout.campaign_dir(campaign_id))
     return stats, json_path, parquet_path
+
+
+def analyze_runs(layout: DataLayout, campaign: CampaignRow, rows: list[RunRow],
+                 settings: Settings | None = None) -> CampaignStats:
+    """The figures of these runs of a campaign (and of their points), computed as its
+    results compute them, so the numbers ``stats.json`` will show: a search judges its
+    probes by them, ``repetitions.until`` its points' intervals."""
+    from mqttbed.analytics.spark import get_spark
+    from mqttbed.analytics.stats import compute_campaign_stats
+
+    return compute_campaign_stats(
+        get_spark(settings), events_path=layout.events, samples_path=layout.broker_samples,
+        records_path=layout.backend_records, section_types=section_types(),
+        campaign={"id": campaign.id, "name": campaign.name, "spec": campaign.spec},
+        runs=[run_info(r) for r in rows])
+
+
+def run_figures(layout: DataLayout, campaign: CampaignRow, rows: list[RunRow],
+                settings: Settings | None = None) -> dict[str, RunStats]:
+    """The figures of these runs by run id (:func:`analyze_runs`); none for no rows."""
+    if not rows:
+        return {}
+    return {run.run_id: run for run in analyze_runs(layout, campaign, rows, settings).runs}
 
 
 def run_info(row: RunRow) -> RunInfo:

@@ -23,7 +23,7 @@ from sqlalchemy.orm import sessionmaker
 from mqttbed.agents.deploy import AgentPool, Site
 from mqttbed.brokers.cpu_budget import CpuBudget, CpuBudgetError, cpu_budget_unavailable
 from mqttbed.brokers.cpu_budget import reap_stale as reap_cpu_budgets
-from mqttbed.campaigns.spec import CampaignSpec, plan_runs
+from mqttbed.campaigns.spec import CampaignSpec, SweepPoint, plan_runs
 from mqttbed.controller.agent_registry import AgentRegistry, RunInbox
 from mqttbed.controller.agent_sites import AgentSites, open_sites
 from mqttbed.controller.assignments import (
@@ -167,6 +167,14 @@ def latest_attempts(runs: Iterable[RunRow]) -> list[RunRow]:
     return [latest[ordinal] for ordinal in sorted(latest)]
 
 
+def _queued_run(campaign_id: str, ordinal: int, point: SweepPoint, repetition: int) -> RunRow:
+    """The row of a run not started yet."""
+    return RunRow(id=f"{campaign_id}-r{ordinal:04d}", campaign_id=campaign_id, ordinal=ordinal,
+                  point_index=point.index, repetition=repetition, params=point.params,
+                  spec=point.spec.model_dump(mode="json"), state=RunState.QUEUED,
+                  run_metadata=RunRecord().stored())
+
+
 class RunEngine:
     """Creates campaigns from specs and executes their runs one after another."""
 
@@ -193,13 +201,20 @@ class RunEngine:
                               status=CampaignStatus.CREATED))
             s.flush()
             for ordinal, run in enumerate(planned):
-                s.add(RunRow(id=f"{campaign_id}-r{ordinal:04d}", campaign_id=campaign_id,
-                             ordinal=ordinal, point_index=run.point.index,
-                             repetition=run.repetition, params=run.point.params,
-                             spec=run.point.spec.model_dump(mode="json"),
-                             state=RunState.QUEUED, run_metadata=RunRecord().stored()))
+                s.add(_queued_run(campaign_id, ordinal, run.point, run.repetition))
             s.commit()
         return campaign_id
+
+    def add_run(self, campaign_id: str, point: SweepPoint, repetition: int) -> RunRow:
+        """Queue one more run of a campaign (the next ordinal): a search's next probe."""
+        with self.ctx.sessions() as s:
+            ordinals = [o for (o,) in s.query(RunRow.ordinal).filter_by(campaign_id=campaign_id)]
+            row = _queued_run(campaign_id, max(ordinals, default=-1) + 1, point, repetition)
+            s.add(row)
+            s.commit()
+            s.refresh(row)
+            s.expunge(row)
+        return row
 
     def cancel(self, campaign_id: str) -> None:
         """Cancel a campaign: its running run stops cleanly (events kept), no more run.
@@ -262,7 +277,10 @@ class RunEngine:
         """
         if self.is_cancelled(campaign_id):
             return CampaignStatus.CANCELLED
-        self.set_campaign_status(campaign_id, CampaignStatus.RUNNING)
+        with self.ctx.sessions() as s:
+            status = s.get(CampaignRow, campaign_id).status
+        if status != CampaignStatus.RUNNING:   # a search comes back for each probe it adds
+            self.set_campaign_status(campaign_id, CampaignStatus.RUNNING)
         with self.ctx.sessions() as s:
             runs = (s.query(RunRow).filter_by(campaign_id=campaign_id)
                     .order_by(RunRow.ordinal, RunRow.attempt).all())

@@ -7,17 +7,34 @@ some failed, cancelled) becomes the campaign's status only after Spark has writt
 ``stats.json``, so a client that sees ``done`` can fetch the statistics at once. Failed
 and cancelled campaigns are analysed too: their partial results are kept. An analysis
 that raises fails the campaign, keeps every event, and leaves no statistics behind.
+
+A search campaign (spec ``search``) adds its runs as it goes: once its queued runs have
+ended, the ended runs' figures are computed (the numbers its results will show) and the
+search (:mod:`mqttbed.campaigns.search`) queues its next probe, until it has ended. A
+``repetitions.until`` campaign likewise gets one more round of runs for the points whose
+intervals are still too wide (:mod:`mqttbed.campaigns.repetitions`).
 """
 
 from __future__ import annotations
 
 import logging
 
+from mqttbed.analytics.results import RunStats
 from mqttbed.analytics.spark import start_spark_in_background
-from mqttbed.controller.analysis import ANALYSIS_FAILED, analyze_campaign
+from mqttbed.campaigns.repetitions import RepetitionsUntil
+from mqttbed.campaigns.spec import CampaignSpec, expand_points, probe_point
+from mqttbed.controller.analysis import (
+    ANALYSIS_FAILED,
+    analyze_campaign,
+    analyze_runs,
+    run_figures,
+)
+from mqttbed.controller.db import CampaignRow, RunRow
 from mqttbed.controller.documents import ResultsReady
-from mqttbed.controller.engine import RunEngine
-from mqttbed.controller.states import CampaignStatus
+from mqttbed.controller.engine import RunEngine, latest_attempts
+from mqttbed.controller.repetition_runs import next_round, runs_per_point
+from mqttbed.controller.search_runs import conclusion, next_point_index, replay
+from mqttbed.controller.states import TERMINAL_STATES, CampaignStatus, RunState
 from mqttbed.controller.storage import DataLayout
 from mqttbed.core.settings import Settings
 
@@ -40,6 +57,16 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     # The JVM starts (niced) while the first run measures, not after the last one.
     start_spark_in_background(settings)
     engine.run_campaign(campaign_id)
+    probe_figures: dict[str, RunStats] = {}
+    while engine.stopping is None and not engine.is_cancelled(campaign_id):
+        try:
+            if not next_runs(engine, layout, campaign_id, probe_figures, settings):
+                break
+        except Exception:  # noqa: BLE001 - the analysis below says why, the events stay
+            log.exception("campaign %s: its next runs could not be chosen; it ends here",
+                          campaign_id)
+            break
+        engine.run_campaign(campaign_id)
     if engine.stopping is not None:
         # The controller is stopping: the campaign stays running, for the next controller
         # on the data dir to requeue (RunEngine.recover) and finish.
@@ -59,6 +86,80 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     engine.ctx.documents.emit(ResultsReady(campaign_id, json_path, parquet_path, stats))
     engine.set_campaign_status(campaign_id, outcome, reason)
     return outcome
+
+
+def next_runs(engine: RunEngine, layout: DataLayout, campaign_id: str,
+              figures: dict[str, RunStats], settings: Settings | None = None) -> bool:
+    """Once a campaign's queued runs have ended: queue the runs it chooses as it goes (a
+    search's next probe, another round of ``repetitions.until``); return whether it did.
+    ``figures`` caches ended runs' figures across calls."""
+    with engine.ctx.sessions() as s:
+        spec = CampaignSpec.model_validate(s.get(CampaignRow, campaign_id).spec)
+    if spec.search is not None:
+        return next_probe(engine, layout, campaign_id, figures, settings)
+    if isinstance(spec.repetitions, RepetitionsUntil):
+        return next_repetitions(engine, layout, campaign_id, settings)
+    return False
+
+
+def next_repetitions(engine: RunEngine, layout: DataLayout, campaign_id: str,
+                     settings: Settings | None = None) -> bool:
+    """For a ``repetitions.until`` campaign whose runs have ended: queue one more run of
+    every point whose interval is still too wide and that has fewer than ``max`` runs (one
+    round, in point order: interleaved as before); return whether any was queued."""
+    with engine.ctx.sessions() as s:
+        campaign = s.get(CampaignRow, campaign_id)
+        rows = latest_attempts(s.query(RunRow).filter_by(campaign_id=campaign_id).all())
+    spec = CampaignSpec.model_validate(campaign.spec)
+    until = spec.repetitions
+    if not isinstance(until, RepetitionsUntil) or any(
+            r.state not in TERMINAL_STATES for r in rows):
+        return False
+    stats = analyze_runs(layout, campaign, rows, settings)
+    wanted = next_round(until, rows, stats.points)
+    counts = runs_per_point(rows)
+    if not wanted:
+        log.info("campaign %s: every point is narrow enough or has %d runs", campaign_id,
+                 until.max)
+        return False
+    points = expand_points(spec)
+    for index in wanted:
+        engine.add_run(campaign_id, points[index], counts.get(index, 0))
+    log.info("campaign %s: one more run of points %s (intervals still too wide)",
+             campaign_id, wanted)
+    return True
+
+
+def next_probe(engine: RunEngine, layout: DataLayout, campaign_id: str,
+               figures: dict[str, RunStats], settings: Settings | None = None) -> bool:
+    """For a search campaign whose runs have ended: queue the probe its search asks for
+    next; return whether it did (False: no search, or the search has ended).
+
+    The probes are read back from the stored runs each time (``figures`` caches the ended
+    runs' figures), so after a controller restart the search goes on from its runs.
+    """
+    with engine.ctx.sessions() as s:
+        campaign = s.get(CampaignRow, campaign_id)
+        rows = latest_attempts(s.query(RunRow).filter_by(campaign_id=campaign_id).all())
+    spec = CampaignSpec.model_validate(campaign.spec)
+    if spec.search is None or any(r.state not in TERMINAL_STATES for r in rows):
+        return False
+    missing = [r for r in rows if r.state == RunState.DONE and r.id not in figures]
+    figures.update(run_figures(layout, campaign, missing, settings))
+    probes, decision = replay(spec, rows, figures)
+    if probes:
+        last, _ = probes[-1]
+        log.info("campaign %s: probe %s = %g %s (%s)", campaign_id, spec.search.parameter,
+                 last.value, last.verdict, last.why)
+    if decision.next_value is None:
+        log.info("campaign %s: search ended (%s): %s", campaign_id, decision.stop,
+                 conclusion(decision, spec.search.parameter))
+        return False
+    index, repetition = next_point_index(rows, decision.next_value, spec.search.parameter)
+    engine.add_run(campaign_id, probe_point(spec, decision.next_value, index), repetition)
+    log.info("campaign %s: next probe (%s) %s = %g", campaign_id, decision.phase,
+             spec.search.parameter, decision.next_value)
+    return True
 
 
 def analysis_failure(exc: Exception) -> str:

@@ -62,8 +62,11 @@ def test_spec_reference_lists_every_field_of_every_model_with_its_bounds():
         for _owner, name, field in reference.model_fields(model):
             assert f"| `{field.alias or name}` |" in page, name
     assert set(Workload.model_fields) <= {n for _o, n, _f in reference.model_fields(CampaignSpec)}
-    # bounds come from the model's metadata: repetitions is 1 ... 10,000
-    assert "| `repetitions` | integer | `1` | ≥ 1, ≤ 10000 |" in page
+    # bounds come from the model's metadata: retries is 0 ... 10
+    assert "| `retries` | integer | `1` | ≥ 0, ≤ 10 |" in page
+    # a field of two forms names both (repetitions: a count, or {min, max, until})
+    assert "| `repetitions` | integer \\| RepetitionsUntil | `1` |" in page
+    assert "| `max` | integer | **required** | ≥ 2, ≤ 10000 |" in page
 
 
 def test_cli_reference_has_every_subcommand_of_the_parser():
