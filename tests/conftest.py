@@ -26,12 +26,23 @@ REAL_FIXTURES = {"spark": "Spark", "served": "Mosquitto, agent processes and Spa
                  "postgres": "PostgreSQL"}
 
 
+# Session fixtures that run a whole campaign (with Spark's start) before their first user.
+SESSION_CAMPAIGNS = {"served"}
+SESSION_CAMPAIGN_TIMEOUT_S = 300
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if REAL_FIXTURES.keys() & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
         if "postgres" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.postgres)
+        # A session fixture is set up within the timeout of whichever of its users runs
+        # first, and which one that is depends on the order (and, with pytest-xdist, on the
+        # worker): every user of one that runs a campaign gets the time its setup needs.
+        if (SESSION_CAMPAIGNS & set(getattr(item, "fixturenames", ()))
+                and item.get_closest_marker("timeout") is None):
+            item.add_marker(pytest.mark.timeout(SESSION_CAMPAIGN_TIMEOUT_S))
 
 
 class UpdateLog(list[Document]):
