@@ -29,8 +29,13 @@ lint: install   # ruff, the import contracts of pyproject.toml (the dependency d
 #   test-system  the `system` tests (whole campaigns through the CLI, REST, a lab, a Spark
 #                cluster, a browser) but the RTL's, which rtl-test runs
 #   rtl-test     every `rtl` test, the FPGA broker's RTL in full
+# make test runs on TEST_WORKERS processes (pytest-xdist; each with its own Spark session
+# and fixtures): its tests wait on brokers, agents and Spark more than they compute, so two
+# workers on two cores halve it. The other tiers run one test at a time: their campaigns
+# measure, and a second campaign beside one would be part of what it measures.
+TEST_WORKERS ?= 2
 test: install lint
-	$(PY) -m pytest -ra --durations=40 -m "not system"
+	$(PY) -m pytest -ra --durations=40 -m "not system" -n $(TEST_WORKERS)
 
 test-system: install
 	$(PY) -m pytest -ra --durations=40 -m "system and not rtl"

@@ -39,14 +39,17 @@ def remote_spec(sshd: LocalSshd, hosts: list[dict], **workload) -> dict:
             "timing": {"setup_timeout_s": 20}}
 
 
-def agent_processes() -> list[psutil.Process]:
+def agent_processes(controller_url: str) -> list[psutil.Process]:
+    """Live ``mqttbed agent`` processes of the controller at ``controller_url`` (not those
+    another test, in another pytest-xdist worker, may be running at the same time)."""
     found = []
     for proc in psutil.process_iter():
         try:
             cmdline = proc.cmdline()
         except psutil.Error:
             continue
-        if len(cmdline) > 1 and cmdline[0] == MQTTBED and cmdline[1] == "agent":
+        if (len(cmdline) > 1 and cmdline[0] == MQTTBED and cmdline[1] == "agent"
+                and controller_url in cmdline):
             found.append(proc)
     return found
 
@@ -78,7 +81,7 @@ def test_a_campaign_runs_its_agents_on_the_hosts_over_ssh(controller, sshd):
     logs = list((controller.layout.run_dir(campaign_id, run.id) / "agents").glob("*.log"))
     assert len(logs) == 2
     # nothing outlives the run, and the token never showed in a command line
-    assert agent_processes() == []
+    assert agent_processes(controller.url) == []
 
 
 def test_an_agent_command_missing_on_the_host_fails_the_run_with_the_shells_message(
