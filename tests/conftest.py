@@ -261,6 +261,16 @@ class Served:
             headers["authorization"] = f"Bearer {value}"
         return httpx.Client(base_url=self.url, headers=headers, timeout=60)
 
+    def start_yaml_campaign(self, spec_yaml: str) -> str:
+        """Create a campaign from a YAML spec over REST and start it; return its id."""
+        with self.client() as http:
+            created = http.post("/api/v1/campaigns", content=spec_yaml,
+                                headers={"content-type": "application/yaml"})
+            assert created.status_code == 201, created.text
+            campaign_id: str = created.json()["id"]
+            assert http.post(f"/api/v1/campaigns/{campaign_id}/start").status_code == 200
+        return campaign_id
+
     def wait_for_status(self, campaign_id: str, statuses: tuple[str, ...], timeout_s: float,
                         seen: list[str] | None = None, poll_s: float = 0.25):
         """Poll the campaign until its status is one of ``statuses``; return it.
@@ -297,13 +307,8 @@ def served(tmp_path_factory):
     """The full app, serving, with one campaign submitted over REST and run to the end."""
     served = Served(tmp_path_factory.mktemp("served"))
     with served.server:
-        with served.client() as http:
-            created = http.post("/api/v1/campaigns", content=FINISHED_SPEC,
-                                headers={"content-type": "application/yaml"})
-            assert created.status_code == 201, created.text
-            campaign_id = created.json()["id"]
-            assert http.post(f"/api/v1/campaigns/{campaign_id}/start").status_code == 200
-        # Its first user's timeout covers this: with Spark not yet started in the process
-        # it took 70 s on a loaded 2-core machine (test_browser gives itself 300 s).
+        campaign_id = served.start_yaml_campaign(FINISHED_SPEC)
+        # Its first user's timeout covers this (SESSION_CAMPAIGNS): with Spark not yet
+        # started in the process it took 70 s on a loaded 2-core machine.
         served.finished = served.wait_for_status(campaign_id, ("done",), 200)
         yield served

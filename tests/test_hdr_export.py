@@ -263,12 +263,7 @@ agents: {count: 2}
 @pytest.mark.system   # a whole campaign over REST (20 s alone, 50 s on a busy machine)
 @pytest.mark.timeout(300)
 def test_each_repetition_is_an_interval_and_their_sum_is_the_point(served, tmp_path):
-    with served.client() as http:
-        created = http.post("/api/v1/campaigns", content=REPEATED_SPEC,
-                            headers={"content-type": "application/yaml"})
-        assert created.status_code == 201, created.text
-        campaign_id = created.json()["id"]
-        assert http.post(f"/api/v1/campaigns/{campaign_id}/start").status_code == 200
+    campaign_id = served.start_yaml_campaign(REPEATED_SPEC)
     served.wait_for_status(campaign_id, ("done",), 240)
     with served.client() as http:
         stats = http.get(f"/api/v1/campaigns/{campaign_id}/stats").json()
