@@ -15,7 +15,7 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-from mqttbed.network.commands import ip
+from mqttbed.network.commands import NetworkCommandError, ip
 
 NETNS_DIR = Path("/run/netns")
 CLONE_NEWNET = 0x40000000
@@ -38,7 +38,11 @@ def delete(name: str) -> None:
     for pid in ip("netns", "pids", name, check=False).split():
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(pid), signal.SIGKILL)
-    ip("netns", "delete", name)
+    try:
+        ip("netns", "delete", name)
+    except NetworkCommandError:
+        if (NETNS_DIR / name).exists():
+            raise  # else another process deleted it meanwhile (two reapers of one run)
 
 
 def names() -> list[str]:

@@ -281,6 +281,8 @@ def reap_stale() -> list[str]:
     for journal in sorted(JOURNAL_DIR.glob("*.json")) if JOURNAL_DIR.is_dir() else []:
         try:
             pid = json.loads(journal.read_text())["pid"]
+        except FileNotFoundError:
+            continue  # torn down, or reaped by another process, since the listing
         except (ValueError, KeyError):
             pid = None
         if pid is None or not Path(f"/proc/{pid}").exists():

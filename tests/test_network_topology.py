@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +97,23 @@ def test_bad_names_are_refused_before_anything_is_built():
         Topology(["a", "a"])
     with pytest.raises(ValueError, match="7 characters"):
         Topology(["a"], prefix="far-too-long-prefix")
+
+
+def test_reaping_stale_topologies_skips_a_journal_that_vanishes_under_it(monkeypatch, tmp_path):
+    """Two controllers (or test workers) on one machine: a journal listed by one may be
+    gone (torn down, or reaped by the other) when it reads it; that is not an error."""
+    import mqttbed.network.topology as topology
+
+    journals = tmp_path / "net"
+    journals.mkdir()
+    (journals / "mbgone.json").write_text('{"pid": 1}')
+    monkeypatch.setattr(topology, "JOURNAL_DIR", journals)
+    real_read_text = Path.read_text
+
+    def vanishing_read_text(path: Path, *args: object, **kwargs: object) -> str:
+        if path.name == "mbgone.json":
+            path.unlink()   # the other process got there first
+        return real_read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", vanishing_read_text)
+    assert topology.reap_stale() == []
