@@ -64,8 +64,6 @@ def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: st
     yet; the results are the same whichever runs them.
     """
     from mqttbed.analytics.results_files import write_stats
-    from mqttbed.analytics.spark import get_spark
-    from mqttbed.analytics.stats import compute_campaign_stats
 
     with sessions() as s:
         campaign = s.get(CampaignRow, campaign_id)
@@ -73,11 +71,7 @@ def analyze_campaign(sessions: sessionmaker, layout: DataLayout, campaign_id: st
             raise KeyError(f"no campaign {campaign_id!r}")
         # An interrupted attempt that was retried stays on disk but counts no more.
         rows = latest_attempts(s.query(RunRow).filter_by(campaign_id=campaign_id).all())
-    runs = [run_info(r) for r in rows]
-    stats = compute_campaign_stats(
-        get_spark(settings), events_path=layout.events, samples_path=layout.broker_samples,
-        records_path=layout.backend_records, section_types=section_types(),
-        campaign={"id": campaign.id, "name": campaign.name, "spec": campaign.spec}, runs=runs)
+    stats = analyze_runs(layout, campaign, rows, settings)
     series = stats.series.model_copy(update={"sys_topics": sys_topic_series(layout, rows)})
     spec = CampaignSpec.model_validate(campaign.spec)
     stats = stats.model_copy(update={

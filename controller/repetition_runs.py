@@ -27,18 +27,15 @@ from mqttbed.campaigns.repetitions import (
 )
 from mqttbed.controller.db import RunRow
 
-# where each figure's interval is in a point's results
-_INTERVALS = {"latency_us.p50": ("latency_us", "p50_ci"),
-              "latency_us.p99": ("latency_us", "p99_ci"),
-              "sync_spread_us.p50": ("sync_spread_us", "p50_ci")}
-
 
 def point_widths(point: PointStats, until: RepetitionsUntil) -> dict[str, float | None]:
-    """The widths of the point's intervals of the figures ``until`` names."""
+    """The widths of the point's intervals of the figures ``until`` names: figure
+    ``D.S`` (e.g. ``latency_us.p50``) has its interval in ``D.S_ci`` of the point."""
     widths = {}
     for figure in until.until:
-        section, field = _INTERVALS[figure]
-        widths[figure] = interval_width(getattr(getattr(point, section), field))
+        distribution, statistic = figure.split(".")
+        interval = getattr(getattr(point, distribution), f"{statistic}_ci")
+        widths[figure] = interval_width(interval)
     return widths
 
 
