@@ -127,11 +127,6 @@ def manifest(controller: Controller, campaign_id: str,
 HDR_DIR = "hdrhistogram"
 
 
-def _as_epoch_s(moment: datetime) -> float:
-    # SQLite hands back the stored UTC times without their zone.
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
-
-
 def hdr_logs(controller: Controller, campaign_id: str) -> list[PointLog] | None:
     """The campaign's HdrHistogram logs: per point and figure, one interval per done run
     (the runs its results pool: the latest attempts that are done); None before the
@@ -149,8 +144,8 @@ def hdr_logs(controller: Controller, campaign_id: str) -> list[PointLog] | None:
     windows = []
     for r in rows:
         # a done run has both times; 0 s for one that somehow lacks them
-        start_s = _as_epoch_s(r.started_at) if r.started_at is not None else 0.0
-        end_s = _as_epoch_s(r.ended_at) if r.ended_at is not None else start_s
+        start_s = r.started_at.timestamp() if r.started_at is not None else 0.0
+        end_s = r.ended_at.timestamp() if r.ended_at is not None else start_s
         windows.append(RunWindow(run_id=r.id, point_index=r.point_index,
                                  repetition=r.repetition, params=r.params, start_s=start_s,
                                  length_s=max(0.0, end_s - start_s)))
