@@ -156,9 +156,8 @@ def _compute(spark: SparkSession, campaign: dict[str, Any], campaign_id: str,
              ) -> CampaignStats:
     """compute_campaign_stats over the campaign's events as read (held in memory)."""
     run_ids = [run.run_id for run in runs]
-    events, scope_events = split_by_clock(stored_events)
-    events = _on_receive_clock(events, [run.run_id for run in runs
-                                        if run.receive_clock == "user"])
+    _, scope_events = split_by_clock(stored_events)
+    events = software_events(stored_events, runs)
     records = (read_runs(spark, records_path, campaign_id, run_ids, RECORDS_DDL)
                if records_path is not None and section_types else None)
     faults = {run.run_id: run.fault_at_ns for run in runs if run.fault_at_ns is not None}
