@@ -51,7 +51,7 @@ def run(scenario: str, lazy: bool, subscribers: int, messages: int, size: int) -
             for sub in subs:
                 shaped.set_reading(sub, False)
         time.sleep(0.5)
-        rss_before = max(s.rss_bytes for s in backend.stats()[-3:])
+        rss_before = max(s.rss_bytes for s in backend.resource_samples()[-3:])
         with socket.create_connection((endpoint.host, endpoint.port)) as publisher:
             publisher.sendall(encode(Connect("bench-publisher")))
             assert publisher.recv(4) == encode(ConnAck())
@@ -69,7 +69,7 @@ def run(scenario: str, lazy: bool, subscribers: int, messages: int, size: int) -
     stats = backend.broker_stats or {}
     return {"held_peak": stats.get("held_payload_bytes_peak", 0),
             "rss_before": rss_before,
-            "rss_peak": max(s.rss_bytes for s in backend.stats()),
+            "rss_peak": max(s.rss_bytes for s in backend.resource_samples()),
             "delivered": delivered, "copies": stats.get("payload_copies_made", 0)}
 
 

@@ -68,7 +68,7 @@ from mqttbed.analytics.topics import topic_filter_regex
 from mqttbed.controller.storage import DataLayout, write_broker_samples, write_event_chunk
 from mqttbed.core.events import EventKind, publisher_client_id, subscriber_client_id
 from mqttbed.core.protocol import Assignment
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerResourceSample
 from mqttbed.core.settings import Settings
 
 CAMPAIGN_ID = "c0bench0a1a1"
@@ -234,7 +234,7 @@ def _write_samples(layout: DataLayout, run_id: str, t0: int, workload: Workload,
     seconds = int(workload.messages_per_run / RATE_HZ) + 1
     wire = PAYLOAD_BYTES + len(TOPIC) + 4
     write_broker_samples(layout, CAMPAIGN_ID, run_id, [
-        BrokerStatsSample(t_ns=t0 + s * NS, cpu_percent=float(rng.uniform(20, 40)),
+        BrokerResourceSample(t_ns=t0 + s * NS, cpu_percent=float(rng.uniform(20, 40)),
                           rss_bytes=8_000_000 + s * 4096,
                           bytes_recv=int(s * RATE_HZ * wire),
                           bytes_sent=int(s * RATE_HZ * wire * workload.subscribers),

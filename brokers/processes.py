@@ -22,7 +22,7 @@ import psutil
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host, ProcessHandle, describe_exit, wait_for_tcp
 from mqttbed.core.protocol import Endpoint
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerResourceSample
 from mqttbed.core.ssh import SshHost
 from mqttbed.instruments.resources import ProcessTreeSampler
 
@@ -128,7 +128,7 @@ class BrokerProcess:
         self._log_paths = [self.dir / log_name for log_name in log_names]
         self.handle: ProcessHandle | None = None
         self._sampler: ProcessTreeSampler | None = None
-        self._samples: list[BrokerStatsSample] = []
+        self._samples: list[BrokerResourceSample] = []
         self.exit_code: int | None = None
         self._log_tail: str | None = None
         self.stopped = False
@@ -159,7 +159,7 @@ class BrokerProcess:
         return (f"broker {self.name} (pid {self.handle.pid}) exited with code "
                 f"{describe_exit(code)}; last log lines:\n{self.log_tail()}")
 
-    def samples(self) -> list[BrokerStatsSample]:
+    def samples(self) -> list[BrokerResourceSample]:
         """The resource samples taken so far (all of them once stopped)."""
         if self._sampler is not None and not self.stopped:
             return self._sampler.samples

@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 from mqttbed.brokers.processes import tail_of
 from mqttbed.brokers.remote_sampling import RemoteSampler
 from mqttbed.core.host import ProcessHandle, describe_exit
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerResourceSample
 from mqttbed.core.ssh import SshError, SshHost
 
 
@@ -56,7 +56,7 @@ class RemoteBrokerProcess:
         self.handle = handle
         self._sampler.start_group(handle.pid, interval_s)
 
-    def samples(self) -> list[BrokerStatsSample]:
+    def samples(self) -> list[BrokerResourceSample]:
         """The samples streamed back so far, on this machine's clock, CPU % per interval."""
         return self._sampler.samples()
 

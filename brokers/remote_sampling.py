@@ -3,7 +3,7 @@
 An agent host has no psutil, so the scripts here are plain Python over /proc, run with
 the host's ``python3``. :data:`SAMPLER` prints one JSON line per sample and streams it
 back over its SSH channel; :class:`RemoteSampler` turns the lines into
-:class:`~mqttbed.core.samples.BrokerStatsSample` on this machine's CLOCK_MONOTONIC (an
+:class:`~mqttbed.core.samples.BrokerResourceSample` on this machine's CLOCK_MONOTONIC (an
 offset measured once when sampling starts: half a round trip of error, milliseconds,
 against samples 200 ms apart). It samples either
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.host import ProcessHandle
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerResourceSample
 from mqttbed.core.ssh import SshHost
 
 # argv: mode (group|tree), pid, interval (s)[, root's start time (tree)]. Per sample:
@@ -192,7 +192,7 @@ class RemoteSampler:
         self._process: ProcessHandle | None = None
         self._offset_ns = 0
         self._ticks_per_s = 100
-        self._kept: list[BrokerStatsSample] | None = None   # read once stopped
+        self._kept: list[BrokerResourceSample] | None = None   # read once stopped
 
     def start_group(self, group: int, interval_s: float) -> None:
         """Sample process group ``group`` but its leader, every ``interval_s``."""
@@ -220,7 +220,7 @@ class RemoteSampler:
         lines = self.path.read_text(errors="replace").splitlines() if self.path.exists() else []
         return "\n".join(lines[-5:])
 
-    def samples(self) -> list[BrokerStatsSample]:
+    def samples(self) -> list[BrokerResourceSample]:
         """The samples streamed back so far, on this machine's clock, CPU % per interval."""
         if self._kept is not None:
             return list(self._kept)
@@ -238,12 +238,12 @@ class RemoteSampler:
             cpu = 0.0
             if previous is not None and t_ns > previous[0]:
                 cpu = ((ticks - previous[1]) / self._ticks_per_s) / ((t_ns - previous[0]) / 1e9)
-            samples.append(BrokerStatsSample(
+            samples.append(BrokerResourceSample(
                 t_ns=t_ns - self._offset_ns, cpu_percent=100.0 * max(cpu, 0.0), rss_bytes=rss,
                 bytes_recv=rchar, bytes_sent=wchar, processes=count))
         return [s for s in samples if s.processes > 0]
 
-    def stop(self) -> list[BrokerStatsSample]:
+    def stop(self) -> list[BrokerResourceSample]:
         """Stop the sampler (its own process group only) and keep its samples."""
         if self._kept is None:
             if self._process is not None:

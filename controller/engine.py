@@ -87,7 +87,7 @@ from mqttbed.core.run_record import (
     RunRecord,
     run_record,
 )
-from mqttbed.core.samples import BrokerStatsSample, SysTopicsSource
+from mqttbed.core.samples import BrokerResourceSample, SysTopicsSource
 from mqttbed.core.ssh import SshError, SshHost
 from mqttbed.network.topology import reap_stale
 
@@ -248,13 +248,13 @@ class RunEngine:
         """
         self._stopping = reason
 
-    def running_broker_sample(self) -> tuple[str, BrokerStatsSample] | None:
+    def running_broker_sample(self) -> tuple[str, BrokerResourceSample] | None:
         """The run under way and its broker's latest resource sample, or None (no run
         under way, no broker deployed yet, no sample taken yet). Safe from any thread."""
         running = self._running
         if running is None or (backend := running[1].backend) is None:
             return None
-        samples = backend.stats()
+        samples = backend.resource_samples()
         return (running[0], samples[-1]) if samples else None
 
     @property
@@ -760,7 +760,7 @@ class RunEngine:
                     budget: CpuBudget | None = None) -> None:
         """Store the broker's samples and deployment record, then stop it."""
         backend.teardown()  # its sampler takes one last sample on the way down
-        samples = backend.stats()
+        samples = backend.resource_samples()
         record.broker = _recorded(backend)
         if budget is not None:   # with how often the quota held each broker back
             record.cpu_budget = budget.record()

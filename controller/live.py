@@ -51,7 +51,7 @@ from mqttbed.controller.storage import DataLayout
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import EventKind
 from mqttbed.core.protocol import ResultChunk
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerResourceSample
 
 log = logging.getLogger("mqttbed.live")
 
@@ -188,7 +188,7 @@ class RunFigures:
     deliveries_expected: int
     latency: FixedHistogram
     send_lag: FixedHistogram
-    broker: BrokerStatsSample | None
+    broker: BrokerResourceSample | None
 
     @property
     def lost(self) -> int:
@@ -203,7 +203,7 @@ class RunTally:
         self.campaign_id = campaign_id
         self.run_id = run_id
         self.state = state
-        self.broker: BrokerStatsSample | None = None
+        self.broker: BrokerResourceSample | None = None
         self._lock = threading.Lock()
         self._chunks = 0
         self._sent = 0
@@ -308,7 +308,7 @@ class LiveFigures:
         self._lock = threading.Lock()
         self._tallies: OrderedDict[str, RunTally] = OrderedDict()
         self._analysis = AnalysisTimes()
-        self.running_broker: Callable[[], tuple[str, BrokerStatsSample] | None] = (
+        self.running_broker: Callable[[], tuple[str, BrokerResourceSample] | None] = (
             lambda: None)
 
     def tally(self, campaign_id: str, run_id: str) -> RunTally:
@@ -363,7 +363,7 @@ class LiveFigures:
                 self._analysis.histogram.add(
                     np.array([self._clock() - started.started_ns], dtype=np.int64))
 
-    def _last_stored_sample(self, campaign_id: str, run_id: str) -> BrokerStatsSample | None:
+    def _last_stored_sample(self, campaign_id: str, run_id: str) -> BrokerResourceSample | None:
         """The last broker sample an ended run wrote (``storage.write_broker_samples``)."""
         import pyarrow.parquet as pq
 
@@ -376,7 +376,7 @@ class LiveFigures:
             return None
         last = {name: values[0] for name, values in table.slice(table.num_rows - 1)
                 .to_pydict().items()}
-        return BrokerStatsSample.model_validate(last)
+        return BrokerResourceSample.model_validate(last)
 
     def runs(self) -> list[RunFigures]:
         """The kept runs' figures, oldest first; the run under way with its broker's

@@ -29,7 +29,7 @@ from typing import Any
 
 from mqttbed.core.events import EVENT_COLUMNS, arrow_schema
 from mqttbed.core.names import check_name
-from mqttbed.core.samples import BrokerStatsSample, SysSample
+from mqttbed.core.samples import BrokerResourceSample, SysSample
 from mqttbed.core.sections import SectionRecords
 
 # A run's numeric $SYS values (time, topic, value), beside its run.json.
@@ -143,13 +143,13 @@ def edges_schema() -> Any:
 
 
 def write_broker_samples(layout: DataLayout, campaign_id: str, run_id: str,
-                         samples: list[BrokerStatsSample]) -> Path | None:
+                         samples: list[BrokerResourceSample]) -> Path | None:
     """Write a run's broker resource samples; None when there are none."""
     import pyarrow as pa
 
     if not samples:
         return None
-    fields = list(BrokerStatsSample.model_fields)
+    fields = list(BrokerResourceSample.model_fields)
     table = pa.table({f: [getattr(s, f) for s in samples] for f in fields})
     path = layout.run_samples(campaign_id, run_id) / "samples.parquet"
     _atomic_write_table(table, path)

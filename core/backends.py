@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from mqttbed.core.host import Host
 from mqttbed.core.protocol import ClientAssignment, Endpoint
 from mqttbed.core.report_figures import ReportFigures
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerResourceSample
 from mqttbed.core.sections import BackendSection, SectionRecords
 from mqttbed.core.ssh import SshHost
 
@@ -114,7 +114,7 @@ class BrokerBackend(Protocol):
         """Return None while healthy, else the reason the broker is unusable."""
         ...
 
-    def stats(self) -> list[BrokerStatsSample]:
+    def resource_samples(self) -> list[BrokerResourceSample]:
         """Return the resource samples taken since deploy."""
         ...
 

@@ -1,6 +1,6 @@
 """What brokers are sampled for during a run: the contract between monitors and backends.
 
-- :class:`BrokerStatsSample`: resource use of the broker's process tree.
+- :class:`BrokerResourceSample`: resource use of the broker's process tree.
 - :class:`SysSample`: one numeric value a broker published on its ``$SYS`` topics.
 - :class:`SysTopicsSource`: a backend that keeps the ``$SYS`` samples of its run.
 """
@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class BrokerStatsSample(BaseModel):
+class BrokerResourceSample(BaseModel):
     """One sample of a broker's resource use (whole process tree)."""
 
     model_config = ConfigDict(frozen=True)

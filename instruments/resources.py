@@ -5,7 +5,7 @@ system) does its work in children, and a tree sum is the only fair comparison wi
 single-process broker such as Mosquitto. The tree is re-listed on every sample, so
 children forked mid-run are counted from the sample after they appear.
 
-What each field of a :class:`BrokerStatsSample` means here:
+What each field of a :class:`BrokerResourceSample` means here:
 
 - ``cpu_percent``: sum over the tree of CPU time used since the previous sample divided
   by the wall time between them (100 = one core busy). CPU time is read from
@@ -50,7 +50,7 @@ from pathlib import Path
 import psutil
 
 from mqttbed.core.clock import monotonic_ns
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerResourceSample
 
 logger = logging.getLogger(__name__)
 
@@ -145,14 +145,14 @@ class ProcessTreeSampler:
         self.interval_s = interval_s
         self._io_counters = io_counters
         self._tracked: dict[int, _Tracked] = {}
-        self._samples: list[BrokerStatsSample] = []
+        self._samples: list[BrokerResourceSample] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: Exception | None = None
 
     @property
-    def samples(self) -> list[BrokerStatsSample]:
+    def samples(self) -> list[BrokerResourceSample]:
         """Return a copy of the samples taken so far, oldest first."""
         with self._lock:
             return list(self._samples)
@@ -182,7 +182,7 @@ class ProcessTreeSampler:
             target=self._run, name=f"process-tree-sampler-{self.pid}", daemon=True)
         self._thread.start()
 
-    def stop(self) -> list[BrokerStatsSample]:
+    def stop(self) -> list[BrokerResourceSample]:
         """Stop sampling (within one sample's time, not one interval) and return all samples."""
         self._stop.set()
         if self._thread is not None:
@@ -217,7 +217,7 @@ class ProcessTreeSampler:
             self._samples.append(sample)
         return True
 
-    def _read_tree(self) -> BrokerStatsSample | None:
+    def _read_tree(self) -> BrokerResourceSample | None:
         """Read every process of the tree once; None if the root process has ended.
 
         Raises _TreeChanged if no consistent reading was had in READ_ATTEMPTS tries.
@@ -269,7 +269,7 @@ class ProcessTreeSampler:
                 raise _TreeChanged(reading.process.pid)
         return readings
 
-    def _keep(self, readings: list[_Reading]) -> BrokerStatsSample:
+    def _keep(self, readings: list[_Reading]) -> BrokerResourceSample:
         """Turn a consistent set of readings into a sample and move the CPU baselines on."""
         cpu_percent = 0.0
         for reading in readings:
@@ -291,7 +291,7 @@ class ProcessTreeSampler:
         else:
             bytes_recv = sum(reading.read_chars for reading in readings)
             bytes_sent = sum(reading.write_chars for reading in readings)
-        return BrokerStatsSample(
+        return BrokerResourceSample(
             t_ns=monotonic_ns(),
             cpu_percent=cpu_percent,
             rss_bytes=sum(reading.rss_bytes for reading in readings),
@@ -301,7 +301,7 @@ class ProcessTreeSampler:
         )
 
 
-def summarize(samples: Sequence[BrokerStatsSample]) -> dict[str, float | int | None]:
+def summarize(samples: Sequence[BrokerResourceSample]) -> dict[str, float | int | None]:
     """Reduce samples to the per-run broker resource figures reports show.
 
     Means and maxima need one sample; byte deltas and rates need two (first → last) and

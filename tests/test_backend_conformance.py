@@ -121,13 +121,13 @@ def test_deploy_health_samples_record_and_teardown_twice_leave_nothing_running(n
             if isinstance(backend, LocalProcesses):
                 _fits_under_a_cpu_budget(name, backend, record)
             deadline = time.monotonic() + 5
-            while not backend.stats() and time.monotonic() < deadline:
+            while not backend.resource_samples() and time.monotonic() < deadline:
                 time.sleep(0.05)
         finally:
             backend.teardown()
         backend.teardown()   # a second teardown is a no-op, never an error
         record = backend.deployment()
-        samples = backend.stats()
+        samples = backend.resource_samples()
         assert samples, f"{name} took no resource sample while it ran"
         assert all(s.cpu_percent >= 0 and s.rss_bytes >= 0 for s in samples)
         if record.pid is not None:

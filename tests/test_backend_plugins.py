@@ -51,7 +51,7 @@ from pydantic import BaseModel, ConfigDict
 from mqttbed.core.backends import BackendDeclaration, BrokerFeatures, DeploymentRecord
 from mqttbed.core.host import Host, wait_for_tcp
 from mqttbed.core.protocol import Endpoint, Transport
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerResourceSample
 from mqttbed.instruments.resources import ProcessTreeSampler
 
 
@@ -86,7 +86,7 @@ class ProbeBackend:
         code = self.proc.poll()
         return None if code is None else f"broker probe exited with code {code}"
 
-    def stats(self) -> list[BrokerStatsSample]:
+    def resource_samples(self) -> list[BrokerResourceSample]:
         return [] if self.sampler is None else self.sampler.samples
 
     def deployment(self) -> DeploymentRecord:

@@ -48,7 +48,7 @@ def test_a_running_broker_is_measured_and_left_running_after_teardown(tmp_path):
         assert (endpoint.host, endpoint.port, endpoint.transport) == ("127.0.0.1", port,
                                                                       "mqtt-tcp")
         assert backend.health() is None
-        assert eventually(lambda: len(backend.stats()) >= 2, 3)
+        assert eventually(lambda: len(backend.resource_samples()) >= 2, 3)
         backend.teardown()
         backend.teardown()  # twice: nothing more happens
 
@@ -59,7 +59,7 @@ def test_a_running_broker_is_measured_and_left_running_after_teardown(tmp_path):
         assert record.sampled_process.cmdline[0] == MOSQUITTO
         assert record.version.startswith("mosquitto version ")   # from $SYS/broker/version
         assert backend.health() is not None   # torn down: no longer usable
-        assert all(s.processes == 1 for s in backend.stats())
+        assert all(s.processes == 1 for s in backend.resource_samples())
 
 
 @pytest.mark.integration
@@ -136,7 +136,7 @@ def test_the_process_is_found_by_name_and_its_whole_tree_sampled(tmp_path):
         backend.deploy({"url": f"mqtt://127.0.0.1:{port}", "sys_topics": False,
                         "sample": {"process_name": "ext-broker-x", "interval_s": 0.05}},
                        LocalHost())
-        assert eventually(lambda: len(backend.stats()) >= 2, 3)
+        assert eventually(lambda: len(backend.resource_samples()) >= 2, 3)
         backend.teardown()
         assert backend.deployment().pid == broker.pid and broker.poll() is None
 

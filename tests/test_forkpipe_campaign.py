@@ -13,7 +13,7 @@ import pytest
 
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.db import RunRow
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerResourceSample
 from mqttbed.instruments.resources import summarize
 from tests.conftest import child_processes
 
@@ -47,9 +47,9 @@ def test_small_comparison_measures_both_backends_and_counts_every_forked_process
                 for r in s.query(RunRow).filter_by(campaign_id=campaign_id)}
     assert set(runs) == {(sc, b) for sc in ("idle", "5+5") for b in ("mosquitto", "forkpipe")}
 
-    def samples(run: RunRow) -> list[BrokerStatsSample]:
+    def samples(run: RunRow) -> list[BrokerResourceSample]:
         path = controller.layout.run_samples(campaign_id, run.id) / "samples.parquet"
-        return [BrokerStatsSample(**row) for row in pq.read_table(path).to_pylist()]
+        return [BrokerResourceSample(**row) for row in pq.read_table(path).to_pylist()]
 
     for (scenario, backend), run in runs.items():
         assert run.state == "done", run.reason

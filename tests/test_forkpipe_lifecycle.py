@@ -139,7 +139,7 @@ def test_stats_count_every_forked_process_of_the_broker():
         for client in clients:
             client.subscribe("stats/a", "stats/b")
         assert eventually(lambda: any(s.processes == 1 + 3 + 6
-                                      for s in deployed.backend.stats()))
+                                      for s in deployed.backend.resource_samples()))
     finally:
         assert_clean_teardown(deployed)
 
@@ -250,7 +250,7 @@ def test_io_of_ended_client_processes_is_counted_once():
     deployed = deploy(sanitizers=False, stats_interval_s=0.05)
     settle_s = 0.3  # a few sampling intervals, so every process is sampled at rest
     try:
-        assert eventually(lambda: len(deployed.backend.stats()) >= 1)
+        assert eventually(lambda: len(deployed.backend.resource_samples()) >= 1)
         subscriber, publisher = deployed.client("sub"), deployed.client("pub")
         subscriber.subscribe("io/count")
         one = publish("io/count", b"x" * 1000)
@@ -265,7 +265,7 @@ def test_io_of_ended_client_processes_is_counted_once():
         time.sleep(settle_s)  # the listener is sampled after its children have ended
     finally:
         assert_clean_teardown(deployed)
-    samples = deployed.backend.stats()
+    samples = deployed.backend.resource_samples()
     written = samples[-1].bytes_sent - samples[0].bytes_sent
     delivered = 200 * len(one)
     assert written == delivered + 4 + 4 + 5, f"{written} B written for {delivered}"
@@ -278,7 +278,7 @@ def test_teardown_right_after_clients_leave_still_counts_every_byte_once():
     subscribers = [deployed.client(f"sub{i}") for i in range(10)]
     for subscriber in subscribers:
         subscriber.subscribe("io/burst")
-    assert eventually(lambda: len(deployed.backend.stats()) >= 1)
+    assert eventually(lambda: len(deployed.backend.resource_samples()) >= 1)
     publisher = deployed.client("pub")
     one = publish("io/burst", b"y" * 500)
     for _ in range(20):
@@ -290,7 +290,7 @@ def test_teardown_right_after_clients_leave_still_counts_every_byte_once():
     publisher.close()
     assert_clean_teardown(deployed)
     assert deployed.backend.deployment().settled_s is not None
-    samples = deployed.backend.stats()
+    samples = deployed.backend.resource_samples()
     written = samples[-1].bytes_sent - samples[0].bytes_sent
     delivered = 10 * 20 * len(one)
     # plus at most the 11 CONNACKs and 10 SUBACKs (some may precede the first sample)

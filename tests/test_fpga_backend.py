@@ -68,13 +68,14 @@ def test_deployed_model_relays_over_udp_and_teardown_records_what_it_did():
     assert latency.modelled.first_copy["mean"] == pytest.approx(799.2 + 10)
     assert (latency.emulator_measured.first_copy["mean"] or 0) > 0
     assert record.source_sha256 is not None and len(record.source_sha256) == 64
-    assert len(backend.stats()) >= 2 and all(s.rss_bytes > 0 for s in backend.stats())
+    samples = backend.resource_samples()
+    assert len(samples) >= 2 and all(s.rss_bytes > 0 for s in samples)
     # the samples' bytes are the model's own UDP counts (a sampler cannot see recvfrom)
-    counters, last = record.model_stats["counters"], backend.stats()[-1]
+    counters, last = record.model_stats["counters"], samples[-1]
     publish_bytes = 10 * len(encode_publish("line/0", bytes(40)))
     assert last.bytes_recv == counters["bytes_in"] > publish_bytes
     assert last.bytes_sent == counters["bytes_out"] > publish_bytes
-    assert [s.bytes_recv for s in backend.stats()] == sorted(s.bytes_recv for s in backend.stats())
+    assert [s.bytes_recv for s in samples] == sorted(s.bytes_recv for s in samples)
     assert child_processes("mqttbed.brokers.fpga") == []
 
 

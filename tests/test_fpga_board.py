@@ -93,7 +93,7 @@ def test_board_deploy_copies_checks_sha256_and_programs_with_fpgautil_b(sshd, bi
         assert "successfully" in record.board.fpgautil_output
         assert record.validated_on_hardware is False
         assert record.engine is None and record.pid is None
-        assert backend.health() is None and backend.stats() == []
+        assert backend.health() is None and backend.resource_samples() == []
     finally:
         backend.teardown()
         (sshd.root / "fpgautil-argv").unlink(missing_ok=True)

@@ -246,11 +246,11 @@ def test_an_external_broker_on_a_lab_host_is_sampled_there_and_left_running(lab,
         with socket.create_connection((host.address, 1883)) as client:   # some work for it
             client.sendall(encode(Connect(client_id="load")))
             client.sendall(encode_publish("load", bytes(200)) * 50_000)
-        assert eventually(lambda: any(s.cpu_percent > 0 for s in backend.stats()), 5)
+        assert eventually(lambda: any(s.cpu_percent > 0 for s in backend.resource_samples()), 5)
         assert backend.health() is None
         backend.teardown()
 
-        samples = backend.stats()
+        samples = backend.resource_samples()
         assert {s.processes for s in samples} == {1} and min(s.rss_bytes for s in samples) > 0
         rss_kb = int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{broker.pid}/status")
                                .read_text()).group(1))

@@ -21,7 +21,7 @@ from mqttbed.controller.states import CampaignStatus, RunState
 from mqttbed.controller.storage import DataLayout, write_broker_samples
 from mqttbed.core.events import EVENT_COLUMNS
 from mqttbed.core.protocol import ResultChunk
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerResourceSample
 
 US = 1_000
 
@@ -147,7 +147,7 @@ def test_run_states_the_last_broker_sample_and_analysis_times_follow_the_documen
     # a run the controller did not see start (interrupted by a restart) gets no series
     live.on_document(RunUpdate("c1", "c1-r0000", 0, 3, {}, 0, RunState.INTERRUPTED))
     assert [r.run_id for r in live.runs()] == ["c1-r0001", "c1-r0002"]
-    samples = [BrokerStatsSample(t_ns=t, cpu_percent=cpu, rss_bytes=rss, bytes_recv=t,
+    samples = [BrokerResourceSample(t_ns=t, cpu_percent=cpu, rss_bytes=rss, bytes_recv=t,
                                  bytes_sent=2 * t, processes=1)
                for t, cpu, rss in ((1, 10.0, 1000), (2, 150.0, 5000))]
     write_broker_samples(layout, "c1", "c1-r0002", samples)

@@ -196,9 +196,9 @@ def test_health_reports_reason_when_broker_is_killed(deployed):
 def test_stats_sample_the_running_broker(deployed):
     backend, _ = deployed
     deadline = time.monotonic() + 3
-    while len(backend.stats()) < 2 and time.monotonic() < deadline:
+    while len(backend.resource_samples()) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    samples = backend.stats()
+    samples = backend.resource_samples()
     assert len(samples) >= 2
     assert all(s.processes == 1 and s.rss_bytes > 0 for s in samples)
     assert samples[0].t_ns < samples[-1].t_ns

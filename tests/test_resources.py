@@ -14,7 +14,7 @@ import pytest
 
 from mqttbed.brokers.mosquitto.backend import MosquittoBackend, Options
 from mqttbed.core.host import LocalHost, LocalProcess
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerResourceSample
 from mqttbed.instruments.resources import READ_ATTEMPTS, ProcessTreeSampler, summarize
 from tests.conftest import eventually
 
@@ -307,9 +307,9 @@ def test_sampler_bytes_grow_with_traffic():
         subscriber.subscribe("bed/bytes", 0)
         assert subscribed.wait(3)
         deadline = time.monotonic() + 2
-        while not backend.stats() and time.monotonic() < deadline:
+        while not backend.resource_samples() and time.monotonic() < deadline:
             time.sleep(0.02)
-        before = backend.stats()[-1]
+        before = backend.resource_samples()[-1]
 
         for _ in range(messages):
             publisher.publish("bed/bytes", payload, qos=0)
@@ -317,7 +317,7 @@ def test_sampler_bytes_grow_with_traffic():
         assert delivered == messages
 
         backend.teardown()
-        after = backend.stats()[-1]
+        after = backend.resource_samples()[-1]
     finally:
         for client in (subscriber, publisher):
             client.loop_stop()
@@ -326,13 +326,13 @@ def test_sampler_bytes_grow_with_traffic():
     payload_bytes = messages * len(payload)
     assert after.bytes_recv - before.bytes_recv >= payload_bytes
     assert after.bytes_sent - before.bytes_sent >= payload_bytes
-    summary = summarize(backend.stats())
+    summary = summarize(backend.resource_samples())
     assert summary["bytes_recv"] >= payload_bytes
     assert summary["net_sent_kb_per_s"] > 0
 
 
-def sample(t_s: float, cpu: float, rss: int, recv: int, sent: int) -> BrokerStatsSample:
-    return BrokerStatsSample(t_ns=int(t_s * 1e9), cpu_percent=cpu, rss_bytes=rss,
+def sample(t_s: float, cpu: float, rss: int, recv: int, sent: int) -> BrokerResourceSample:
+    return BrokerResourceSample(t_ns=int(t_s * 1e9), cpu_percent=cpu, rss_bytes=rss,
                              bytes_recv=recv, bytes_sent=sent, processes=1)
 
 

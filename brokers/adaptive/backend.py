@@ -33,7 +33,7 @@ from mqttbed.core.backends import DeploymentRecord
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host
 from mqttbed.core.protocol import Endpoint, Transport
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerResourceSample
 from mqttbed.core.sections import SectionRecords
 from mqttbed.core.withholding import (
     PAPER_CONGESTION_RATE_PER_S,
@@ -183,7 +183,7 @@ class AdaptiveBackend:
             return "broker adaptive was torn down"
         return self._proc.exit_reason()
 
-    def stats(self) -> list[BrokerStatsSample]:
+    def resource_samples(self) -> list[BrokerResourceSample]:
         """Return the broker's resource samples (RSS among them)."""
         return [] if self._proc is None else self._proc.samples()
 

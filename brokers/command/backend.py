@@ -33,7 +33,7 @@ from mqttbed.core.backends import DeploymentRecord
 from mqttbed.core.errors import BackendError, MissingSystemDependency
 from mqttbed.core.host import Host, ProcessHandle, describe_exit, sha256_file
 from mqttbed.core.protocol import Endpoint, Transport
-from mqttbed.core.samples import BrokerStatsSample, SysSample
+from mqttbed.core.samples import BrokerResourceSample, SysSample
 from mqttbed.core.sections import SectionRecords
 from mqttbed.core.ssh import SshHost
 
@@ -207,7 +207,7 @@ class CommandBackend:
             return f"broker command (pid {self._proc.pid}) was torn down"
         return self._proc.exit_reason()
 
-    def stats(self) -> list[BrokerStatsSample]:
+    def resource_samples(self) -> list[BrokerResourceSample]:
         """The resource samples of the broker's process tree since deploy."""
         return [] if self._proc is None else self._proc.samples()
 

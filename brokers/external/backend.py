@@ -38,7 +38,7 @@ from mqttbed.core.backends import DeploymentRecord
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host, describe_exit
 from mqttbed.core.protocol import Endpoint, Transport
-from mqttbed.core.samples import BrokerStatsSample, SysSample
+from mqttbed.core.samples import BrokerResourceSample, SysSample
 from mqttbed.core.sections import SectionRecords
 from mqttbed.core.ssh import SshError, SshHost
 from mqttbed.instruments.resources import ProcessTreeSampler
@@ -67,7 +67,7 @@ class ExternalBackend:
         self._sampler: ProcessTreeSampler | None = None
         self._remote: RemoteSampler | None = None   # sampling on a lab host instead
         self._remote_dir: Path | None = None        # here: what the remote sampler streams
-        self._samples: list[BrokerStatsSample] | None = None   # kept once stopped
+        self._samples: list[BrokerResourceSample] | None = None   # kept once stopped
         self._sys = SysMonitor()
         self._torn_down = False
 
@@ -168,7 +168,7 @@ class ExternalBackend:
         tail = self._remote.output_tail() if self._remote is not None else ""
         return f"{where}: its sampler there exited with {describe_exit(code)}: {tail}"
 
-    def stats(self) -> list[BrokerStatsSample]:
+    def resource_samples(self) -> list[BrokerResourceSample]:
         """The resource samples of the broker's process tree; none unless ``sample`` was set."""
         if self._samples is not None:
             return list(self._samples)

@@ -72,7 +72,7 @@ from mqttbed.core.backends import DeploymentRecord
 from mqttbed.core.errors import BackendError, MissingSystemDependency
 from mqttbed.core.host import Host, ProcessHandle, sha256_file
 from mqttbed.core.protocol import Endpoint, Transport
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerResourceSample
 from mqttbed.core.sections import SectionRecords
 
 DEPLOY_ATTEMPTS = 3
@@ -236,7 +236,7 @@ class ForkPipeBackend:
             return f"broker forkpipe: sanitizer report:\n{reports[0][:2000]}"
         return None
 
-    def stats(self) -> list[BrokerStatsSample]:
+    def resource_samples(self) -> list[BrokerResourceSample]:
         """Return the resource samples of the broker's process tree taken since deploy."""
         return [] if self._proc is None else self._proc.samples()
 

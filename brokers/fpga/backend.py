@@ -49,7 +49,7 @@ from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host
 from mqttbed.core.mqtt_codec import PingReq, PingResp, decode, encode
 from mqttbed.core.protocol import Endpoint, Transport
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerResourceSample
 from mqttbed.core.sections import SectionRecords
 
 MODEL_SOURCES = ("tables.py", "timing.py", "model.py", "server.py")
@@ -264,7 +264,7 @@ class FpgaBackend:
             return exited
         return None  # a board is checked with PINGREQ at deploy; UDP has no liveness signal
 
-    def stats(self) -> list[BrokerStatsSample]:
+    def resource_samples(self) -> list[BrokerResourceSample]:
         """Return the model's resource samples (none for a board: nothing runs here)."""
         return [] if self._proc is None else self._proc.samples()
 

@@ -36,7 +36,7 @@ from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host
 from mqttbed.core.mqttsn import Pingreq, Pingresp, decode, encode
 from mqttbed.core.protocol import Endpoint, Transport
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerResourceSample
 from mqttbed.core.sections import SectionRecords
 
 GATEWAY_SOURCES = ("counters.py", "gateway.py", "server.py")
@@ -146,7 +146,7 @@ class MqttSnBackend:
             return f"broker died: {exited}"
         return None
 
-    def stats(self) -> list[BrokerStatsSample]:
+    def resource_samples(self) -> list[BrokerResourceSample]:
         """Return the gateway's resource samples."""
         return [] if self._proc is None else self._proc.samples()
 

@@ -59,7 +59,7 @@ from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host, LocalHost
 from mqttbed.core.protocol import ClientAssignment, Endpoint, Role, Transport
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerResourceSample
 from mqttbed.core.sections import SectionRecords
 from mqttbed.instruments.resources import ProcessTreeSampler
 
@@ -408,17 +408,17 @@ class MqttStBackend:
             return "broker mqtt-st was torn down"
         return self._cluster.health()
 
-    def stats(self) -> list[BrokerStatsSample]:
+    def resource_samples(self) -> list[BrokerResourceSample]:
         """The brokers' processes summed, sample by sample (a killed broker adds nothing
         after it died, its cumulative bytes stay)."""
         if self._single is not None:
-            return self._single.stats()
+            return self._single.resource_samples()
         series = [sampler.samples for sampler in self._samplers.values()]
-        total: list[BrokerStatsSample] = []
+        total: list[BrokerResourceSample] = []
         for k in range(max((len(s) for s in series), default=0)):
             alive = [s[k] for s in series if k < len(s)]
             last = [s[min(k, len(s) - 1)] for s in series if s]
-            total.append(BrokerStatsSample(
+            total.append(BrokerResourceSample(
                 t_ns=max(x.t_ns for x in alive), cpu_percent=sum(x.cpu_percent for x in alive),
                 rss_bytes=sum(x.rss_bytes for x in alive),
                 bytes_recv=sum(x.bytes_recv for x in last),
@@ -496,7 +496,7 @@ class MqttStBackend:
     def _load_records(self) -> SectionRecords:
         """Per broker: CPU of its Mosquitto + node (and the node alone), their RSS."""
         records: SectionRecords = {}
-        by_broker: dict[str, dict[str, list[BrokerStatsSample]]] = {}
+        by_broker: dict[str, dict[str, list[BrokerResourceSample]]] = {}
         for name, sampler in self._samplers.items():
             kind, _, index = name.rpartition("-")
             by_broker.setdefault(index, {})[kind] = sampler.samples

@@ -47,7 +47,7 @@ from mqttbed.core.backends import AgentPlacement
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host
 from mqttbed.core.protocol import Endpoint
-from mqttbed.core.samples import BrokerStatsSample
+from mqttbed.core.samples import BrokerResourceSample
 from mqttbed.core.sections import SectionRecords
 from mqttbed.network.netns import socket_in
 from mqttbed.network.relay import TcpRelay
@@ -201,9 +201,9 @@ class P4Backend:
             return "switch controller died: its thread ended"
         return None
 
-    def stats(self) -> list[BrokerStatsSample]:
+    def resource_samples(self) -> list[BrokerResourceSample]:
         """The gateway's resource samples (the switch runs in the kernel: not sampled)."""
-        return self._gateway.stats()
+        return self._gateway.resource_samples()
 
     def broker_processes(self) -> dict[str, list[int]]:
         """The gateway's process (the switch runs in the kernel, its controller in this
