@@ -88,24 +88,24 @@ class NativeClient:
 
     @property
     def connected(self) -> bool:
-        return bool(self.engine.stats(self.index).connected)
+        return bool(self.engine.client_counters(self.index).connected)
 
     @property
     def subscribed(self) -> bool:
-        return bool(self.engine.stats(self.index).subscribed)
+        return bool(self.engine.client_counters(self.index).subscribed)
 
     @property
     def sent(self) -> int:
-        return int(self.engine.stats(self.index).sent)
+        return int(self.engine.client_counters(self.index).sent)
 
     @property
     def acked(self) -> int:
-        return int(self.engine.stats(self.index).acked)
+        return int(self.engine.client_counters(self.index).acked)
 
     @property
     def received_count(self) -> int:
         """Unique messages received (the Python client's ``len(received)``)."""
-        return int(self.engine.stats(self.index).received_unique)
+        return int(self.engine.client_counters(self.index).received_unique)
 
     @property
     def failure(self) -> str | None:
@@ -122,7 +122,7 @@ class NativeClient:
 
     def socket(self) -> socket.socket | None:
         """A duplicate of the client's socket (for inspection: options, addresses)."""
-        fd = self.engine.stats(self.index).fd
+        fd = self.engine.client_counters(self.index).fd
         return None if fd < 0 else socket.socket(fileno=os.dup(fd))
 
 
@@ -332,10 +332,11 @@ class NativeSession:
         progress = []
         for client in self._clients:
             if client.spec.role == Role.PUBLISHER and not client.spec.closed_loop:
-                stats = self._engine.stats(client.index)
+                counters = self._engine.client_counters(client.index)
                 progress.append(PublisherProgress(
-                    client.spec, stats.sent, stats.first_intended_ns if stats.sent else None,
-                    stats.last_pub_ns, stats.send_lag_max_ns))
+                    client.spec, counters.sent,
+                    counters.first_intended_ns if counters.sent else None,
+                    counters.last_pub_ns, counters.send_lag_max_ns))
         return GeneratorReport(
             **schedule_fields(progress), mqtt_client="native",
             mqtt_client_reason=mqtt_client_reason,
@@ -349,8 +350,8 @@ class NativeSession:
 
     def counts(self) -> tuple[int, int]:
         """Return (messages published, unique messages received) over all clients."""
-        stats = [self._engine.stats(c.index) for c in self._clients]
-        return sum(s.sent for s in stats), sum(s.received_unique for s in stats)
+        counters = [self._engine.client_counters(c.index) for c in self._clients]
+        return sum(c.sent for c in counters), sum(c.received_unique for c in counters)
 
     def close(self) -> None:
         """Disconnect every client politely, then close the sockets and free the engine."""

@@ -143,7 +143,7 @@ def test_paho_and_mosquitto_clients_get_what_their_wildcards_match_at_the_grante
     assert data["hash"] == [("sensors/room1/temp", b"t1", 0), ("sensors/room2/temp", b"t2", 0),
                             ("sensors/room1/humid", b"h1", 0)]
     # paho acknowledged the QoS 1 queries it never subscribed to: RTTs were measured
-    stats = broker.backend.live_stats()
+    stats = broker.backend.live_counters()
     assert stats["rtt_queries_answered"] >= 2 and stats["refused"] == {}
 
 
@@ -218,7 +218,7 @@ def test_policy_none_sends_first_come_first_served_on_the_same_congested_link(br
     assert arrival_s(subscriber, b"L1", large_ns) < 0.2
     assert broker.shaped.wait_for(lambda: len(subscriber.messages()) == 2, 2)
     assert tags(subscriber) == [b"L1", b"S1"]
-    assert broker.backend.live_stats()["large_withheld"] == 0
+    assert broker.backend.live_counters()["large_withheld"] == 0
 
 
 def test_opted_in_only_the_subscribers_of_the_query_topic_are_queried_and_withheld(brokers):
@@ -229,7 +229,7 @@ def test_opted_in_only_the_subscribers_of_the_query_topic_are_queried_and_withhe
     assert arrival_s(plain, b"L1", sent_ns) < 0.2
     time.sleep(0.3)
     assert tags(opted) == [] and plain.queries_seen == 0
-    clients = broker.backend.live_stats()["clients"]
+    clients = broker.backend.live_counters()["clients"]
     assert clients["opted"]["withheld"] == 1 and not clients["plain"]["queried"]
 
 
@@ -253,9 +253,9 @@ def test_a_subscriber_that_never_answers_or_stops_reading_stalls_nobody(brokers)
     assert max(latencies) < 1.0, latencies
     assert len(mute.messages()) == 40      # no estimate ever: its large ones are not held
     # queries are expired at the query rounds: the mute one's first may not be yet
-    assert eventually(lambda: broker.backend.live_stats()["clients"]["mute"]
+    assert eventually(lambda: broker.backend.live_counters()["clients"]["mute"]
                       ["rtt_queries_timed_out"] >= 1, timeout_s=3 * QUERY_PERIOD_S + 1)
-    stats = broker.backend.live_stats()
+    stats = broker.backend.live_counters()
     assert stats["dropped_queue_full"] > 0   # the stuck one's queue hit its limit
     assert stats["clients"]["stuck"]["queued"] >= 20   # (RTT queries come on top)
     assert broker.backend.health() is None
@@ -268,12 +268,12 @@ def test_held_payload_bytes_are_counted_exactly_once_per_message_when_lazy(broke
     for n in range(3):
         broker.publish("msg/large", LARGE, tag=f"L{n}".encode())
     expected = 3 * LARGE * (1 if lazy else 4)
-    assert eventually(lambda: broker.backend.live_stats()["held_payload_bytes"] == expected,
+    assert eventually(lambda: broker.backend.live_counters()["held_payload_bytes"] == expected,
                       timeout_s=3)
     for subscriber in subscribers:
         subscriber.query_delay_s = 0.0
     assert broker.shaped.wait_for(lambda: all(len(s.messages()) == 3 for s in subscribers), 3)
-    assert eventually(lambda: broker.backend.live_stats()["held_payload_bytes"] == 0,
+    assert eventually(lambda: broker.backend.live_counters()["held_payload_bytes"] == 0,
                       timeout_s=3)
     broker.backend.teardown()
     stats = broker.backend.broker_stats
@@ -300,7 +300,7 @@ def test_an_mqtt_5_client_is_refused_with_connack_1(brokers):
     done = subprocess.run(["mosquitto_pub", "-p", str(broker.endpoint.port), "-V", "5",
                            "-t", "a", "-m", "v5"], capture_output=True, text=True, timeout=10)
     assert done.returncode != 0 and "protocol" in done.stderr.lower(), done.stderr
-    refused = broker.backend.live_stats
+    refused = broker.backend.live_counters
     assert eventually(lambda: refused()["refused"] == {"protocol other than MQTT 3.1.1": 1},
                       timeout_s=2)
 
@@ -314,7 +314,7 @@ def test_a_first_packet_other_than_connect_and_a_second_connect_close_the_connec
     second.handshake("twice")
     second.send(connect("twice"))
     assert second.closed_by_broker()
-    refused = broker.backend.live_stats
+    refused = broker.backend.live_counters
     assert eventually(lambda: set(refused()["refused"]) == {"first packet is not CONNECT",
                                                             "second CONNECT"}, timeout_s=2)
 

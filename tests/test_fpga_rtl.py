@@ -55,7 +55,7 @@ class Harness:
         bound = json.loads(ready.read_text())
         self.endpoint = (bound["host"], bound["port"])
 
-    def stats(self) -> dict:
+    def counters_snapshot(self) -> dict:
         """The harness's counters now: SIGUSR1, then its stats file (written whole, by rename)."""
         path = self.dir / "stats.json"
         path.unlink(missing_ok=True)
@@ -150,7 +150,7 @@ def test_fixed_sequence_with_malformed_datagrams_matches_the_model(harness):
     sent = [len(step) for step in want]
     assert sum(sent) == 25
     assert sent[6] == 3 and sent[7] == 1 and sent[-5] == 1 and sent[-3:] == [0, 1, 1]
-    stats = harness.stats()["counters"]
+    stats = harness.counters_snapshot()["counters"]
     # every MALFORMED datagram but the empty one (no AXI4-Stream packet) is counted
     assert stats["dropped_malformed"] == len(MALFORMED) - 1
     assert stats["dropped_limit"] == 0
@@ -242,5 +242,5 @@ def test_the_4096th_subscriber_of_a_filter_is_refused(harness):
     assert got[0] == [(0, b"\x90\x03\x00\x01\x00")]          # ID 4,095
     assert got[1] == [(1, b"\x90\x03\x00\x01\x80")]          # the 4,096th: refused
     assert got[2] == [(0, b"\x30\x07\x00\x04manyx")]
-    counters = harness.stats()["counters"]
+    counters = harness.counters_snapshot()["counters"]
     assert counters["datagrams_out"] == 4094 + 2 + 4095 + 3   # + the barriers' PINGRESPs

@@ -466,7 +466,7 @@ def test_a_qos2_delivery_is_acknowledged_and_recorded_once_even_when_repeated():
         assert engine.feed(sub, b"\x62\x02\x00\x05" + publish)  # after PUBREL: a new one
         deliveries = engine.take(native.T_DELIVERY)
         assert deliveries["seq"] == [1, 1] and deliveries["t_pub"] == [10, 10]
-        assert engine.stats(sub).received_unique == 1 and engine.failure(sub) == ""
+        assert engine.client_counters(sub).received_unique == 1 and engine.failure(sub) == ""
     finally:
         engine.close()
 

@@ -233,7 +233,7 @@ class Engine:
         """The level the engine left a virtual line at."""
         return int(self._lib.mqe_gpio_level(self._live(), pin))
 
-    def stats(self, client: int) -> ClientStats:
+    def client_counters(self, client: int) -> ClientStats:
         """One client's counters and state."""
         if not self._handle:
             return self._final[client]
@@ -300,7 +300,7 @@ class Engine:
         if not self._handle:
             return
         self._lib.mqe_disconnect_all(self._handle)
-        self._final = [self.stats(i) for i in range(self._clients)]
+        self._final = [self.client_counters(i) for i in range(self._clients)]
         with self._lock:
             handle, self._handle = self._handle, None
         self._lib.mqe_destroy(handle)

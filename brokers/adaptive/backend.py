@@ -191,7 +191,7 @@ class AdaptiveBackend:
         """The broker's process tree on this machine (what ``broker.cpu_limit`` limits)."""
         return local_processes(self._proc)
 
-    def live_stats(self) -> dict[str, Any] | None:
+    def live_counters(self) -> dict[str, Any] | None:
         """The broker's counters as it last wrote them (every ``stats_interval_s``)."""
         if self._proc is None or self._torn_down:
             return None

@@ -229,7 +229,7 @@ class AdaptiveBroker:
 
     # -- reports -----------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
+    def counters_snapshot(self) -> dict[str, Any]:
         """Counters and gauges now, in all and per client (written often)."""
         protocol = self.protocol
         return {

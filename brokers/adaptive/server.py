@@ -63,10 +63,10 @@ class BrokerServer:
                                                  self.broker.query_round)),
                  asyncio.create_task(self._every(self.sample_interval_s,
                                                  self.broker.housekeeping)),
-                 asyncio.create_task(self._every(self.stats_interval_s, self.write_stats)),
+                 asyncio.create_task(self._every(self.stats_interval_s, self.write_counters)),
                  asyncio.create_task(self._every(max(RECORDS_INTERVAL_S, self.stats_interval_s),
                                                  self.write_records))]
-        self.write_stats()
+        self.write_counters()
         try:
             await stop.wait()
         finally:
@@ -76,7 +76,7 @@ class BrokerServer:
             for session in list(self.broker.connections):
                 session.abort()
             await asyncio.sleep(0)   # let connection_lost run: the queues are dropped
-            self.write_stats()
+            self.write_counters()
             self.write_records()
 
     @staticmethod
@@ -92,7 +92,7 @@ class BrokerServer:
             except Exception:   # a bug in one round must not end the broker
                 logger.exception("periodic %s failed", getattr(action, "__name__", action))
 
-    def write_stats(self) -> None:
+    def write_counters(self) -> None:
         """Write the counters (atomically)."""
         if self.stats_file is not None:
             write_json_atomically(self.stats_file, {
@@ -100,7 +100,7 @@ class BrokerServer:
                 "address": None if self.address is None else
                 f"{self.address[0]}:{self.address[1]}",
                 "started_at": self.started_at, "written_at": time.time(),
-                **self.broker.stats()})
+                **self.broker.counters_snapshot()})
 
     def write_records(self) -> None:
         """Write the samples (atomically)."""
@@ -188,9 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"adaptive: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
     with contextlib.suppress(Exception):
-        stats = server.broker.stats()
-        print(f"adaptive broker stopped: {stats['publishes_received']} publishes in, "
-              f"{stats['large_withheld']} large deliveries withheld, "
-              f"{stats['rtt_queries_answered']}/{stats['rtt_queries_sent']} RTT queries "
+        counters = server.broker.counters_snapshot()
+        print(f"adaptive broker stopped: {counters['publishes_received']} publishes in, "
+              f"{counters['large_withheld']} large deliveries withheld, "
+              f"{counters['rtt_queries_answered']}/{counters['rtt_queries_sent']} RTT queries "
               f"answered", flush=True)
     return 0

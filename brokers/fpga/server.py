@@ -169,7 +169,7 @@ class FpgaModelServer:
             log = self.latency[outcome.kind] = LatencyLog()
         log.add(t_first - t_received, t_last - t_received, modelled)
 
-    def stats(self) -> dict[str, Any]:
+    def counters_snapshot(self) -> dict[str, Any]:
         """Return counters, table occupancy, latencies and the timing model, as JSON-able data."""
         return {
             "format": STATS_FORMAT,
@@ -239,9 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     stopping = False
 
-    def dump_stats() -> None:
+    def dump_counters() -> None:
         if args.stats_file is not None:
-            write_json_atomically(args.stats_file, server.stats())
+            write_json_atomically(args.stats_file, server.counters_snapshot())
 
     def on_stop(_signum: int, _frame: object) -> None:
         nonlocal stopping
@@ -249,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
-    signal.signal(signal.SIGUSR1, lambda _s, _f: dump_stats())
+    signal.signal(signal.SIGUSR1, lambda _s, _f: dump_counters())
     host, port = server.address
     if args.ready_file is not None:
         write_json_atomically(args.ready_file, {"host": host, "port": port, "pid": os.getpid()})
@@ -271,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.drain()  # what arrived before the stop signal is answered and counted
     finally:
         write_io(force=True)
-        dump_stats()
+        dump_counters()
         if args.records_file is not None:
             write_json_atomically(args.records_file, server.records())
         server.close()

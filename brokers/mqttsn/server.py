@@ -94,7 +94,7 @@ class GatewayServer:
                 self.gateway.counters.drop("internal error", source)
                 logger.exception("internal error on a datagram from %s", source)
 
-    def stats(self) -> dict[str, Any]:
+    def counters_snapshot(self) -> dict[str, Any]:
         """Counters, sessions and topics, as JSON-able data."""
         return {
             "format": STATS_FORMAT,
@@ -158,12 +158,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     stopping = False
     written_at = 0.0
 
-    def dump_stats(force: bool = False) -> None:
+    def dump_counters(force: bool = False) -> None:
         nonlocal written_at
         if args.stats_file is None or (
                 not force and time.monotonic() - written_at < STATS_INTERVAL_S):
             return
-        write_json_atomically(args.stats_file, server.stats())
+        write_json_atomically(args.stats_file, server.counters_snapshot())
         written_at = time.monotonic()
 
     def on_stop(_signum: int, _frame: object) -> None:
@@ -176,12 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.ready_file is not None:
         write_json_atomically(args.ready_file, {"host": host, "port": port, "pid": os.getpid()})
     print(f"mqtt-sn gateway listening on udp://{host}:{port} (pid {os.getpid()})", flush=True)
-    dump_stats(force=True)
+    dump_counters(force=True)
     try:
-        server.serve(lambda: stopping, on_tick=dump_stats)
+        server.serve(lambda: stopping, on_tick=dump_counters)
         server.drain()   # what arrived before the stop signal is answered and counted
     finally:
-        dump_stats(force=True)
+        dump_counters(force=True)
         server.close()
     counters = server.gateway.counters
     print(f"mqtt-sn gateway stopped: {counters.received} datagrams in, {counters.sent} out, "

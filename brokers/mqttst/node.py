@@ -430,10 +430,10 @@ class Node:
                 and not self.fatal.done():
             self.fatal.set_result(f"lost the local Mosquitto: {reason}")
 
-    # -- stats --------------------------------------------------------------------------
+    # -- the counters file --------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
-        """The node's state and counters as JSON-able data (the stats file)."""
+    def counters_snapshot(self) -> dict[str, Any]:
+        """The node's state and counters as JSON-able data (what its ``--stats-file`` holds)."""
         counters = dict(vars(self.counters))
         by_reason = counters.pop("malformed_by_reason")
         bpdu_bytes = len(mqtt5.encode(mqtt5.PingReq(encode_bpdu(self.bpdu()))))

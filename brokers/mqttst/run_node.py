@@ -1,7 +1,7 @@
 """``python -m mqttbed.brokers.mqttst node ...``: run one tree node beside a Mosquitto.
 
-The node writes its stats (:meth:`.node.Node.stats`) to ``--stats-file`` atomically,
-every ``--stats-interval`` while anything changed and once more on the way out;
+The node writes its counters (:meth:`.node.Node.counters_snapshot`) to ``--stats-file``
+atomically, every ``--stats-interval`` while anything changed and once more on the way out;
 ``--ready-file`` receives ``{pid, link_port}`` once it listens on its link port and is
 subscribed at its Mosquitto. SIGTERM or SIGINT stop it (exit 0); losing its Mosquitto
 ends it with exit 3; a link port it cannot bind, with exit 2.
@@ -122,21 +122,21 @@ async def serve(config: NodeConfig, stats_file: Path | None, stats_interval_s: f
         write_json_atomically(ready_file, {"pid": os.getpid(), "link_port": config.link[1]})
     written_version, written_at = -1, 0.0
 
-    def write_stats(force: bool = False) -> None:
+    def write_counters(force: bool = False) -> None:
         nonlocal written_version, written_at
         now = loop.time()
         if stats_file is None or (not force and (node.version == written_version
                                                  or now - written_at < stats_interval_s)):
             return
         written_version, written_at = node.version, now
-        write_json_atomically(stats_file, node.stats())
+        write_json_atomically(stats_file, node.counters_snapshot())
 
     assert node.fatal is not None
     code = 0
     try:
         while not stop.is_set():
             node.tick()
-            write_stats()
+            write_counters()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), TICK_S)
             if node.fatal.done():
@@ -147,7 +147,7 @@ async def serve(config: NodeConfig, stats_file: Path | None, stats_interval_s: f
         node.shut_down()
         server.close()
         await asyncio.sleep(0.01)   # let the DISCONNECTs go out
-        write_stats(force=True)
+        write_counters(force=True)
     return code
 
 

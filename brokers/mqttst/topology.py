@@ -1,7 +1,7 @@
 """Cluster shapes and the check that a cluster's nodes agree on one spanning tree; pure.
 
 :func:`topology_edges` turns a topology name or edge list into links; :func:`tree_verdict`
-reads the nodes' stats (:meth:`.node.Node.stats`) and says whether they show one
+reads the nodes' counters (:meth:`.node.Node.counters_snapshot`) and says whether they show one
 converged tree: every live broker has noticed every dead neighbour, all live brokers
 are in one epoch and name the same live root, every configured link between two live
 brokers is up, and the active links are exactly a spanning tree of the live brokers
