@@ -2,7 +2,7 @@
 
 Behind a user token like every other route (a Prometheus scrape job sends it as a bearer
 token: ``docs/how-to/prometheus.md``). The figures come from the controller's own
-registry (:mod:`mqttbed.controller.prometheus`), read at each scrape.
+Prometheus collector registry (:mod:`mqttbed.controller.prometheus`), read at each scrape.
 """
 
 from __future__ import annotations

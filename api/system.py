@@ -26,7 +26,7 @@ def list_agents(controller: ControllerDep) -> list[AgentPublic]:
     """Registered agents: host, state (idle, busy, lost, gone) and last heartbeat."""
     with controller.sessions() as s:
         rows = s.query(AgentRow).order_by(AgentRow.registered_at.desc()).all()
-    live = {record.agent_id: record for record in controller.registry.agents()}
+    live = {record.agent_id: record for record in controller.agent_registry.agents()}
     return [AgentPublic(id=r.id, name=r.name, hostname=r.hostname, pid=r.pid,
                         state=live[r.id].state if r.id in live else r.state,
                         registered_at=r.registered_at, last_heartbeat=r.last_heartbeat)

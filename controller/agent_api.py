@@ -55,11 +55,11 @@ class ChunkStore:
     chunk already stored is not passed on.
     """
 
-    def __init__(self, sessions: sessionmaker, layout: DataLayout, registry: AgentRegistry,
-                 on_stored: ChunkListener | None = None):
+    def __init__(self, sessions: sessionmaker, layout: DataLayout,
+                 agent_registry: AgentRegistry, on_stored: ChunkListener | None = None):
         self._sessions = sessions
         self._layout = layout
-        self._registry = registry
+        self._agent_registry = agent_registry
         self._on_stored = on_stored
 
     def store(self, chunk: ResultChunk) -> bool:
@@ -104,10 +104,10 @@ class ChunkStore:
                 session.rollback()
                 stored = False
         if stored:
-            # Folded before the registry counts it: a run collected has every chunk folded.
+            # Folded before the agent registry counts it: a run collected has every chunk folded.
             if self._on_stored is not None:
                 self._on_stored(campaign_id, chunk)
-            self._registry.chunk_stored(chunk)
+            self._agent_registry.chunk_stored(chunk)
         if late:
             # The run was compacted before this chunk came (an agent retrying its upload
             # after the run ended). Its rows are beside the compacted file, read once; fold
@@ -128,9 +128,9 @@ def storage_problem(exc: OSError) -> str:
     return f"{exc.strerror or type(exc).__name__}: {where}"
 
 
-def agent_router(registry: AgentRegistry, chunks: ChunkStore,
+def agent_router(agent_registry: AgentRegistry, chunks: ChunkStore,
                  authenticate: Authenticate) -> APIRouter:
-    """Build the ``/agent/v1`` routes over ``registry``; every route needs an agent token."""
+    """Build the ``/agent/v1`` routes over ``agent_registry``; every route needs an agent token."""
 
     def require_agent(request: Request,
                       authorization: Annotated[str | None, Header()] = None) -> None:
@@ -151,8 +151,9 @@ def agent_router(registry: AgentRegistry, chunks: ChunkStore,
 
     @router.post("/register")
     def register(hello: Register) -> Registered:
-        agent_id = registry.register(hello)
-        return Registered(agent_id=agent_id, heartbeat_interval_s=registry.heartbeat_interval_s,
+        agent_id = agent_registry.register(hello)
+        return Registered(agent_id=agent_id,
+                          heartbeat_interval_s=agent_registry.heartbeat_interval_s,
                           controller_boot_id=boot_id())
 
     @router.post("/clock")
@@ -166,19 +167,19 @@ def agent_router(registry: AgentRegistry, chunks: ChunkStore,
 
     @router.post("/agents/{agent_id}/heartbeat")
     def heartbeat(agent_id: str, beat: Heartbeat) -> dict[str, bool]:
-        if not registry.heartbeat(agent_id, beat.state):
+        if not agent_registry.heartbeat(agent_id, beat.state):
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown agent {agent_id!r}")
         return {"ok": True}
 
     @router.get("/agents/{agent_id}/commands")
     def commands(agent_id: str, wait_s: Annotated[float, Query(ge=0, le=30)] = 5.0) -> Commands:
-        if registry.agent(agent_id) is None:
+        if agent_registry.agent(agent_id) is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown agent {agent_id!r}")
-        return Commands(commands=registry.take_commands(agent_id, wait_s))
+        return Commands(commands=agent_registry.take_commands(agent_id, wait_s))
 
     def deliver(message: Connected | Subscribed | Ready | Done | AgentFailure
                 ) -> dict[str, bool]:
-        if not registry.deliver(message):
+        if not agent_registry.deliver(message):
             raise HTTPException(status.HTTP_409_CONFLICT, f"run {message.run_id!r} is not active")
         return {"ok": True}
 

@@ -35,7 +35,7 @@ from mqttbed.controller.embedded import BackgroundServer, bind_socket
 from mqttbed.controller.engine import EngineContext, RunEngine
 from mqttbed.controller.lifecycle import conduct_campaign
 from mqttbed.controller.live import LiveFigures
-from mqttbed.controller.prometheus import controller_registry
+from mqttbed.controller.prometheus import metrics_registry
 from mqttbed.controller.states import CampaignStatus
 from mqttbed.controller.storage import DataLayout
 from mqttbed.controller.tokens import TokenRole, find_token
@@ -88,22 +88,22 @@ class Controller:
         self.sessions: sessionmaker = open_database(settings.database_url
                                                     or database_url(layout.root),
                                                     settings.database_reconnect_s)
-        self.registry = AgentRegistry(on_agent_change=self._record_agent)
+        self.agent_registry = AgentRegistry(on_agent_change=self._record_agent)
         # The live figures (GET /metrics) follow the chunks and the documents.
         self.live = LiveFigures(layout)
         documents.subscribe(self.live.on_document)
-        self.chunks = ChunkStore(self.sessions, layout, self.registry,
+        self.chunks = ChunkStore(self.sessions, layout, self.agent_registry,
                                  on_stored=self.live.chunk_stored)
         # The agents this controller spawns itself get a token that lives as long as it does.
         self._local_agent_token = secrets.token_urlsafe(32)
         self.auth_failures = AuthFailureLimit(settings.auth_failures_per_minute, 60.0)
         self.engine = RunEngine(EngineContext(
-            sessions=self.sessions, layout=layout, registry=self.registry,
+            sessions=self.sessions, layout=layout, agent_registry=self.agent_registry,
             host=LocalHost(settings.lab_address), controller_url=url,
             agent_token=self._local_agent_token, documents=documents,
             agent_env=_agent_env(settings, url)))
         self.live.running_broker = self.engine.running_broker_sample
-        self.metrics = controller_registry(self.sessions, self.live, self.registry)
+        self.metrics = metrics_registry(self.sessions, self.live, self.agent_registry)
         self._agent_socket = agent_socket
         self._agent_server = (BackgroundServer(agent_app(self.agent_router()), agent_socket)
                               if agent_socket is not None else None)
@@ -184,7 +184,7 @@ class Controller:
 
     def agent_router(self) -> APIRouter:
         """The ``/agent/v1`` routes, open to agent tokens only."""
-        return agent_router(self.registry, self.chunks, self.authenticate)
+        return agent_router(self.agent_registry, self.chunks, self.authenticate)
 
     @retry_on_disconnect
     def _record_agent(self, record: AgentRecord) -> None:

@@ -140,7 +140,7 @@ class EngineContext:
 
     sessions: sessionmaker
     layout: DataLayout
-    registry: AgentRegistry
+    agent_registry: AgentRegistry
     host: Host
     controller_url: str
     agent_token: str
@@ -427,7 +427,7 @@ class RunEngine:
     def _execute(self, run: RunRow, total: int) -> None:
         """Drive one run through its states; whatever happens, stop all it started."""
         live = _LiveRun(spec=CampaignSpec.model_validate(run.spec),
-                        inbox=self.ctx.registry.open_inbox(run.id, run.campaign_id),
+                        inbox=self.ctx.agent_registry.open_inbox(run.id, run.campaign_id),
                         record=run_record(run.run_metadata, run.id))  # e.g. retry_of
         self._running = (run.id, live)
         try:
@@ -470,7 +470,7 @@ class RunEngine:
                     log.error("run %s: %s", run.id, exc)
             if live.broker_host is not None:
                 live.broker_host.close()
-            self.ctx.registry.close_inbox(run.id)
+            self.ctx.agent_registry.close_inbox(run.id)
             if live.recorder is not None:
                 # A failed run keeps the acquisitions it made, like every other event; a
                 # data dir that cannot take them must not end the campaign (the run's
@@ -499,7 +499,7 @@ class RunEngine:
 
     def _deploy(self, run: RunRow, live: _LiveRun) -> None:
         """Broker up, agents registered and assigned, every subscriber holding its SUBACK."""
-        spec, registry = live.spec, self.ctx.registry
+        spec, agent_registry = live.spec, self.ctx.agent_registry
         live.backend = backend = create_backend(spec.broker.backend)
         if isinstance(backend, MultiBroker):
             backend.prepare(spec.workload)
@@ -543,7 +543,7 @@ class RunEngine:
             live.record.scope = live.recorder.metadata()
             live.inbox.edge_sink = live.recorder.feed
         for agent_id, assignment in assignments.items():
-            registry.send(agent_id, assignment)
+            agent_registry.send(agent_id, assignment)
         live.active = list(assignments)
         live.record.agents = {a: [c.client_id for c in assignments[a].clients]
                               for a in live.active}
@@ -553,7 +553,7 @@ class RunEngine:
         # broker's subscription order is the rank order (first/last subscribed, seed 000).
         started = monotonic_ns()
         for agent_id, ranks in subscribe_turns(assignments):
-            registry.send(agent_id, Subscribe(run_id=run.id, ranks=ranks))
+            agent_registry.send(agent_id, Subscribe(run_id=run.id, ranks=ranks))
             def subscribed(last: int = ranks[-1]) -> bool:
                 return last in live.inbox.subscribed
 
@@ -644,7 +644,7 @@ class RunEngine:
         t_start = monotonic_ns() + int(spec.timing.start_lead_s * 1e9)
         live.record.t_start_ns = t_start
         for agent_id in live.active:
-            self.ctx.registry.send(agent_id, StartAt(run_id=run.id, t_start_ns=t_start))
+            self.ctx.agent_registry.send(agent_id, StartAt(run_id=run.id, t_start_ns=t_start))
         if live.recorder is not None:
             live.recorder.start(t_start)
         if isinstance(live.backend, FaultSchedule):
@@ -695,7 +695,7 @@ class RunEngine:
             self._check_interrupted(campaign_id)
             # In slices, so an agent that died (a missing GPIO device, a missing command
             # on a lab host) is reported now rather than after the whole setup timeout.
-            found = self.ctx.registry.wait_for_agents(names, 0.1)
+            found = self.ctx.agent_registry.wait_for_agents(names, 0.1)
             if len(found) == len(names):
                 return [found[name] for name in pool.names]
             if exited := pool.exited():
@@ -727,8 +727,8 @@ class RunEngine:
                 raise RunFailed("; ".join(e.reason for e in inbox.errors.values()))
             if live.pool is not None and (exited := live.pool.exited()):
                 raise RunFailed("; ".join(exited))
-            silent = self.ctx.registry.silent_agents(live.active,
-                                                     spec.timing.heartbeat_timeout_s)
+            silent = self.ctx.agent_registry.silent_agents(live.active,
+                                                           spec.timing.heartbeat_timeout_s)
             if silent:
                 raise RunFailed(f"agent lost: {', '.join(silent)}: no heartbeat for "
                                 f"{spec.timing.heartbeat_timeout_s:.1f} s")
@@ -736,7 +736,7 @@ class RunEngine:
                 if not fail_on_timeout:
                     return False
                 raise RunFailed(f"timed out after {timeout_s:.1f} s waiting for {waiting_for}")
-            self.ctx.registry.wait(0.05)
+            self.ctx.agent_registry.wait(0.05)
         return True
 
     def _hear_the_others(self, live: _LiveRun) -> None:
@@ -747,7 +747,7 @@ class RunEngine:
         inbox = live.inbox
         while monotonic_ns() < deadline and not all(
                 a in inbox.errors or a in inbox.done for a in live.active):
-            self.ctx.registry.wait(0.05)
+            self.ctx.agent_registry.wait(0.05)
 
     def _check_interrupted(self, campaign_id: str) -> None:
         """Raise RunInterrupted if the controller is stopping or the campaign cancelled."""
@@ -790,9 +790,9 @@ class RunEngine:
     def _teardown(self, pool: AgentPool | None, sites: AgentSites | None,
                   backend: BrokerBackend | None, links: ImpairedLinks | None = None) -> None:
         if pool is not None:
-            agents = self.ctx.registry.wait_for_agents(set(pool.names), 0).values()
+            agents = self.ctx.agent_registry.wait_for_agents(set(pool.names), 0).values()
             for agent_id in agents:
-                self.ctx.registry.send(agent_id, Shutdown())
+                self.ctx.agent_registry.send(agent_id, Shutdown())
             if self._stopping is None:
                 pool.stop()
             else:
@@ -800,7 +800,7 @@ class RunEngine:
                 # Shutdown, and a SIGTERMed agent waits out its long poll. No grace.
                 pool.stop(grace_s=0, timeout_s=0.5)
             for agent_id in agents:
-                self.ctx.registry.forget(agent_id)
+                self.ctx.agent_registry.forget(agent_id)
         if sites is not None:
             sites.close()
         if links is not None:

@@ -1,7 +1,7 @@
 """The controller's figures in the Prometheus text format: ``GET /metrics``.
 
-One :class:`ControllerCollector` per controller, in a registry of its own
-(:func:`controller_registry`), never prometheus-client's global one: a test process holds
+One :class:`ControllerCollector` per controller, in a Prometheus collector registry of its
+own (:func:`metrics_registry`), never prometheus-client's global one: a test process holds
 many controllers, and a served controller's scrape must show its own figures only. The
 collector reads at scrape time: the live tallies of the recent runs
 (:mod:`mqttbed.controller.live`), the database's campaigns and runs, and the agent
@@ -34,13 +34,13 @@ RUN_LABELS = ("campaign", "run")
 AGENT_STATES = ("idle", "busy", "lost", "gone")
 
 
-def controller_registry(sessions: sessionmaker, live: LiveFigures,
-                        agents: AgentRegistry) -> CollectorRegistry:
-    """A registry of its own holding one controller's collector (no process metrics: a
-    controller shares its process with others in the tests)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(ControllerCollector(sessions, live, agents))
-    return registry
+def metrics_registry(sessions: sessionmaker, live: LiveFigures,
+                     agents: AgentRegistry) -> CollectorRegistry:
+    """A Prometheus collector registry of its own holding one controller's collector (no
+    process metrics: a controller shares its process with others in the tests)."""
+    metrics = CollectorRegistry(auto_describe=False)
+    metrics.register(ControllerCollector(sessions, live, agents))
+    return metrics
 
 
 class ControllerCollector(Collector):

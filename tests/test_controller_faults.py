@@ -245,7 +245,7 @@ def test_an_agent_exits_once_its_controller_is_silent_past_the_heartbeat_timeout
         stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 20
-        while not any(r.hello.name == "orphan" for r in controller.registry.agents()):
+        while not any(r.hello.name == "orphan" for r in controller.agent_registry.agents()):
             assert agent.poll() is None, agent.stdout.read()
             assert time.monotonic() < deadline, "the agent did not register"
             time.sleep(0.05)
