@@ -218,6 +218,12 @@ class DeclaresFeatures(Protocol):
         ...
 
 
+# what a class must have to be a BrokerBackend, read off the protocol: its attributes and
+# methods (named in the error when a declared class misses some)
+_CONTRACT = (*BrokerBackend.__annotations__,
+             *(n for n, v in vars(BrokerBackend).items() if callable(v) and not n.startswith("_")))
+
+
 @dataclass(frozen=True)
 class BackendDeclaration:
     """Everything mqttbed knows about one backend, declared in the backend's folder."""
@@ -264,7 +270,9 @@ class BackendDeclaration:
         if not isinstance(backend, BrokerBackend):
             # A declaration pointing at a class that misses part of the contract is a
             # programming error; catching it here beats an AttributeError mid-run.
-            raise TypeError(f"{self.backend} does not implement BrokerBackend")
+            missing = [name for name in _CONTRACT if not hasattr(backend, name)]
+            raise TypeError(f"{self.backend} does not implement BrokerBackend: it has no "
+                            f"{', '.join(missing)}")
         return backend
 
     def supports(self, capability: type) -> bool:

@@ -90,3 +90,28 @@ def test_the_controller_names_its_registries(tmp_path):
         assert isinstance(controller.metrics, CollectorRegistry)
     finally:
         controller.close()
+
+
+def test_a_backend_with_the_old_method_name_is_refused_naming_the_new_one(monkeypatch):
+    import dataclasses
+    import sys
+    import types
+
+    class OldPlugin:  # a plug-in backend written before the rename: all but one method
+        name = "old"
+
+        def deploy(self, spec: object, host: object) -> None: ...
+        def health(self) -> None: ...
+        def stats(self) -> list[object]: return []
+        def deployment(self) -> None: ...
+        def section_records(self) -> None: ...
+        def teardown(self) -> None: ...
+
+    module = types.ModuleType("old_plugin")
+    module.OldPlugin = OldPlugin  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "old_plugin", module)
+    declaration = dataclasses.replace(backends.declaration("mosquitto"),
+                                      backend="old_plugin:OldPlugin")
+    with pytest.raises(TypeError, match=r"^old_plugin:OldPlugin does not implement "
+                                        r"BrokerBackend: it has no resource_samples$"):
+        declaration.create()
