@@ -403,6 +403,7 @@ def cpu_budget_notes(runs: list[RunRow]) -> dict[str, str]:
         held = "; ".join(
             f"{name} throttled in {budget.throttled_periods} of {budget.periods} periods"
             + (f" ({budget.throttled_s:.2f} s)" if budget.throttled_s is not None else "")
+            + (f", on CPU {', '.join(map(str, budget.cpus))}" if budget.cpus else "")
             for name, budget in record.brokers.items() if budget.periods is not None)
         notes[run.id] = (f"{record.cores:g} cores per broker ({record.mechanism})"
                          + (f": {held}" if held else ""))

@@ -127,6 +127,9 @@ class BrokerBudget(BaseModel):
     throttled_periods: int | None = Field(None, description="periods it used up its quota "
                                                             "in and had to wait")
     throttled_s: float | None = Field(None, description="time it spent waiting")
+    cpus: list[int] | None = Field(None, description="the CPUs its processes were confined "
+                                                     "to (a budget under one core: one CPU, "
+                                                     "as on a small host); None: any")
 
 
 class CpuBudgetRecord(BaseModel):

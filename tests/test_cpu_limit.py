@@ -103,6 +103,10 @@ def test_a_cpu_bound_tree_under_a_0_2_core_budget_uses_at_most_0_3_of_a_core_and
         assert sorted(moved) == sorted([tree.pid, child])
         assert sorted(budget.members("spinner")) == sorted([tree.pid, child])
         cgroup = budget.record().brokers["spinner"].path
+        cpus = budget.record().brokers["spinner"].cpus
+        if len(os.sched_getaffinity(0)) > 1:   # both spinners on one CPU, as on a small host
+            assert cpus is not None and len(cpus) == 1
+            assert os.sched_getaffinity(tree.pid) == os.sched_getaffinity(child) == set(cpus)
         assert cpu_cgroup_of(tree.pid) == cpu_cgroup_of(child) == relative(cgroup)
 
         before = time.monotonic(), cpu_seconds(tree.pid) + cpu_seconds(child)
@@ -137,6 +141,10 @@ def test_a_child_forked_after_the_move_is_born_under_the_budget(budget_name):
         parent.stdin.flush()
         child = int(parent.stdout.readline())
         assert sorted(budget.members("broker")) == sorted([parent.pid, child])
+        # confined to one CPU (half a core), the child born so as well
+        cpus = budget.record().brokers["broker"].cpus
+        assert cpus is not None and len(cpus) == 1 and cpus[0] in os.sched_getaffinity(0)
+        assert os.sched_getaffinity(parent.pid) == os.sched_getaffinity(child) == set(cpus)
     finally:
         os.killpg(parent.pid, signal.SIGKILL)   # the child too
         parent.wait()
@@ -196,14 +204,17 @@ def test_a_dead_controllers_empty_cgroups_are_reaped_and_a_busy_one_is_left(budg
 def test_a_mosquitto_campaign_under_cpu_limit_runs_its_broker_in_the_runs_cgroup_and_records_it(
         tmp_path):
     seen: dict[str, list[int]] = {}
+    affinity: dict[int, set[int]] = {}
 
     def look_inside(document: object) -> None:
-        # while the run measures: which processes the run's cgroups hold
+        # while the run measures: which processes the run's cgroups hold, on which CPUs
         if isinstance(document, RunUpdate) and document.state == "running":
             run_dir = find_cpu_controller().mount / cpu_budget.PARENT_NAME / document.run_id
             seen.update({cgroup.name: [int(p) for p in (cgroup / "cgroup.procs")
                                        .read_text().split()]
                          for cgroup in run_dir.iterdir() if cgroup.is_dir()})
+            affinity.update({pid: os.sched_getaffinity(pid)
+                             for pids in seen.values() for pid in pids})
 
     spec = parse_spec({"name": "cpu-limit", "broker": {"backend": "mosquitto",
                                                        "cpu_limit": 0.25},
@@ -229,10 +240,30 @@ def test_a_mosquitto_campaign_under_cpu_limit_runs_its_broker_in_the_runs_cgroup
     assert Path(record.path) == find_cpu_controller().mount / cpu_budget.PARENT_NAME / run_id
     assert record.brokers["mosquitto"].pids == [broker_pid]
     assert record.brokers["mosquitto"].periods is not None
+    if len(os.sched_getaffinity(0)) > 1:
+        assert affinity == {broker_pid: set(record.brokers["mosquitto"].cpus or [])}
+        assert len(record.brokers["mosquitto"].cpus or []) == 1
     assert not Path(record.path).exists(), "the run's cgroup is removed at teardown"
     budget = record.brokers["mosquitto"]
     assert (f"0.25 cores per broker ({record.mechanism}): mosquitto throttled in "
             f"{budget.throttled_periods} of {budget.periods} periods") in report
+    if budget.cpus:
+        assert f"s), on CPU {budget.cpus[0]}" in report
+
+
+@pytest.mark.parametrize("cores, index, allowed, cpus", [
+    (0.05, 0, [0, 1], [0]),            # under a core: one CPU
+    (0.05, 1, [0, 1], [1]),            # the run's next broker: the next CPU
+    (0.05, 2, [0, 1], [0]),            # round-robin
+    (1.0, 0, [0, 1, 2, 3], [0]),
+    (1.5, 1, [0, 1, 2, 3], [2, 3]),    # ceil(cores) CPUs each
+    (1.5, 0, [0, 1], None),            # as many as there are: not confined
+    (0.5, 0, [3], None),
+    (0.25, 3, [2, 5, 7], [2]),         # the controller's own set, not 0..n
+])
+def test_a_budget_confines_each_broker_to_ceil_cores_cpus_round_robin(cores, index, allowed,
+                                                                      cpus):
+    assert cpu_budget.cpus_for(cores, index, allowed) == cpus
 
 
 # -- refusals ---------------------------------------------------------------------------
