@@ -58,9 +58,11 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     start_spark_in_background(settings)
     engine.run_campaign(campaign_id)
     probe_figures: dict[str, RunStats] = {}
+    chosen_to_end = False   # the campaign's own choice (a search's stop), not a failure
     while engine.stopping is None and not engine.is_cancelled(campaign_id):
         try:
             if not next_runs(engine, layout, campaign_id, probe_figures, settings):
+                chosen_to_end = True
                 break
         except Exception:  # noqa: BLE001 - the analysis below says why, the events stay
             log.exception("campaign %s: its next runs could not be chosen; it ends here",
@@ -71,7 +73,10 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
         # The controller is stopping: the campaign stays running, for the next controller
         # on the data dir to requeue (RunEngine.recover) and finish.
         return CampaignStatus.RUNNING
-    outcome, reason = engine.outcome(campaign_id)
+    with engine.ctx.sessions() as s:
+        spec = CampaignSpec.model_validate(s.get(CampaignRow, campaign_id).spec)
+    outcome, reason = settle_outcome(spec, *engine.outcome(campaign_id),
+                                     search_ended=chosen_to_end)
     engine.set_campaign_status(campaign_id, CampaignStatus.ANALYSING, reason)
     try:
         stats, json_path, parquet_path = analyze_campaign(engine.ctx.sessions, layout,
@@ -86,6 +91,19 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     engine.ctx.documents.emit(ResultsReady(campaign_id, json_path, parquet_path, stats))
     engine.set_campaign_status(campaign_id, outcome, reason)
     return outcome
+
+
+def settle_outcome(spec: CampaignSpec, outcome: CampaignStatus, reason: str | None, *,
+                   search_ended: bool) -> tuple[CampaignStatus, str | None]:
+    """The campaign's status from what its runs came to. A search that ended by its own
+    rule has done what it was for even if some probe runs failed (a broker that died at a
+    high rate): each failed probe is a rejection naming its reason in the results, so the
+    campaign is ``done``, its reason saying how many failed. A search cut short (a
+    cancel, a stopping controller, its next probe not chosen) keeps the general rule."""
+    if spec.search is None or not search_ended or outcome != CampaignStatus.FAILED:
+        return outcome, reason
+    return CampaignStatus.DONE, (f"the search ended; {reason} (a failed probe is a "
+                                 "rejection: its reason is in the results' probes)")
 
 
 def next_runs(engine: RunEngine, layout: DataLayout, campaign_id: str,

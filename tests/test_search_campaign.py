@@ -96,15 +96,6 @@ def test_a_capacity_search_finds_a_capacity_whose_interval_holds_when_rerun(tmp_
         assert [p.value for p, _ in replayed] == [p.value for p in found.probes]
         assert decision.capacity == capacity and decision.stop == "resolution"
 
-        if backend == "forkpipe":
-            # No check by hand here: fork/pipe's boundary under 0.05 cores is not sharp
-            # enough for one. In a clean-clone CI run (2026-11-27) its search accepted 100 Hz,
-            # then rejected it on confirmation, and found 91.7 Hz, while by hand 110 Hz met
-            # the SLO twice (p50 300 and 231 us). Its median drifts through the 2 ms bound
-            # over ~90-140 Hz, so one run's verdict there is chance. An open defect of this
-            # check (issue 25), not a passing test: only Mosquitto, whose median jumps
-            # from ~0.1 ms to tens of ms at capacity, is checked by hand.
-            return
         # by hand: the found rate and 1.2x it, as a plain campaign
         check_rates = [capacity, round(capacity * 1.2, 1)]
         plain_id = controller.engine.create_campaign(parse_spec(

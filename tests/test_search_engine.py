@@ -14,9 +14,9 @@ from mqttbed.controller.analysis import results_type
 from mqttbed.controller.controller import create_controller
 from mqttbed.controller.db import RunRow
 from mqttbed.controller.engine import RESTARTED, latest_attempts
-from mqttbed.controller.lifecycle import next_probe
+from mqttbed.controller.lifecycle import next_probe, settle_outcome
 from mqttbed.controller.search_runs import search_results
-from mqttbed.controller.states import RunState
+from mqttbed.controller.states import CampaignStatus, RunState
 from mqttbed.core.settings import Settings
 
 CAPACITY = 1000.0
@@ -128,3 +128,21 @@ def test_a_run_that_failed_is_a_rejection_naming_its_reason(tmp_path):
                                                              (200.0, "rejected")]
     assert "broker died: SIGKILL" in result.probes[1].why
     assert result.interval == (100.0, 200.0)
+
+
+def test_a_search_that_ended_is_done_though_a_probe_failed_and_one_cut_short_is_not():
+    search, plain = parse_spec(SPEC), parse_spec({k: v for k, v in SPEC.items()
+                                                  if k != "search"})
+    why = "1 of 7 runs did not finish"
+    status, reason = settle_outcome(search, CampaignStatus.FAILED, why, search_ended=True)
+    assert status == CampaignStatus.DONE and reason is not None
+    assert reason.startswith(f"the search ended; {why} (a failed probe is a rejection")
+    # cut short (its next probe could not be chosen, or it was stopped): the general rule
+    assert settle_outcome(search, CampaignStatus.FAILED, why, search_ended=False) == (
+        CampaignStatus.FAILED, why)
+    # no search: a failed run fails the campaign however it ended
+    assert settle_outcome(plain, CampaignStatus.FAILED, why, search_ended=True) == (
+        CampaignStatus.FAILED, why)
+    # cancelled and done stay what they are
+    for status in (CampaignStatus.CANCELLED, CampaignStatus.DONE):
+        assert settle_outcome(search, status, None, search_ended=True) == (status, None)
