@@ -72,7 +72,9 @@ class InProcessAgents:
 
     def __init__(self, sites: list[Site], controller_url: str, token: str, run_id: str,
                  log_dir: Path, *, gpio: str = "auto", gpio_chip: str = "/dev/gpiochip0",
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, kill_wait_s: float = KILL_WAIT_S):
+        """``kill_wait_s``: how much longer than a stop's ``timeout_s`` a thread is waited
+        for before it is called stuck (a process pool's wait after SIGKILL)."""
         for i, site in enumerate(sites):
             if not is_local(site):
                 raise ValueError(f"site {i} ({site.host.name}, {' '.join(site.command)}) is "
@@ -80,6 +82,7 @@ class InProcessAgents:
         self.names = [f"{run_id}-a{i}" for i in range(len(sites))]
         self.hosts = dict.fromkeys(self.names, HOST)
         self._log_dir = log_dir
+        self._kill_wait_s = kill_wait_s
         log_dir.mkdir(parents=True, exist_ok=True)
         raise_nofile_limit()   # one socket per client, as a spawned agent raises its own
         self._agents: dict[str, _AgentThread] = {}
@@ -107,7 +110,7 @@ class InProcessAgents:
         finally:
             if agent is not None:
                 agent.stop()
-                entry.leftover = agent.join(KILL_WAIT_S)
+                entry.leftover = agent.join(self._kill_wait_s)
                 if not entry.leftover:
                     agent.close()
 
@@ -131,7 +134,8 @@ class InProcessAgents:
     def stop(self, grace_s: float = 2.0, timeout_s: float = 3.0) -> None:
         """Give the agents ``grace_s`` to end by themselves (the engine sent them Shutdown),
         then stop the rest; raise AgentThreadsStuck naming any thread still running
-        ``timeout_s`` + KILL_WAIT_S later (what a process pool waits, SIGKILL included)."""
+        ``timeout_s`` + ``kill_wait_s`` later (what a process pool waits, SIGKILL
+        included)."""
         deadline = monotonic_ns() + int(grace_s * 1e9)
         for entry in self._agents.values():
             if entry.thread is not None:
@@ -140,7 +144,8 @@ class InProcessAgents:
             entry.stop.set()
             if entry.agent is not None:
                 entry.agent.stop()
-        deadline = monotonic_ns() + int((timeout_s + KILL_WAIT_S) * 1e9)
+        waited_s = timeout_s + self._kill_wait_s
+        deadline = monotonic_ns() + int(waited_s * 1e9)
         for entry in self._agents.values():
             if entry.thread is not None:
                 entry.thread.join(max(0.0, (deadline - monotonic_ns()) / 1e9))
@@ -149,7 +154,7 @@ class InProcessAgents:
             where = {t.name: _innermost(frames.get(t.ident or 0))
                      for t in threading.enumerate() if t.name in stuck}
             raise AgentThreadsStuck(
-                f"{len(stuck)} agent thread(s) still running {timeout_s + KILL_WAIT_S:.1f} s "
+                f"{len(stuck)} agent thread(s) still running {waited_s:.1f} s "
                 "after they were stopped: " + ", ".join(
                     f"{name} (at {where.get(name, 'unknown')})" for name in stuck))
 
