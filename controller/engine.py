@@ -813,6 +813,8 @@ class RunEngine:
                 backend.teardown()
 
     def _stop_agents(self, pool: Agents) -> None:
+        """Tell the run's agents to shut down, stop the pool, and forget them whatever
+        its stop raised."""
         agents = self.ctx.registry.wait_for_agents(set(pool.names), 0).values()
         for agent_id in agents:
             self.ctx.registry.send(agent_id, Shutdown())

@@ -31,7 +31,9 @@ from mqttbed.core.backends import (
     DeploymentRecord,
     LocalProcesses,
     MultiBroker,
+    OwnNetwork,
     backend_names,
+    create_backend,
     declaration,
 )
 from mqttbed.core.host import LocalHost
@@ -182,4 +184,6 @@ def test_a_broker_killed_mid_run_fails_the_run_with_that_reason_and_keeps_its_ev
     stored = sum(stored_rows(controller, run_id).values())
     assert stored > 50 and dataset_rows(controller, campaign_id, run_id) == stored
     assert child_processes("mqttbed.agents") == [] and inproc_starts.running() == []
+    # threads wherever the agents run on this machine; processes in a backend's network
+    assert bool(inproc_starts.in_process()) != isinstance(create_backend(name), OwnNetwork)
     assert not _alive(victim.pid) and os.getpid() != victim.pid
