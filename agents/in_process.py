@@ -51,13 +51,14 @@ class _AgentThread:
     agent: Agent | None = None
     error: str | None = None                # what its constructor or main loop raised
     lost_controller: bool = False
-    leftover: list[str] = field(default_factory=list)   # its threads that outlived it
     stop: threading.Event = field(default_factory=threading.Event)
 
     def running(self) -> list[str]:
-        """Its threads still running: the agent's own, then its heartbeat and runs."""
-        main = [self.thread.name] if self.thread is not None and self.thread.is_alive() else []
-        return main + self.leftover
+        """Its threads still running: the agent's own, or once that ended, its heartbeat
+        and runs that outlived it."""
+        if self.thread is not None and self.thread.is_alive():
+            return [self.thread.name]
+        return self.agent.join(0) if self.agent is not None else []
 
 
 def is_local(site: Site) -> bool:
@@ -110,8 +111,7 @@ class InProcessAgents:
         finally:
             if agent is not None:
                 agent.stop()
-                entry.leftover = agent.join(self._kill_wait_s)
-                if not entry.leftover:
+                if not agent.join(self._kill_wait_s):   # else running() names them
                     agent.close()
 
     def exited(self) -> list[str]:

@@ -125,8 +125,8 @@ class Agent:
     def serve(self) -> None:
         """Register, then obey commands until told to shut down."""
         self.register()
-        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat",
-                                           daemon=True)
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop,
+                                           name=f"heartbeat-{self._name}", daemon=True)
         self._heartbeat.start()
         while not self._stop.is_set():
             try:
