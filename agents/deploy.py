@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from mqttbed.core.host import Host, ProcessHandle, describe_exit
 
@@ -33,6 +33,31 @@ class Site:
     command: tuple[str, ...] = field(default=LOCAL_COMMAND)
     controller_url: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # over the pool's, for this site
+
+
+class Agents(Protocol):
+    """A run's agents as the engine supervises them, however they run."""
+
+    names: list[str]         # the name each agent registers with, one per site
+    hosts: dict[str, str]    # name -> where it runs, as the run's record says
+
+    def exited(self) -> list[str]:
+        """Why each agent that has ended ended (the run fails with these reasons)."""
+        ...
+
+    def stop(self, grace_s: float = 2.0, timeout_s: float = 3.0) -> None:
+        """Give the agents ``grace_s`` to end by themselves, then stop every one left."""
+        ...
+
+
+class StartAgents(Protocol):
+    """How the engine starts a run's agents: :class:`AgentPool` (processes) unless a
+    test hands the controller another way (:mod:`mqttbed.agents.in_process`)."""
+
+    def __call__(self, sites: list[Site], controller_url: str, token: str, run_id: str,
+                 log_dir: Path, *, gpio: str, gpio_chip: str,
+                 env: dict[str, str] | None) -> Agents:
+        ...
 
 
 class AgentPool:

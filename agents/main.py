@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 
 import httpx
 
@@ -45,7 +46,11 @@ class Agent:
     """One agent's life: register, heartbeat, obey commands."""
 
     def __init__(self, controller_url: str, token: str, name: str, gpio_backend: str = "auto",
-                 gpio_chip: str = "/dev/gpiochip0", ca_file: str | None = None):
+                 gpio_chip: str = "/dev/gpiochip0", ca_file: str | None = None, *,
+                 on_controller_lost: Callable[[], object] | None = None):
+        """``on_controller_lost`` is called once the controller is lost and the runs are
+        aborted; None (the agent program) exits the process with EXIT_CONTROLLER_LOST. An
+        agent on a thread of a test (:mod:`mqttbed.agents.in_process`) must not."""
         # httpx writes headers and body separately: without TCP_NODELAY every request
         # waits out a delayed ACK (~40 ms on Linux).
         transport = httpx.HTTPTransport(
@@ -62,6 +67,8 @@ class Agent:
             log.warning("%s; runs use the lean Python client", reason)
         self._controller_boot_id: str | None = None
         self._stop = threading.Event()
+        self._on_controller_lost = on_controller_lost
+        self._heartbeat: threading.Thread | None = None
         self._runners: dict[str, AssignmentRunner] = {}
         self.agent_id = ""
         self._heartbeat_s = 0.5
@@ -109,13 +116,18 @@ class Agent:
         for runner in list(self._runners.values()):
             runner.abort("controller lost")
             runner.join(2.0)
+        if self._on_controller_lost is not None:
+            self._on_controller_lost()
+            return
         # The main thread may sit in a long poll to an unreachable address: do not wait.
         os._exit(EXIT_CONTROLLER_LOST)
 
     def serve(self) -> None:
         """Register, then obey commands until told to shut down."""
         self.register()
-        threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop,
+                                           name=f"heartbeat-{self._name}", daemon=True)
+        self._heartbeat.start()
         while not self._stop.is_set():
             try:
                 response = self._http.get(f"/agent/v1/agents/{self.agent_id}/commands",
@@ -156,6 +168,23 @@ class Agent:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def join(self, timeout_s: float) -> list[str]:
+        """Wait up to ``timeout_s`` for the threads of a stopped agent (its heartbeat, its
+        runs) to end; return the names of those still running. A process need not: its
+        threads end with it."""
+        deadline = monotonic_ns() + int(timeout_s * 1e9)
+        threads = [self._heartbeat] if self._heartbeat is not None else []
+        for thread in threads:
+            thread.join(max(0.0, (deadline - monotonic_ns()) / 1e9))
+        for runner in list(self._runners.values()):
+            runner.join(max(0.0, (deadline - monotonic_ns()) / 1e9))
+        return ([t.name for t in threads if t.is_alive()]
+                + [f"run-{run_id}" for run_id in list(self._runners)])
+
+    def close(self) -> None:
+        """Close the agent's HTTP client (a process's goes with it)."""
+        self._http.close()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from types import TracebackType
 from fastapi import APIRouter
 from sqlalchemy.orm import sessionmaker
 
+from mqttbed.agents.deploy import AgentPool, StartAgents
 from mqttbed.controller.agent_api import ChunkStore, agent_app, agent_router
 from mqttbed.controller.agent_registry import AgentRecord, AgentRegistry
 from mqttbed.controller.auth import AuthFailureLimit, Caller, throttled
@@ -46,7 +47,8 @@ from mqttbed.core.settings import Settings
 
 
 def create_controller(settings: Settings, *, controller_url: str | None = None,
-                      listeners: Iterable[Listener] = ()) -> Controller:
+                      listeners: Iterable[Listener] = (),
+                      start_agents: StartAgents = AgentPool) -> Controller:
     """Build a controller over ``settings``' data dir; ``start()`` it to take agents.
 
     ``controller_url`` is where the agents it starts reach it. Give it when something
@@ -54,6 +56,8 @@ def create_controller(settings: Settings, *, controller_url: str | None = None,
     controller that starts no agent (``mqttbed report``). Without it the controller
     serves its agent routes itself, from ``start()`` to ``stop()``, on a free port of the
     lab address (``mqttbed run``, the tests). ``listeners`` receive every document.
+    ``start_agents`` starts a run's agents: processes (:class:`AgentPool`), or in tests
+    threads (``mqttbed.agents.in_process``); no entry point but the tests sets it.
     """
     layout = DataLayout(settings.data_dir)
     layout.root.mkdir(parents=True, exist_ok=True)
@@ -65,7 +69,7 @@ def create_controller(settings: Settings, *, controller_url: str | None = None,
         controller_url = f"http://{host}:{port}"
     try:
         return Controller(settings, layout, DocumentStream(listeners), controller_url,
-                          agent_socket)
+                          agent_socket, start_agents=start_agents)
     except BaseException:
         if agent_socket is not None:
             agent_socket.close()
@@ -80,7 +84,8 @@ class Controller:
     """
 
     def __init__(self, settings: Settings, layout: DataLayout, documents: DocumentStream,
-                 url: str, agent_socket: socket.socket | None = None):
+                 url: str, agent_socket: socket.socket | None = None, *,
+                 start_agents: StartAgents = AgentPool):
         self.settings = settings
         self.layout = layout
         self.documents = documents
@@ -101,7 +106,7 @@ class Controller:
             sessions=self.sessions, layout=layout, agent_registry=self.agent_registry,
             host=LocalHost(settings.lab_address), controller_url=url,
             agent_token=self._local_agent_token, documents=documents,
-            agent_env=_agent_env(settings, url)))
+            agent_env=_agent_env(settings, url), start_agents=start_agents))
         self.live.running_broker = self.engine.running_broker_sample
         self.metrics = metrics_registry(self.sessions, self.live, self.agent_registry)
         self._agent_socket = agent_socket

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import sessionmaker
 
-from mqttbed.agents.deploy import AgentPool, Site
+from mqttbed.agents.deploy import AgentPool, Agents, Site, StartAgents
 from mqttbed.brokers.cpu_budget import CpuBudget, CpuBudgetError, cpu_budget_unavailable
 from mqttbed.brokers.cpu_budget import reap_stale as reap_cpu_budgets
 from mqttbed.campaigns.spec import CampaignSpec, SweepPoint, plan_runs
@@ -126,7 +126,7 @@ class _LiveRun:
     record: RunRecord   # what the run recorded so far
     backend: BrokerBackend | None = None
     sites: AgentSites | None = None
-    pool: AgentPool | None = None
+    pool: Agents | None = None
     recorder: ScopeRecorder | None = None
     links: ImpairedLinks | None = None
     broker_host: SshHost | None = None   # the lab host the broker runs on, if not here
@@ -146,6 +146,9 @@ class EngineContext:
     agent_token: str
     documents: DocumentStream = field(default_factory=DocumentStream)
     agent_env: dict[str, str] = field(default_factory=dict)  # e.g. the CA file over HTTPS
+    # How a run's agents are started: processes. Tests that need no process hand in
+    # threads instead (mqttbed.agents.in_process); no user-facing setting reaches this.
+    start_agents: StartAgents = AgentPool
 
 
 def new_id(prefix: str) -> str:
@@ -462,27 +465,34 @@ class RunEngine:
             self._running = None
             if live.recorder is not None:
                 live.recorder.stop()
-            self._teardown(live.pool, live.sites, live.backend, live.links)
-            if live.budget is not None:
-                try:
-                    live.budget.remove()
-                except CpuBudgetError as exc:
-                    log.error("run %s: %s", run.id, exc)
-            if live.broker_host is not None:
-                live.broker_host.close()
-            self.ctx.agent_registry.close_inbox(run.id)
-            if live.recorder is not None:
-                # A failed run keeps the acquisitions it made, like every other event; a
-                # data dir that cannot take them must not end the campaign (the run's
-                # reason already says why it ended, and _collect's write names the path).
-                try:
-                    live.recorder.write(self.ctx.layout, run.campaign_id, run.id)
-                except OSError as exc:
-                    log.error("run %s: the scope's rows were not stored: %s", run.id, exc)
-            # Every agent is stopped and the scope's rows are written: the run's events are
-            # complete, whatever state it ended in (a failed run keeps its events too).
-            if self._stopping is None:   # a stopping controller leaves it to recover()
-                self.compact(run.campaign_id, run.id)
+            try:
+                self._teardown(live.pool, live.sites, live.backend, live.links)
+            finally:
+                self._release(run, live)
+
+    def _release(self, run: RunRow, live: _LiveRun) -> None:
+        """After the agents and the broker: the rest a run holds, its scope rows, and its
+        chunks compacted."""
+        if live.budget is not None:
+            try:
+                live.budget.remove()
+            except CpuBudgetError as exc:
+                log.error("run %s: %s", run.id, exc)
+        if live.broker_host is not None:
+            live.broker_host.close()
+        self.ctx.agent_registry.close_inbox(run.id)
+        if live.recorder is not None:
+            # A failed run keeps the acquisitions it made, like every other event; a
+            # data dir that cannot take them must not end the campaign (the run's
+            # reason already says why it ended, and _collect's write names the path).
+            try:
+                live.recorder.write(self.ctx.layout, run.campaign_id, run.id)
+            except OSError as exc:
+                log.error("run %s: the scope's rows were not stored: %s", run.id, exc)
+        # Every agent is stopped and the scope's rows are written: the run's events are
+        # complete, whatever state it ended in (a failed run keeps its events too).
+        if self._stopping is None:   # a stopping controller leaves it to recover()
+            self.compact(run.campaign_id, run.id)
 
     def compact(self, campaign_id: str, run_id: str) -> None:
         """Compact an ended run's chunk files (``controller.compaction``); a failure is
@@ -524,10 +534,10 @@ class RunEngine:
             controller_url = self.ctx.controller_url
         else:
             live.sites, controller_url = self._agent_sites(spec, live.backend)
-        live.pool = AgentPool(live.sites.sites, controller_url, self.ctx.agent_token,
-                              run.id, self.ctx.layout.run_dir(run.campaign_id, run.id) / "agents",
-                              gpio=spec.agents.gpio, gpio_chip=spec.agents.gpio_chip,
-                              env=self.ctx.agent_env)
+        live.pool = self.ctx.start_agents(
+            live.sites.sites, controller_url, self.ctx.agent_token, run.id,
+            self.ctx.layout.run_dir(run.campaign_id, run.id) / "agents",
+            gpio=spec.agents.gpio, gpio_chip=spec.agents.gpio_chip, env=self.ctx.agent_env)
         live.record.agent_hosts = live.pool.hosts
         agent_ids = self._await_agents(live.pool, spec, run.campaign_id)
         assignments = plan_assignments(spec, run.id, run.campaign_id, endpoint, agent_ids,
@@ -687,7 +697,7 @@ class RunEngine:
             live.recorder.write(self.ctx.layout, run.campaign_id, run.id)
             live.record.scope = live.recorder.metadata(with_acquisitions=True)
 
-    def _await_agents(self, pool: AgentPool, spec: CampaignSpec, campaign_id: str) -> list[str]:
+    def _await_agents(self, pool: Agents, spec: CampaignSpec, campaign_id: str) -> list[str]:
         """Wait for every agent to register; an agent that exits first fails the run at once."""
         deadline = monotonic_ns() + int(spec.timing.setup_timeout_s * 1e9)
         names = set(pool.names)
@@ -787,23 +797,34 @@ class RunEngine:
         if RunState(run.state) in ACTIVE_STATES:
             self._transition(run, total, state, reason, record=live.record)
 
-    def _teardown(self, pool: AgentPool | None, sites: AgentSites | None,
+    def _teardown(self, pool: Agents | None, sites: AgentSites | None,
                   backend: BrokerBackend | None, links: ImpairedLinks | None = None) -> None:
-        if pool is not None:
-            agents = self.ctx.agent_registry.wait_for_agents(set(pool.names), 0).values()
-            for agent_id in agents:
-                self.ctx.agent_registry.send(agent_id, Shutdown())
+        # A pool that fails to stop (agent threads that do not end) fails loudly, after
+        # the rest is torn down: the broker never outlives the run.
+        try:
+            if pool is not None:
+                self._stop_agents(pool)
+        finally:
+            if sites is not None:
+                sites.close()
+            if links is not None:
+                links.close()
+            if backend is not None:
+                backend.teardown()
+
+    def _stop_agents(self, pool: Agents) -> None:
+        """Tell the run's agents to shut down, stop the pool, and forget them whatever
+        its stop raised."""
+        agents = self.ctx.agent_registry.wait_for_agents(set(pool.names), 0).values()
+        for agent_id in agents:
+            self.ctx.agent_registry.send(agent_id, Shutdown())
+        try:
             if self._stopping is None:
                 pool.stop()
             else:
                 # The controller is going: its HTTP server may no longer deliver the
                 # Shutdown, and a SIGTERMed agent waits out its long poll. No grace.
                 pool.stop(grace_s=0, timeout_s=0.5)
+        finally:
             for agent_id in agents:
                 self.ctx.agent_registry.forget(agent_id)
-        if sites is not None:
-            sites.close()
-        if links is not None:
-            links.close()
-        if backend is not None:
-            backend.teardown()

@@ -8,13 +8,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import pytest
 
+from mqttbed.agents.deploy import Agents, Site
 from mqttbed.controller.controller import Controller, create_controller
 from mqttbed.controller.documents import CampaignUpdate, Document, RunUpdate
 from mqttbed.core.settings import Settings
+
+if TYPE_CHECKING:
+    from mqttbed.agents.in_process import InProcessAgents
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -72,6 +78,56 @@ def controller(request, tmp_path, updates) -> Iterator[Controller]:
     with create_controller(Settings(data_dir=tmp_path / "data", database_url=database),
                            listeners=[updates.append]) as ctl:
         yield ctl
+
+
+class InProcessStarts:
+    """The ``start_agents`` of an in-process controller: every run's agents on threads
+    (``mqttbed.agents.in_process``), each pool kept to check that no thread outlives it."""
+
+    def __init__(self) -> None:
+        self.pools: list[Agents] = []
+
+    def __call__(self, sites: list[Site], controller_url: str, token: str, run_id: str,
+                 log_dir: Path, *, gpio: str, gpio_chip: str,
+                 env: dict[str, str] | None) -> Agents:
+        from mqttbed.agents.in_process import start_agents  # the agent program: lazily
+
+        pool = start_agents(sites, controller_url, token, run_id, log_dir, gpio=gpio,
+                            gpio_chip=gpio_chip, env=env)
+        self.pools.append(pool)
+        return pool
+
+    def in_process(self) -> list[InProcessAgents]:
+        """The pools that ran on threads (others were sites a thread cannot stand in for)."""
+        from mqttbed.agents.in_process import InProcessAgents
+
+        return [pool for pool in self.pools if isinstance(pool, InProcessAgents)]
+
+    def running(self) -> list[str]:
+        """Agent threads of every pool still running."""
+        return [thread for pool in self.in_process() for thread in pool.running()]
+
+
+@pytest.fixture
+def inproc_starts() -> InProcessStarts:
+    """How ``inproc_controller`` started each run's agents (its pools, their threads)."""
+    return InProcessStarts()
+
+
+@pytest.fixture
+def inproc_controller(request, tmp_path, updates, inproc_starts) -> Iterator[Controller]:
+    """The ``controller`` fixture with each run's local agents on threads of the test
+    process instead of agent processes: the same agent program, registration, token and
+    HTTP routes, without an interpreter start per agent per run. For tests of the engine
+    where the process adds nothing; agent loss, resources, GPIO, timing, remote agents
+    keep ``controller``. ``inproc_starts`` says which runs ran on threads; no agent
+    thread outlives the test."""
+    database = request.getfixturevalue("db_url") if "db_url" in request.fixturenames else None
+    with create_controller(Settings(data_dir=tmp_path / "data", database_url=database),
+                           listeners=[updates.append], start_agents=inproc_starts) as ctl:
+        yield ctl
+    assert inproc_starts.running() == [], \
+        f"agent threads outlived their runs: {inproc_starts.running()}"
 
 
 @pytest.fixture

@@ -5,6 +5,11 @@ consistent; it deploys with its example options, is healthy, samples its resourc
 records its deployment, tears down twice and leaves nothing running (a broker it did not
 start is left running); and a broker killed mid-run fails the run with that reason while
 every event that arrived is kept.
+
+The broker-killed run's agents are threads of this process (``inproc_controller``) where
+the backend lets the agents run on this machine: the failure is the broker's, met by the
+same agent program over the same HTTP routes as a process (tests/test_inproc_agents.py).
+A backend that places the agents in its own network (``OwnNetwork``) still gets processes.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from mqttbed.core.backends import (
     DeploymentRecord,
     LocalProcesses,
     MultiBroker,
+    OwnNetwork,
     backend_names,
+    create_backend,
     declaration,
 )
 from mqttbed.core.host import LocalHost
@@ -142,7 +149,8 @@ def test_deploy_health_samples_record_and_teardown_twice_leave_nothing_running(n
 @pytest.mark.integration
 @pytest.mark.parametrize("name", BACKENDS)
 def test_a_broker_killed_mid_run_fails_the_run_with_that_reason_and_keeps_its_events(
-        controller, updates, name):
+        inproc_controller, inproc_starts, updates, name):
+    controller = inproc_controller
     declared = declaration(name)
     if (reason := declared.unavailable()) is not None:
         pytest.skip(f"{name} cannot run here: {reason}")
@@ -175,5 +183,7 @@ def test_a_broker_killed_mid_run_fails_the_run_with_that_reason_and_keeps_its_ev
         assert f"(pid {victim.pid}) exited with code -9 (killed by SIGKILL)" in run.reason
     stored = sum(stored_rows(controller, run_id).values())
     assert stored > 50 and dataset_rows(controller, campaign_id, run_id) == stored
-    assert child_processes("mqttbed.agents") == []
+    assert child_processes("mqttbed.agents") == [] and inproc_starts.running() == []
+    # threads wherever the agents run on this machine; processes in a backend's network
+    assert bool(inproc_starts.in_process()) != isinstance(create_backend(name), OwnNetwork)
     assert not _alive(victim.pid) and os.getpid() != victim.pid

@@ -1,4 +1,9 @@
-"""The ``command`` backend: real Mosquitto (and real misbehaving commands) on loopback."""
+"""The ``command`` backend: real Mosquitto (and real misbehaving commands) on loopback.
+
+The campaign's agents are threads of this process (``inproc_controller``): what is checked
+is the broker's and the engine's, met by the same agent program over the same HTTP routes
+as a process, which records the same events (tests/test_inproc_agents.py).
+"""
 
 from __future__ import annotations
 
@@ -220,7 +225,8 @@ def test_a_program_that_is_not_installed_is_named():
 
 @pytest.mark.integration
 @pytest.mark.timeout(120)
-def test_a_campaign_on_a_command_broker_delivers_every_qos1_message(controller):
+def test_a_campaign_on_a_command_broker_delivers_every_qos1_message(inproc_controller):
+    controller = inproc_controller
     spec = parse_spec({
         "name": "command-qos1", "agents": {"count": 2},
         "broker": {"backend": "command", **MOSQUITTO_SPEC},

@@ -2,6 +2,11 @@
 
 A lost agent or a dead broker fails the run with that reason and keeps every event that
 already arrived; no process outlives its run.
+
+The agents are processes where the process is what is tested (killed with SIGKILL,
+stopped with SIGSTOP). The transitions of a run are the engine's alone: the agents of
+that test run on threads of this process (``inproc_controller``), the same agent program
+over the same HTTP routes, which records the same events (tests/test_inproc_agents.py).
 """
 
 from __future__ import annotations
@@ -106,7 +111,9 @@ def test_killed_agent_fails_run_with_reason_keeps_uploaded_events_and_next_run_p
 # A broker killed mid-run, for every backend: tests/test_backend_conformance.py.
 
 
-def test_every_transition_is_recorded_in_order(controller, updates, db_url):
+def test_every_transition_is_recorded_in_order(inproc_controller, updates, db_url,
+                                               inproc_starts):
+    controller = inproc_controller
     spec = {"name": "tiny", "agents": {"count": 1},
             "workload": {"subscribers": 2, "rate_hz": 200, "messages": 40, "warmup_messages": 5}}
     campaign_id, thread, result = start_campaign(controller, spec)
@@ -128,6 +135,7 @@ def test_every_transition_is_recorded_in_order(controller, updates, db_url):
     assert broker.as_type(MosquittoDeployment).limits.max_queued_messages == 1000
     # 40 publishes + 2 x 40 deliveries + 2 subscriptions, all stored
     assert dataset_rows(controller, campaign_id, run_id) == 40 + 80 + 2
+    assert len(inproc_starts.in_process()) == 1 and inproc_starts.running() == []
     assert child_processes("mqttbed.agents") == [] and child_processes("mosquitto") == []
 
 

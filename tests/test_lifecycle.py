@@ -1,12 +1,25 @@
-"""A campaign's lifecycle as its listeners see it: runs, analysing, then the final status."""
+"""A campaign's lifecycle as its listeners see it: runs, analysing, then the final status.
+
+The lifecycle is the engine's and the analysis': the run's agents are threads of this
+process (``inproc_controller``), the same agent program over the same HTTP routes as a
+process, which records the same events (tests/test_inproc_agents.py).
+"""
 
 from __future__ import annotations
 
 import pytest
 
 from mqttbed.campaigns.spec import parse_spec
+from mqttbed.controller.controller import Controller
 from mqttbed.controller.documents import CampaignUpdate, DocumentStream, ResultsReady, RunUpdate
 from mqttbed.controller.states import CampaignStatus, RunState
+
+
+@pytest.fixture
+def controller(inproc_controller) -> Controller:
+    """Every controller here starts its agents on threads."""
+    return inproc_controller
+
 
 TINY = {"name": "tiny", "agents": {"count": 1},
         "workload": {"subscribers": 2, "rate_hz": 200, "messages": 40, "warmup_messages": 5}}

@@ -4,6 +4,11 @@ Each test is one row of the fault table in docs/explanation/faults.md. The data 
 store is a small tmpfs mounted for the test (full, or read-only); the scope is the virtual
 SCPI scope made to stop answering; the network cut is an iptables DROP inside the namespace
 of an agent.
+
+The data dir and scope rows run their agents on threads of this process
+(``inproc_controller``): the faults are the controller's store and its scope, met by
+the same agent program over the same HTTP routes as a process (tests/test_inproc_agents.py).
+The network cut needs agent processes: its agents run in a network namespace.
 """
 
 from __future__ import annotations
@@ -85,13 +90,13 @@ def assert_store_consistent(controller, campaign_id: str, run_id: str) -> int:
 
 
 @pytest.fixture
-def mount_events(controller) -> Iterator[Callable[[str], Path]]:
+def mount_events(inproc_controller) -> Iterator[Callable[[str], Path]]:
     """Mount a tmpfs with the given options on the controller's event store; unmounted
     (and the store left as it was) after the test."""
     mounted: list[Path] = []
 
     def mount(options: str) -> Path:
-        events = controller.layout.events
+        events = inproc_controller.layout.events
         events.mkdir(parents=True, exist_ok=True)
         subprocess.run(["mount", "-t", "tmpfs", "-o", options, "mqttbed-faults", str(events)],
                        check=True)
@@ -110,7 +115,8 @@ def lost_counts(reason: str, run_id: str) -> dict[str, int]:
 
 
 def test_full_data_dir_fails_the_run_naming_the_path_and_keeps_the_store_consistent(
-        controller, mount_events):
+        inproc_controller, mount_events):
+    controller = inproc_controller
     """Fault row "data dir full": the event store fills mid-run."""
     events = mount_events("size=64k")
     spec = {"name": "full", "agents": {"count": 2}, "workload": {**WORKLOAD, "messages": 1000},
@@ -130,9 +136,10 @@ def test_full_data_dir_fails_the_run_naming_the_path_and_keeps_the_store_consist
 
 
 def test_final_flush_into_a_read_only_data_dir_fails_the_run_naming_the_events_lost(
-        controller, mount_events):
+        inproc_controller, mount_events):
     """Fault rows "data dir read-only" and "uploader cannot flush at the end": with one
     upload at the end of the run, every event of each agent is counted as lost."""
+    controller = inproc_controller
     mount_events("size=64k,ro")
     spec = {"name": "read-only", "agents": {"count": 2},
             "workload": {**WORKLOAD, "messages": 100},
@@ -152,7 +159,8 @@ def test_final_flush_into_a_read_only_data_dir_fails_the_run_naming_the_events_l
 
 
 def test_scope_that_stops_answering_marks_the_run_and_keeps_software_figures(
-        controller, monkeypatch):
+        inproc_controller, monkeypatch):
+    controller = inproc_controller
     """Fault row "scope stops answering mid-run"."""
     scopes: list[VirtualScope] = []
     start = VirtualScope.start
@@ -191,7 +199,8 @@ def test_scope_that_stops_answering_marks_the_run_and_keeps_software_figures(
     assert by_source == {"user": 600 + 2, "kernel": 2 * 600, "scope": scope.acquisitions}
 
 
-def test_short_run_flags_the_scope_shortfall_after_the_measure_timeout(controller):
+def test_short_run_flags_the_scope_shortfall_after_the_measure_timeout(inproc_controller):
+    controller = inproc_controller
     """Scope acquisitions: the measure phase waits (bounded by the spec) for what is
     missing; what still is, is flagged."""
     spec = {"name": "scope-short", "agents": {"count": 2},

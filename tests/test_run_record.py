@@ -1,5 +1,10 @@
 """A run's record: one typed document, written validated by the engine, read by everyone;
-and the results file's schema version, read on load."""
+and the results file's schema version, read on load.
+
+The real run's agents are threads of this process (``inproc_controller``): what the record
+holds comes from the engine and the agent program's messages, the same over HTTP from a
+thread as from a process (tests/test_inproc_agents.py).
+"""
 
 from __future__ import annotations
 
@@ -120,7 +125,9 @@ def test_every_fact_is_validated_when_the_engine_records_it():
 
 
 @pytest.mark.integration
-def test_a_real_run_stores_a_complete_record_and_its_retry_says_what_it_retries(controller):
+def test_a_real_run_stores_a_complete_record_and_its_retry_says_what_it_retries(
+        inproc_controller):
+    controller = inproc_controller
     campaign_id = controller.engine.create_campaign(parse_spec(
         {"name": "recorded", "agents": {"count": 2},
          "workload": {"subscribers": 3, "rate_hz": 50, "messages": 30, "warmup_messages": 5}}))
