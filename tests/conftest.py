@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import psutil
 import pytest
@@ -21,6 +21,8 @@ from mqttbed.core.settings import Settings
 
 if TYPE_CHECKING:
     from mqttbed.agents.in_process import InProcessAgents
+
+T = TypeVar("T")
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -221,6 +223,26 @@ def eventually(check: Callable[[], bool], timeout_s: float = 3.0) -> bool:
             return True
         time.sleep(0.01)
     return check()
+
+
+def wait_until(predicate: Callable[[], T], timeout_s: float, what: str,
+               poll_s: float = 0.02) -> T:
+    """Poll ``predicate`` until it returns something true, and return that; fail naming
+    ``what`` (what did not happen) once ``timeout_s`` has passed without it.
+
+    A test waits on the thing it needs to have happened (a subscription in place, a chunk
+    stored, a sample taken, a process gone), never for a fixed time: a sleep is too short
+    on a loaded machine and wasted on a quiet one. Fixed windows that check that something
+    does *not* happen carry a ``# window: <why>`` comment instead (tests/test_test_hygiene.py).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(poll_s)
 
 
 def child_processes(name_part: str) -> list[psutil.Process]:

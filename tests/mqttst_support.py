@@ -96,7 +96,7 @@ class Subscribers:
             if all(expected <= set(self.payloads(i)) for i in range(len(self.endpoints))):
                 break
             time.sleep(0.02)
-        time.sleep(settle_s)
+        time.sleep(settle_s)  # window: a late duplicate copy would arrive within it
         return [Counter({payload: count for payload, count in self.payloads(i).items()
                          if payload in expected}) for i in range(len(self.endpoints))]
 

@@ -24,7 +24,7 @@ from mqttbed.brokers.adaptive.rtt import QUERY_TOPIC
 from mqttbed.brokers.adaptive.shaped_client import ShapedSubscribers
 from mqttbed.core.host import LocalHost
 from mqttbed.core.protocol import Endpoint
-from tests.conftest import eventually
+from tests.conftest import eventually, wait_until
 from tests.test_forkpipe_protocol import CONNACK, RawClient, connect, publish
 
 pytestmark = pytest.mark.timeout(60)
@@ -66,8 +66,20 @@ class Broker:
         """Subscribers that all look like ``delay_s`` (waited for together)."""
         group = [self.shaped.connect(c, list(filters), delay_s) for c in client_ids]
         assert self.shaped.wait_for(lambda: all(s.queries_answered >= 1 for s in group), 5)
-        time.sleep(0.05)   # the PUBACKs reach the broker
+        wait_until(lambda: all(self.client_figures(c).get("rtt_latest_ms") is not None
+                               for c in client_ids), 5,
+                   f"the broker's RTT estimate of each of {client_ids} (their PUBACKs)")
         return group
+
+    def client_figures(self, client_id: str) -> dict:
+        """The broker's live figures of ``client_id`` (empty before it has any)."""
+        return ((self.backend.live_counters() or {}).get("clients") or {}).get(client_id, {})
+
+    def subscriptions(self) -> list[list[str]]:
+        """The topic filters of each client the broker has figures of, sorted."""
+        clients = (self.backend.live_counters() or {}).get("clients") or {}
+        return sorted(figures["subscriptions"] for figures in clients.values()
+                      if figures["subscriptions"])
 
     def close(self) -> None:
         self.shaped.close()
@@ -127,7 +139,11 @@ def test_paho_and_mosquitto_clients_get_what_their_wildcards_match_at_the_grante
                             "sensors/room1/#", "-q", "2", "-v", "-C", "2", "-W", "10",
                             "-T", "$adaptive/#"],   # queries reach it too: filtered out
                            stdout=subprocess.PIPE, text=True)
-    time.sleep(0.5)   # every subscription is in place (and a query round went by)
+    # every subscription in place, and a query round gone by (a client has figures once
+    # it was queried)
+    expected = sorted([["sensors/+/temp"], ["sensors/#"], ["sensors/room1/#"]])
+    wait_until(lambda: broker.subscriptions() == expected, 5,
+               f"the subscriptions {expected} in the broker's figures")
     for topic, message, qos in (("sensors/room1/temp", "t1", 1), ("sensors/room2/temp", "t2", 0),
                                 ("sensors/room1/humid", "h1", 2), ("other/room1/temp", "x", 1)):
         subprocess.run(["mosquitto_pub", "-p", str(broker.endpoint.port), "-t", topic, "-m",
@@ -156,12 +172,19 @@ def test_by_hand_on_a_chosen_port_then_sigterm_exits_zero(tmp_path):
                               stdout=subprocess.PIPE, text=True)
     try:
         assert "listening on tcp://127.0.0.1:" in broker.stdout.readline()
-        sub = subprocess.Popen(["mosquitto_sub", "-p", str(port), "-t", "a/#", "-C", "1",
-                                "-W", "10", "-T", "$adaptive/#"], stdout=subprocess.PIPE, text=True)
-        time.sleep(0.3)
+        # -d: it says when the SUBACK came back, i.e. when its subscription is in place
+        sub_out = tmp_path / "sub.out"
+        with sub_out.open("w") as out:
+            sub = subprocess.Popen(["mosquitto_sub", "-d", "-p", str(port), "-t", "a/#", "-C",
+                                    "1", "-W", "10", "-T", "$adaptive/#"], stdout=out)
+        wait_until(lambda: "received SUBACK" in sub_out.read_text(), 10,
+                   f"mosquitto_sub's SUBACK from the adaptive broker on port {port}")
         subprocess.run(["mosquitto_pub", "-p", str(port), "-t", "a/b", "-m", "by hand"],
                        check=True, timeout=10)
-        assert sub.communicate(timeout=15)[0] == "by hand\n"
+        assert sub.wait(timeout=15) == 0
+        debug = ("Client ", "Subscribed ")
+        assert [line for line in sub_out.read_text().splitlines()
+                if not line.startswith(debug)] == ["by hand"]
     finally:
         broker.send_signal(signal.SIGTERM)
         assert broker.wait(timeout=10) == 0
@@ -176,7 +199,7 @@ def test_conservative_withholds_while_congested_small_overtakes_fast_rtt_release
     large_ns = broker.publish("msg/large", LARGE, tag=b"L1")
     small_ns = broker.publish("msg/small", SMALL, tag=b"S1")
     assert arrival_s(subscriber, b"S1", small_ns) < 0.2          # the small one overtakes
-    time.sleep(0.5)                                              # two query periods: held
+    time.sleep(0.5)  # window: two query periods in which L1 must stay held
     assert tags(subscriber) == [b"S1"]
     subscriber.query_delay_s = 0.0                               # the link recovers
     recovered_ns = time.monotonic_ns()
@@ -227,7 +250,7 @@ def test_opted_in_only_the_subscribers_of_the_query_topic_are_queried_and_withhe
     plain = broker.shaped.connect("plain", [("msg/#", 0)], CONGESTED_DELAY_S)
     sent_ns = broker.publish("msg/large", LARGE, tag=b"L1")
     assert arrival_s(plain, b"L1", sent_ns) < 0.2
-    time.sleep(0.3)
+    time.sleep(0.3)  # window: L1 would reach "opted" by now if it were not withheld
     assert tags(opted) == [] and plain.queries_seen == 0
     clients = broker.backend.live_counters()["clients"]
     assert clients["opted"]["withheld"] == 1 and not clients["plain"]["queried"]
@@ -246,7 +269,7 @@ def test_a_subscriber_that_never_answers_or_stops_reading_stalls_nobody(brokers)
         # 10 MB in all: more than the kernel buffers (4 MB send buffer here) hold for "stuck"
         sent_ns = broker.publish("msg/data", 1 << 20 if n % 4 == 0 else SMALL, qos=1, tag=tag)
         latencies.append(arrival_s(good, tag, sent_ns))
-        time.sleep(0.02)
+        time.sleep(0.02)  # window: paces the load, 50 messages/s
     # a broker blocked on the stuck socket would hold every later delivery to "good" (none
     # would arrive within arrival_s's 5 s); 1 s leaves room for a loaded machine (0.25 s
     # on a quiet one)

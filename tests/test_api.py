@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mqttbed.controller.documents import ResultsReady
-from tests.conftest import eventually
+from tests.conftest import eventually, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -227,13 +227,14 @@ def test_a_failed_analysis_fails_the_campaign_and_keeps_its_events(served, monke
     from mqttbed.controller.db import ChunkRow
 
     def analysis_that_breaks(sessions, layout, campaign_id, settings=None):
-        time.sleep(1.0)  # long enough for the client to see it analysing
+        # until the client polling below has seen it analysing
+        wait_until(lambda: "analysing" in seen, 60, "the client to see the campaign analysing")
         # half-way through writing its files, as a real failure might leave them
         (layout.campaign_dir(campaign_id) / "stats.json").write_text('{"points": [')
         raise RuntimeError("the Spark executor was lost")
 
-    monkeypatch.setattr(lifecycle, "analyze_campaign", analysis_that_breaks)
     seen: list[str] = []
+    monkeypatch.setattr(lifecycle, "analyze_campaign", analysis_that_breaks)
     with served.client() as http:
         campaign_id = http.post("/api/v1/campaigns", json=TINY_SPEC).json()["id"]
         http.post(f"/api/v1/campaigns/{campaign_id}/start")

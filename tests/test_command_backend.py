@@ -29,7 +29,7 @@ from mqttbed.core.backends import BrokerBackend, BrokerFeatures, create_backend,
 from mqttbed.core.errors import BackendError, MissingSystemDependency, SpecError
 from mqttbed.core.host import LocalHost, sha256_file
 from mqttbed.core.samples import SysTopicsSource
-from tests.conftest import child_processes, eventually
+from tests.conftest import child_processes, eventually, wait_until
 from tests.generic_support import MOSQUITTO, MOSQUITTO_TEMPLATE, delivery_counts
 
 pytestmark = pytest.mark.timeout(30)
@@ -116,7 +116,10 @@ def test_teardown_twice_and_a_killed_broker_is_named_by_health(mosquitto_by_comm
 @pytest.mark.integration
 def test_sys_samples_of_mosquitto_are_numbers(mosquitto_by_command):
     backend, _ = mosquitto_by_command
-    time.sleep(1.2)   # the template sets sys_interval 1
+    # the template sets sys_interval 1
+    wait_until(lambda: len(samples := backend.sys_samples()) > 10
+               and "$SYS/broker/messages/received" in {s.topic for s in samples}, 10,
+               "more than 10 $SYS samples, $SYS/broker/messages/received among them")
     backend.teardown()
     samples = backend.sys_samples()
     assert len(samples) > 10 and {s.topic[:5] for s in samples} == {"$SYS/"}

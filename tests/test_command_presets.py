@@ -163,7 +163,7 @@ def exchange(port: int, qos: int, count: int) -> Counter[int]:
         deadline = time.monotonic() + 10
         while arrived.total() < count and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.2)   # a late duplicate would show up now
+        time.sleep(0.2)  # window: a late duplicate would show up within it
     finally:
         for made in (publisher, subscriber):
             made.disconnect()

@@ -29,6 +29,7 @@ from mqttbed.controller.states import CampaignStatus
 from mqttbed.controller.tokens import TokenRole, create_token
 from mqttbed.core.process_journal import JOURNAL_SUBDIR, reap_stale, tagged_processes
 from mqttbed.core.settings import Settings
+from tests.conftest import wait_until
 
 CLI = str(Path(sys.executable).parent / "mqttbed")
 HEARTBEAT_TIMEOUT_S = 2.0
@@ -167,7 +168,10 @@ def test_killed_then_stopped_controller_leaves_nothing_and_the_campaign_complete
     assert httpx.post(f"{first.url}/api/v1/campaigns/{campaign_id}/start", headers=headers,
                       timeout=10).status_code == 200
     wait_for_run(first.url, token, campaign_id, "-r0000", "running")
-    time.sleep(1.2)  # a chunk of events uploaded (chunk interval 1 s): the attempt has data
+    # the attempt has data: a chunk of its events stored (chunk interval 1 s)
+    partition = data / "events" / f"campaign_id={campaign_id}" / f"run_id={campaign_id}-r0000"
+    wait_until(lambda: any(partition.glob("*.parquet")), 30,
+               f"a chunk of the first attempt's events in {partition}")
     tag, groups = first.journal()
     brokers = [g for g in groups if Path(g["argv"][0]).name == "mosquitto"]
     agents = [g for g in groups if "--controller" in g["argv"]]
@@ -221,7 +225,6 @@ def test_killed_then_stopped_controller_leaves_nothing_and_the_campaign_complete
         ("-r0000-retry1", 1, "interrupted", "controller stopped by SIGTERM"),
         ("-r0000-retry2", 2, "done", None), ("-r0001", 0, "done", None)]
     # The killed attempt's events stay on disk, outside the results.
-    partition = data / "events" / f"campaign_id={campaign_id}" / f"run_id={campaign_id}-r0000"
     assert list(partition.glob("*.parquet")), "the killed attempt uploaded no chunk"
     assert [r.run_id.removeprefix(campaign_id) for r in results.runs] == \
         ["-r0000-retry2", "-r0001"]

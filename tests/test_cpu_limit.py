@@ -59,7 +59,7 @@ FORKS_LATER = ("import os, sys, time\n"
                "sys.stdin.readline()\n"
                "child = os.fork()\n"
                "if child: print(child, flush=True)\n"
-               "time.sleep(60)\n")
+               "time.sleep(60)\n")  # window: lives until the test kills it
 
 
 def cpu_seconds(pid: int) -> float:
@@ -110,7 +110,7 @@ def test_a_cpu_bound_tree_under_a_0_2_core_budget_uses_at_most_0_3_of_a_core_and
         assert cpu_cgroup_of(tree.pid) == cpu_cgroup_of(child) == relative(cgroup)
 
         before = time.monotonic(), cpu_seconds(tree.pid) + cpu_seconds(child)
-        time.sleep(WINDOW_S)
+        time.sleep(WINDOW_S)  # window: the CPU use is measured over it
         after = time.monotonic(), cpu_seconds(tree.pid) + cpu_seconds(child)
         used_cores = (after[1] - before[1]) / (after[0] - before[0])
         assert used_cores <= MEASURED_CEILING_CORES, used_cores

@@ -25,7 +25,7 @@ from mqttbed.core.backends import BrokerBackend, RunsOnLabHost, create_backend, 
 from mqttbed.core.errors import BackendError, SpecError
 from mqttbed.core.host import LocalHost
 from mqttbed.core.samples import SysTopicsSource
-from tests.conftest import eventually
+from tests.conftest import eventually, wait_until
 from tests.generic_support import (
     MOSQUITTO,
     delivery_counts,
@@ -116,7 +116,10 @@ def test_sys_topics_of_mosquitto_are_kept_as_numbers(tmp_path):
     with own_mosquitto(tmp_path) as (_, port):
         backend = ExternalBackend()
         backend.deploy({"url": f"mqtt://127.0.0.1:{port}"}, LocalHost())
-        time.sleep(1.2)   # Mosquitto publishes $SYS every sys_interval (1 s here)
+        # Mosquitto publishes $SYS every sys_interval (1 s here)
+        wait_until(lambda: "$SYS/broker/clients/connected" in {
+            s.topic for s in backend.sys_samples()}, 10,
+            "Mosquitto to publish $SYS/broker/clients/connected")
         backend.teardown()
     samples = backend.sys_samples()
     topics = {s.topic for s in samples}

@@ -7,7 +7,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,11 @@ from mqttbed.brokers.forkpipe.backend import ForkPipeBackend, ForkPipeLeftovers,
 from mqttbed.brokers.processes import processes_in_group
 from mqttbed.campaigns.spec import builtin_spec_path, expand_points, load_spec, parse_spec
 from mqttbed.core.backends import BrokerBackend, create_backend, options_model
+from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.errors import MissingSystemDependency, SpecError
 from mqttbed.core.host import LocalHost
 from mqttbed.core.protocol import Endpoint
+from tests.conftest import wait_until
 from tests.test_forkpipe_protocol import (
     RawClient,
     assert_clean_teardown,
@@ -248,7 +249,13 @@ def test_io_of_ended_client_processes_is_counted_once():
     broker's bytes sent must still be one per delivered byte plus the CONNACKs and SUBACK.
     """
     deployed = deploy(sanitizers=False, stats_interval_s=0.05)
-    settle_s = 0.3  # a few sampling intervals, so every process is sampled at rest
+
+    def sampled_at_rest(what: str) -> None:
+        """Wait for two samples after now: the second was read wholly after this moment."""
+        now_ns = monotonic_ns()   # the samples' clock
+        wait_until(lambda: sum(s.t_ns > now_ns for s in deployed.backend.resource_samples())
+                   >= 2, 10, f"two resource samples of the broker {what}")
+
     try:
         assert eventually(lambda: len(deployed.backend.resource_samples()) >= 1)
         subscriber, publisher = deployed.client("sub"), deployed.client("pub")
@@ -258,11 +265,11 @@ def test_io_of_ended_client_processes_is_counted_once():
             publisher.send(one)
         for _ in range(200):
             subscriber.next_message()
-        time.sleep(settle_s)
+        sampled_at_rest("once every delivery was read (every process at rest)")
         subscriber.close()
         publisher.close()
         assert eventually(lambda: deployed.processes() == 1)
-        time.sleep(settle_s)  # the listener is sampled after its children have ended
+        sampled_at_rest("after its client processes ended")
     finally:
         assert_clean_teardown(deployed)
     samples = deployed.backend.resource_samples()

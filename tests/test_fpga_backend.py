@@ -17,7 +17,7 @@ from mqttbed.core.errors import BackendError
 from mqttbed.core.host import LocalHost
 from mqttbed.core.mqtt_codec import SubAck, Subscribe, decode, encode, encode_publish
 from mqttbed.core.protocol import Transport
-from tests.conftest import child_processes
+from tests.conftest import child_processes, wait_until
 from tests.test_fpga_model_udp import udp_client
 
 pytestmark = pytest.mark.timeout(30)
@@ -44,12 +44,24 @@ def test_deployed_model_relays_over_udp_and_teardown_records_what_it_did():
     assert backend.health() is None
     subscriber, publisher = udp_client(endpoint.port), udp_client(endpoint.port)
     try:
-        subscriber.send(encode(Subscribe(1, (("line/#", 0),))))
+        subscribe = encode(Subscribe(1, (("line/#", 0),)))
+        subscriber.send(subscribe)
         assert decode(subscriber.recv(64)) == SubAck(1, (0,))
         for n in range(10):
             publisher.send(encode_publish(f"line/{n}", bytes(40)))
             assert subscriber.recv(256) == encode_publish(f"line/{n}", bytes(40))
-        time.sleep(0.15)
+        # the last sample counts all this traffic (and there is a second one to compare)
+        publishes = sum(len(encode_publish(f"line/{n}", bytes(40))) for n in range(10))
+        traffic_in = len(subscribe) + publishes
+        traffic_out = len(encode(SubAck(1, (0,)))) + publishes
+
+        def counted() -> bool:
+            samples = backend.resource_samples()
+            return (len(samples) >= 2 and samples[-1].bytes_recv >= traffic_in
+                    and samples[-1].bytes_sent >= traffic_out)
+
+        wait_until(counted, 10, f"a resource sample counting {traffic_in} B in and "
+                   f"{traffic_out} B out")
     finally:
         subscriber.close()
         publisher.close()

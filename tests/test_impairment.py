@@ -33,6 +33,7 @@ from mqttbed.core.errors import SpecError
 from mqttbed.core.run_record import run_record
 from mqttbed.network.commands import ip, run, tc
 from mqttbed.network.topology import JOURNAL_DIR, leftovers, reap_stale, tagged_processes
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -260,9 +261,9 @@ def test_the_delay_proxy_adds_its_delay_each_way_and_jitter_never_reorders_a_str
     proxy = subprocess.Popen([sys.executable, "-m", "mqttbed.network.delay_proxy", *args,
                               "--upstream", "{}:{}".format(*_echo_server())])
     try:
-        while not (tmp_path / "ready.json").exists():
-            assert proxy.poll() is None
-            time.sleep(0.01)
+        wait_until(lambda: (tmp_path / "ready.json").exists() or proxy.poll() is not None, 10,
+                   "the delay proxy's ready file")
+        assert proxy.poll() is None, f"the delay proxy exited with {proxy.returncode}"
         port = json.loads((tmp_path / "ready.json").read_text())["port"]
         with socket.create_connection(("127.0.0.1", port)) as conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -279,7 +280,7 @@ def test_the_delay_proxy_adds_its_delay_each_way_and_jitter_never_reorders_a_str
             for seq in range(150):
                 sent[seq] = time.monotonic_ns()
                 conn.sendall(seq.to_bytes(4, "big"))
-                time.sleep(0.002)
+                time.sleep(0.002)  # window: paces the stream, one chunk every 2 ms
             receiver.join(10)
         assert [int.from_bytes(stream[i:i + 4], "big") for i in range(0, 600, 4)] == \
             list(range(150))
@@ -297,6 +298,14 @@ def _drops_in(prefix: str) -> bool:
     """Whether the impaired host of topology ``prefix`` has its iptables drops yet."""
     return "statistic" in run(["ip", "netns", "exec", f"{prefix}-h0", "iptables", "-S"],
                               check=False)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` lives and is not a zombie."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _journal_with_a_host(pid: int) -> str | None:
@@ -326,12 +335,14 @@ def test_a_sigkilled_run_leaves_nothing_once_reaped(tmp_path):
         while (prefix := _journal_with_a_host(cli.pid)) is None or not _drops_in(prefix):
             assert cli.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
-        time.sleep(2)  # agents up and publishing through the proxy
-        proxies = tagged_processes(prefix)
-        assert proxies, "the delay proxy runs, tagged with the run's prefix"
+        # agents up and publishing through the proxy: the proxy runs, the impaired group's
+        # agent in its namespace
+        proxies = wait_until(lambda: tagged_processes(prefix), 30,
+                             f"the delay proxy, tagged with the run's prefix {prefix}")
+        inside = wait_until(lambda: [int(pid) for pid in
+                                     ip("netns", "pids", f"{prefix}-h0").split()], 30,
+                            f"the impaired group's agent in its namespace {prefix}-h0")
         assert "htb" in tc("qdisc", "show", "dev", f"{prefix}m0")
-        inside = [int(pid) for pid in ip("netns", "pids", f"{prefix}-h0").split()]
-        assert inside, "the impaired group's agent runs in its namespace"
         started = psutil.Process(cli.pid).children(recursive=True)
     finally:
         cli.send_signal(signal.SIGKILL)
@@ -340,10 +351,13 @@ def test_a_sigkilled_run_leaves_nothing_once_reaped(tmp_path):
         assert leftovers(prefix) != []
         assert prefix in reap_stale()
         assert leftovers(prefix) == []  # namespaces (and their iptables), links (and their
-        time.sleep(0.2)                 # qdiscs), tagged proxies
-        alive = [pid for pid in proxies + inside if psutil.pid_exists(pid)
-                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
-        assert alive == []
+                                        # qdiscs), tagged proxies
+
+        def alive() -> list[int]:
+            return [pid for pid in proxies + inside if _running(pid)]
+
+        wait_until(lambda: alive() == [], 5,
+                   f"the proxies and agent of {prefix} ({proxies + inside}) to end")
     finally:
         for proc in started:  # the broker and the unimpaired agent: not this test's subject
             if proc.is_running():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -35,7 +36,7 @@ from mqttbed.core.mqttsn import (
     decode,
     encode,
 )
-from tests.conftest import child_processes
+from tests.conftest import child_processes, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -145,7 +146,7 @@ def test_fuzzed_datagrams_are_dropped_and_counted_and_a_good_client_is_still_ser
             except (BlockingIOError, ConnectionRefusedError):
                 pytest.fail("the gateway stopped reading or went away")
             if len(sent) % 100 == 0:
-                time.sleep(0.01)   # a fuzzer, not a flood: the receive buffer keeps up
+                time.sleep(0.01)  # window: a fuzzer, not a flood: the receive buffer keeps up
         send()
     malformed = sum(1 for d in sent if not _decodes(d))
     assert malformed > len(sent) // 2
@@ -158,11 +159,22 @@ def test_fuzzed_datagrams_are_dropped_and_counted_and_a_good_client_is_still_ser
         good.send(encode(Pingreq()))
         assert decode(good.recv(64)) == Pingresp()
     assert backend.health() is None
-    time.sleep(1.2)   # the stats file is rewritten every second
-    stats = json.loads((backend._proc.dir / "stats.json").read_text())
+    # The stats file is rewritten (replaced) every second, between datagrams: one written
+    # after the PINGRESP above counts every datagram sent here.
+    stats_file = backend._proc.dir / "stats.json"
+    written = file_version(stats_file)
+    wait_until(lambda: file_version(stats_file) != written, 10,
+               f"the gateway to rewrite {stats_file}")
+    stats = json.loads(stats_file.read_text())
     assert stats["received_by_type"]["malformed"] == malformed
     assert stats["broker_dropped"] >= malformed
     assert stats["internal_errors"] == 0 and stats["receive_errors"] == 0
+
+
+def file_version(path: Path) -> tuple[int, int]:
+    """Inode and modification time of ``path``: another pair once it was replaced."""
+    status = path.stat()
+    return status.st_ino, status.st_mtime_ns
 
 
 def _decodes(datagram: bytes) -> bool:

@@ -67,7 +67,7 @@ def test_killing_the_root_elects_the_next_capability_and_delivery_resumes(cluste
         for n, payload in enumerate(sent):
             stream.stdin.write(payload + "\n")
             stream.stdin.flush()
-            time.sleep(0.005)
+            time.sleep(0.005)  # window: paces the stream, one message per 5 ms
             if n == 100:
                 killed_at = cluster.kill(1)
         stream.stdin.close()

@@ -113,7 +113,7 @@ backend.prepare(SimpleNamespace(placement="distributed"))
 backend.deploy(Options(keepalive_s=2, **json.loads(sys.argv[1])), LocalHost())
 print(json.dumps({"prefix": backend._proxies.prefix,
                   "workdir": str(backend._cluster._workdir)}), flush=True)
-time.sleep(600)
+time.sleep(600)  # window: holds the cluster until the test kills this owner
 """
 
 

@@ -21,6 +21,7 @@ from mqttbed.analytics.queueing import pams_expected_wait_s
 from mqttbed.campaigns.spec import builtin_spec_path, load_spec
 from mqttbed.network.commands import ip
 from mqttbed.network.topology import JOURNAL_DIR, leftovers, reap_stale
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -124,20 +125,32 @@ def test_a_run_killed_mid_way_is_reaped_with_everything_running_inside(tmp_path)
         while (journal := journal_of(proc.pid)) is None:
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
-        time.sleep(3)  # agents up and publishing
         prefix = journal["prefix"]
-        inside = [int(pid) for name in (f"{prefix}-h0", f"{prefix}-h1")
-                  for pid in ip("netns", "pids", name).split()]
-        assert inside, "the gateway and an agent should run in the namespaces"
+
+        def both_running() -> list[int]:
+            """The pids in the gateway's namespace (h0) and an agent's (h1), once both
+            have one."""
+            per_host = [ip("netns", "pids", f"{prefix}-h{n}").split() for n in (0, 1)]
+            return [int(pid) for pids in per_host for pid in pids] if all(per_host) else []
+
+        # agents up: the gateway and an agent run in their namespaces
+        inside = wait_until(both_running, 30,
+                            f"the gateway and an agent in the namespaces {prefix}-h0, -h1")
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert leftovers(prefix) != []
     assert prefix in reap_stale()
     assert leftovers(prefix) == []
-    time.sleep(0.2)
-    assert not [pid for pid in inside if psutil.pid_exists(pid)
-                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+    def running(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    wait_until(lambda: not any(running(pid) for pid in inside), 5,
+               f"the processes that ran in the namespaces ({inside}) to end")
 
 
 @pytest.mark.parametrize("name", ["pams-packets", "pams-latency"])

@@ -10,6 +10,7 @@ import random
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from mqttbed.brokers.p4.controller import PamsController
 from mqttbed.brokers.p4.tables import TopicIdType, TopicKey
 from mqttbed.core import mqttsn as mqttsn_codec
 from mqttbed.network.netns import socket_in
+from tests.conftest import wait_until
 from tests.pams_net import (
     BROKER_PORT,
     SUBSCRIBER_PORT,
@@ -31,6 +33,14 @@ from tests.pams_net import (
 pytestmark = pytest.mark.integration
 
 TOPIC = TopicKey(TopicIdType.NORMAL, 0x0101)
+
+
+def packet_sockets_on(link: str) -> int:
+    """AF_PACKET sockets of this network namespace bound to ``link`` and receiving
+    (/proc/net/packet: Iface is the bound link's index, R is 1 once its hook is in)."""
+    index = str(socket.if_nametoindex(link))
+    rows = [line.split() for line in Path("/proc/net/packet").read_text().splitlines()[1:]]
+    return sum(1 for row in rows if row[4] == index and row[5] == "1")
 
 
 def install_three(lab) -> None:
@@ -207,10 +217,13 @@ def test_the_controller_learns_a_subscription_from_packet_ins_and_the_switch_acc
         ports = {host.mac: host.port_ifindex for host in lab.topology.hosts.values()}
         controller = PamsController(lab.tables, lab.broker_address, ports)
         stop = threading.Event()
-        reader = threading.Thread(target=controller.serve, args=(lab.topology.cpu_peer, stop))
+        cpu_link = lab.topology.cpu_peer
+        bound_before = packet_sockets_on(cpu_link)
+        reader = threading.Thread(target=controller.serve, args=(cpu_link, stop))
         reader.start()
         try:
-            time.sleep(0.2)  # the AF_PACKET socket is bound
+            wait_until(lambda: packet_sockets_on(cpu_link) > bound_before, 5,
+                       f"the controller's AF_PACKET socket bound to {cpu_link}")
             s1 = lab.subscribers["s1"]
             s1.sendto(subscribe("a/b", 5), lab.broker_address)
             [(request, client)] = drain(lab.broker)

@@ -23,7 +23,7 @@ from mqttbed.controller.db import ChunkRow, RunRow, TransitionRow
 from mqttbed.controller.documents import CampaignUpdate, RunUpdate
 from mqttbed.controller.states import CampaignStatus
 from mqttbed.core.settings import Settings
-from tests.conftest import UpdateLog, child_processes
+from tests.conftest import UpdateLog, child_processes, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -42,6 +42,21 @@ def first_update(updates: UpdateLog, state: str, after: int = 0) -> int | None:
         if isinstance(update, RunUpdate) and update.state == state:
             return index
     return None
+
+
+def chunks_from_every_agent(controller, run_id: str) -> bool:
+    """Whether chunks of ``run_id``'s events from each of the spec's agents are stored."""
+    with controller.sessions() as s:
+        agents = {c.agent_id for c in s.query(ChunkRow).filter_by(run_id=run_id)}
+    return len(agents) == SPEC["agents"]["count"]
+
+
+def events_flowing(controller, updates: UpdateLog, running: int) -> None:
+    """Wait until the run that went running at update ``running`` has stored chunks of
+    events from every agent (they upload every 0.2 s)."""
+    run_id = updates[running].run_id
+    wait_until(lambda: chunks_from_every_agent(controller, run_id), 30,
+               f"chunks of {run_id}'s events from all {SPEC['agents']['count']} agents")
 
 
 def wait_for_update(updates: UpdateLog, state: str, after: int, timeout_s: float) -> int:
@@ -67,7 +82,7 @@ def test_a_postgresql_restart_mid_campaign_loses_no_state_and_no_event(postgres,
             seen = 0
             for _ in range(2):  # each run: restart while it measures and uploads
                 seen = wait_for_update(updates, "running", seen, 60)
-                time.sleep(1.0)  # events are flowing in: chunks every 0.2 s from 2 agents
+                events_flowing(controller, updates, seen)
                 before = postgres.postmaster_pid()
                 postgres.restart()
                 restarts.append(("running", before, postgres.postmaster_pid()))
@@ -108,6 +123,13 @@ def test_a_postgresql_restart_mid_campaign_loses_no_state_and_no_event(postgres,
     assert child_processes("mqttbed.agents") == [] and child_processes("mosquitto") == []
 
 
+def spark_busy() -> bool:
+    """Whether this process's Spark session is running a job."""
+    from mqttbed.analytics.spark import get_spark
+
+    return bool(get_spark().sparkContext.statusTracker().getActiveJobIds())
+
+
 def first_status(updates: UpdateLog, status: str) -> bool:
     return any(isinstance(u, CampaignUpdate) and u.status == status for u in updates)
 
@@ -128,15 +150,16 @@ def test_a_campaign_through_its_analysis_outlives_postgresql_restarts(postgres, 
         runner.start()
         restarted_during = []
         try:
-            wait_for_update(updates, "running", 0, 60)
-            time.sleep(1.0)
+            events_flowing(controller, updates, wait_for_update(updates, "running", 0, 60))
             postgres.restart()
             restarted_during.append("running")
             deadline = time.monotonic() + 300
             while not first_status(updates, "analysing"):
                 assert time.monotonic() < deadline and runner.is_alive(), updates
                 time.sleep(0.05)
-            time.sleep(1.0)  # Spark is reading the events
+            # Spark is reading the events (or the analysis is over already)
+            wait_until(lambda: spark_busy() or first_status(updates, "done"), 120,
+                       "a Spark job of the analysis")
             if not first_status(updates, "done"):
                 postgres.restart()
                 restarted_during.append("analysing")

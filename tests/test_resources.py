@@ -16,7 +16,7 @@ from mqttbed.brokers.mosquitto.backend import MosquittoBackend, Options
 from mqttbed.core.host import LocalHost, LocalProcess
 from mqttbed.core.samples import BrokerResourceSample
 from mqttbed.instruments.resources import READ_ATTEMPTS, ProcessTreeSampler, summarize
-from tests.conftest import eventually
+from tests.conftest import eventually, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -46,7 +46,7 @@ def test_sampler_counts_children_cpu(tmp_path):
             while time.monotonic() < end:
                 pass
             os._exit(0)
-        time.sleep(8)
+        time.sleep(8)  # window: the parent idles while its child spins
         """, tmp_path)
     try:
         wait_for_children(parent.pid, 1, timeout_s=10.0)
@@ -54,7 +54,9 @@ def test_sampler_counts_children_cpu(tmp_path):
         used_before, started = sum(child.cpu_times()[:2]), time.monotonic()
         sampler = ProcessTreeSampler(parent.pid, interval_s=0.1)
         sampler.start()
-        time.sleep(1.0)
+        # about a second of the tree, parent and child, however slow the machine samples
+        wait_until(lambda: sum(s.processes == 2 for s in sampler.samples) >= 10, 6,
+                   "ten samples of the parent with its spinning child")
         samples = sampler.stop()
         # what the child really used over the window, by the kernel's own accounting: on
         # a quiet machine ~100 %, on a loaded one less, so the check is relative to it
@@ -76,17 +78,17 @@ def test_sampler_keeps_bytes_of_children_that_exit(tmp_path):
     done = tmp_path / "all-children-reaped"
     parent = spawn_python(f"""
         import os, time
-        time.sleep(0.3)
+        time.sleep(0.3)  # window: the sampler starts before the first child
         for _ in range(4):
             child = os.fork()
             if child == 0:
                 with open(os.devnull, "wb", buffering=0) as sink:
                     sink.write(b"x" * 1_000_000)
-                time.sleep(0.25)
+                time.sleep(0.25)  # window: each child lives for a few samples
                 os._exit(0)
             os.waitpid(child, 0)
         open({str(done)!r}, "w").close()
-        time.sleep(20)
+        time.sleep(20)  # window: lives until the test stops it
         """, tmp_path)
     try:
         sampler = ProcessTreeSampler(parent.pid, interval_s=0.05)
@@ -129,7 +131,7 @@ class ReapDuringRead:
                     time.sleep(0.002)
                 os._exit(0)
             os.waitpid(child, 0)
-            time.sleep(30)
+            time.sleep(30)  # window: lives until the test stops it
             """, tmp_path)
         wait_for_children(self.parent.pid, 1)
         self.child = psutil.Process(self.parent.pid).children()[0]
@@ -213,9 +215,9 @@ def test_a_tree_that_changes_under_every_read_gives_no_sample_rather_than_a_wron
     parent = spawn_python("""
         import os, time
         if os.fork() == 0:
-            time.sleep(30)
+            time.sleep(30)  # window: lives until the test stops it
             os._exit(0)
-        time.sleep(30)
+        time.sleep(30)  # window: lives until the test stops it
         """, tmp_path)
     try:
         wait_for_children(parent.pid, 1)
@@ -251,7 +253,7 @@ def test_a_tree_that_changes_under_every_read_gives_no_sample_rather_than_a_wron
 
 
 def test_sampler_stops_promptly_and_takes_a_last_sample(tmp_path):
-    sleeper = spawn_python("import time; time.sleep(10)", tmp_path)
+    sleeper = spawn_python("import time; time.sleep(10)", tmp_path)  # window: outlives the test
     try:
         sampler = ProcessTreeSampler(sleeper.pid, interval_s=30)
         sampler.start()
@@ -266,16 +268,15 @@ def test_sampler_stops_promptly_and_takes_a_last_sample(tmp_path):
 
 
 def test_sampler_ends_by_itself_when_the_process_exits(tmp_path):
-    short = spawn_python("import time; time.sleep(0.4)", tmp_path)
+    short = spawn_python("import time; time.sleep(0.4)", tmp_path)  # window: a short life
     try:
         sampler = ProcessTreeSampler(short.pid, interval_s=0.05)
         sampler.start()
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline and short.poll() is None:
             time.sleep(0.02)
-        # the process is reaped; the thread must notice within a sample or two
-        time.sleep(0.2)
-        assert not sampler.running
+        # the process is reaped; the thread must notice (within a sample or two)
+        wait_until(lambda: not sampler.running, 2, "the sampler to end by itself")
         assert sampler.error is None
         assert len(sampler.stop()) >= 3
     finally:

@@ -241,7 +241,7 @@ def test_network_cut_to_the_controller_for_10_s_retries_chunks_and_stores_each_o
     cut = ("OUTPUT", "-p", "tcp", "!", "--dport", broker_port, "-j", "DROP")
     iptables_in(namespace, "-I", *cut)
     try:
-        time.sleep(10)
+        time.sleep(10)  # window: the fault is a 10 s cut
     finally:
         iptables_in(namespace, "-D", *cut)
     thread.join(60)

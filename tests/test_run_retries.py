@@ -102,7 +102,7 @@ DYING_CONTROLLER = textwrap.dedent("""
     # The group leader dies with this process (PDEATHSIG); the sleep it forked does not.
     handle = LocalHost().spawn(["sh", "-c", "sleep 60 & echo $! > " + sys.argv[2] + "; wait"])
     print(handle.pid, flush=True)
-    time.sleep(60)
+    time.sleep(60)  # window: lives until the test kills it
 """)
 
 

@@ -9,6 +9,7 @@ from mqttbed.controller.assignments import plan_assignments
 from mqttbed.controller.scope_recorder import ScopeRecorder
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.protocol import Endpoint
+from tests.conftest import wait_until
 
 SPEC = parse_spec({
     "name": "rec", "agents": {"count": 1},
@@ -66,6 +67,7 @@ def test_a_run_that_ends_first_stops_the_loop_with_what_was_caught():
     scope = ScriptedScope([True])  # then never again
     recorder = recorder_with(scope)
     recorder.start(monotonic_ns() - 1_000_000_000)  # warm-up long over: arm at once
-    time.sleep(0.2)
+    wait_until(lambda: recorder.acquisitions == 1 and recorder.timeouts >= 1, 5,
+               "the recorder's one acquisition and a timeout after it")
     recorder.stop()
     assert recorder.acquisitions == 1 and recorder.timeouts >= 1 and recorder.error is None

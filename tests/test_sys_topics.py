@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 import pyarrow.parquet as pq
 import pytest
 
 from mqttbed.brokers.reachability import describe_connack
 from mqttbed.instruments.sys_topics import SysTopicsSampler, SysTopicsUnavailable, numeric_value
+from tests.conftest import wait_until
 from tests.generic_support import free_port, own_mosquitto, refusing_broker
 
 pytestmark = pytest.mark.timeout(30)
@@ -34,7 +33,9 @@ def test_memory_is_bounded_and_what_did_not_fit_is_counted(tmp_path):
     with own_mosquitto(tmp_path) as (_, port):
         sampler = SysTopicsSampler("127.0.0.1", port, max_samples=5)
         sampler.start()
-        time.sleep(0.3)   # the retained $SYS values come at once
+        # the retained $SYS values come at once: more numbers than it keeps, and the version
+        wait_until(lambda: sampler.dropped > 0 and "$SYS/broker/version" in sampler.texts(), 10,
+                   "more than 5 numeric $SYS values, and $SYS/broker/version")
         samples = sampler.stop()
         assert sampler.stop() == samples   # twice: the same
     assert len(samples) == 5 and sampler.dropped > 0 and sampler.error is None

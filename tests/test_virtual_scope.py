@@ -12,6 +12,7 @@ import pyvisa
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.instruments.scope import RigolDS1000Z, open_scope
 from mqttbed.instruments.scope.virtual import IDENTITY, VirtualScope
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -68,7 +69,8 @@ def test_delays_between_fed_edges_are_measured_to_the_nanosecond(virtual, scope)
 def test_an_edge_before_arming_does_not_trigger(virtual, scope):
     early = monotonic_ns()
     publish_at(virtual, early, {2: 50 * US, 3: 60 * US})
-    time.sleep(0.001)
+    wait_until(lambda: monotonic_ns() > early + 60 * US, 1, "the clock to pass the edges",
+               poll_s=0.0001)
     scope.arm_single()
     virtual.advance(early + 5_000 * US)
     assert scope.wait_triggered(timeout_s=0.1) is False
@@ -111,10 +113,10 @@ def test_edges_fed_late_in_batches_from_another_thread_are_measured(virtual, sco
     t0 = monotonic_ns() + 10 * US
 
     def agent_uploads():
-        time.sleep(0.02)
+        time.sleep(0.02)  # window: late, while the scope already waits
         virtual.feed(3, [(t0 + 120 * US, 1)])
         virtual.advance(t0 - 1)
-        time.sleep(0.02)
+        time.sleep(0.02)  # window: a second batch later still
         virtual.feed(1, [(t0, 1)])
         virtual.feed(2, [(t0 + 87 * US, 1)])
         virtual.advance(t0 + 1_000 * US)
