@@ -172,11 +172,13 @@ def test_by_hand_on_a_chosen_port_then_sigterm_exits_zero(tmp_path):
                               stdout=subprocess.PIPE, text=True)
     try:
         assert "listening on tcp://127.0.0.1:" in broker.stdout.readline()
-        # -d: it says when the SUBACK came back, i.e. when its subscription is in place
+        # -d: it says when the SUBACK came back, i.e. when its subscription is in place;
+        # line by line (stdbuf), or a file gets it all only when it exits
         sub_out = tmp_path / "sub.out"
         with sub_out.open("w") as out:
-            sub = subprocess.Popen(["mosquitto_sub", "-d", "-p", str(port), "-t", "a/#", "-C",
-                                    "1", "-W", "10", "-T", "$adaptive/#"], stdout=out)
+            sub = subprocess.Popen(["stdbuf", "-oL", "mosquitto_sub", "-d", "-p", str(port),
+                                    "-t", "a/#", "-C", "1", "-W", "10", "-T", "$adaptive/#"],
+                                   stdout=out)
         wait_until(lambda: "received SUBACK" in sub_out.read_text(), 10,
                    f"mosquitto_sub's SUBACK from the adaptive broker on port {port}")
         subprocess.run(["mosquitto_pub", "-p", str(port), "-t", "a/b", "-m", "by hand"],
