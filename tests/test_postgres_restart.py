@@ -127,7 +127,7 @@ def spark_busy() -> bool:
     """Whether this process's Spark session is running a job."""
     from mqttbed.analytics.spark import get_spark
 
-    return bool(get_spark().sparkContext.statusTracker().getActiveJobIds())
+    return bool(get_spark().sparkContext.statusTracker().getActiveJobsIds())
 
 
 def first_status(updates: UpdateLog, status: str) -> bool:
