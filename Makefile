@@ -6,7 +6,7 @@ EXTRAS := agent,controller,analytics,p4,brokers,dev
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: install system-deps test test-system test-postgres rtl-test lint fuzz demo bench docs clean lab-up lab-down postgres-up postgres-down
+.PHONY: install system-deps test test-system test-postgres rtl-test rtl-build lint fuzz demo bench docs clean lab-up lab-down postgres-up postgres-down
 
 install: system-deps $(VENV)/.installed
 
@@ -51,6 +51,14 @@ test-postgres: install
 # subscriber, the yosys synthesis and a campaign against the RTL (minutes).
 rtl-test: install
 	MQTTBED_RTL_FULL=1 $(PY) -m pytest -ra --durations=20 -m rtl
+
+# The RTL's two builds ahead of rtl-test, niced: the Verilated harness, then yosys
+# synthesis (~4 min of one core). Each is kept by a hash of its sources, so the tests that
+# need them find them built; .ci/run starts this beside `make test` and waits for it before
+# the system tier, whose campaigns measure.
+rtl-build: install
+	nice -n 10 $(PY) -c "from mqttbed.brokers.fpga.rtl.build import ensure_sim, ensure_synth; \
+	print(ensure_sim()); print(ensure_synth())"
 
 # Longer fuzz runs than the tests' bounded ones: random examples for the Python parsers
 # and the REST API, then libFuzzer on the fork/pipe broker's packet path and on the agents'

@@ -27,7 +27,7 @@ INSTALL_HINT = ("install Verilator (and yosys for the synthesis check): `apt-get
 def sources() -> list[Path]:
     """Every file the builds are made from: Verilog, the harness, the Makefile, synth.ys."""
     return sorted([*SOURCE_DIR.glob("*.v"), *SOURCE_DIR.glob("*.vh"),
-                   SOURCE_DIR / "harness.cpp", SOURCE_DIR / "Makefile"])
+                   SOURCE_DIR / "harness.cpp", SOURCE_DIR / "Makefile", SOURCE_DIR / "synth.ys"])
 
 
 def source_hash() -> str:
