@@ -15,6 +15,7 @@ import logging
 import re
 import secrets
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -96,6 +97,7 @@ log = logging.getLogger("mqttbed.engine")
 COLLECT_TIMEOUT_S = 30.0
 RUN_GRACE_S = 10.0
 AGENT_REPORT_GRACE_S = 1.0  # after one agent's error, for the others' reports
+BROKER_EXIT_GRACE_S = 0.5   # after the agents' errors, for the broker's exit to show
 
 
 _EXIT = re.compile(r"exited with code (-?\d+)(?: \(killed by (SIG\w+)\))?")
@@ -734,6 +736,13 @@ class RunEngine:
                 raise RunFailed(broken)
             if inbox.errors:
                 self._hear_the_others(live)
+                # A dying broker's connections close before its exit can be seen (the
+                # kernel closes its sockets, then makes it a zombie), so its agents' reports
+                # can come first: the broker's health has the last word.
+                if live.backend is not None and (
+                        broken := self._broker_broken_within(live.backend,
+                                                             BROKER_EXIT_GRACE_S)) is not None:
+                    raise RunFailed(broker_died(broken))
                 raise RunFailed("; ".join(e.reason for e in inbox.errors.values()))
             if live.pool is not None and (exited := live.pool.exited()):
                 raise RunFailed("; ".join(exited))
@@ -748,6 +757,14 @@ class RunEngine:
                 raise RunFailed(f"timed out after {timeout_s:.1f} s waiting for {waiting_for}")
             self.ctx.agent_registry.wait(0.05)
         return True
+
+    @staticmethod
+    def _broker_broken_within(backend: BrokerBackend, timeout_s: float) -> str | None:
+        """The broker's health reason if it reports one within ``timeout_s``, else None."""
+        deadline = monotonic_ns() + int(timeout_s * 1e9)
+        while (broken := backend.health()) is None and monotonic_ns() < deadline:
+            time.sleep(0.02)
+        return broken
 
     def _hear_the_others(self, live: _LiveRun) -> None:
         """Give the agents that have not reported yet a moment to: a fault that hits them

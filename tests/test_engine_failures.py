@@ -230,3 +230,23 @@ def test_agent_that_stops_heartbeating_is_lost_and_fails_the_run(controller, upd
                         run.reason), run.reason
     assert dataset_rows(controller, campaign_id, run_id) >= 200
     assert child_processes("mqttbed.agents") == [] and child_processes("mosquitto") == []
+
+
+def test_a_broker_whose_exit_shows_after_its_agents_reports_still_has_the_last_word():
+    # Its sockets close (the agents report "broker closed the connection") a moment
+    # before the kernel lets its exit be seen; the engine waits that moment out.
+    from mqttbed.controller.engine import BROKER_EXIT_GRACE_S, RunEngine
+
+    class Dying:
+        def __init__(self, shows_after_s: float):
+            self.shows_at = time.monotonic() + shows_after_s
+
+        def health(self) -> str | None:
+            return ("mosquitto (pid 1) exited with code -9 (killed by SIGKILL)"
+                    if time.monotonic() >= self.shows_at else None)
+
+    assert RunEngine._broker_broken_within(Dying(0.1), BROKER_EXIT_GRACE_S) == (
+        "mosquitto (pid 1) exited with code -9 (killed by SIGKILL)")
+    started = time.monotonic()
+    assert RunEngine._broker_broken_within(Dying(60), 0.2) is None   # healthy: the agents'
+    assert 0.2 <= time.monotonic() - started < 2                    # reasons stand
