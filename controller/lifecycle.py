@@ -56,12 +56,14 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
         return CampaignStatus.CANCELLED  # cancelled while queued: nothing ran
     # The JVM starts (niced) while the first run measures, not after the last one.
     start_spark_in_background(settings)
+    with engine.ctx.sessions() as s:
+        spec = CampaignSpec.model_validate(s.get(CampaignRow, campaign_id).spec)
     engine.run_campaign(campaign_id)
     probe_figures: dict[str, RunStats] = {}
     chosen_to_end = False   # the campaign's own choice (a search's stop), not a failure
     while engine.stopping is None and not engine.is_cancelled(campaign_id):
         try:
-            if not next_runs(engine, layout, campaign_id, probe_figures, settings):
+            if not next_runs(engine, layout, campaign_id, spec, probe_figures, settings):
                 chosen_to_end = True
                 break
         except Exception:  # noqa: BLE001 - the analysis below says why, the events stay
@@ -73,8 +75,6 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
         # The controller is stopping: the campaign stays running, for the next controller
         # on the data dir to requeue (RunEngine.recover) and finish.
         return CampaignStatus.RUNNING
-    with engine.ctx.sessions() as s:
-        spec = CampaignSpec.model_validate(s.get(CampaignRow, campaign_id).spec)
     outcome, reason = settle_outcome(spec, *engine.outcome(campaign_id),
                                      search_ended=chosen_to_end)
     engine.set_campaign_status(campaign_id, CampaignStatus.ANALYSING, reason)
@@ -106,13 +106,11 @@ def settle_outcome(spec: CampaignSpec, outcome: CampaignStatus, reason: str | No
                                  "rejection: its reason is in the results' probes)")
 
 
-def next_runs(engine: RunEngine, layout: DataLayout, campaign_id: str,
+def next_runs(engine: RunEngine, layout: DataLayout, campaign_id: str, spec: CampaignSpec,
               figures: dict[str, RunStats], settings: Settings | None = None) -> bool:
-    """Once a campaign's queued runs have ended: queue the runs it chooses as it goes (a
-    search's next probe, another round of ``repetitions.until``); return whether it did.
-    ``figures`` caches ended runs' figures across calls."""
-    with engine.ctx.sessions() as s:
-        spec = CampaignSpec.model_validate(s.get(CampaignRow, campaign_id).spec)
+    """Once a campaign's queued runs have ended: queue the runs its ``spec`` chooses as it
+    goes (a search's next probe, another round of ``repetitions.until``); return whether
+    it did. ``figures`` caches ended runs' figures across calls."""
     if spec.search is not None:
         return next_probe(engine, layout, campaign_id, figures, settings)
     if isinstance(spec.repetitions, RepetitionsUntil):
