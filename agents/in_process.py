@@ -31,7 +31,7 @@ from types import FrameType
 
 from mqttbed.agents.deploy import LOCAL_COMMAND, AgentPool, Agents, Site
 from mqttbed.agents.main import EXIT_CONTROLLER_LOST, Agent
-from mqttbed.core.clock import monotonic_ns
+from mqttbed.core.clock import monotonic_ns, seconds_until
 from mqttbed.core.host import LocalHost, raise_nofile_limit
 
 HOST = "in-process"   # where the run's record says these agents ran
@@ -139,7 +139,7 @@ class InProcessAgents:
         deadline = monotonic_ns() + int(grace_s * 1e9)
         for entry in self._agents.values():
             if entry.thread is not None:
-                entry.thread.join(max(0.0, (deadline - monotonic_ns()) / 1e9))
+                entry.thread.join(seconds_until(deadline))
         for entry in self._agents.values():
             entry.stop.set()
             if entry.agent is not None:
@@ -148,7 +148,7 @@ class InProcessAgents:
         deadline = monotonic_ns() + int(waited_s * 1e9)
         for entry in self._agents.values():
             if entry.thread is not None:
-                entry.thread.join(max(0.0, (deadline - monotonic_ns()) / 1e9))
+                entry.thread.join(seconds_until(deadline))
         if stuck := self.running():
             frames = sys._current_frames()
             where = {t.name: _innermost(frames.get(t.ident or 0))

@@ -22,7 +22,7 @@ from mqttbed.agents.gpio import GpioUnavailable, open_gpio
 from mqttbed.agents.native import engine as native_engine
 from mqttbed.agents.options import build_parser
 from mqttbed.agents.runner import AssignmentRunner
-from mqttbed.core.clock import CLOCK_NAME, boot_id, monotonic_ns, resolution_ns
+from mqttbed.core.clock import CLOCK_NAME, boot_id, monotonic_ns, resolution_ns, seconds_until
 from mqttbed.core.host import raise_nofile_limit
 from mqttbed.core.protocol import (
     Abort,
@@ -176,9 +176,9 @@ class Agent:
         deadline = monotonic_ns() + int(timeout_s * 1e9)
         threads = [self._heartbeat] if self._heartbeat is not None else []
         for thread in threads:
-            thread.join(max(0.0, (deadline - monotonic_ns()) / 1e9))
+            thread.join(seconds_until(deadline))
         for runner in list(self._runners.values()):
-            runner.join(max(0.0, (deadline - monotonic_ns()) / 1e9))
+            runner.join(seconds_until(deadline))
         return ([t.name for t in threads if t.is_alive()]
                 + [f"run-{run_id}" for run_id in list(self._runners)])
 

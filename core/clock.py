@@ -27,6 +27,12 @@ def monotonic_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
+def seconds_until(deadline_ns: int) -> float:
+    """Seconds from now to ``deadline_ns`` (a :func:`monotonic_ns` time), 0 once past: a
+    timeout for the next wait of a loop that has one deadline."""
+    return max(0.0, (deadline_ns - monotonic_ns()) / 1e9)
+
+
 def resolution_ns() -> int:
     """Return the resolution of CLOCK_MONOTONIC in nanoseconds."""
     return int(time.clock_getres(time.CLOCK_MONOTONIC) * 1e9) or 1
