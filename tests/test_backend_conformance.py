@@ -39,14 +39,8 @@ from mqttbed.core.backends import (
 from mqttbed.core.host import LocalHost
 from mqttbed.core.protocol import Endpoint
 from mqttbed.core.run_record import RunRecord, run_record
-from tests.conftest import child_processes
-from tests.test_engine_failures import (
-    dataset_rows,
-    only_run,
-    start_campaign,
-    stored_rows,
-    wait_for,
-)
+from tests.conftest import child_processes, wait_until
+from tests.test_engine_failures import dataset_rows, only_run, start_campaign, stored_rows
 
 BACKENDS = backend_names()
 
@@ -162,8 +156,8 @@ def test_a_broker_killed_mid_run_fails_the_run_with_that_reason_and_keeps_its_ev
                 "timing": {"heartbeat_timeout_s": 5.0, "upload_interval_s": 0.25}}
         campaign_id, thread, result = start_campaign(controller, spec)
         run_id = f"{campaign_id}-r0000"
-        wait_for(lambda: RunState.RUNNING in updates.states(run_id), 60, "run to start")
-        wait_for(lambda: sum(stored_rows(controller, run_id).values()) > 50, 15,
+        wait_until(lambda: RunState.RUNNING in updates.states(run_id), 60, "run to start")
+        wait_until(lambda: sum(stored_rows(controller, run_id).values()) > 50, 15,
                  "some chunks")
         with controller.sessions() as s:
             from mqttbed.controller.db import RunRow

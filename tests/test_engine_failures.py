@@ -27,7 +27,7 @@ from mqttbed.controller.states import RunState
 from mqttbed.core.events import EVENT_COLUMNS
 from mqttbed.core.protocol import ResultChunk
 from mqttbed.core.run_record import run_record
-from tests.conftest import child_processes
+from tests.conftest import child_processes, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -45,12 +45,6 @@ def start_campaign(controller, spec_data):
     thread.start()
     return campaign_id, thread, result
 
-
-def wait_for(predicate, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def stored_rows(controller, run_id):
@@ -76,8 +70,8 @@ def test_killed_agent_fails_run_with_reason_keeps_uploaded_events_and_next_run_p
     spec = {**LONG_RUN, "sweep": {"workload.messages": [3000, 100]}}
     campaign_id, thread, result = start_campaign(controller, spec)
     run_id, next_run_id = f"{campaign_id}-r0000", f"{campaign_id}-r0001"
-    wait_for(lambda: RunState.RUNNING in updates.states(run_id), 30, "run to start")
-    wait_for(lambda: sum(stored_rows(controller, run_id).values()) > 200, 15, "some chunks")
+    wait_until(lambda: RunState.RUNNING in updates.states(run_id), 30, "run to start")
+    wait_until(lambda: sum(stored_rows(controller, run_id).values()) > 200, 15, "some chunks")
     victim = child_processes("mqttbed.agents")[0]
     victim_name = next(part for part in victim.cmdline() if part.startswith(f"{run_id}-a"))
     victim.kill()
@@ -218,8 +212,8 @@ def test_agent_that_stops_heartbeating_is_lost_and_fails_the_run(controller, upd
     """The remote-agent case: the process may live on, but the controller hears nothing."""
     campaign_id, thread, _ = start_campaign(controller, LONG_RUN)
     run_id = f"{campaign_id}-r0000"
-    wait_for(lambda: RunState.RUNNING in updates.states(run_id), 30, "run to start")
-    wait_for(lambda: sum(stored_rows(controller, run_id).values()) > 200, 15, "some chunks")
+    wait_until(lambda: RunState.RUNNING in updates.states(run_id), 30, "run to start")
+    wait_until(lambda: sum(stored_rows(controller, run_id).values()) > 200, 15, "some chunks")
     victim = child_processes("mqttbed.agents")[0]
     victim.suspend()  # SIGSTOP: alive, silent
     thread.join(60)

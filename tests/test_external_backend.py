@@ -285,7 +285,8 @@ class DroppingRelay:
 @pytest.mark.timeout(120)
 def test_a_broker_that_drops_every_client_mid_run_fails_the_run_and_keeps_its_events(
         tmp_path, controller, updates):
-    from tests.test_engine_failures import dataset_rows, start_campaign, stored_rows, wait_for
+    from tests.conftest import wait_until
+    from tests.test_engine_failures import dataset_rows, start_campaign, stored_rows
 
     with own_mosquitto(tmp_path) as (broker, port):
         relay = DroppingRelay(port)
@@ -297,8 +298,8 @@ def test_a_broker_that_drops_every_client_mid_run_fails_the_run_and_keeps_its_ev
                 "timing": {"heartbeat_timeout_s": 5.0, "upload_interval_s": 0.25}}
         campaign_id, thread, result = start_campaign(controller, spec)
         run_id = f"{campaign_id}-r0000"
-        wait_for(lambda: "running" in updates.states(run_id), 60, "run to start")
-        wait_for(lambda: sum(stored_rows(controller, run_id).values()) > 50, 15,
+        wait_until(lambda: "running" in updates.states(run_id), 60, "run to start")
+        wait_until(lambda: sum(stored_rows(controller, run_id).values()) > 50, 15,
                  "some chunks")
         relay.drop_everyone()
         thread.join(60)

@@ -29,7 +29,7 @@ from mqttbed.controller.db import ChunkRow, RunRow
 from mqttbed.controller.states import RunState
 from mqttbed.core.run_record import run_record
 from mqttbed.instruments.scope.virtual import VirtualScope
-from tests.conftest import child_processes
+from tests.conftest import child_processes, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -55,12 +55,6 @@ def only_run(controller, campaign_id) -> RunRow:
         (run,) = s.query(RunRow).filter_by(campaign_id=campaign_id).all()
         return run
 
-
-def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def run_events(controller, campaign_id: str, run_id: str):
@@ -177,7 +171,7 @@ def test_scope_that_stops_answering_marks_the_run_and_keeps_software_figures(
     campaign_id, thread = start_campaign(controller, spec)
     # the recorder reads an acquisition's delays after it completed: after the third has
     # completed, at least two were read
-    wait_for(lambda: scopes and scopes[0].completed >= 3, 30, "three scope acquisitions")
+    wait_until(lambda: scopes and scopes[0].completed >= 3, 30, "three scope acquisitions")
     scopes[0].stop_answering()
     thread.join(60)
     assert not thread.is_alive()
@@ -232,7 +226,7 @@ def test_network_cut_to_the_controller_for_10_s_retries_chunks_and_stores_each_o
             "timing": {"heartbeat_timeout_s": 20, "upload_interval_s": 0.25}}
     campaign_id, thread = start_campaign(controller, spec)
     run_id = f"{campaign_id}-r0000"
-    wait_for(lambda: RunState.RUNNING in updates.states(run_id), 30, "run to start")
+    wait_until(lambda: RunState.RUNNING in updates.states(run_id), 30, "run to start")
     network = run_record(only_run(controller, campaign_id).run_metadata).network
     assert network is not None
     group = network.groups["subscribers"]
