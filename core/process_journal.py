@@ -26,36 +26,16 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from mqttbed.core.procfs import is_live, pids, process_strings, start_time
+
 JOURNAL_ENV = "MQTTBED_JOURNAL"
 JOURNAL_SUBDIR = "processes"
 
 
-def start_time(pid: int) -> int | None:
-    """The start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat),
-    or None if it is gone: with the pid it names one process, never a later reuse."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after its ')'.
-    return int(stat[stat.rindex(")") + 2:].split()[19])
-
-
 def carries_tag(pid: int, tag: str) -> bool:
-    """Whether process ``pid`` has ``MQTTBED_JOURNAL=tag`` in its environment."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return False
-    return f"{JOURNAL_ENV}={tag}".encode() in environ.split(b"\0")
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rindex(")") + 2] in "ZX"
+    """Whether process ``pid`` has ``MQTTBED_JOURNAL=tag`` in its environment (read
+    again if it is in the middle of an ``execve``: :func:`mqttbed.core.procfs.process_strings`)."""
+    return f"{JOURNAL_ENV}={tag}".encode() in (process_strings(pid, "environ") or [])
 
 
 @dataclass(frozen=True)
@@ -121,22 +101,15 @@ class ProcessJournal:
 
 def tagged_processes(tag: str) -> list[int]:
     """Pids of live processes (not zombies) whose environment carries ``tag``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and carries_tag(int(entry.name), tag) \
-                and not _is_zombie(int(entry.name)):
-            found.append(int(entry.name))
-    return found
+    return [pid for pid in pids() if carries_tag(pid, tag) and is_live(pid)]
 
 
 def _group_members(pgid: int) -> list[int]:
     members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in pids():
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            if os.getpgid(int(entry.name)) == pgid:
-                members.append(int(entry.name))
+            if os.getpgid(pid) == pgid:
+                members.append(pid)
     return members
 
 

@@ -27,6 +27,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from mqttbed.core.procfs import pids, process_strings
 from mqttbed.network import netns
 from mqttbed.network.commands import NetworkCommandError, ip, run
 from mqttbed.network.host import NamespaceHost
@@ -260,18 +261,14 @@ def leftovers(prefix: str) -> list[str]:
 
 
 def tagged_processes(prefix: str) -> list[int]:
-    """Pids of live processes whose argv holds ``--topology PREFIX`` (zombies excluded)."""
+    """Pids of live processes whose argv holds ``--topology PREFIX`` (zombies excluded; one
+    in the middle of an ``execve`` is read again, not missed: :mod:`mqttbed.core.procfs`)."""
     tag = [TOPOLOGY_FLAG.encode(), prefix.encode()]
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue  # ended meanwhile
+    for pid in pids():
+        argv = process_strings(pid, "cmdline") or []  # None: ended meanwhile
         if any(argv[i:i + 2] == tag for i in range(len(argv) - 1)):
-            found.append(int(entry.name))
+            found.append(pid)
     return found
 
 

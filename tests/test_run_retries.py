@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,6 +21,7 @@ from mqttbed.controller.db import RunRow
 from mqttbed.controller.states import CampaignStatus, RunState
 from mqttbed.core.errors import SpecError
 from mqttbed.core.process_journal import JOURNAL_SUBDIR, reap_stale, tagged_processes
+from mqttbed.core.procfs import is_live
 
 
 def mark_running(controller, run_id: str) -> None:
@@ -123,7 +123,7 @@ def test_what_a_killed_controller_left_is_reaped_by_the_next_one(tmp_path):
         controller.send_signal(signal.SIGKILL)
         controller.wait(5)
         deadline = time.monotonic() + 5
-        while Path(f"/proc/{leader}").exists() and not _zombie(leader):
+        while is_live(leader):
             assert time.monotonic() < deadline, "PDEATHSIG did not kill the group leader"
             time.sleep(0.02)
         assert tagged_processes(journal.stem) == [grandchild]  # escaped PDEATHSIG
@@ -142,10 +142,3 @@ def test_what_a_killed_controller_left_is_reaped_by_the_next_one(tmp_path):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(grandchild_file.read_text()), signal.SIGKILL)
 
-
-def _zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rindex(")") + 2] == "Z"
