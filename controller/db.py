@@ -278,10 +278,13 @@ def retry_on_disconnect(work: Callable[_P, _T]) -> Callable[_P, _T]:
     error is raised at once.
 
     For work whose transactions either commit or leave nothing behind, which a transaction
-    that died with its connection does (one that died after the server committed it, before
-    the answer came, would be applied twice: the engine's writes are state changes and
-    appended transitions, where that shows as one repeated transition row). On SQLite a
-    connection is never invalidated this way: the work runs as it is.
+    that died with its connection does, and for work that sees when it was applied already:
+    a connection can die after the server committed and before its answer came. The
+    engine's inserting writes check for that (a run's transition finds the row in its
+    target state, the next attempt of a run finds its row) and write nothing twice
+    (``tests/test_lost_commit.py`` loses those answers through a proxy); the others set
+    values, which a second time leaves as they are. On SQLite a connection is never
+    invalidated this way: the work runs as it is.
     """
     @functools.wraps(work)
     def again(*args: _P.args, **kwargs: _P.kwargs) -> _T:

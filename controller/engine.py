@@ -375,6 +375,10 @@ class RunEngine:
         attempt = run.attempt + 1
         retry_id = f"{run.campaign_id}-r{run.ordinal:04d}-retry{attempt}"
         with self.ctx.sessions() as s:
+            if (done := s.get(RunRow, retry_id)) is not None:
+                # a try whose COMMIT was applied but never answered: it wrote both rows
+                run.run_metadata = s.get(RunRow, run.id).run_metadata
+                return done.id
             s.add(RunRow(id=retry_id, campaign_id=run.campaign_id, ordinal=run.ordinal,
                          point_index=run.point_index, repetition=run.repetition,
                          attempt=attempt, params=run.params, spec=run.spec,
@@ -414,16 +418,19 @@ class RunEngine:
             run.run_metadata = record.stored()
         with self.ctx.sessions() as s:
             row = s.get(RunRow, run.id)
-            row.state = target
-            row.reason = reason
-            if target == RunState.DEPLOYING:
-                row.started_at = utcnow()
-            if target not in ACTIVE_STATES:
-                row.ended_at = utcnow()
-            row.run_metadata = dict(run.run_metadata)
-            s.add(TransitionRow(run_id=run.id, from_state=current, to_state=target,
-                                reason=reason))
-            s.commit()
+            # The row already in ``target`` (a state this engine alone moves it out of
+            # ``current`` to): a try whose COMMIT was applied but never answered wrote it.
+            if row.state != target:
+                row.state = target
+                row.reason = reason
+                if target == RunState.DEPLOYING:
+                    row.started_at = utcnow()
+                if target not in ACTIVE_STATES:
+                    row.ended_at = utcnow()
+                row.run_metadata = dict(run.run_metadata)
+                s.add(TransitionRow(run_id=run.id, from_state=current, to_state=target,
+                                    reason=reason))
+                s.commit()
         run.state = target
         run.reason = reason
         self.ctx.documents.emit(RunUpdate(run.campaign_id, run.id, run.ordinal, total,
