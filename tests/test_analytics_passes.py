@@ -1,0 +1,54 @@
+"""The fused pass's quantile sketch is Spark's exact ``percentile``, value for value.
+
+``analytics.passes.sketch`` replaces ``percentile`` at the 1,001 sketch levels (it is
+about 12 times cheaper there); every figure built on the sketch, and the bootstrap that
+resamples it, must not move by one bit.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from mqttbed.analytics.passes import SKETCH_LEVELS, sketch
+
+pytestmark = pytest.mark.integration
+
+
+def groups() -> dict[str, list[float]]:
+    rng = random.Random(7)
+    return {
+        "one": [42.5],
+        "two": [1.0, 3.0],
+        "ties": [5.0] * 40 + [6.0] * 3 + [7.25] * 11,
+        "negative": [rng.uniform(-1e3, 1e3) for _ in range(257)],
+        "latencies": [rng.lognormvariate(5, 1.2) for _ in range(5000)],
+        "integers": [float(rng.randrange(0, 50)) for _ in range(3001)],
+    }
+
+
+def test_the_sketch_equals_percentile_at_every_level_to_the_bit(spark):
+    from pyspark.sql import functions as F
+
+    rows = [(name, v) for name, values in groups().items() for v in values]
+    rows += [("empty", None)]
+    frame = spark.createDataFrame(rows, "g string, v double")
+    result = (frame.groupBy("g")
+              .agg(F.percentile("v", SKETCH_LEVELS).alias("spark"),
+                   F.array_sort(F.collect_list("v")).alias("sorted"))
+              .select("g", "spark", sketch(F.col("sorted")).alias("ours"))
+              .collect())
+    found = {r["g"]: (r["spark"], r["ours"]) for r in result}
+    assert set(found) == {*groups(), "empty"}
+    assert found["empty"] == (None, None)
+    for name in groups():
+        theirs, ours = found[name]
+        assert len(ours) == len(SKETCH_LEVELS)
+        assert ours == theirs, name   # float equality: the same operations, in order
+    # and what it is: the value at rank (n - 1) q, interpolated
+    latencies = sorted(groups()["latencies"])
+    assert found["latencies"][1][500] == latencies[2499] + 0.5 * (latencies[2500]
+                                                                  - latencies[2499])
+    assert found["latencies"][1][0] == latencies[0]
+    assert found["latencies"][1][-1] == latencies[-1]
