@@ -6,9 +6,11 @@ memory but not yet copied the strings there, and both files read as empty. The w
 short, but a busy machine can preempt the process inside it (loading the dynamic linker
 is file I/O). A search for the processes that carry a tag must not read "empty" as "not
 tagged": a reaper would leave such a process running, and a check would miss it. So an
-empty read of a live user process is read again, briefly, until it has strings or the
-process is gone. Kernel threads have no user memory at all; they are told apart by the
-``PF_KTHREAD`` flag and never waited for.
+empty read is read again, briefly, while the process is in that window: alive, not a
+kernel thread (``PF_KTHREAD``; they have no user memory at all) and with no strings laid
+out yet (``env_end``, field 51 of /proc/PID/stat, still 0; the kernel's own test before
+it answers an empty read). A process whose environment is truly empty has ``env_end``
+set and is answered at once.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from pathlib import Path
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h
+ENV_END = 51 - 3         # env_end (field 51, Linux 3.5+) among the fields after the name
 EXEC_RETRY_S = 0.5       # an exec's window is micro- to milliseconds; this is ample
 EXEC_RETRY_STEP_S = 0.002
 
@@ -44,27 +47,33 @@ def start_time(pid: int) -> int | None:
     return int(fields[19]) if fields is not None else None
 
 
-def _is_kernel_thread(pid: int) -> bool:
+def _in_exec(pid: int) -> bool:
+    """Whether ``pid`` is a live user process whose new image has no strings yet."""
     fields = _stat_fields(pid)
-    return fields is not None and bool(int(fields[6]) & PF_KTHREAD)
+    return (fields is not None and len(fields) > ENV_END and fields[0] not in ("Z", "X", "x")
+            and not int(fields[6]) & PF_KTHREAD and fields[ENV_END] == "0")
 
 
 def process_strings(pid: int, name: str) -> list[bytes] | None:
     """The NUL-separated strings of ``/proc/PID/<name>`` (``environ`` or ``cmdline``).
 
-    None if the process is gone or not readable. An empty read of a live user process
-    (one in the middle of ``execve``) is retried for up to :data:`EXEC_RETRY_S`; a
-    process whose environment is truly empty is returned as ``[]`` after that.
+    None if the process is gone or not readable. An empty read of a process in the middle
+    of ``execve`` is retried for up to :data:`EXEC_RETRY_S`; any other empty read is
+    ``[]`` at once.
     """
     path = Path(f"/proc/{pid}/{name}")
     deadline = None
     while True:
         try:
             data = path.read_bytes()
+            if not data and not _in_exec(pid):
+                # not (or no longer: the exec may have ended since the read) in the window
+                data = path.read_bytes()
+                return data.split(b"\0") if data else []
         except OSError:
             return None
-        if data or _is_kernel_thread(pid) or not is_live(pid):
-            return data.split(b"\0") if data else []
+        if data:
+            return data.split(b"\0")
         now = time.monotonic()
         deadline = deadline if deadline is not None else now + EXEC_RETRY_S
         if now > deadline:
