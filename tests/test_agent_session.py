@@ -123,8 +123,8 @@ def test_waiting_between_barriers_keeps_the_clients_served(broker):
     try:
         session.connect(timeout_s=10)
         timer = threading.Timer(1.2, go.set)   # past one keep-alive housekeeping round
+        started = monotonic_ns()   # before the timer starts: it fires 1.2 s after that
         timer.start()
-        started = monotonic_ns()
         session.wait_for(go)
         waited_s = (monotonic_ns() - started) / 1e9
         assert all(c.connected and not c.failure for c in session._clients)
