@@ -149,13 +149,32 @@ class LocalProcess:
         self._journal = journal
 
     def poll(self) -> int | None:
-        return self._popen.poll()
+        """The exit code once the process has ended, else None; it is not reaped here.
+
+        Until :meth:`stop` reaps it, an exited leader stays a zombie and its pid stays its
+        own: a signal to that pid or its group (``stop``, a fault injector's kill, a pause)
+        can never reach a later process the kernel gave the same number, which it may do
+        once a reaped pid is free (``pid_max`` is 32,768 on many machines).
+        """
+        if self._popen.returncode is not None:
+            return self._popen.returncode
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:   # reaped by someone else: Popen knows no more
+            return self._popen.poll()
+        if info is None:
+            return None
+        if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+            return -info.si_status
+        return info.si_status
 
     def stop(self, timeout_s: float = 5.0) -> int | None:
-        """SIGTERM the process group, then SIGKILL whatever is left after ``timeout_s``."""
+        """SIGTERM the process group, then SIGKILL whatever is left after ``timeout_s``;
+        reap the leader. A second call returns its code and signals nothing."""
         for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, sig)
+            if self._popen.returncode is None:   # not reaped: the pid is still the leader's
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.pid, sig)
             try:
                 code = self._popen.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
