@@ -28,7 +28,7 @@ class StreamClosed(ConnectionError):
     """The peer closed the connection (before a packet, or in the middle of one)."""
 
 
-def _read_exactly(sock: socket.socket, count: int) -> bytes:
+def read_exactly(sock: socket.socket, count: int) -> bytes:
     """``count`` bytes from ``sock``; StreamClosed if it ends first."""
     data = bytearray()
     while len(data) < count:
@@ -45,16 +45,16 @@ def read_packet(sock: socket.socket, max_bytes: int = DEFAULT_MAX_PACKET_BYTES) 
     Raises StreamClosed when the peer closes, MalformedPacket for bytes that are not a
     well-formed packet (or one over ``max_bytes``), TimeoutError on the socket's timeout.
     """
-    header = bytearray(_read_exactly(sock, 1))
+    header = bytearray(read_exactly(sock, 1))
     # The remaining length is one to four bytes, each but the last with its top bit set.
     while len(header) < 5:
-        header += _read_exactly(sock, 1)
+        header += read_exactly(sock, 1)
         if not header[-1] & 0x80:
             break
     length, _ = decode_remaining_length(bytes(header))
     if length > max_bytes:
         raise MalformedPacket(f"packet of {length} bytes exceeds the {max_bytes}-byte limit")
-    return decode_body(header[0], _read_exactly(sock, length))
+    return decode_body(header[0], read_exactly(sock, length))
 
 
 def open_session(host: str, port: int, client_id: str, timeout_s: float,

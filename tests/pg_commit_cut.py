@@ -17,17 +17,9 @@ import socket
 import struct
 import threading
 
+from mqttbed.core.mqtt_stream import read_exactly
+
 SSL_REQUEST, GSSENC_REQUEST = 80877103, 80877104
-
-
-def _recv_exact(sock: socket.socket, count: int) -> bytes | None:
-    data = b""
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return data
 
 
 class _Link:
@@ -48,29 +40,20 @@ class _Link:
     def client_to_server(self) -> None:
         try:
             while True:  # the untyped opening messages
-                head = _recv_exact(self.client, 8)
-                if head is None:
-                    return
+                head = read_exactly(self.client, 8)
                 length, code = struct.unpack("!ii", head)
-                rest = _recv_exact(self.client, length - 8)
-                if rest is None:
-                    return
-                self.server.sendall(head + rest)
+                self.server.sendall(head + read_exactly(self.client, length - 8))
                 if code not in (SSL_REQUEST, GSSENC_REQUEST):
                     break   # the StartupMessage: typed messages from here on
             while True:
-                head = _recv_exact(self.client, 5)
-                if head is None:
-                    return
+                head = read_exactly(self.client, 5)
                 kind, length = head[:1], struct.unpack("!i", head[1:])[0]
-                body = _recv_exact(self.client, length - 4)
-                if body is None:
-                    return
+                body = read_exactly(self.client, length - 4)
                 if kind == b"Q" and body.rstrip(b"\0").strip().upper() == b"COMMIT" \
                         and self.cutter.take_armed():
                     self.commit_sent.set()   # before the server can answer it
                 self.server.sendall(head + body)
-        except OSError:
+        except OSError:   # StreamClosed among them: the client went away
             return
         finally:
             self.close()
