@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from mqttbed.core.procfs import is_live, pids, process_strings, start_time
+from mqttbed.core.procfs import pids, process_strings, start_time, with_environment
 
 JOURNAL_ENV = "MQTTBED_JOURNAL"
 JOURNAL_SUBDIR = "processes"
@@ -101,7 +101,7 @@ class ProcessJournal:
 
 def tagged_processes(tag: str) -> list[int]:
     """Pids of live processes (not zombies) whose environment carries ``tag``."""
-    return [pid for pid in pids() if carries_tag(pid, tag) and is_live(pid)]
+    return with_environment(f"{JOURNAL_ENV}={tag}")
 
 
 def _group_members(pgid: int) -> list[int]:

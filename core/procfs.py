@@ -84,3 +84,11 @@ def process_strings(pid: int, name: str) -> list[bytes] | None:
 def pids() -> list[int]:
     """Every pid in /proc at this moment."""
     return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def with_environment(entry: str) -> list[int]:
+    """Pids of live processes (zombies excluded) with ``entry`` (``NAME=value``) in their
+    environment; one in the middle of an ``execve`` is read again, not missed."""
+    wanted = entry.encode()
+    return [pid for pid in pids() if wanted in (process_strings(pid, "environ") or [])
+            and is_live(pid)]

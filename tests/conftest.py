@@ -17,7 +17,7 @@ import pytest
 from mqttbed.agents.deploy import Agents, Site
 from mqttbed.controller.controller import Controller, create_controller
 from mqttbed.controller.documents import CampaignUpdate, Document, RunUpdate
-from mqttbed.core.procfs import is_live, pids, process_strings
+from mqttbed.core.procfs import with_environment
 from mqttbed.core.settings import Settings
 
 if TYPE_CHECKING:
@@ -273,11 +273,9 @@ def processes_tagged(tag: str) -> set[int]:
     in their environment: everything a CLI run with that tag spawned inherits it, so a
     check for leftovers sees only that run's processes, not those of other work on the
     machine."""
-    marker = f"{TEST_TAG}={tag}".encode()
     # procfs reads a process in the middle of an execve again (its environment reads as
     # empty then): a check for leftovers must not miss one that is just starting
-    return {pid for pid in pids() if marker in (process_strings(pid, "environ") or [])
-            and is_live(pid)}
+    return set(with_environment(f"{TEST_TAG}={tag}"))
 
 
 def run_tagged(argv: list[str], tag: str, *, timeout_s: float = 300,
