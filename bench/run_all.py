@@ -22,6 +22,7 @@ BENCHES = [
     ("native_engine.py", "P3: native >= 10x a paho publish() loop, Mosquitto >= 90 %, "
                          "engine <= 50 %; P3b: <= 0.15x the lean client's instructions"),
     ("scale.py", "P4: 1,000 + 1,000 clients, no loss, no process left"),
+    ("chunk_upload.py", "an agent's chunk upload: same bytes, less CPU than json.dumps"),
     ("quickstart.py", "P6: POST -> report <= 60 s"),
     ("api_load.py", "50 API clients, 60 s, 1,000-client run: 0 errors, 0 lost"),
     ("analysis.py", "Spark vs DuckDB, same figures"),
