@@ -3,7 +3,7 @@
 No broker and no Spark: the runs' states are written as a controller would leave them,
 and their figures are handed in as the analysis would compute them (the cache the
 lifecycle keeps), so only the search's bookkeeping is under test here. The real thing,
-Mosquitto and fork/pipe searched end to end, is tests/test_search_campaign.py.
+Mosquitto and amqtt searched end to end, is tests/test_search_campaign.py.
 """
 
 from __future__ import annotations
