@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../fuzz/replies.h"
 #include "../src/client.h"
 #include "../src/engine.h"
 #include "../src/wire.h"
@@ -160,15 +161,6 @@ static size_t generated_packet(uint8_t *to) {
     }
 }
 
-static void feed_in_reads(mqe_engine *e, int client, const uint8_t *data, size_t size,
-                          size_t read_bytes) {
-    for (size_t at = 0; at < size; at += read_bytes) {
-        size_t n = size - at < read_bytes ? size - at : read_bytes;
-        if (mqe_feed(e, client, data + at, n) != 0)
-            return;
-    }
-}
-
 /* A table's rows, but for columns that hold clock readings (they differ run to run). */
 static void print_table(const mqe_engine *e, const char *name, int table,
                         const int *clock_columns) {
@@ -217,16 +209,11 @@ static void print_engine(const mqe_engine *e) {
 
 /* The engine of fuzz/fuzz_replies.c: a QoS 2 publisher and a QoS 2 wildcard subscriber. */
 static mqe_engine *fuzz_engine(int pulse_mode, int *publisher, int *subscriber) {
-    mqe_engine *e = mqe_create(1024, 0, pulse_mode);
+    mqe_engine *e = mqe_replies_engine(pulse_mode, publisher, subscriber);
     if (e == NULL) {
         fprintf(stderr, "selftest: mqe_create failed\n");
         exit(2);
     }
-    *publisher = mqe_add_client(e, "pub-0", "127.0.0.1", 1, 0, "f/x", 2, 2, 0, 64, 1000.0,
-                                10, 1, 0, 0);
-    *subscriber = mqe_add_client(e, "sub-0", "127.0.0.1", 1, 1, "f/x", 2, 3, 0, 0, 0.0,
-                                 10, 1, 0, 0);
-    mqe_subscribe(e, *subscriber, "f/+", 2);
     return e;
 }
 
@@ -267,8 +254,8 @@ static int replies(int files, char **paths) {
         printf("case %d: reads of %zu\n", i, read_bytes);
         print_hex("  to publisher", streams[0], len[0]);
         print_hex("  to subscriber", streams[1], len[1]);
-        feed_in_reads(e, publisher, streams[0], len[0], read_bytes);
-        feed_in_reads(e, subscriber, streams[1], len[1], read_bytes);
+        mqe_feed_in_reads(e, publisher, streams[0], len[0], read_bytes);
+        mqe_feed_in_reads(e, subscriber, streams[1], len[1], read_bytes);
         print_engine(e);
         mqe_destroy(e);
     }
@@ -280,9 +267,7 @@ static int replies(int files, char **paths) {
         if (size >= 1) {
             int publisher, subscriber;
             mqe_engine *e = fuzz_engine(data[0] & 1, &publisher, &subscriber);
-            size_t read_bytes = (size_t)(data[0] >> 1) + 1, half = (size - 1) / 2;
-            feed_in_reads(e, publisher, data + 1, half, read_bytes);
-            feed_in_reads(e, subscriber, data + 1 + half, size - 1 - half, read_bytes);
+            mqe_feed_input(e, publisher, subscriber, data, size);
             print_engine(e);
             mqe_destroy(e);
         }
