@@ -16,6 +16,7 @@ def _lab(args: argparse.Namespace) -> int:
         LabError,
         LabHosts,
         Wheels,
+        native_engine_text,
         parse_extras,
     )
     from mqttbed.core.settings import Settings
@@ -53,6 +54,8 @@ def _lab(args: argparse.Namespace) -> int:
                           f"{facts.get('kernel')}, Python {facts.get('python')}, GPIO "
                           f"{'/'.join(facts.get('gpio_backends', []))}, clock "
                           f"{clock.get('source')} ({clock.get('detail')})")
+                    if (engine := native_engine_text(facts)) is not None:
+                        print(f"{'':16} {engine}")
                 if entry["reason"]:
                     print(f"{'':16} last failure: {entry['reason']}")
             if not entries:

@@ -342,6 +342,11 @@ class LabHosts:
                                        "record its facts"))
         # the version number stays 0.1.0 while the code moves on: the build says which
         row.facts["build"] = self.wheels.build_id()
+        # the native load engine compiled now, by the host for its CPU; a host that cannot
+        # build it is not failed (its agents run the lean client), but its facts say why
+        row.facts["native_engine"] = json.loads(ssh.run(
+            [f"{venv}/bin/python", "-m", "mqttbed.agents.native"],
+            "build its native load engine"))
         self._log(f"{row.name}: mqttbed {row.version} in {venv}; {_summary(row.facts)}")
 
     def _save(self, row: LabHostRow, reason: str | None) -> LabHostRow:
@@ -435,9 +440,21 @@ def _summary(facts: dict[str, Any]) -> str:
     clock_text = clock.get("source", "?") + (f" ±{bound / 1000:.1f} us" if bound else
                                              "" if clock.get("synchronised") else
                                              " (not synchronised)")
+    engine = native_engine_text(facts)
     return (f"{facts.get('model') or facts.get('machine')}, kernel {facts.get('kernel')}, "
             f"Python {facts.get('python')}, GPIO {'/'.join(facts.get('gpio_backends', []))}, "
-            f"clock {clock_text}")
+            f"clock {clock_text}" + (f", {engine}" if engine else ""))
+
+
+def native_engine_text(facts: dict[str, Any]) -> str | None:
+    """What a host's facts say of its native load engine (built at provision), or None for
+    a host with no agent or provisioned before the engine was built there."""
+    engine = facts.get("native_engine")
+    if not engine:
+        return None
+    if engine.get("state") == "built":
+        return f"native engine built ({engine.get('seconds')} s)"
+    return f"no native engine: {engine.get('reason')}"
 
 
 def resolve_named_hosts(spec: CampaignSpec, sessions: sessionmaker) -> CampaignSpec:

@@ -123,6 +123,11 @@ def test_lab_hosts_are_provisioned_run_a_campaign_and_are_removed(lab, tmp_path)
         for absent in ("pyspark", "fastapi", "sqlalchemy", "psutil"):
             assert not (site / absent).exists(), absent
         assert (site / "paho").is_dir() and (site / "mqttbed").is_dir()
+        # the native load engine was compiled at provision, on the host, into its venv
+        engine = facts["native_engine"]
+        assert engine["state"] == "built" and engine["machine"] == os.uname().machine, engine
+        library = Path(engine["library"])
+        assert library.is_file() and library.is_relative_to(site / "mqttbed"), engine
 
     spec = parse_spec({
         "name": "lab", "broker": {"backend": "mosquitto", "host": "lab-broker"},

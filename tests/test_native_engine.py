@@ -4,12 +4,17 @@ loopback: every QoS flow, the open-loop schedule, kernel stamps both ways, failu
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import platform
 import shutil
 import socket
 import struct
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -397,6 +402,21 @@ def test_the_engine_compiles_with_strict_warnings_and_the_sanitizers(tmp_path):
     for flag in ("-Wall", "-Wextra", "-Werror", "-std=c11", "-fsanitize=address,undefined"):
         assert flag in built.stdout
     assert (tmp_path / native.LIBRARY_NAME).is_file()
+
+
+def test_python_m_native_builds_the_engine_here_and_reports_it_or_why_not():
+    # what `mqttbed lab provision` runs on each agent host after installing mqttbed
+    argv = [sys.executable, "-m", "mqttbed.agents.native"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=True)
+    report = json.loads(done.stdout)
+    assert report["state"] == "built" and report["machine"] == platform.machine(), report
+    library = Path(report["library"])
+    assert library == native.library_path() and not native.PROJECT.is_stale(library)
+    off = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True,
+                         env={**os.environ, "MQTTBED_NATIVE_ENGINE": "off"})
+    unavailable = json.loads(off.stdout)
+    assert (unavailable["state"], unavailable["reason"]) == (
+        "unavailable", "the native engine is switched off here (MQTTBED_NATIVE_ENGINE=off)")
 
 
 # -- malformed replies: random and structured bytes into the engine's parser ------------
