@@ -20,7 +20,7 @@ exit). Target: <= 0.15x the lean client.
 P1: latency p50/p99 from the send time to each delivery's receive time (both user space,
 CLOCK_MONOTONIC), 1 publisher -> 1 and 10 subscribers at 100 Hz and 1 kHz, QoS 0, through
 one Mosquitto: the engine in an agent process against a minimal C client
-(bench/c/pingfloor.c: blocking sockets, one poll() loop; the floor). Target: p50 <= 1.1x,
+(bench/c/pingfloor.c: blocking sockets, one ppoll() loop; the floor). Target: p50 <= 1.1x,
 p99 <= 1.3x the floor. The engine's kernel-stamped latency is printed beside it.
 
     .venv/bin/python bench/native_engine.py [--seconds 5] [--publishers 10] [--skip-p3b]

@@ -1,6 +1,6 @@
 /* The latency floor for bench/native_engine.py P1: the least a client can do between a
  * PUBLISH and its deliveries through a broker. One publisher and N subscribers on blocking
- * sockets (TCP_NODELAY), QoS 0, one poll() loop; each delivery's latency is the receive
+ * sockets (TCP_NODELAY), QoS 0, one ppoll() loop; each delivery's latency is the receive
  * time read right after recv() minus the send time read right before send(), both
  * CLOCK_MONOTONIC. Prints one line: "deliveries <n> p50_ns <x> p99_ns <y>".
  *
@@ -148,14 +148,13 @@ int main(int argc, char **argv) {
     for (int k = 0; k < messages; k++) {
         int64_t due = start + (int64_t)((double)k * 1e9 / rate);
         for (int64_t t; (t = now_ns()) < due;) {  /* wait for the due time, serving reads */
-            int timeout_ms = (int)((due - t) / 1000000);
-            if (poll(fds, (nfds_t)subs, timeout_ms) <= 0) {
-                if (timeout_ms == 0) {
-                    struct timespec ts = {0, due - t};
-                    nanosleep(&ts, NULL);
-                }
+            /* ppoll's timeout is in ns: reads are served up to the due time itself (a
+             * poll() in whole ms then a sleep for the rest left every delivery that came
+             * in the last ms waiting, i.e. all of them at 1 kHz) */
+            struct timespec wait = {.tv_sec = (time_t)((due - t) / 1000000000),
+                                    .tv_nsec = (long)((due - t) % 1000000000)};
+            if (ppoll(fds, (nfds_t)subs, &wait, NULL) <= 0)
                 continue;
-            }
             for (int j = 0; j < subs; j++) {
                 if (!(fds[j].revents & POLLIN))
                     continue;
@@ -167,8 +166,7 @@ int main(int argc, char **argv) {
                 int64_t t_sent;
                 memcpy(&t_sent, body + 2 + topic_len, sizeof t_sent);
                 if (recorded < (long)subs * messages)
-                    if (recorded < (long)subs * messages)
-                latency[recorded++] = t_recv - t_sent;
+                    latency[recorded++] = t_recv - t_sent;
             }
         }
         int64_t t_send = now_ns();
