@@ -2,8 +2,9 @@
 
 ``broker.cpu_limit: 0.25`` gives each broker of a run a quarter of one core, as if it ran
 on a small host of its own, while the agents and the controller share the rest of this
-machine. A run gets one cgroup, ``<cpu controller>/mqttbed/<run id>`` (the run id holds
-the campaign's), with one child per broker the backend started (``LocalProcesses``), each
+machine. A run gets one cgroup, ``<cpu controller>/mqttbed/<run id>.<pid>-<start>`` (the
+run id holds the campaign's; pid and start time name the process that made it, its
+owner), with one child per broker the backend started (``LocalProcesses``), each
 under the quota: a backend deploying several brokers (mqtt-st) gets one budget per
 broker, as on the paper's separate machines. A broker's processes and their children are
 moved in once it is deployed; whatever they fork later is born inside.
@@ -23,6 +24,12 @@ takes the whole period's quota and the broker's processes on the other CPU wait 
 next period. Measured here, fork/pipe at 0.05 cores and 120 msg/s to 10 subscribers:
 throttled in 30 of 76 periods (1.77 s) spread over two CPUs, 11 of 76 (0.13 s) on one.
 Brokers of one run get different CPUs where there are enough (round-robin).
+
+A controller that starts removes the empty run cgroups of controllers that died
+(:func:`reap_stale`). Whose a cgroup is, is in its name: one whose owner still runs is
+never touched, though it may be empty for seconds, between its creation and the moment
+its broker is deployed and moved in (another controller on this machine, or a parallel
+test, was removing such a cgroup under a run that was about to use it).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from pathlib import Path
 
 import psutil
 
+from mqttbed.core import procfs
 from mqttbed.core.backends import CPU_PERIOD_US as PERIOD_US
 from mqttbed.core.backends import check_cpu_limit
 from mqttbed.core.errors import MqttbedError
@@ -50,6 +58,7 @@ MOVE_ATTEMPTS = 20
 # An exiting process leaves its cgroup a moment after it was reaped.
 REMOVE_TIMEOUT_S = 2.0
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+_OWNER = re.compile(r"\.(\d+)-(\d+)$")   # <name>.<pid>-<start time>: who made the cgroup
 
 
 class CpuBudgetError(MqttbedError):
@@ -148,7 +157,8 @@ class CpuBudget:
     @classmethod
     def create(cls, name: str, cores: float,
                controller: CpuController | None = None) -> CpuBudget:
-        """Make the run's cgroup ``mqttbed/<name>`` in the CPU controller (found if None)."""
+        """Make the run's cgroup ``mqttbed/<name>.<owner>`` in the CPU controller (found if
+        None); this process is its owner."""
         check_cpu_limit(cores)
         controller = controller or find_cpu_controller()
         parent = controller.mount / PARENT_NAME
@@ -158,7 +168,7 @@ class CpuBudget:
                 # v2 hands a controller down one level at a time
                 _enable_cpu(controller.mount)
                 _enable_cpu(parent)
-            path = parent / _SAFE_NAME.sub("_", name)
+            path = parent / f"{_SAFE_NAME.sub('_', name)}.{owner_tag(os.getpid())}"
             path.mkdir()
             if controller.version == CgroupVersion.V2:
                 _enable_cpu(path)
@@ -335,9 +345,26 @@ def _empty_and_remove(cgroup: Path, root: Path) -> None:
             time.sleep(0.02)
 
 
+def owner_tag(pid: int) -> str:
+    """``pid`` as the owner part of a cgroup's name: pid and start time, so a later process
+    that got the same pid is not taken for the owner."""
+    return f"{pid}-{procfs.start_time(pid)}"
+
+
+def owner_alive(cgroup_name: str) -> bool:
+    """Whether the process that made the cgroup of this name still runs (False for a name
+    with no owner: a cgroup made before cgroups were named by their owner)."""
+    found = _OWNER.search(cgroup_name)
+    if found is None:
+        return False
+    pid = int(found[1])
+    return procfs.is_live(pid) and owner_tag(pid) == f"{found[1]}-{found[2]}"
+
+
 def reap_stale(controller: CpuController | None = None) -> list[str]:
     """Remove the run cgroups a controller that died left behind (their brokers died with
-    it, so they are empty); a busy one is left alone. Return the paths removed."""
+    it, so they are empty). One whose owner still runs is left alone, as is a busy one.
+    Return the paths removed."""
     try:
         controller = controller or find_cpu_controller()
     except CpuBudgetError:
@@ -345,7 +372,7 @@ def reap_stale(controller: CpuController | None = None) -> list[str]:
     removed = []
     parent = controller.mount / PARENT_NAME
     for run in sorted(parent.iterdir()) if parent.is_dir() else []:
-        if not run.is_dir():
+        if not run.is_dir() or owner_alive(run.name):
             continue
         try:
             for child in [p for p in run.iterdir() if p.is_dir()]:

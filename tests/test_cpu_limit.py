@@ -181,20 +181,31 @@ def test_a_broker_process_that_is_gone_is_a_clear_error(budget_name):
 
 
 @needs_cgroups
-def test_a_dead_controllers_empty_cgroups_are_reaped_and_a_busy_one_is_left(budget_name):
-    left = CpuBudget.create(f"{budget_name}-left", 0.5)     # its controller never removed it
-    (left.path / "broker").mkdir()                          # its broker died with it: empty
-    busy = CpuBudget.create(f"{budget_name}-busy", 0.5)     # a live run's
+def test_a_dead_controllers_empty_cgroups_are_reaped_and_a_live_ones_are_left(budget_name):
+    # a controller that died without removing its run's cgroup: its owner is gone (a
+    # reaped child's pid; were the pid reused, start time 1 would still not match)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = (find_cpu_controller().mount / cpu_budget.PARENT_NAME
+            / f"{budget_name}-left.{dead.pid}-1")
+    left.mkdir(parents=True)
+    (left / "broker").mkdir()                    # its broker died with it: empty
+    # a live controller's: one about to move its broker in (empty), one running it
+    fresh = CpuBudget.create(f"{budget_name}-fresh", 0.5)
+    busy = CpuBudget.create(f"{budget_name}-busy", 0.5)
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
         busy.add("broker", [sleeper.pid])
+        assert cpu_budget.owner_alive(fresh.path.name) and not cpu_budget.owner_alive(left.name)
         removed = cpu_budget.reap_stale()
-        assert str(left.path) in removed and not left.path.exists()
+        assert str(left) in removed and not left.exists()
+        assert fresh.path.is_dir(), "an empty cgroup of a live owner was removed"
         assert busy.path.exists() and busy.members("broker") == [sleeper.pid]
     finally:
         sleeper.kill()
         sleeper.wait()
         busy.remove()
+        fresh.remove()
 
 
 # -- a real campaign --------------------------------------------------------------------
@@ -209,7 +220,8 @@ def test_a_mosquitto_campaign_under_cpu_limit_runs_its_broker_in_the_runs_cgroup
     def look_inside(document: object) -> None:
         # while the run measures: which processes the run's cgroups hold, on which CPUs
         if isinstance(document, RunUpdate) and document.state == "running":
-            run_dir = find_cpu_controller().mount / cpu_budget.PARENT_NAME / document.run_id
+            (run_dir,) = (find_cpu_controller().mount / cpu_budget.PARENT_NAME).glob(
+                f"{document.run_id}.*")
             seen.update({cgroup.name: [int(p) for p in (cgroup / "cgroup.procs")
                                        .read_text().split()]
                          for cgroup in run_dir.iterdir() if cgroup.is_dir()})
@@ -237,7 +249,8 @@ def test_a_mosquitto_campaign_under_cpu_limit_runs_its_broker_in_the_runs_cgroup
     assert stored["cpu_budget"] == metadata["cpu_budget"]
     assert record.cores == 0.25 and record.quota_us == round(0.25 * CPU_PERIOD_US)
     assert record.mechanism == find_cpu_controller().version
-    assert Path(record.path) == find_cpu_controller().mount / cpu_budget.PARENT_NAME / run_id
+    assert Path(record.path) == (find_cpu_controller().mount / cpu_budget.PARENT_NAME
+                                 / f"{run_id}.{cpu_budget.owner_tag(os.getpid())}")
     assert record.brokers["mosquitto"].pids == [broker_pid]
     assert record.brokers["mosquitto"].periods is not None
     if len(os.sched_getaffinity(0)) > 1:
