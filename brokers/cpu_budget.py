@@ -358,7 +358,7 @@ def owner_alive(cgroup_name: str) -> bool:
     if found is None:
         return False
     pid = int(found[1])
-    return procfs.is_live(pid) and owner_tag(pid) == f"{found[1]}-{found[2]}"
+    return procfs.is_live(pid) and procfs.start_time(pid) == int(found[2])
 
 
 def reap_stale(controller: CpuController | None = None) -> list[str]:
