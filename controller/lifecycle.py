@@ -1,8 +1,10 @@
 """A campaign from its start to its final status: its runs, then its statistics.
 
 ``running -> analysing -> done | failed | cancelled``. Spark starts in the background as
-the runs begin (niced, :func:`mqttbed.analytics.spark.start_spark_in_background`), and a
-served controller keeps that one session for its life. What the runs came to (all done,
+the runs begin (niced, :func:`mqttbed.analytics.spark.start_spark_in_background`), while
+the first run deploys: that run measures only once the JVM is up
+(:meth:`~mqttbed.controller.engine.RunEngine.hold_measurements`). A served controller keeps
+that one session for its life. What the runs came to (all done,
 some failed, cancelled) becomes the campaign's status only after Spark has written
 ``stats.json``, so a client that sees ``done`` can fetch the statistics at once. Failed
 and cancelled campaigns are analysed too: their partial results are kept. An analysis
@@ -54,8 +56,9 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     """
     if engine.is_cancelled(campaign_id):
         return CampaignStatus.CANCELLED  # cancelled while queued: nothing ran
-    # The JVM starts (niced) while the first run measures, not after the last one.
-    start_spark_in_background(settings)
+    # The JVM starts (niced) while the first run deploys; that run measures once it is up
+    # (a starting JVM beside a measurement perturbed it), not after the last run.
+    engine.hold_measurements(start_spark_in_background(settings))
     with engine.ctx.sessions() as s:
         spec = CampaignSpec.model_validate(s.get(CampaignRow, campaign_id).spec)
     engine.run_campaign(campaign_id)

@@ -7,10 +7,14 @@ process, which records the same events (tests/test_inproc_agents.py).
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.controller import Controller
+from mqttbed.controller.db import RunRow
 from mqttbed.controller.documents import CampaignUpdate, DocumentStream, ResultsReady, RunUpdate
 from mqttbed.controller.states import CampaignStatus, RunState
 
@@ -62,3 +66,35 @@ def test_a_listener_that_raises_is_passed_over():
     update = RunUpdate("c1", "c1-r0000", 0, 1, {}, 0, RunState.DEPLOYING)
     stream.emit(update)
     assert seen == [update] and late == [update]
+
+
+@pytest.mark.integration
+def test_the_first_run_measures_only_once_the_analysis_jvm_has_started(controller,
+                                                                         monkeypatch):
+    """A JVM starting beside a run takes CPU from what it measures (engine.hold_measurements):
+    the lifecycle's start-up thread must end before the first run's start time is handed
+    out. The thread here stands in for the JVM's start (the test process's Spark session is
+    shared and already up): it sleeps, then notes when it ended."""
+    from mqttbed.controller import lifecycle
+    from mqttbed.core.clock import monotonic_ns
+    from mqttbed.core.run_record import run_record
+
+    ended: list[int] = []
+
+    def slow_start(_settings=None) -> threading.Thread:
+        def start() -> None:
+            time.sleep(1.5)
+            ended.append(monotonic_ns())
+        thread = threading.Thread(target=start, name="jvm-start-stand-in", daemon=True)
+        thread.start()
+        return thread
+
+    monkeypatch.setattr(lifecycle, "start_spark_in_background", slow_start)
+    began = monotonic_ns()
+    campaign_id = controller.engine.create_campaign(parse_spec({**TINY, "repetitions": 2}))
+    assert controller.run_campaign(campaign_id) == CampaignStatus.DONE
+    with controller.sessions() as s:
+        starts = sorted(run_record(r.run_metadata, r.id).t_start_ns
+                        for r in s.query(RunRow).filter_by(campaign_id=campaign_id))
+    assert len(ended) == 1 and ended[0] - began >= 1.5e9
+    assert all(t is not None and t > ended[0] for t in starts), (starts, ended)
