@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from mqttbed.core.settings import Settings
@@ -97,13 +98,17 @@ def stop_spark() -> None:
 
 
 def start_spark_in_background(settings: Settings | None = None,
-                              nice: int = SPARK_NICE) -> threading.Thread:
+                              nice: int = SPARK_NICE,
+                              then: Callable[[SparkSession], object] | None = None
+                              ) -> threading.Thread:
     """Start this process's Spark session on a daemon thread; return the thread.
 
     The JVM is a child of that thread, and on Linux a child inherits its creating thread's
     nice value: the thread lowers its own priority by ``nice`` first, so the JVM (and
-    everything it runs) is niced while the process's other threads are not. A failure
-    is logged, not raised: the analysis that needs the session reports it when it asks.
+    everything it runs) is niced while the process's other threads are not. ``then`` runs
+    on the same thread once a session this call created is up (a warm-up analysis, say);
+    a session already running gets neither. A failure is logged, not raised: the analysis
+    that needs the session reports it when it asks.
     """
     def start() -> None:
         try:
@@ -111,7 +116,11 @@ def start_spark_in_background(settings: Settings | None = None,
                 # who=0 with PRIO_PROCESS is the calling thread on Linux (per-thread nice).
                 os.setpriority(os.PRIO_PROCESS, 0, min(19, os.getpriority(os.PRIO_PROCESS, 0)
                                                        + nice))
-            get_spark(settings)
+            with _session_lock:
+                created = _session is None
+                spark = _session if _session is not None else _create(settings)
+            if created and then is not None:
+                then(spark)
         except Exception:  # noqa: BLE001 - the analysis asks again and reports it
             log.exception("starting Spark in the background failed")
 

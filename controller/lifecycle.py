@@ -31,6 +31,7 @@ from mqttbed.controller.analysis import (
     analyze_runs,
     run_figures,
 )
+from mqttbed.controller.analysis_warm_up import warm_up_analysis
 from mqttbed.controller.db import CampaignRow, RunRow
 from mqttbed.controller.documents import ResultsReady
 from mqttbed.controller.engine import RunEngine, latest_attempts
@@ -56,9 +57,10 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     """
     if engine.is_cancelled(campaign_id):
         return CampaignStatus.CANCELLED  # cancelled while queued: nothing ran
-    # The JVM starts (niced) while the first run deploys; that run measures once it is up
-    # (a starting JVM beside a measurement perturbed it), not after the last run.
-    engine.hold_measurements(start_spark_in_background(settings))
+    # The JVM starts (niced) and warms up while the first run deploys; that run measures
+    # once it is up (a starting JVM beside a measurement perturbed it), and the analysis
+    # after the last run is a warm one.
+    engine.hold_measurements(start_spark_in_background(settings, then=warm_up_analysis))
     with engine.ctx.sessions() as s:
         spec = CampaignSpec.model_validate(s.get(CampaignRow, campaign_id).spec)
     engine.run_campaign(campaign_id)

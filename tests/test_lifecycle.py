@@ -81,7 +81,7 @@ def test_the_first_run_measures_only_once_the_analysis_jvm_has_started(controlle
 
     ended: list[int] = []
 
-    def slow_start(_settings=None) -> threading.Thread:
+    def slow_start(_settings=None, **_options) -> threading.Thread:
         def start() -> None:
             time.sleep(1.5)
             ended.append(monotonic_ns())
