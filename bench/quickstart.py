@@ -4,8 +4,10 @@ its report page is served; and where the time goes.
 ``mqttbed serve`` on loopback (fresh data dir, Spark as configured), then over REST:
 POST campaigns/quickstart.yaml, start it, poll its status every 0.2 s, and GET its web
 report once it is done. Phases from the polls and the runs' own start/end times:
-queued (until the first run starts), runs (sum of run durations), between runs (deploy,
-agents, barriers and teardown not inside a run's recorded span), analysis (Spark), report.
+queued (until the first run starts), the first run's hold while Spark starts and warms up
+(its run record's ``analysis_start_wait_s``), runs (sum of run durations less that hold),
+between runs (deploy, agents, barriers and teardown not inside a run's recorded span),
+analysis (Spark: from the last run's end to ``done``), report.
 Target: <= 60 s.
 
     .venv/bin/python bench/quickstart.py [--spec campaigns/quickstart.yaml]
@@ -28,6 +30,19 @@ from _common import ROOT, emit, free_port, load_average, served_controller  # no
 
 def seconds(a: str, b: str) -> float:
     return (datetime.fromisoformat(b) - datetime.fromisoformat(a)).total_seconds()
+
+
+def analysis_start_wait_s(data_dir: Path, campaign_id: str) -> float:
+    """Seconds the campaign's runs held their measurement for the analysis JVM (the run
+    record's ``analysis_start_wait_s``), read from the controller's SQLite database."""
+    import json
+    import sqlite3
+
+    with sqlite3.connect(data_dir / "mqttbed.sqlite") as db:
+        rows = db.execute("SELECT run_metadata FROM runs WHERE campaign_id = ?",
+                          (campaign_id,)).fetchall()
+    return sum(json.loads(metadata or "{}").get("analysis_start_wait_s") or 0.0
+               for (metadata,) in rows)
 
 
 def main() -> int:
@@ -58,6 +73,7 @@ def main() -> int:
         done_s = time.monotonic() - t0
         page = http.get(f"/campaigns/{campaign_id}", cookies={"mqttbed_token": token})
         report_s = time.monotonic() - t0
+        held_s = analysis_start_wait_s(Path(tmp), campaign_id)
     runs = campaign["runs"]
     run_s = [seconds(r["started_at"], r["ended_at"]) for r in runs
              if r["started_at"] and r["ended_at"]]
@@ -70,7 +86,8 @@ def main() -> int:
         "turnaround_s": round(report_s, 1),
         "phases_s": {
             "until running": round(running_at, 1),
-            "runs (sum of run spans)": round(sum(run_s), 1),
+            "first run held for Spark's start-up and warm-up": round(held_s, 1),
+            "runs (sum of run spans, less that hold)": round(sum(run_s) - held_s, 1),
             "around runs (deploy, agents, barriers, teardown)":
                 round(analysing_at - running_at - sum(run_s), 1),
             "analysis (Spark)": round(done_s - analysing_at, 1),
@@ -83,7 +100,10 @@ def main() -> int:
           f"report HTTP {page.status_code}")
     for phase, value in figures["phases_s"].items():
         print(f"  {phase:50} {value:7.1f} s")
-    emit("P6 quickstart turnaround", None, {"turnaround_vs_target": report_s / 60}, figures)
+    # issue 24: results ready within 10 s of the last run's end
+    emit("P6 quickstart turnaround", None,
+         {"turnaround_vs_target": report_s / 60,
+          "results_after_last_run_vs_10s": (done_s - analysing_at) / 10}, figures)
     return 0
 
 

@@ -469,8 +469,9 @@ class RunEngine:
                                   waiting_for="the analysis JVM to start"):
                     log.warning("run %s measures beside a JVM still starting after %.0f s",
                                 run.id, ANALYSIS_START_WAIT_S)
+                live.record.analysis_start_wait_s = round((monotonic_ns() - began) / 1e9, 3)
                 log.info("run %s waited %.1f s for the analysis JVM to start before measuring",
-                         run.id, (monotonic_ns() - began) / 1e9)
+                         run.id, live.record.analysis_start_wait_s)
             self._transition(run, total, RunState.RUNNING, record=live.record)
             self._measure(run, live)
             self._transition(run, total, RunState.COLLECTING, record=live.record)
