@@ -188,8 +188,9 @@ class NativeSession:
             self._closed = True
             busy = (" (another request holds a line: `gpioinfo` names its consumer)"
                     if exc.errno == errno.EBUSY else "")
-            raise GpioUnavailable(f"GPIO chip {gpio.chip}: the native engine could not "
-                                  f"request lines {pins}: {exc.strerror}{busy}") from exc
+            # the engine's message names the chip, the step (open, request) and the errno
+            raise GpioUnavailable(f"GPIO lines {pins} for the native engine: "
+                                  f"{exc.strerror}{busy}") from exc
         self.gpio_chip = gpio.chip
 
     def _add(self, spec: ClientAssignment) -> NativeClient:

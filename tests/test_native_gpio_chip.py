@@ -1,0 +1,314 @@
+"""GPIO lines on a character device driven from the native engine, against a fake chip.
+
+This machine has no /dev/gpiochip*, no gpio-sim and no CUSE, so the chip is
+tests/fakes/fake_gpiochip.c: an LD_PRELOAD library answering the kernel's v2 uAPI ioctls
+(linux/gpio.h structs, the kernel's checks and errnos) for one path, and logging each line
+write with its CLOCK_MONOTONIC time. What runs here: the protocol of the fake itself (so
+that passing against it means something), a run on the engine through real Mosquitto on
+loopback whose every publish and receive lands on the right line in the recorded order,
+within the recorded times, and requests the chip refuses. What does not: a real chip.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mqttbed.core.protocol import Endpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKES = ROOT / "tests" / "fakes"
+SESSION = FAKES / "chip_session.py"
+TOGGLES = 20  # chip_session.py's calibration, before the run, on the publisher's line
+
+
+@pytest.fixture(scope="module")
+def fake_chip(tmp_path_factory) -> Path:
+    """The fake chip library, built here with the engine's warnings."""
+    if not os.environ.get("CC") and not _which("gcc"):
+        pytest.skip("no C compiler")
+    out = tmp_path_factory.mktemp("fake-gpiochip") / "fake_gpiochip.so"
+    subprocess.run([os.environ.get("CC", "gcc"), "-std=c11", "-O2", "-Wall", "-Wextra",
+                    "-Werror", "-Wshadow", "-Wformat=2", "-shared", "-fPIC", "-o", str(out),
+                    str(FAKES / "fake_gpiochip.c"), "-ldl"], check=True, timeout=60)
+    return out
+
+
+def _which(program: str) -> bool:
+    return any((Path(d) / program).exists() for d in os.environ.get("PATH", "").split(":"))
+
+
+def _env(library: Path, chip: Path, log: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "LD_PRELOAD": str(library), "FAKE_GPIOCHIP_PATH": str(chip),
+            "FAKE_GPIOCHIP_LOG": str(log), **extra}
+
+
+def _run(args: list[str], env: dict[str, str], timeout: float = 60) -> str:
+    done = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, start_new_session=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def _log(path: Path) -> list[tuple[int, str, list[str]]]:
+    """The fake chip's log as (time, what, fields)."""
+    rows = []
+    for line in path.read_text().splitlines():
+        t, what, *fields = line.split()
+        rows.append((int(t), what, fields))
+    return rows
+
+
+# -- the fake chip speaks the kernel's protocol ----------------------------------------
+
+_HEADER_PROBE = r"""
+#include <linux/gpio.h>
+#include <stdio.h>
+int main(void) {
+    printf("%zu %zu %lu %lu %lu %lu\n", sizeof(struct gpio_v2_line_request),
+           sizeof(struct gpio_v2_line_values), (unsigned long)GPIO_V2_GET_LINE_IOCTL,
+           (unsigned long)GPIO_V2_LINE_SET_VALUES_IOCTL,
+           (unsigned long)GPIO_V2_LINE_GET_VALUES_IOCTL, (unsigned long)GPIO_GET_CHIPINFO_IOCTL);
+    return 0;
+}
+"""
+
+
+class Attribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint32), ("padding", ctypes.c_uint32),
+                ("value", ctypes.c_uint64)]
+
+
+class ConfigAttribute(ctypes.Structure):
+    _fields_ = [("attr", Attribute), ("mask", ctypes.c_uint64)]
+
+
+class LineConfig(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("num_attrs", ctypes.c_uint32),
+                ("padding", ctypes.c_uint32 * 5), ("attrs", ConfigAttribute * 10)]
+
+
+class LineRequest(ctypes.Structure):
+    """``struct gpio_v2_line_request`` (linux/gpio.h), checked against the header below."""
+
+    _fields_ = [("offsets", ctypes.c_uint32 * 64), ("consumer", ctypes.c_char * 32),
+                ("config", LineConfig), ("num_lines", ctypes.c_uint32),
+                ("event_buffer_size", ctypes.c_uint32), ("padding", ctypes.c_uint32 * 5),
+                ("fd", ctypes.c_int32)]
+
+
+class LineValues(ctypes.Structure):
+    _fields_ = [("bits", ctypes.c_uint64), ("mask", ctypes.c_uint64)]
+
+
+def _iowr(number: int, size: int) -> int:
+    return (3 << 30) | (size << 16) | (0xB4 << 8) | number
+
+
+# The protocol test runs in a child with the preload; this is its program.
+_PROTOCOL_CHILD = textwrap.dedent("""
+    import ctypes, errno, fcntl, json, os, sys
+    sys.path.insert(0, os.environ["TEST_DIR"])
+    from test_native_gpio_chip import LineRequest, LineValues, _iowr
+    GET_LINE = _iowr(0x07, ctypes.sizeof(LineRequest))
+    SET_VALUES = _iowr(0x0F, ctypes.sizeof(LineValues))
+    GET_VALUES = _iowr(0x0E, ctypes.sizeof(LineValues))
+    INPUT, OUTPUT, EDGE_RISING = 1 << 2, 1 << 3, 1 << 4
+    answers = {}
+
+    def request(name, offsets, flags=OUTPUT, **fields):
+        r = LineRequest(num_lines=len(offsets), consumer=b"test")
+        for i, offset in enumerate(offsets):
+            r.offsets[i] = offset
+        r.config.flags = flags
+        for key, value in fields.items():
+            target, _, field = key.rpartition("__")
+            obj = r.config if target == "config" else r
+            if field == "padding":
+                obj.padding[0] = value
+            else:
+                setattr(obj, field, value)
+        try:
+            fcntl.ioctl(chip, GET_LINE, r)
+        except OSError as exc:
+            answers[name] = errno.errorcode[exc.errno]
+            return None
+        answers[name] = "ok"
+        return r.fd
+
+    def values(name, fd, command, bits, mask):
+        v = LineValues(bits=bits, mask=mask)
+        try:
+            fcntl.ioctl(fd, command, v)
+        except OSError as exc:
+            answers[name] = errno.errorcode[exc.errno]
+            return None
+        answers[name] = "ok"
+        return v.bits
+
+    chip = os.open(os.environ["FAKE_GPIOCHIP_PATH"], os.O_RDWR)
+    request("no lines", [])
+    request("65 lines", [0], num_lines=65)
+    request("offset beyond the chip", [58])
+    request("input and output", [5], flags=INPUT | OUTPUT)
+    request("edges on an output", [5], flags=OUTPUT | EDGE_RISING)
+    request("unknown flag", [5], flags=OUTPUT | (1 << 40))
+    request("request padding", [5], padding=1)
+    request("config padding", [5], config__padding=1)
+    request("11 attributes", [5], config__num_attrs=11)
+    request("a line twice", [5, 5])
+    request("held by another consumer", [7])
+    lines = request("output lines 5 and 6", [5, 6])
+    request("a held line again", [6])
+    inputs = request("an input line", [9], flags=INPUT)
+    values("set with an empty mask", lines, SET_VALUES, 1, 0)
+    values("set an input", inputs, SET_VALUES, 1, 1)
+    values("set line 6 high", lines, SET_VALUES, 0b10, 0b10)
+    values("set line 6 high again", lines, SET_VALUES, 0b10, 0b10)
+    answers["levels of 5 and 6"] = values("get", lines, GET_VALUES, 0, 0b11)
+    values("set on the chip fd", chip, SET_VALUES, 1, 1)
+    try:
+        fcntl.ioctl(lines, 0xB4FF, b"\\0" * 16)
+    except OSError as exc:
+        answers["unknown ioctl"] = errno.errorcode[exc.errno]
+    os.close(lines)
+    again = request("line 6 after its release", [6])
+    os.close(again)
+    os.close(inputs)
+    os.close(chip)
+    print(json.dumps(answers))
+""")
+
+
+def test_the_fake_chip_uses_the_kernel_structs_and_answers_with_the_kernels_errnos(
+        fake_chip, tmp_path):
+    probe = tmp_path / "probe"
+    (tmp_path / "probe.c").write_text(_HEADER_PROBE)
+    subprocess.run(["gcc", "-o", str(probe), str(tmp_path / "probe.c")], check=True,
+                   timeout=60)
+    header = [int(v) for v in subprocess.run([str(probe)], capture_output=True, text=True,
+                                             check=True).stdout.split()]
+    assert header[:2] == [ctypes.sizeof(LineRequest), ctypes.sizeof(LineValues)] == [592, 16]
+    assert header[2:5] == [_iowr(0x07, 592), _iowr(0x0F, 16), _iowr(0x0E, 16)]
+
+    chip, log = tmp_path / "gpiochip-fake", tmp_path / "chip.log"
+    env = _env(fake_chip, chip, log, FAKE_GPIOCHIP_HELD="7",
+               TEST_DIR=str(Path(__file__).parent))
+    answers = json.loads(_run([sys.executable, "-c", _PROTOCOL_CHILD], env))
+    assert answers == {
+        "no lines": "EINVAL", "65 lines": "EINVAL", "offset beyond the chip": "EINVAL",
+        "input and output": "EINVAL", "edges on an output": "EINVAL",
+        "unknown flag": "EINVAL", "request padding": "EINVAL", "config padding": "EINVAL",
+        "11 attributes": "EINVAL", "a line twice": "EBUSY",
+        "held by another consumer": "EBUSY", "output lines 5 and 6": "ok",
+        "a held line again": "EBUSY", "an input line": "ok",
+        "set with an empty mask": "EINVAL", "set an input": "EPERM",
+        "set line 6 high": "ok", "set line 6 high again": "ok", "get": "ok",
+        "levels of 5 and 6": 0b10, "set on the chip fd": "EINVAL", "unknown ioctl": "EINVAL",
+        "line 6 after its release": "ok"}
+    assert [(what, fields) for _, what, fields in _log(log)] == [
+        ("request", ["test", "5", "6"]), ("request", ["test", "9"]), ("set", ["6", "1"]),
+        ("same", ["6", "1"]), ("release", ["5", "6"]), ("request", ["test", "6"]),
+        ("release", ["6"]), ("release", ["9"])]
+
+
+# -- a run on the engine drives the chip ----------------------------------------------
+
+def _session(fake_chip: Path, chip: Path, log: Path, endpoint: Endpoint, pulse: bool = False,
+             vanish: bool = False, **extra: str) -> dict:
+    env = _env(fake_chip, chip, log, **extra)
+    out = _run([sys.executable, str(SESSION), str(chip), endpoint.host, str(endpoint.port),
+                "1" if pulse else "0", "vanish" if vanish else "stay"], env)
+    return json.loads(out)
+
+
+@pytest.mark.integration  # Mosquitto
+@pytest.mark.parametrize("pulse", [False, True], ids=["toggle", "pulse"])
+def test_every_publish_and_receive_drives_its_line_on_the_chip_right_after_its_edge(
+        fake_chip, tmp_path, broker, pulse):
+    chip, log = tmp_path / "gpiochip-fake", tmp_path / "chip.log"
+    chip.touch()  # the gpiod backend checks the device exists; the preload answers its open
+    result = _session(fake_chip, chip, log, broker, pulse=pulse)
+    report = result["report"]
+    assert result["native"] and result["gpio_chip"] == str(chip)
+    assert report["mqtt_client"] == "native" and report["mqtt_client_reason"] == ""
+    assert report["gpio_chip"] == str(chip)
+    assert not result["driven_elsewhere_after"]  # the lines went back to the backend
+
+    rows = _log(log)
+    assert rows[0][1:] == ("request", ["mqttbed", "2", "3", "4"])
+    assert rows[-1][1:] == ("release", ["2", "3", "4"])
+    writes = rows[1:-1]
+    assert all(what == "set" for _, what, _ in writes), "a write that changed nothing"
+    # the runner's toggle calibration goes through the engine's request (pulse: up, down)
+    calibrated = TOGGLES * (2 if pulse else 1)
+    calibration, run = writes[:calibrated], writes[calibrated:]
+    assert [fields for _, _, fields in calibration] == [["2", "1"], ["2", "0"]] * (
+        calibrated // 2)
+
+    # the chip saw exactly the edges the engine recorded, in the order recorded
+    edges = result["edges"]
+    assert [(int(f[0]), int(f[1])) for _, _, f in run] == [(pin, level) for pin, _, level
+                                                           in edges]
+    events = result["events"]
+    publishes = [e for e in events if e[0] == "publish"]
+    deliveries = {r: [e for e in events if e[0] == "delivery" and e[3] == r]
+                  for r in ("sub-0", "sub-1")}
+    assert len(publishes) == 40 and all(len(d) == 40 for d in deliveries.values())
+    by_pin: dict[int, list[tuple[int, int, int]]] = {2: [], 3: [], 4: []}
+    for (t_set, _, _), (pin, t_edge, level) in zip(run, edges, strict=True):
+        by_pin[pin].append((t_set, t_edge, level))
+    rises = {pin: [w for w in writes_of if w[2] == 1 or not pulse]
+             for pin, writes_of in by_pin.items()}
+    # one edge per publish and per receive (pulse: a raise per event, each lowered again)
+    assert {pin: len(r) for pin, r in rises.items()} == {2: 40, 3: 40, 4: 40}
+    if pulse:
+        assert all(len(w) == 80 for w in by_pin.values())
+
+    # each write follows its recorded edge, within the SET_VALUES time the run reports
+    write_max, lag_max = report["gpio_write_max_ns"], report["gpio_edge_lag_max_ns"]
+    assert write_max is not None and lag_max is not None and report["gpio_write_p99_ns"]
+    for t_set, t_edge, _ in (w for writes_of in by_pin.values() for w in writes_of):
+        assert t_edge <= t_set <= t_edge + write_max
+    # ... and the call it marks: sent before, received within the reported edge lag
+    for (t_set, t_edge, _), publish in zip(rises[2], publishes, strict=True):
+        assert publish[9] <= t_edge <= t_set   # t_pub is read before the send
+    for pin, receiver in ((3, "sub-0"), (4, "sub-1")):
+        for (t_set, t_edge, _), delivery in zip(rises[pin], deliveries[receiver], strict=True):
+            t_recv_user = delivery[12]
+            assert 0 <= t_edge - t_recv_user <= lag_max
+            assert t_set - t_recv_user <= lag_max + write_max
+    # on this loaded 2-core machine with a logging fake: sanity bounds, not a figure
+    assert write_max < 50_000_000 and lag_max < 50_000_000
+
+
+@pytest.mark.integration  # Mosquitto
+@pytest.mark.parametrize("case", ["busy", "missing"])
+def test_a_chip_that_refuses_the_lines_fails_the_run_before_it_starts_naming_chip_and_why(
+        fake_chip, tmp_path, broker, case):
+    chip, log = tmp_path / "gpiochip-fake", tmp_path / "chip.log"
+    chip.touch()
+    if case == "busy":
+        result = _session(fake_chip, chip, log, broker, FAKE_GPIOCHIP_HELD="3")
+        reason = (rf"GpioUnavailable: GPIO lines \[2, 3, 4\] for the native engine: "
+                  rf"requesting 3 lines of {re.escape(str(chip))}: Device or resource busy "
+                  r"\(another request holds a line: `gpioinfo` names its consumer\)")
+    else:  # the device went away after the backend opened (a chip unbound, a board reset)
+        result = _session(fake_chip, chip, log, broker, vanish=True,
+                          FAKE_GPIOCHIP_PATH=str(tmp_path / "another-gpiochip"))
+        reason = (rf"GpioUnavailable: GPIO lines \[2, 3, 4\] for the native engine: "
+                  rf"opening GPIO chip {re.escape(str(chip))}: No such file or directory")
+    assert "error" in result, result
+    assert re.fullmatch(reason, result["error"]), result["error"]
+    # nothing was published or written: the run never started
+    rows = _log(log) if log.exists() else []
+    assert [what for _, what, _ in rows if what in ("set", "same")] == []
+
