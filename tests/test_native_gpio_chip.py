@@ -22,7 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from mqttbed.campaigns.spec import parse_spec
+from mqttbed.controller.db import RunRow
 from mqttbed.core.protocol import Endpoint
+from mqttbed.core.run_record import run_record
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKES = ROOT / "tests" / "fakes"
@@ -266,26 +269,28 @@ def test_every_publish_and_receive_drives_its_line_on_the_chip_right_after_its_e
     by_pin: dict[int, list[tuple[int, int, int]]] = {2: [], 3: [], 4: []}
     for (t_set, _, _), (pin, t_edge, level) in zip(run, edges, strict=True):
         by_pin[pin].append((t_set, t_edge, level))
-    rises = {pin: [w for w in writes_of if w[2] == 1 or not pulse]
-             for pin, writes_of in by_pin.items()}
-    # one edge per publish and per receive (pulse: a raise per event, each lowered again)
-    assert {pin: len(r) for pin, r in rises.items()} == {2: 40, 3: 40, 4: 40}
-    if pulse:
-        assert all(len(w) == 80 for w in by_pin.values())
+    if pulse:  # a raise per turn that published or received (events handled together
+        # share one: a turn's batch, reads that arrived together), each lowered after it
+        for writes_of in by_pin.values():
+            assert [w[2] for w in writes_of] == [1, 0] * (len(writes_of) // 2)
+            assert 1 <= len(writes_of) // 2 <= 40
+    else:      # an edge per publish and per receive
+        assert {pin: len(w) for pin, w in by_pin.items()} == {2: 40, 3: 40, 4: 40}
 
     # each write follows its recorded edge, within the SET_VALUES time the run reports
     write_max, lag_max = report["gpio_write_max_ns"], report["gpio_edge_lag_max_ns"]
     assert write_max is not None and lag_max is not None and report["gpio_write_p99_ns"]
     for t_set, t_edge, _ in (w for writes_of in by_pin.values() for w in writes_of):
         assert t_edge <= t_set <= t_edge + write_max
-    # ... and the call it marks: sent before, received within the reported edge lag
-    for (t_set, t_edge, _), publish in zip(rises[2], publishes, strict=True):
-        assert publish[9] <= t_edge <= t_set   # t_pub is read before the send
-    for pin, receiver in ((3, "sub-0"), (4, "sub-1")):
-        for (t_set, t_edge, _), delivery in zip(rises[pin], deliveries[receiver], strict=True):
-            t_recv_user = delivery[12]
-            assert 0 <= t_edge - t_recv_user <= lag_max
-            assert t_set - t_recv_user <= lag_max + write_max
+    if not pulse:  # ... and the call it marks: sent before, received within the edge lag
+        for (t_set, t_edge, _), publish in zip(by_pin[2], publishes, strict=True):
+            assert publish[9] <= t_edge <= t_set   # t_pub is read before the send
+        for pin, receiver in ((3, "sub-0"), (4, "sub-1")):
+            for (t_set, t_edge, _), delivery in zip(by_pin[pin], deliveries[receiver],
+                                                    strict=True):
+                t_recv_user = delivery[12]
+                assert 0 <= t_edge - t_recv_user <= lag_max
+                assert t_set - t_recv_user <= lag_max + write_max
     # on this loaded 2-core machine with a logging fake: sanity bounds, not a figure
     assert write_max < 50_000_000 and lag_max < 50_000_000
 
@@ -312,3 +317,43 @@ def test_a_chip_that_refuses_the_lines_fails_the_run_before_it_starts_naming_chi
     rows = _log(log) if log.exists() else []
     assert [what for _, what, _ in rows if what in ("set", "same")] == []
 
+
+
+# -- end to end: an agent process with agents.gpio: gpiod ------------------------------
+
+@pytest.mark.integration  # Mosquitto, the controller, an agent process
+def test_a_campaign_with_gpiod_agents_drives_their_lines_from_c_and_records_which_chip(
+        controller, fake_chip, tmp_path, monkeypatch):
+    chip, log = tmp_path / "gpiochip-fake", tmp_path / "chip.log"
+    chip.touch()
+    # the agent processes inherit these (their broker does too: it opens no such path)
+    for name, value in _env(fake_chip, chip, log).items():
+        monkeypatch.setenv(name, value)
+    campaign_id = controller.engine.create_campaign(parse_spec(
+        {"name": "chip", "agents": {"count": 1, "gpio": "gpiod", "gpio_chip": str(chip)},
+         "workload": {"subscribers": 1, "rate_hz": 200, "messages": 20,
+                      "warmup_messages": 0}}))
+    assert controller.engine.run_campaign(campaign_id) == "done"
+    with controller.sessions() as s:
+        run = s.get(RunRow, f"{campaign_id}-r0000")
+    record = run_record(run.run_metadata, run.id)
+    (line,) = record.gpio.values()
+    assert (line.backend, line.driver, line.chip) == ("gpiod", "native", str(chip))
+    assert line.toggle_ns is not None and line.toggle_ns > 0  # through the engine's request
+    (generator,) = record.generators.values()
+    assert generator.mqtt_client == "native" and generator.gpio_chip == str(chip)
+    assert generator.gpio_write_max_ns is not None
+    rows = _log(log)
+    assert [what for _, what, _ in rows].count("request") == 1
+    assert not [r for r in rows if r[1] == "same"]
+    assert rows[0][1:] == ("request", ["mqttbed", "2", "3"])
+    assert rows[-1][1:] == ("release", ["2", "3"])
+    # the runner's 2000-toggle calibration on the first client's line, then the run's
+    # edges: 20 publishes and 20 receives, each line toggling up and down from low
+    calibration, run = rows[1:2001], rows[2001:-1]
+    calibrated = {fields[0] for _, _, fields in calibration}
+    assert len(calibrated) == 1 and [fields[1] for _, _, fields in calibration] == [
+        "1", "0"] * 1000
+    for pin in ("2", "3"):
+        assert [fields[1] for _, _, fields in run if fields[0] == pin] == ["1", "0"] * 10
+    assert len(run) == 40
