@@ -357,3 +357,27 @@ def test_a_campaign_with_gpiod_agents_drives_their_lines_from_c_and_records_whic
     for pin in ("2", "3"):
         assert [fields[1] for _, _, fields in run if fields[0] == pin] == ["1", "0"] * 10
     assert len(run) == 40
+
+
+# -- the lab check a Pi user runs: python -m mqttbed.agents.native --gpio-check ---------
+
+def test_the_gpio_check_drives_the_lines_through_the_engine_or_names_the_refusal(
+        fake_chip, tmp_path):
+    chip, log = tmp_path / "gpiochip-fake", tmp_path / "chip.log"
+    argv = [sys.executable, "-m", "mqttbed.agents.native", "--gpio-check", str(chip), "17",
+            "27", "--toggles", "5"]
+    report = json.loads(_run(argv, _env(fake_chip, chip, log)))
+    assert report["state"] == "driven" and report["lines"] == [17, 27]
+    assert report["writes"] == 20 and 0 < report["set_values_p50_ns"] <= report[
+        "set_values_max_ns"]
+    rows = _log(log)
+    assert [(what, fields) for _, what, fields in rows] == [
+        ("request", ["mqttbed", "17", "27"]),
+        *[("set", [line, level]) for _ in range(5) for line in ("17", "27")
+          for level in ("1", "0")],
+        ("release", ["17", "27"])]
+    busy = subprocess.run(argv, env=_env(fake_chip, chip, log, FAKE_GPIOCHIP_HELD="27"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert busy.returncode == 1
+    assert json.loads(busy.stdout) == {
+        "state": "refused", "reason": f"requesting 2 lines of {chip}: Device or resource busy"}
