@@ -381,3 +381,55 @@ def test_the_gpio_check_drives_the_lines_through_the_engine_or_names_the_refusal
     assert busy.returncode == 1
     assert json.loads(busy.stdout) == {
         "state": "refused", "reason": f"requesting 2 lines of {chip}: Device or resource busy"}
+
+
+# -- who holds the lines ----------------------------------------------------------------
+
+class _HeldRequest:
+    """A libgpiod line request as GpiodLines holds one after a lean-client run."""
+
+    def __init__(self) -> None:
+        self.released = False
+        self.values: list[tuple[int, object]] = []
+
+    def set_value(self, pin: int, value: object) -> None:
+        self.values.append((pin, value))
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_gpiod_lines_release_their_request_before_the_engine_takes_the_lines(tmp_path):
+    from mqttbed.agents.gpio import GpiodLines
+
+    chip = tmp_path / "gpiochip0"
+    chip.touch()
+    gpio = GpiodLines(str(chip))
+    held = _HeldRequest()
+    gpio._request = held          # an earlier lean run's request, still held
+    writes: list[tuple[int, int]] = []
+    gpio.hand_over([2, 3], lambda pin, level: writes.append((pin, level)))
+    assert held.released and gpio.driven_elsewhere   # one request per line: the kernel's rule
+    gpio.toggle(2)
+    gpio.toggle(2)
+    assert writes == [(2, 1), (2, 0)] and held.values == []
+    gpio.take_back({2: 0, 3: 1})
+    assert not gpio.driven_elsewhere  # the next lean run's setup() requests them again
+
+
+def test_rpi_lines_stay_on_the_lean_client_and_the_reason_says_why_and_what_to_choose():
+    from mqttbed.agents.gpio import RpiGpio, VirtualGpio
+    from mqttbed.agents.native_session import unsupported_reason
+    from mqttbed.core.protocol import ClientAssignment, Role
+
+    clients = [ClientAssignment(client_id="pub-0", role=Role.PUBLISHER, topic="t", qos=0,
+                                gpio_pin=17, messages=1, rate_hz=1)]
+    endpoint = Endpoint(host="127.0.0.1", port=1883)
+    assert unsupported_reason(endpoint, clients, VirtualGpio()) is None
+    rpi = RpiGpio.__new__(RpiGpio)  # not __init__: that needs a Pi and RPi.GPIO
+    reason = unsupported_reason(endpoint, clients, rpi)
+    assert reason == (
+        "GPIO backend 'rpi': the native engine drives virtual lines and GPIO character "
+        "devices (agents.gpio: gpiod) only; 'rpi' lines (RPi.GPIO, /dev/gpiomem on a Pi "
+        "1-4) are toggled from Python by the lean client. On a Pi, agents.gpio: gpiod drives "
+        "them from C")
