@@ -12,9 +12,9 @@ line on receipt. Backends:
 - ``gpiod``: the kernel's GPIO character device through libgpiod v2 (``gpiod`` package,
   in the agent extra); works on any Linux board. On a native-engine run the engine requests
   the lines itself and drives them from C (uAPI v2), and this backend hands them over
-  (:meth:`GpiodLines.hand_over`); libgpiod drives them on lean-client runs. ``chip`` names the device
-  (``/dev/gpiochip0`` on a Pi 1-4; on a Pi 5 the header is ``/dev/gpiochip4`` on kernels
-  before 6.6.45 and ``/dev/gpiochip0`` after).
+  (:meth:`GpiodLines.hand_over`); libgpiod drives them on lean-client runs. ``chip``
+  names the device (``/dev/gpiochip0`` on a Pi 1-4; on a Pi 5 the header is
+  ``/dev/gpiochip4`` on kernels before 6.6.45 and ``/dev/gpiochip0`` after).
 
 Every backend also records each edge with its CLOCK_MONOTONIC time, so the software side of
 every edge is kept with the run. Pins are BCM numbers (rpi) or line offsets (gpiod).

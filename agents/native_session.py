@@ -276,7 +276,7 @@ class NativeSession:
             status = self._engine.step(monotonic_ns() + SLICE_NS)
             self._drain()
             if status in (native.DONE, native.DEADLINE):
-                return
+                break
             if status == native.FAILED:
                 raise RuntimeError(self._failures())
         self._check_chip_writes()

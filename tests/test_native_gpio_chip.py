@@ -433,3 +433,36 @@ def test_rpi_lines_stay_on_the_lean_client_and_the_reason_says_why_and_what_to_c
         "devices (agents.gpio: gpiod) only; 'rpi' lines (RPi.GPIO, /dev/gpiomem on a Pi "
         "1-4) are toggled from Python by the lean client. On a Pi, agents.gpio: gpiod drives "
         "them from C")
+
+
+@pytest.mark.integration  # Mosquitto
+def test_line_writes_the_chip_refuses_during_a_run_fail_it_with_their_count_and_errno(
+        fake_chip, tmp_path, broker):
+    chip, log = tmp_path / "gpiochip-fake", tmp_path / "chip.log"
+    chip.touch()
+    # the calibration's 20 writes and 10 of the run's go through, then the driver fails
+    result = _session(fake_chip, chip, log, broker, FAKE_GPIOCHIP_FAIL_AFTER=str(TOGGLES + 10))
+    refused = len(result["edges"]) - 10
+    assert refused > 0
+    assert result["run_error"] == (f"GPIO chip {chip}: {refused} line writes (SET_VALUES) "
+                                   f"failed, the last with Input/output error")
+    assert [what for _, what, _ in _log(log)].count("set") == TOGGLES + 10
+
+
+@pytest.mark.integration  # Mosquitto, the controller, an agent process
+def test_a_campaign_whose_chip_holds_a_line_elsewhere_fails_before_running_naming_it(
+        controller, updates, fake_chip, tmp_path, monkeypatch):
+    chip, log = tmp_path / "gpiochip-fake", tmp_path / "chip.log"
+    chip.touch()
+    for name, value in _env(fake_chip, chip, log, FAKE_GPIOCHIP_HELD="3").items():
+        monkeypatch.setenv(name, value)
+    campaign_id = controller.engine.create_campaign(parse_spec(
+        {"name": "busy", "agents": {"count": 1, "gpio": "gpiod", "gpio_chip": str(chip)},
+         "workload": {"subscribers": 1, "messages": 20, "warmup_messages": 0}}))
+    assert controller.engine.run_campaign(campaign_id) == "failed"
+    with controller.sessions() as s:
+        run = s.get(RunRow, f"{campaign_id}-r0000")
+    assert "running" not in updates.states(run.id)
+    assert (f"GPIO lines [2, 3] for the native engine: requesting 2 lines of {chip}: Device "
+            f"or resource busy") in run.reason, run.reason
+    assert not log.exists() or "set" not in log.read_text()

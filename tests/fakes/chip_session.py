@@ -52,6 +52,9 @@ def main() -> None:
         session.connect(timeout_s=10)
         start = monotonic_ns() + 20_000_000
         session.run(start, start + 5_000_000_000, abort=lambda: False)
+    except RuntimeError as exc:
+        print(json.dumps({"run_error": str(exc), "edges": gpio.edges()}))
+        return
     finally:
         session.close()
     print(json.dumps({

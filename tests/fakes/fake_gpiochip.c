@@ -23,6 +23,8 @@
  *                        the time is read on entry to the ioctl, before the line "moves"
  *   FAKE_GPIOCHIP_LINES  lines on the chip (default 58, a Pi 4's gpiochip0)
  *   FAKE_GPIOCHIP_HELD   comma-separated offsets another consumer holds (their requests: EBUSY)
+ *   FAKE_GPIOCHIP_FAIL_AFTER  after this many SET_VALUES calls, each fails with EIO (what
+ *                        the kernel passes on from a driver that cannot reach its chip)
  *
  * The chip's state lives in this process only. Build: gcc -shared -fPIC -o x.so this.c -ldl
  */
@@ -63,6 +65,8 @@ static int log_fd = -1;
 static uint32_t chip_lines = 58;
 static uint8_t held[MAX_LINES];   /* 1: a request here holds it, 2: "another consumer" */
 static uint8_t level[MAX_LINES];
+static long fail_after = -1;      /* SET_VALUES calls that succeed before EIO; -1: all */
+static long set_calls;
 static fake_fd fds[MAX_FDS];
 
 static int64_t now_ns(void) {
@@ -92,6 +96,9 @@ __attribute__((constructor)) static void setup(void) {
         else
             break;
     }
+    const char *fail = getenv("FAKE_GPIOCHIP_FAIL_AFTER");
+    if (fail != NULL)
+        fail_after = atol(fail);
     const char *log_path = getenv("FAKE_GPIOCHIP_LOG");
     if (log_path != NULL)
         log_fd = real_open(log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
@@ -285,6 +292,8 @@ static int set_values(fake_fd *f, const struct gpio_v2_line_values *v, int64_t t
         }
     if (n == 0)
         return -EINVAL;
+    if (fail_after >= 0 && set_calls++ >= fail_after)
+        return -EIO;
     for (uint32_t i = 0; i < f->num_lines; i++)
         if (v->mask >> i & 1) {
             uint32_t offset = f->offsets[i];
