@@ -18,12 +18,15 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from mqttbed.brokers.mosquitto.backend import MosquittoBackend, Options
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.db import RunRow
+from mqttbed.core.host import LocalHost
 from mqttbed.core.protocol import Endpoint
 from mqttbed.core.run_record import run_record
 
@@ -225,6 +228,17 @@ def test_the_fake_chip_uses_the_kernel_structs_and_answers_with_the_kernels_errn
 
 # -- a run on the engine drives the chip ----------------------------------------------
 
+@pytest.fixture
+def unthrottled_broker() -> Iterator[Endpoint]:
+    """A Mosquitto without an in-flight quota: past 20 unacknowledged QoS 1 messages (a
+    late publisher's burst on a loaded machine) Mosquitto 2.0 drops them, and the counts
+    below are of every message."""
+    backend = MosquittoBackend()
+    endpoint = backend.deploy(Options(max_inflight_messages=0), LocalHost())
+    yield endpoint
+    backend.teardown()
+
+
 def _session(fake_chip: Path, chip: Path, log: Path, endpoint: Endpoint, pulse: bool = False,
              vanish: bool = False, **extra: str) -> dict:
     env = _env(fake_chip, chip, log, **extra)
@@ -236,10 +250,10 @@ def _session(fake_chip: Path, chip: Path, log: Path, endpoint: Endpoint, pulse: 
 @pytest.mark.integration  # Mosquitto
 @pytest.mark.parametrize("pulse", [False, True], ids=["toggle", "pulse"])
 def test_every_publish_and_receive_drives_its_line_on_the_chip_right_after_its_edge(
-        fake_chip, tmp_path, broker, pulse):
+        fake_chip, tmp_path, unthrottled_broker, pulse):
     chip, log = tmp_path / "gpiochip-fake", tmp_path / "chip.log"
     chip.touch()  # the gpiod backend checks the device exists; the preload answers its open
-    result = _session(fake_chip, chip, log, broker, pulse=pulse)
+    result = _session(fake_chip, chip, log, unthrottled_broker, pulse=pulse)
     report = result["report"]
     assert result["native"] and result["gpio_chip"] == str(chip)
     assert report["mqtt_client"] == "native" and report["mqtt_client_reason"] == ""
@@ -291,8 +305,8 @@ def test_every_publish_and_receive_drives_its_line_on_the_chip_right_after_its_e
                 t_recv_user = delivery[12]
                 assert 0 <= t_edge - t_recv_user <= lag_max
                 assert t_set - t_recv_user <= lag_max + write_max
-    # on this loaded 2-core machine with a logging fake: sanity bounds, not a figure
-    assert write_max < 50_000_000 and lag_max < 50_000_000
+    # nanoseconds, not garbage: sanity bounds on a loaded machine, not a figure
+    assert 0 < write_max < 1_000_000_000 and 0 <= lag_max < 1_000_000_000
 
 
 @pytest.mark.integration  # Mosquitto
