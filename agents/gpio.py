@@ -10,9 +10,11 @@ line on receipt. Backends:
   chip that RPi.GPIO cannot drive, install its drop-in rpi-lgpio instead
   (``pip install 'mqttbed[pi5]'``). Never both: they provide the same module.
 - ``gpiod``: the kernel's GPIO character device through libgpiod v2 (``gpiod`` package,
-  in the agent extra); works on any Linux board. ``chip`` names the device
-  (``/dev/gpiochip0`` on a Pi 1-4; on a Pi 5 the header is ``/dev/gpiochip4`` on kernels
-  before 6.6.45 and ``/dev/gpiochip0`` after).
+  in the agent extra); works on any Linux board. On a native-engine run the engine requests
+  the lines itself and drives them from C (uAPI v2), and this backend hands them over
+  (:meth:`GpiodLines.hand_over`); libgpiod drives them on lean-client runs. ``chip``
+  names the device (``/dev/gpiochip0`` on a Pi 1-4; on a Pi 5 the header is
+  ``/dev/gpiochip4`` on kernels before 6.6.45 and ``/dev/gpiochip0`` after).
 
 Every backend also records each edge with its CLOCK_MONOTONIC time, so the software side of
 every edge is kept with the run. Pins are BCM numbers (rpi) or line offsets (gpiod).
@@ -29,6 +31,7 @@ from __future__ import annotations
 import os
 import statistics
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -206,7 +209,14 @@ class RpiGpio(_EdgeLog):
 
 
 class GpiodLines(_EdgeLog):
-    """libgpiod v2 on a GPIO character device."""
+    """libgpiod v2 on a GPIO character device.
+
+    On a native-engine run the engine owns the lines instead (:meth:`hand_over`): the
+    kernel gives a line to one request at a time (EBUSY), and the engine writes them with
+    GPIO_V2_LINE_SET_VALUES right where it records each edge. This object then holds no
+    request; its toggles (a calibration) go through the engine's, and :meth:`take_back`
+    ends that when the run's session closes.
+    """
 
     backend = "gpiod"
 
@@ -224,27 +234,54 @@ class GpiodLines(_EdgeLog):
             raise GpioUnavailable("GPIO backend 'gpiod' needs the gpiod package (libgpiod v2 "
                                   "bindings): pip install 'mqttbed[agent]'") from None
         self._gpiod: Any = gpiod
-        self._chip = chip
+        self.chip = chip
         self._request: Any = None
+        self._driver: Callable[[int, int], None] | None = None  # the engine's line writer
 
     def setup(self, pins: list[int]) -> None:
         from gpiod.line import Direction, Value
 
+        self._release()  # a request of an earlier run: the kernel would refuse a second
         self._value = (Value.INACTIVE, Value.ACTIVE)
         settings = self._gpiod.LineSettings(direction=Direction.OUTPUT,
                                             output_value=Value.INACTIVE)
-        self._request = self._gpiod.request_lines(self._chip, consumer="mqttbed",
+        self._request = self._gpiod.request_lines(self.chip, consumer="mqttbed",
                                                   config={tuple(pins): settings})
         for pin in pins:
             self._levels[pin] = 0
 
-    def _write(self, pin: int, level: int) -> None:
-        self._request.set_value(pin, self._value[level])
+    def hand_over(self, pins: list[int], write: Callable[[int, int], None]) -> None:
+        """Another request drives ``pins`` now (the native engine's, which took them low):
+        release this one's, and write through ``write(pin, level)`` until take_back()."""
+        self._release()
+        self._driver = write
+        for pin in pins:
+            self._levels[pin] = 0
 
-    def close(self) -> None:
+    def take_back(self, levels: dict[int, int]) -> None:
+        """The other request is gone; keep the levels it left the lines at."""
+        self._driver = None
+        self._levels.update(levels)
+
+    @property
+    def driven_elsewhere(self) -> bool:
+        """Whether another request (the native engine's) drives the lines now."""
+        return self._driver is not None
+
+    def _write(self, pin: int, level: int) -> None:
+        if self._driver is not None:
+            self._driver(pin, level)
+        else:
+            self._request.set_value(pin, self._value[level])
+
+    def _release(self) -> None:
         if self._request is not None:
             self._request.release()
             self._request = None
+
+    def close(self) -> None:
+        self._release()
+        self._driver = None
         self._levels.clear()
 
 

@@ -302,6 +302,12 @@ class MqttSession:
         """Whether the native engine runs this session's clients."""
         return self._native is not None
 
+    @property
+    def gpio_chip(self) -> str | None:
+        """The GPIO character device the native engine drives the lines on (None: virtual
+        lines, or lines toggled from Python)."""
+        return self._native.gpio_chip if self._native is not None else None
+
     def connect(self, timeout_s: float) -> None:
         """Connect every client, then subscribe every subscriber in rank order."""
         self.open(timeout_s)

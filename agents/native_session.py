@@ -1,9 +1,16 @@
 """The MQTT clients of one run on the native engine, with the Python session's surface.
 
 :class:`~mqttbed.agents.mqtt_session.MqttSession` hands itself over to a
-:class:`NativeSession` when the run's clients can run on the engine (mqtt-tcp or mqtt-udp, virtual
-GPIO lines, the engine builds here); :func:`unsupported_reason` says why they cannot
-otherwise, and that reason goes into the generator report with the client that ran.
+:class:`NativeSession` when the run's clients can run on the engine (mqtt-tcp or mqtt-udp,
+virtual GPIO lines or a GPIO character device, the engine builds here);
+:func:`unsupported_reason` says why they cannot otherwise, and that reason goes into the
+generator report with the client that ran.
+
+On a GPIO character device (the ``gpiod`` backend) the engine owns the run's lines: it
+requests them on the chip (uAPI v2) and writes each edge with SET_VALUES right where it
+records it, after the send call returns and after the receive. The Python backend releases
+its own request for the run (the kernel gives a line to one request) and takes the levels
+back when the session closes. ``rpi`` (RPi.GPIO, /dev/gpiomem on a Pi 1-4) stays in Python.
 
 The engine runs the schedule, the sockets, the acknowledgement flows, the kernel stamps
 and the GPIO edges in C; this class is the control plane: it connects, subscribes in rank
@@ -14,6 +21,7 @@ event on the batch path).
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import threading
@@ -22,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mqttbed.agents.gpio import GpioLines, VirtualGpio
+from mqttbed.agents.gpio import GpiodLines, GpioLines, GpioUnavailable, VirtualGpio
 from mqttbed.agents.native import engine as native
 from mqttbed.agents.schedule_report import PublisherProgress, schedule_fields
 from mqttbed.agents.subscribe_order import (
@@ -41,6 +49,7 @@ RAW_COLUMNS = ("kind", "publisher", "seq", "receiver", "topic", "payload_bytes",
                "t_recv_user_ns")
 _CLOCKS = (ClockSource.USER.value, ClockSource.KERNEL.value)
 _MANY_PUBLISHERS = 1 << 20   # beyond: a foreign payload's index, named one at a time
+MAX_CHIP_LINES = 64          # GPIO_V2_LINES_MAX: lines in one uAPI v2 line request
 
 EventColumns = dict[str, list[Any]]
 
@@ -55,9 +64,16 @@ def unsupported_reason(endpoint: Endpoint, clients: Sequence[ClientAssignment],
                     f"runs mqtt-tcp and mqtt-udp only")
         if not 0 <= spec.gpio_pin < 65536:
             return f"gpio_pin {spec.gpio_pin} of {spec.client_id} is outside 0..65535"
-    if not isinstance(gpio, VirtualGpio):
-        return (f"GPIO backend {gpio.backend!r}: the native engine drives virtual lines "
-                f"only; hardware lines are toggled from Python")
+    if not isinstance(gpio, (VirtualGpio, GpiodLines)):
+        return (f"GPIO backend {gpio.backend!r}: the native engine drives virtual lines and "
+                f"GPIO character devices (agents.gpio: gpiod) only; {gpio.backend!r} lines "
+                f"(RPi.GPIO, /dev/gpiomem on a Pi 1-4) are toggled from Python by the lean "
+                f"client. On a Pi, agents.gpio: gpiod drives them from C")
+    if isinstance(gpio, GpiodLines):
+        lines = {spec.gpio_pin for spec in clients}
+        if len(lines) > MAX_CHIP_LINES:
+            return (f"{len(lines)} GPIO lines: one line request on {gpio.chip} holds at most "
+                    f"{MAX_CHIP_LINES} (linux/gpio.h GPIO_V2_LINES_MAX)")
     return native.unavailable_reason()
 
 
@@ -140,7 +156,12 @@ class NativeSession:
         self._engine = native.Engine(kernel_stamps=kernel_timestamps, pulse_mode=gpio_pulses)
         ordered = sorted(clients, key=lambda c: (c.role != Role.SUBSCRIBER, c.subscribe_rank))
         self._clients = [self._add(spec) for spec in ordered]
-        gpio.setup([c.spec.gpio_pin for c in self._clients])
+        self.gpio_chip: str | None = None  # the chip the engine drives, None: virtual lines
+        pins = sorted({c.spec.gpio_pin for c in self._clients})
+        if isinstance(gpio, GpiodLines):
+            self._take_lines(gpio, pins)
+        else:
+            gpio.setup(pins)
         gpio.pulse_mode = gpio_pulses
         self._ids = [c.spec.client_id for c in self._clients]
         self._receivers = [*self._ids, None]          # index -1: no receiver
@@ -150,9 +171,27 @@ class NativeSession:
         self._publisher_names: list[str] = []
         self._send_to_kernel_ns = array("q")          # per publish: kernel TX - user send
         self._edge_lags_ns = array("q")               # per edge: edge - syscall return
+        self._edge_writes_ns = array("q")             # per chip edge: SET_VALUES done - edge
         self._kernel_deliveries = 0
         self._user_deliveries = 0
         self._closed = False
+
+    def _take_lines(self, gpio: GpiodLines, pins: list[int]) -> None:
+        """Request ``pins`` on the backend's chip from the engine, or fail the run here,
+        before it starts, naming the chip and why (GpioUnavailable)."""
+        gpio.hand_over(pins, self._engine.gpio_set)  # its own request goes first
+        try:
+            self._engine.open_gpio_chip(gpio.chip, pins)
+        except OSError as exc:
+            gpio.take_back({})
+            self._engine.close()
+            self._closed = True
+            busy = (" (another request holds a line: `gpioinfo` names its consumer)"
+                    if exc.errno == errno.EBUSY else "")
+            # the engine's message names the chip, the step (open, request) and the errno
+            raise GpioUnavailable(f"GPIO lines {pins} for the native engine: "
+                                  f"{exc.strerror}{busy}") from exc
+        self.gpio_chip = gpio.chip
 
     def _add(self, spec: ClientAssignment) -> NativeClient:
         endpoint = spec.broker or self._endpoint
@@ -237,9 +276,19 @@ class NativeSession:
             status = self._engine.step(monotonic_ns() + SLICE_NS)
             self._drain()
             if status in (native.DONE, native.DEADLINE):
-                return
+                break
             if status == native.FAILED:
                 raise RuntimeError(self._failures())
+        self._check_chip_writes()
+
+    def _check_chip_writes(self) -> None:
+        """RuntimeError when the chip refused line writes: the scope missed those edges."""
+        if self.gpio_chip is None:
+            return
+        failures, error = self._engine.gpio_write_failures()
+        if failures:
+            raise RuntimeError(f"GPIO chip {self.gpio_chip}: {failures} line writes "
+                               f"(SET_VALUES) failed, the last with {os.strerror(error)}")
 
     # -- events ---------------------------------------------------------------------------
 
@@ -255,8 +304,10 @@ class NativeSession:
         engine.take_column_into(native.T_TX, "lag", self._send_to_kernel_ns)
         if engine.rows(native.T_EDGE):
             self._edge_lags_ns.frombytes(engine.column_bytes(native.T_EDGE, "lag"))
+            if self.gpio_chip is not None:
+                self._edge_writes_ns.frombytes(engine.column_bytes(native.T_EDGE, "write"))
             edges = engine.take(native.T_EDGE)
-            if isinstance(self._gpio, VirtualGpio):
+            if isinstance(self._gpio, (VirtualGpio, GpiodLines)):
                 self._gpio.add_edges(edges["pin"], edges["t"], edges["level"])
 
     def _emit(self, columns: EventColumns) -> None:
@@ -346,7 +397,10 @@ class NativeSession:
             send_to_kernel_p50_ns=_percentile(self._send_to_kernel_ns, 0.5),
             send_to_kernel_p99_ns=_percentile(self._send_to_kernel_ns, 0.99),
             gpio_edge_lag_p99_ns=_percentile(self._edge_lags_ns, 0.99),
-            gpio_edge_lag_max_ns=max(self._edge_lags_ns) if self._edge_lags_ns else None)
+            gpio_edge_lag_max_ns=max(self._edge_lags_ns) if self._edge_lags_ns else None,
+            gpio_chip=self.gpio_chip,
+            gpio_write_p99_ns=_percentile(self._edge_writes_ns, 0.99),
+            gpio_write_max_ns=max(self._edge_writes_ns) if self._edge_writes_ns else None)
 
     def counts(self) -> tuple[int, int]:
         """Return (messages published, unique messages received) over all clients."""
@@ -358,8 +412,11 @@ class NativeSession:
         if self._closed:
             return
         self._drain()
+        levels = {pin: self._engine.gpio_level(pin) for pin in
+                  {c.spec.gpio_pin for c in self._clients}}
         if isinstance(self._gpio, VirtualGpio):
-            pins = {c.spec.gpio_pin for c in self._clients}
-            self._gpio.set_levels({pin: self._engine.gpio_level(pin) for pin in pins})
+            self._gpio.set_levels(levels)
+        elif isinstance(self._gpio, GpiodLines) and self.gpio_chip is not None:
+            self._gpio.take_back(levels)  # the engine's request is closed with it below
         self._closed = True
         self._engine.close()

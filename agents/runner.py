@@ -134,7 +134,9 @@ class AssignmentRunner:
                             run_id=a.run_id, agent_id=self._agent_id, rank=rank))
             self._post(f"{base}/ready", Ready(
                 run_id=a.run_id, agent_id=self._agent_id, clients=clients, clock=self._clock,
-                gpio_backend=self._gpio.backend, gpio_toggle_ns=toggle_ns))
+                gpio_backend=self._gpio.backend, gpio_toggle_ns=toggle_ns,
+                gpio_driver="native" if session.native else "python",
+                gpio_chip=session.gpio_chip))
             session.wait_for(self._started)
             if self._aborted.is_set():
                 return

@@ -611,7 +611,8 @@ class RunEngine:
         ready = live.inbox.ready
         live.record.subscribe_s = (monotonic_ns() - started) / 1e9
         live.record.agent_clocks = {a: r.clock for a, r in ready.items()}
-        live.record.gpio = {a: GpioLine(backend=r.gpio_backend, toggle_ns=r.gpio_toggle_ns)
+        live.record.gpio = {a: GpioLine(backend=r.gpio_backend, toggle_ns=r.gpio_toggle_ns,
+                                        driver=r.gpio_driver, chip=r.gpio_chip)
                             for a, r in ready.items()}
         if live.recorder is not None:
             live.recorder.set_clocks({a: r.clock for a, r in ready.items()})

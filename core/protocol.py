@@ -235,6 +235,8 @@ class Ready(Message):
     clock: ClockEstimate
     gpio_backend: str
     gpio_toggle_ns: int | None = None
+    gpio_driver: str = ""   # "native" (the C engine drives the lines) or "python"
+    gpio_chip: str | None = None  # the chip the native engine drives
 
 
 class Subscribed(Message):
@@ -312,6 +314,15 @@ class GeneratorReport(BaseModel):
         None, description="GPIO edge - return of the send/receive call it marks, 99th "
                           "percentile (native engine)")
     gpio_edge_lag_max_ns: int | None = Field(None, description="... its maximum")
+    gpio_chip: str | None = Field(
+        None, description="the GPIO character device the native engine drove the lines on "
+                          "(uAPI v2 SET_VALUES at each edge); None: virtual lines, or lines "
+                          "toggled from Python")
+    gpio_write_p99_ns: int | None = Field(
+        None, description="how long the chip's SET_VALUES took after each edge's recorded "
+                          "time (the line moved within it), 99th percentile (native engine "
+                          "on a chip)")
+    gpio_write_max_ns: int | None = Field(None, description="... its maximum")
 
 
 class Done(Message):

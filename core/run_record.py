@@ -52,6 +52,11 @@ class GpioLine(_Fact):
 
     backend: str
     toggle_ns: int | None = None
+    driver: str = Field("", description="what drove the lines during the run: 'native' "
+                                        "(the C engine, right where it records each edge) "
+                                        "or 'python'")
+    chip: str | None = Field(None, description="the GPIO character device the native "
+                                               "engine drove the lines on (uAPI v2)")
 
 
 class ScopeSetup(_Fact):

@@ -155,3 +155,81 @@ def test_a_run_through_mosquitto_under_qemu_delivers_every_message_as_on_the_hos
             in emulated.stdout
     assert "client 4 sent 40 acked 40 unique 0 deliveries 0 failed 0" in emulated.stdout
     assert _without_stamps_line(emulated.stdout) == _without_stamps_line(host.stdout)
+
+
+# -- GPIO character device (uAPI v2) on arm: the structs and the engine's calls --------
+
+FAKE_CHIP = Path(__file__).resolve().parent / "fakes" / "fake_gpiochip.c"
+_LAYOUT_PROBE = r"""
+#include <linux/gpio.h>
+#include <stddef.h>
+#include <stdio.h>
+#define AT(type, field) printf(#type "." #field " %zu\n", offsetof(struct type, field))
+int main(void) {
+    printf("request %zu config %zu attribute %zu values %zu\n",
+           sizeof(struct gpio_v2_line_request), sizeof(struct gpio_v2_line_config),
+           sizeof(struct gpio_v2_line_config_attribute), sizeof(struct gpio_v2_line_values));
+    AT(gpio_v2_line_request, consumer); AT(gpio_v2_line_request, config);
+    AT(gpio_v2_line_request, num_lines); AT(gpio_v2_line_request, event_buffer_size);
+    AT(gpio_v2_line_request, padding); AT(gpio_v2_line_request, fd);
+    AT(gpio_v2_line_config, num_attrs); AT(gpio_v2_line_config, attrs);
+    AT(gpio_v2_line_values, mask);
+    printf("ioctls %lx %lx %lx\n", (unsigned long)GPIO_V2_GET_LINE_IOCTL,
+           (unsigned long)GPIO_V2_LINE_SET_VALUES_IOCTL, (unsigned long)GPIO_GET_CHIPINFO_IOCTL);
+    return 0;
+}
+"""
+
+
+def _compile(compiler: str, args: list[str]) -> None:
+    done = _run([compiler, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", *args])
+    assert done.returncode == 0, done.stderr
+
+
+def _emulated(arch: str | None, program: Path, *args: str,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``program`` natively (None) or under qemu, with ``env`` set for it alone (qemu's
+    -E: an LD_PRELOAD of the arm fake must reach the arm loader, not qemu itself)."""
+    if arch is None:
+        proc = subprocess.run([str(program), *args], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, **(env or {})},
+                              start_new_session=True)
+        return proc
+    _, qemu, sysroot, _, _ = ARCHS[arch]
+    sets = [arg for name, value in (env or {}).items() for arg in ("-E", f"{name}={value}")]
+    return _run([qemu, "-L", sysroot, *sets, str(program), *args])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_v2_uapi_structs_are_laid_out_on_arm_as_here(tmp_path, arch):
+    # a 32-bit Raspberry Pi OS on a 64-bit kernel passes these structs unconverted
+    (tmp_path / "probe.c").write_text(_LAYOUT_PROBE)
+    _compile("gcc", ["-o", str(tmp_path / "probe"), str(tmp_path / "probe.c")])
+    _compile(ARCHS[arch][0], ["-o", str(tmp_path / f"probe-{arch}"), str(tmp_path / "probe.c")])
+    host = _emulated(None, tmp_path / "probe")
+    emulated = _emulated(arch, tmp_path / f"probe-{arch}")
+    assert host.returncode == emulated.returncode == 0, emulated.stderr
+    assert host.stdout.startswith("request 592 config 272 attribute 24 values 16\n")
+    assert emulated.stdout == host.stdout
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_engine_drives_a_chip_s_lines_on_arm_as_on_the_host(build, tmp_path, arch):
+    """The arm engine's line request and writes, through the fake chip built for arm."""
+    outputs = {}
+    for which in (None, arch):
+        compiler = "gcc" if which is None else ARCHS[which][0]
+        library = tmp_path / f"fake-{which or 'host'}.so"
+        _compile(compiler, ["-shared", "-fPIC", "-o", str(library), str(FAKE_CHIP), "-ldl"])
+        chip, log = tmp_path / f"chip-{which or 'host'}", tmp_path / f"log-{which or 'host'}"
+        env = {"LD_PRELOAD": str(library), "FAKE_GPIOCHIP_PATH": str(chip),
+               "FAKE_GPIOCHIP_LOG": str(log)}
+        program = build / "selftest" if which is None else build / which / "selftest"
+        done = _emulated(which, program, "gpio", str(chip), env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        seen = [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
+        outputs[which] = (done.stdout, seen)
+    host_out, host_seen = outputs[None]
+    assert host_seen[:2] == ["request mqttbed 2 3 40", "set 2 1"]
+    assert host_seen.count("release 2 3 40") == 2 and "refused writes 0" in host_out
+    assert outputs[arch] == outputs[None]

@@ -34,7 +34,7 @@ DLV_COLUMNS = ("client", "publisher", "seq", "topic", "payload_bytes", "qos", "w
                "t_intended", "t_pub", "t_recv", "kernel", "t_recv_user")
 SUB_COLUMNS = ("client", "topic", "qos", "t_suback")
 TX_COLUMNS = ("client", "seq", "t_pub", "t_kernel", "lag")
-EDGE_COLUMNS = ("pin", "t", "level", "lag")
+EDGE_COLUMNS = ("pin", "t", "level", "lag", "write")
 _WIDTH_TYPES = {1: ctypes.c_uint8, 4: ctypes.c_int32, 8: ctypes.c_int64}
 _WIDTH_FORMATS = {1: "B", 4: "i", 8: "q"}
 _TABLE_WIDTHS = {
@@ -42,7 +42,7 @@ _TABLE_WIDTHS = {
     T_DELIVERY: (4, 4, 8, 4, 4, 1, 1, 8, 8, 8, 1, 8),
     T_SUBSCRIBE: (4, 4, 1, 8),
     T_TX: (4, 8, 8, 8, 8),
-    T_EDGE: (4, 8, 1, 8),
+    T_EDGE: (4, 8, 1, 8, 8),
 }
 _TABLE_COLUMNS = {T_PUBLISH: PUB_COLUMNS, T_DELIVERY: DLV_COLUMNS, T_SUBSCRIBE: SUB_COLUMNS,
                   T_TX: TX_COLUMNS, T_EDGE: EDGE_COLUMNS}
@@ -110,6 +110,8 @@ def load() -> Any:
         "mqe_feed": (i32, [p, i32, ctypes.c_char_p, ctypes.c_size_t]),
         "mqe_gpio_level": (i32, [p, i32]),
         "mqe_gpio_open_chip": (i32, [p, cstr, ctypes.POINTER(ctypes.c_int32), u32]),
+        "mqe_gpio_set": (i32, [p, i32, i32]),
+        "mqe_gpio_write_failures": (i64, [p, ctypes.POINTER(ctypes.c_int)]),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)
@@ -220,14 +222,29 @@ class Engine:
         return self._lib.mqe_feed(self._live(), client, data, len(data)) == 0
 
     def open_gpio_chip(self, chip: str, pins: list[int]) -> None:
-        """Drive ``pins`` on the GPIO character device ``chip`` too (uAPI v2 line request,
-        at most 64 lines); OSError names the chip and why. Not validated on hardware here:
-        this machine has no GPIO chip."""
+        """Drive ``pins`` on the GPIO character device ``chip`` too (one uAPI v2 line
+        request of at most 64 output lines, driven low): every edge the engine records is
+        written to the chip right there. OSError names the chip and why (EBUSY: another
+        request holds a line). Validated against tests/fakes/fake_gpiochip.c, not on a
+        board's chip here."""
         array_type = ctypes.c_int32 * len(pins)
         code = self._lib.mqe_gpio_open_chip(self._live(), chip.encode(), array_type(*pins),
                                             len(pins))
         if code:
             raise OSError(-code, self.error)
+
+    def gpio_set(self, pin: int, level: int) -> None:
+        """Drive one line of the chip's request outside a run (a calibration); OSError
+        when the chip refuses or the pin is not requested."""
+        code = self._lib.mqe_gpio_set(self._live(), pin, level)
+        if code:
+            raise OSError(-code, f"GPIO line {pin}: {os.strerror(-code)}")
+
+    def gpio_write_failures(self) -> tuple[int, int]:
+        """Line writes the chip refused during runs, and the errno of the last one."""
+        last = ctypes.c_int(0)
+        failures = int(self._lib.mqe_gpio_write_failures(self._live(), ctypes.byref(last)))
+        return failures, last.value
 
     def gpio_level(self, pin: int) -> int:
         """The level the engine left a virtual line at."""

@@ -96,6 +96,8 @@ struct mqe_engine {
     uint8_t *levels;            /* virtual GPIO: each pin's level */
     uint8_t *line_bit;          /* a GPIO chip's line request: pin -> bit + 1 (0: none) */
     int line_fd;                /* the line request (gpio_chip.c), -1 without a chip */
+    int64_t line_write_failures;    /* SET_VALUES the chip refused */
+    int line_write_errno;           /* ... the last one's errno */
     int32_t *raised;            /* pulse mode: pins raised since the last settle */
     size_t n_raised;
     int32_t *batch;             /* publishers with PUBLISHes queued this turn */
@@ -120,7 +122,8 @@ void mqe_handle_events(mqe_engine *e, int64_t timeout_ns);
 void mqe_misc(mqe_engine *e, int64_t now);
 void mqe_gpio_mark(mqe_engine *e, int pin, int64_t t_syscall_ns);
 void mqe_gpio_settle(mqe_engine *e);
-void mqe_gpio_write(mqe_engine *e, int pin, int level);
+/* Drive a requested line (no-op without a chip); the ns the ioctl took from t_edge_ns. */
+int64_t mqe_gpio_write(mqe_engine *e, int pin, int level, int64_t t_edge_ns);
 void mqe_udp_control(mqe_engine *e, mqe_client *c, const uint8_t *packet, size_t len);
 void mqe_udp_resend(mqe_engine *e, int64_t now);
 /* flows.c: one packet from the broker */

@@ -26,7 +26,7 @@ static const uint8_t PUB_WIDTHS[PUB_COLUMNS] = {4, 8, 8, 8, 1};
 static const uint8_t DLV_WIDTHS[DLV_COLUMNS] = {4, 4, 8, 4, 4, 1, 1, 8, 8, 8, 1, 8};
 static const uint8_t SUB_WIDTHS[SUB_COLUMNS] = {4, 4, 1, 8};
 static const uint8_t TX_WIDTHS[TX_COLUMNS] = {4, 8, 8, 8, 8};
-static const uint8_t EDGE_WIDTHS[EDGE_COLUMNS] = {4, 8, 1, 8};
+static const uint8_t EDGE_WIDTHS[EDGE_COLUMNS] = {4, 8, 1, 8, 8};
 
 static int set_error(mqe_engine *e, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -21,7 +21,10 @@ enum { DLV_CLIENT, DLV_PUBLISHER, DLV_SEQ, DLV_TOPIC, DLV_PAYLOAD_BYTES, DLV_QOS
        DLV_T_INTENDED, DLV_T_PUB, DLV_T_RECV, DLV_KERNEL, DLV_T_RECV_USER, DLV_COLUMNS };
 enum { SUB_CLIENT, SUB_TOPIC, SUB_QOS, SUB_T_SUBACK, SUB_COLUMNS };
 enum { TX_CLIENT, TX_SEQ, TX_T_PUB, TX_T_KERNEL, TX_LAG, TX_COLUMNS };
-enum { EDGE_PIN, EDGE_T, EDGE_LEVEL, EDGE_LAG, EDGE_COLUMNS };
+/* EDGE_T: read right before the line is driven; EDGE_LAG: EDGE_T - the return of the send
+ * or receive call the edge marks; EDGE_WRITE: how long driving a chip's line took (the
+ * SET_VALUES ioctl: the line moved within [EDGE_T, EDGE_T + EDGE_WRITE]; 0 when virtual). */
+enum { EDGE_PIN, EDGE_T, EDGE_LEVEL, EDGE_LAG, EDGE_WRITE, EDGE_COLUMNS };
 
 /* What mqe_step returns. */
 enum { MQE_DONE = 0, MQE_SLICE = 1, MQE_DRAIN = 2, MQE_WOKEN = 3, MQE_DEADLINE = 4,
@@ -80,9 +83,17 @@ void mqe_disconnect_all(mqe_engine *e);
 /* Hand bytes to a client as if its socket had read them (fuzzing and tests: the parser and
  * every flow behind it, without a broker). 0, or -1 once the client has failed. */
 int mqe_feed(mqe_engine *e, int client, const uint8_t *data, size_t len);
-/* Drive these pins' lines on a GPIO character device too (uAPI v2; at most 64 lines).
- * 0, or -errno (mqe_error names the chip and why). Not validated on hardware here. */
+/* Drive these pins' lines on a GPIO character device too (uAPI v2 GPIO_V2_GET_LINE_IOCTL:
+ * one request of at most 64 output lines, driven low; once per engine). Every edge then
+ * goes to the chip with GPIO_V2_LINE_SET_VALUES_IOCTL right where it is recorded. 0, or
+ * -errno (mqe_error names the chip and why). Validated against tests/fakes/fake_gpiochip.c
+ * (the same ioctls), not on a board's chip here. */
 int mqe_gpio_open_chip(mqe_engine *e, const char *chip, const int32_t *pins, uint32_t n);
+/* Drive one requested line to level outside a run (a toggle-cost calibration): 0, or
+ * -errno (-ENOENT: the pin is not in the chip's request). The engine's level follows. */
+int mqe_gpio_set(mqe_engine *e, int pin, int level);
+/* SET_VALUES calls the chip refused during runs, and the errno of the last one. */
+int64_t mqe_gpio_write_failures(const mqe_engine *e, int *last_errno);
 /* The level a virtual GPIO line is at (0 for a pin outside 0..65535). */
 int mqe_gpio_level(const mqe_engine *e, int pin);
 

@@ -43,9 +43,10 @@ void mqe_client_fail(mqe_engine *e, mqe_client *c, const char *fmt, ...) {
     va_end(args);
 }
 
-/* -- GPIO (virtual lines: levels in memory, every edge recorded) ----------------------- */
+/* -- GPIO (virtual lines: levels in memory, every edge recorded; a chip's too) -------- */
 
-static void record_edge(mqe_engine *e, int pin, int level, int64_t t, int64_t t_syscall) {
+static void record_edge(mqe_engine *e, int pin, int level, int64_t t, int64_t t_syscall,
+                        int64_t write_ns) {
     mqe_table *edges = &e->tables[MQE_T_EDGE];
     if (edges->rows == edges->capacity) {
         e->need_drain = 1;
@@ -56,6 +57,16 @@ static void record_edge(mqe_engine *e, int pin, int level, int64_t t, int64_t t_
     MQE_I64(edges, EDGE_T)[row] = t;
     MQE_U8(edges, EDGE_LEVEL)[row] = (uint8_t)level;
     MQE_I64(edges, EDGE_LAG)[row] = t_syscall == MQE_NO_TIME ? 0 : t - t_syscall;
+    MQE_I64(edges, EDGE_WRITE)[row] = write_ns;
+}
+
+/* The edge's time is read before the line is driven: a chip's line moves inside the
+ * SET_VALUES ioctl that follows, at most EDGE_WRITE later. */
+static void drive(mqe_engine *e, int pin, int level, int64_t t_syscall_ns) {
+    e->levels[pin] = (uint8_t)level;
+    int64_t t = mqe_now_ns();
+    int64_t write_ns = mqe_gpio_write(e, pin, level, t);
+    record_edge(e, pin, level, t, t_syscall_ns, write_ns);
 }
 
 void mqe_gpio_mark(mqe_engine *e, int pin, int64_t t_syscall_ns) {
@@ -68,17 +79,12 @@ void mqe_gpio_mark(mqe_engine *e, int pin, int64_t t_syscall_ns) {
     } else {
         level = e->levels[pin] ^ 1;
     }
-    e->levels[pin] = (uint8_t)level;
-    mqe_gpio_write(e, pin, level);
-    record_edge(e, pin, level, mqe_now_ns(), t_syscall_ns);
+    drive(e, pin, level, t_syscall_ns);
 }
 
 void mqe_gpio_settle(mqe_engine *e) {
-    for (size_t i = 0; i < e->n_raised; i++) {
-        e->levels[e->raised[i]] = 0;
-        mqe_gpio_write(e, e->raised[i], 0);
-        record_edge(e, e->raised[i], 0, mqe_now_ns(), MQE_NO_TIME);
-    }
+    for (size_t i = 0; i < e->n_raised; i++)
+        drive(e, e->raised[i], 0, MQE_NO_TIME);
     e->n_raised = 0;
 }
 

@@ -12,6 +12,12 @@
  *                               bytes each client queued in answer (acks, SUBSCRIBE)
  *   selftest broker HOST PORT   a real run through the engine's loop against a broker:
  *                               three publishers (QoS 0, 1, 2) and their subscribers
+ *   selftest gpio CHIP          lines 2, 3 and 40 of a GPIO character device requested
+ *                               (uAPI v2) and driven as a run's edges would drive them,
+ *                               toggles then pulses; the edges (time columns left out)
+ *                               and the writes the chip refused. Run on
+ *                               tests/fakes/fake_gpiochip.c (LD_PRELOAD), whose log holds
+ *                               what the chip saw
  *
  * It links the engine's sources, not the library, so that it can read what a client
  * queued (client.h): without a socket, the engine keeps its answers in the client's
@@ -393,6 +399,40 @@ static int broker(const char *host, int port) {
     return status == MQE_DONE ? 0 : 1;
 }
 
+/* A run's edges on a GPIO chip's lines, as io.c marks them (module comment). */
+static int gpio(const char *chip) {
+    static const int32_t pins[] = {2, 3, 40};
+    static const int marks[] = {2, 3, 2, 40, 3, 3};
+    static const int edge_clock[] = {EDGE_T, EDGE_LAG, EDGE_WRITE, -1};
+    int status = 0;
+    for (int pulse_mode = 0; pulse_mode <= 1 && status == 0; pulse_mode++) {
+        mqe_engine *e = mqe_create(64, 0, pulse_mode);
+        if (e == NULL)
+            return 2;
+        for (int i = 0; i < 3; i++)  /* a client per line (never connected): pulse room */
+            mqe_add_client(e, "gpio", "127.0.0.1", 1883, 0, "t", 0, pins[i], (uint32_t)i, 16,
+                           1.0, 1, 0, 0, 0);
+        int opened = mqe_gpio_open_chip(e, chip, pins, 3);
+        printf("%s: open %d %s\n", pulse_mode ? "pulses" : "toggles", opened, mqe_error(e));
+        if (opened == 0) {
+            for (size_t i = 0; i < sizeof marks / sizeof marks[0]; i++) {
+                mqe_gpio_mark(e, marks[i], mqe_now_ns());
+                if (i % 2)
+                    mqe_gpio_settle(e);  /* a turn handled: pulses end */
+            }
+            print_table(e, "edge", MQE_T_EDGE, edge_clock);
+            int last = 0;
+            int64_t failures = mqe_gpio_write_failures(e, &last);
+            printf("  refused writes %" PRId64 " (errno %d)\n", failures, last);
+            printf("  set outside a run: pin 3 %d, pin 4 %d\n", mqe_gpio_set(e, 3, 0),
+                   mqe_gpio_set(e, 4, 1));
+        }
+        status = opened != 0;
+        mqe_destroy(e);
+    }
+    return status;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOFBF, 1 << 16);
     if (argc >= 2 && strcmp(argv[1], "wire") == 0)
@@ -401,6 +441,8 @@ int main(int argc, char **argv) {
         return replies(argc - 2, argv + 2);
     if (argc == 4 && strcmp(argv[1], "broker") == 0)
         return broker(argv[2], atoi(argv[3]));
-    fprintf(stderr, "usage: selftest wire | replies [FILE...] | broker HOST PORT\n");
+    if (argc == 3 && strcmp(argv[1], "gpio") == 0)
+        return gpio(argv[2]);
+    fprintf(stderr, "usage: selftest wire | replies [FILE...] | broker HOST PORT | gpio CHIP\n");
     return 2;
 }
