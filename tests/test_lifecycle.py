@@ -83,7 +83,7 @@ def test_the_first_run_measures_only_once_the_analysis_jvm_has_started(controlle
 
     def slow_start(_settings=None, **_options) -> threading.Thread:
         def start() -> None:
-            time.sleep(1.5)
+            time.sleep(1.5)  # window: a JVM start-up that takes this long
             ended.append(monotonic_ns())
         thread = threading.Thread(target=start, name="jvm-start-stand-in", daemon=True)
         thread.start()
