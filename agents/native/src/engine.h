@@ -31,6 +31,7 @@ typedef struct {
     int64_t sent, acked, received_unique, deliveries;
     int64_t first_intended_ns, last_pub_ns, send_lag_max_ns, last_delivery_ns;
     int32_t connected, subscribed, failed, fd;
+    int64_t dropped;  /* mqtt-sn-udp: malformed or unexpected datagrams dropped */
 } mqe_client_stats;
 
 mqe_engine *mqe_create(uint32_t event_capacity, int kernel_stamps, int pulse_mode);
@@ -49,6 +50,10 @@ int mqe_add_client(mqe_engine *e, const char *client_id, const char *host, int p
 /* Speak mqtt-udp on this client (before connecting): one packet per datagram, QoS 0,
  * CONNECT and SUBSCRIBE sent again every half second until acknowledged. */
 int mqe_set_udp(mqe_engine *e, int client);
+/* Speak MQTT-SN 1.2 on this client (mqtt-sn-udp, before connecting): the mqtt-udp socket
+ * handling, QoS 0 or 1, a client id of 1..23 octets; a publisher REGISTERs its topic after
+ * CONNACK and is connected once the REGACK gave the topic id (src/sn_flows.c). */
+int mqe_set_mqttsn(mqe_engine *e, int client);
 /* A subscriber's warm-up for publishers first..end-1 (a message mix's stream). */
 int mqe_add_warmup_range(mqe_engine *e, int client, uint32_t first, uint32_t end,
                          int64_t warmup_messages);
