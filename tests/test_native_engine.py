@@ -340,14 +340,15 @@ def test_keepalive_pings_are_sent_and_a_missing_pingresp_fails_the_client():
 
 # -- where the engine does not run -----------------------------------------------------
 
-def test_mqtt_sn_runs_the_python_clients_and_says_why():
+def test_mqtt_sn_runs_on_the_engine():
+    # mqtt-sn-udp is the engine's too now (tests/test_native_mqttsn.py runs it against the
+    # gateway); the session asks for no lean fallback and says so
     endpoint = Endpoint(host="127.0.0.1", port=9, transport=Transport.MQTT_SN_UDP)
     session = MqttSession(endpoint, publisher_only(), VirtualGpio(), lambda _e: None)
     try:
-        assert not session.native
+        assert session.native
         report = session.generator_report()
-        assert report.mqtt_client == "lean"
-        assert "transport mqtt-sn-udp" in report.mqtt_client_reason
+        assert (report.mqtt_client, report.mqtt_client_reason) == ("native", "")
     finally:
         session.close()
 
