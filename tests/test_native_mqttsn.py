@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mqttbed.agents.gpio import VirtualGpio
 from mqttbed.agents.mqtt_session import MqttSession
@@ -24,7 +26,9 @@ from mqttbed.core.host import LocalHost
 from mqttbed.core.mqttsn import (
     Connack,
     Connect,
+    Disconnect,
     MsgType,
+    Pingresp,
     Puback,
     Publish,
     Regack,
@@ -32,6 +36,7 @@ from mqttbed.core.mqttsn import (
     ReturnCode,
     Suback,
     Subscribe,
+    TopicIdType,
     decode,
     encode,
 )
@@ -369,5 +374,71 @@ def test_a_wildcard_subscriber_learns_names_by_register_and_drops_what_it_cannot
         counters = engine.client_counters(sub)
         assert (counters.subscribed, counters.received_unique, counters.dropped) == (1, 1, 2)
         assert engine.failure(sub) == ""
+    finally:
+        engine.close()
+
+
+# -- any datagram a gateway may send ---------------------------------------------------
+
+GATEWAY_SEEDS = [encode(p) for p in (
+    Connack(ReturnCode.ACCEPTED), Suback(0, 1, ReturnCode.ACCEPTED),
+    Suback(3, 1, ReturnCode.ACCEPTED, qos=1), Register(4, 2, "f/\u00e9"),
+    Regack(4, 1, ReturnCode.ACCEPTED), Publish(4, 0, b"MQB1" + bytes(40)),
+    Publish(4, 9, b"MQB1" + bytes(300), qos=1),
+    Publish(0x6162, 0, b"x" * 40, qos=-1, topic_id_type=TopicIdType.SHORT_NAME),
+    Puback(4, 1, ReturnCode.ACCEPTED), Pingresp(), Disconnect())]
+
+
+@st.composite
+def gateway_datagrams(draw: st.DrawFn) -> bytes:
+    """Random bytes, or a gateway message with a few bytes flipped, cut or appended."""
+    if draw(st.booleans()):
+        return draw(st.binary(min_size=0, max_size=40))
+    datagram = bytearray(draw(st.sampled_from(GATEWAY_SEEDS)))
+    if draw(st.booleans()):
+        for _ in range(draw(st.integers(1, 3))):
+            datagram[draw(st.integers(0, len(datagram) - 1))] = draw(st.integers(0, 255))
+    if draw(st.booleans()):
+        datagram = datagram[:draw(st.integers(0, len(datagram)))]
+    return bytes(datagram)
+
+
+def _malformed(datagram: bytes) -> bool:
+    try:
+        decode(datagram)
+    except ValueError:
+        return True
+    return False
+
+
+REFUSALS = ("CONNACK refused: ", "REGACK refused topic ", "REGACK accepted topic ",
+            "SUBACK refused ", "PUBACK refused topic id ", "gateway 127.0.0.1:1 ended")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(gateway_datagrams(), max_size=16))
+def test_any_gateway_datagram_is_handled_or_dropped_and_counted_never_a_crash(sequence):
+    engine = native.Engine(kernel_stamps=False, pulse_mode=False, event_capacity=64)
+    try:
+        common = {"host": "127.0.0.1", "port": 1, "topic": "f/x", "qos": 1, "gpio_pin": 2,
+                  "publisher_index": 0, "rate_hz": 10.0, "messages": 5, "warmup_messages": 0,
+                  "start_offset_ns": 0, "closed_loop": False}
+        clients = [engine.add_client(client_id="pub-0", publisher=True, payload_bytes=64,
+                                     **common),
+                   engine.add_client(client_id="sub-0", publisher=False, payload_bytes=0,
+                                     **common)]
+        for client in clients:
+            engine.set_mqttsn(client)
+        engine.subscribe(clients[1], "f/#", 1)
+        for client in clients:
+            malformed = 0
+            for datagram in sequence:
+                malformed += _malformed(datagram)
+                if not engine.feed(client, datagram):
+                    break
+            failure = engine.failure(client)
+            assert failure == "" or failure.startswith(REFUSALS), failure
+            if not failure:   # whatever core/mqttsn.py refuses, the engine counts
+                assert engine.client_counters(client).dropped >= malformed
     finally:
         engine.close()

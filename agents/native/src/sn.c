@@ -77,6 +77,39 @@ static int return_code(const uint8_t *at, mqe_sn_packet *out, char *error, const
     return 0;
 }
 
+/* 1 if `p` is well-formed UTF-8 (no overlong form, no surrogate, at most U+10FFFF): what
+ * Python's decode("utf-8") accepts, as core/mqttsn.py asks of a topic name. */
+static int utf8_ok(const uint8_t *p, size_t len) {
+    for (size_t i = 0; i < len;) {
+        uint8_t b = p[i];
+        size_t more;
+        uint32_t cp, least;
+        if (b < 0x80) {
+            i++;
+            continue;
+        } else if ((b & 0xE0) == 0xC0) {
+            more = 1, cp = b & 0x1Fu, least = 0x80;
+        } else if ((b & 0xF0) == 0xE0) {
+            more = 2, cp = b & 0x0Fu, least = 0x800;
+        } else if ((b & 0xF8) == 0xF0) {
+            more = 3, cp = b & 0x07u, least = 0x10000;
+        } else {
+            return 0;
+        }
+        if (len - i <= more)
+            return 0;
+        for (size_t k = 1; k <= more; k++) {
+            if ((p[i + k] & 0xC0) != 0x80)
+                return 0;
+            cp = (cp << 6) | (p[i + k] & 0x3Fu);
+        }
+        if (cp < least || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return 0;
+        i += more + 1;
+    }
+    return 1;
+}
+
 static int body_size(size_t got, size_t want, int exact, char *error, const char *what) {
     if (got < want || (exact && got != want)) {
         snprintf(error, MQE_SN_ERROR_CHARS, "%s: body of %zu octets, %s%zu expected", what,
@@ -133,6 +166,8 @@ int mqe_sn_parse(const uint8_t *buf, size_t len, mqe_sn_packet *out, char *error
                          out->data[i] ? "a wildcard character" : "U+0000", i);
                 return -1;
             }
+        if (!utf8_ok(out->data, out->data_len))
+            return malformed(error, "REGISTER topic name is not valid UTF-8 (section 5.3.12)");
         return 0;
     case MQE_SN_REGACK:
     case MQE_SN_PUBACK:
