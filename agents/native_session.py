@@ -354,7 +354,8 @@ class NativeSession:
             send_to_kernel_p50_ns=_percentile(self._send_to_kernel_ns, 0.5),
             send_to_kernel_p99_ns=_percentile(self._send_to_kernel_ns, 0.99),
             gpio_edge_lag_p99_ns=_percentile(self._edge_lags_ns, 0.99),
-            gpio_edge_lag_max_ns=max(self._edge_lags_ns) if self._edge_lags_ns else None)
+            gpio_edge_lag_max_ns=max(self._edge_lags_ns) if self._edge_lags_ns else None,
+            datagrams_dropped=sum(client.dropped for client in self._clients))
 
     def counts(self) -> tuple[int, int]:
         """Return (messages published, unique messages received) over all clients."""

@@ -122,6 +122,7 @@ def test_the_engine_and_the_lean_client_deliver_the_same_exact_counts(gateway, q
     # the engine read each datagram's kernel receive stamp
     report = engine_session.generator_report()
     assert report.kernel_deliveries == 3 * MESSAGES and report.user_deliveries == 0
+    assert report.datagrams_dropped == 0
 
 
 # -- a relay between the engine and the gateway: loss on the way in, garbage on the way out
@@ -223,6 +224,7 @@ def test_garbage_from_the_gateway_is_dropped_and_counted_and_lost_handshakes_are
     dropped = [c.dropped for c in session._clients]
     assert relay.injected >= 4 * 2 + (3 * MESSAGES + MESSAGES) // 10
     assert sum(dropped) == relay.injected and all(dropped)
+    assert session.generator_report().datagrams_dropped == relay.injected
     assert all(c.failure is None for c in session._clients)
     # the lost CONNECT, REGISTER and SUBSCRIBE were each sent again, and answered once
     assert relay.resent(MsgType.CONNECT) == [2, 2, 2, 2]
