@@ -83,7 +83,8 @@ const char *mqe_topic(const mqe_engine *e, uint32_t index);
 void mqe_disconnect_all(mqe_engine *e);
 
 /* Hand bytes to a client as if its socket had read them (fuzzing and tests: the parser and
- * every flow behind it, without a broker). 0, or -1 once the client has failed. */
+ * every flow behind it, without a broker); to an mqtt-sn-udp client, the bytes are one
+ * datagram. 0, or -1 once the client has failed. */
 int mqe_feed(mqe_engine *e, int client, const uint8_t *data, size_t len);
 /* Drive these pins' lines on a GPIO character device too (uAPI v2; at most 64 lines).
  * 0, or -errno (mqe_error names the chip and why). Not validated on hardware here. */

@@ -5,8 +5,10 @@
  * line that differs.
  *
  *   selftest wire               the packets the engine encodes (hex) and payloads decoded
- *   selftest replies [FILE...]  broker replies fed to a QoS 2 publisher and subscriber:
- *                               generated ones (a fixed pseudo-random sequence), then each
+ *   selftest replies [FILE...]  broker replies fed to a QoS 2 publisher and subscriber,
+ *                               and as datagrams to an MQTT-SN QoS 1 publisher and
+ *                               subscriber (fuzz/replies.h): generated ones (a fixed
+ *                               pseudo-random sequence, MQTT-SN messages among them), then each
  *                               FILE as fuzz/fuzz_replies.c cuts it; failures, counters,
  *                               recorded events (their time columns left out) and the
  *                               bytes each client queued in answer (acks, SUBSCRIBE)
