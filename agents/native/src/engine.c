@@ -305,7 +305,8 @@ int mqe_connect_all(mqe_engine *e, int keepalive_s, int timeout_ms) {
         if (!c->udp)
             setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         if (c->sn)  /* ~1 s of a 1 kHz subscriber's datagrams, as the lean client asks */
-            setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &SN_RECEIVE_BUFFER, sizeof SN_RECEIVE_BUFFER);
+            setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &SN_RECEIVE_BUFFER,
+                       sizeof SN_RECEIVE_BUFFER);
         /* UDP: receive stamps only (a send stamp's OPT_ID counts datagrams, not bytes) */
         const int rx_only = SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE;
         if (e->kernel_stamps_wanted
