@@ -28,6 +28,7 @@ from mqttbed.core.mqttsn import (
     Connect,
     Disconnect,
     MsgType,
+    Pingreq,
     Pingresp,
     Puback,
     Publish,
@@ -41,7 +42,7 @@ from mqttbed.core.mqttsn import (
     encode,
 )
 from mqttbed.core.protocol import ClientAssignment, Endpoint, Role, Transport
-from tests.conftest import child_processes
+from tests.conftest import child_processes, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -451,3 +452,39 @@ def test_any_gateway_datagram_is_handled_or_dropped_and_counted_never_a_crash(se
                 assert engine.client_counters(client).dropped >= malformed
     finally:
         engine.close()
+
+
+def test_a_quiet_client_sends_pingreq_each_keepalive_and_disconnect_at_the_end():
+    seen: list[tuple[str, int]] = []
+
+    def answer(packet: object) -> bytes | None:
+        seen.append((type(packet).__name__, monotonic_ns()))
+        match packet:
+            case Connect():
+                return encode(Connack(ReturnCode.ACCEPTED))
+            case Pingreq():
+                return encode(Pingresp())
+        return None
+
+    with scripted_gateway(answer) as endpoint:
+        engine = native.Engine(kernel_stamps=False, pulse_mode=False, event_capacity=16)
+        try:
+            sub = engine.add_client(client_id="sub-0", host=endpoint.host, port=endpoint.port,
+                                    publisher=False, topic="t", qos=0, gpio_pin=3,
+                                    publisher_index=0, payload_bytes=0, rate_hz=0, messages=0,
+                                    warmup_messages=0, start_offset_ns=0, closed_loop=False)
+            engine.set_mqttsn(sub)
+            engine.connect_all(keepalive_s=1, timeout_s=5)
+            deadline = monotonic_ns() + 4_000_000_000
+            while sum(kind == "Pingreq" for kind, _ in seen) < 2 and monotonic_ns() < deadline:
+                assert engine.poll(100_000_000), engine.failure(sub)
+            assert engine.client_counters(sub).connected == 1
+        finally:
+            engine.close()
+        wait_until(lambda: seen and seen[-1][0] == "Disconnect", 2, "the DISCONNECT")
+    kinds = [kind for kind, _ in seen]
+    assert kinds[0] == "Connect" and kinds[-1] == "Disconnect"
+    pings = [t for kind, t in seen if kind == "Pingreq"]
+    assert len(pings) == 2   # after ~1 s of silence, and ~1 s after that
+    assert pings[0] - seen[0][1] >= 0.9e9 and 0.9e9 <= pings[1] - pings[0] <= 2e9
+    assert engine.client_counters(sub).dropped == 0   # each PINGRESP taken, none dropped
