@@ -377,12 +377,19 @@ def test_a_wildcard_subscriber_learns_names_by_register_and_drops_what_it_cannot
         assert engine.feed(sub, encode(Publish(4, 7, payload, qos=1)))
         assert engine.feed(sub, encode(Suback(0, 1, ReturnCode.ACCEPTED)))  # a resent copy
         assert engine.feed(sub, b"\x07\x0c\x00\x00\x04\x00")           # length 7, 6 octets
+        engine.subscribe(sub, "g/x", 0)     # msg id 2: the SUBACK's id names g/x
+        assert engine.feed(sub, encode(Suback(5, 2, ReturnCode.ACCEPTED)))
+        assert engine.feed(sub, encode(Suback(0, 1, ReturnCode.ACCEPTED)))  # a late copy
+        assert engine.feed(sub, encode(Suback(0, 3, ReturnCode.ACCEPTED)))  # no SUBSCRIBE 3
+        assert engine.feed(sub, encode(Publish(5, 0, payload)))
         deliveries = engine.take(native.T_DELIVERY)
         topics = engine.topics()
-        assert [topics[t] for t in deliveries["topic"]] == ["f/a"]
-        assert (deliveries["seq"], deliveries["qos"], deliveries["t_pub"]) == ([3], [1], [20])
+        assert [topics[t] for t in deliveries["topic"]] == ["f/a", "g/x"]
+        assert (deliveries["seq"], deliveries["qos"], deliveries["t_pub"]) == (
+            [3, 3], [1, 0], [20, 20])
+        assert [topics[t] for t in engine.take(native.T_SUBSCRIBE)["topic"]] == ["f/+", "g/x"]
         counters = engine.client_counters(sub)
-        assert (counters.subscribed, counters.received_unique, counters.dropped) == (1, 1, 2)
+        assert (counters.subscribed, counters.received_unique, counters.dropped) == (1, 1, 3)
         assert engine.failure(sub) == ""
     finally:
         engine.close()

@@ -134,11 +134,12 @@ static void regack(mqe_engine *e, mqe_client *c, const mqe_sn_packet *p) {
 }
 
 static void suback(mqe_engine *e, mqe_client *c, const mqe_sn_packet *p) {
-    if (c->role == 0 || p->msg_id != c->next_packet_id) {
+    /* a subscriber's msg ids are its SUBSCRIBEs', 1, 2, ... in order */
+    if (c->role == 0 || p->msg_id == 0 || p->msg_id > c->next_packet_id) {
         c->dropped++;  /* answers no SUBSCRIBE of this client */
         return;
     }
-    if (c->subscribed)
+    if (c->subscribed || p->msg_id != c->next_packet_id)
         return;  /* the answer to a SUBSCRIBE sent again */
     c->resend_len = 0;
     const char *topic = mqe_topic(e, (uint32_t)c->subscribing_topic);
