@@ -6,11 +6,12 @@ go out from that thread at their open-loop schedule. Every socket gets TCP_NODEL
 CONNECT is sent (paho does not set it; without it loopback latency reads ~9 ms).
 
 The native engine (``mqtt_client`` "native", the default) runs every client in C when it
-can (:mod:`mqttbed.agents.native_session`: mqtt-tcp or mqtt-udp, virtual GPIO lines, a library that
-builds here); the session then hands every call over to it. Otherwise, and the generator
-report says why, the endpoint's transport picks the client: for ``mqtt-tcp`` mqttbed's
-lean client (:class:`~mqttbed.agents.mqtt_tcp.TcpMqttClient`) or paho (``mqtt_client``
-"paho", for comparison; paho could do TLS, which no transport here asks for yet), or
+can (:mod:`mqttbed.agents.native_session`: mqtt-tcp, mqtt-udp or mqtt-sn-udp, virtual GPIO
+lines, a library that builds here); the session then hands every call over to it.
+Otherwise, and the generator report says why, the endpoint's transport picks the client:
+for ``mqtt-tcp`` mqttbed's lean client (:class:`~mqttbed.agents.mqtt_tcp.TcpMqttClient`)
+or paho (``mqtt_client`` "paho", for comparison; paho could do TLS, which no transport
+here asks for yet), or
 :class:`~mqttbed.agents.mqtt_udp.UdpMqttClient` (one socket per client, one packet per
 datagram) for ``mqtt-udp``, the FPGA broker's transport, or
 :class:`~mqttbed.agents.mqtt_sn.MqttSnClient` for ``mqtt-sn-udp`` (MQTT-SN 1.2). All

@@ -11,6 +11,11 @@ PUBLISH and the client answers REGACK and remembers the id.
 
 QoS 0 and 1 are sent as asked (QoS 1 counts the PUBACK like a TCP client's); QoS -1
 needs a pre-defined id or a short name and no connection, which a run never uses.
+
+The native engine makes the same protocol choices in C (``agents/native/src/sn_flows.c``)
+and runs mqtt-sn-udp clients by default; this client is the lean fallback where the
+engine cannot run (``mqtt_client`` "lean", or the reason in the generator report). One
+difference: a malformed datagram fails this client, while the engine drops and counts it.
 """
 
 from __future__ import annotations

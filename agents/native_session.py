@@ -1,8 +1,8 @@
 """The MQTT clients of one run on the native engine, with the Python session's surface.
 
 :class:`~mqttbed.agents.mqtt_session.MqttSession` hands itself over to a
-:class:`NativeSession` when the run's clients can run on the engine (mqtt-tcp or mqtt-udp,
-virtual GPIO lines or a GPIO character device, the engine builds here);
+:class:`NativeSession` when the run's clients can run on the engine (mqtt-tcp, mqtt-udp
+or mqtt-sn-udp, virtual GPIO lines or a GPIO character device, the engine builds here);
 :func:`unsupported_reason` says why they cannot otherwise, and that reason goes into the
 generator report with the client that ran.
 
@@ -59,9 +59,9 @@ def unsupported_reason(endpoint: Endpoint, clients: Sequence[ClientAssignment],
     """Why these clients cannot run on the engine here, or None if they can."""
     for spec in clients:
         transport = (spec.broker or endpoint).transport
-        if transport not in (Transport.MQTT_TCP, Transport.MQTT_UDP):
+        if transport not in (Transport.MQTT_TCP, Transport.MQTT_UDP, Transport.MQTT_SN_UDP):
             return (f"transport {transport} (client {spec.client_id}): the native engine "
-                    f"runs mqtt-tcp and mqtt-udp only")
+                    f"runs mqtt-tcp, mqtt-udp and mqtt-sn-udp only")
         if not 0 <= spec.gpio_pin < 65536:
             return f"gpio_pin {spec.gpio_pin} of {spec.client_id} is outside 0..65535"
     if not isinstance(gpio, (VirtualGpio, GpiodLines)):
@@ -122,6 +122,11 @@ class NativeClient:
     def received_count(self) -> int:
         """Unique messages received (the Python client's ``len(received)``)."""
         return int(self.engine.client_counters(self.index).received_unique)
+
+    @property
+    def dropped(self) -> int:
+        """mqtt-sn-udp: datagrams from the gateway dropped as malformed or unexpected."""
+        return int(self.engine.client_counters(self.index).dropped)
 
     @property
     def failure(self) -> str | None:
@@ -205,6 +210,8 @@ class NativeSession:
             closed_loop=spec.closed_loop)
         if endpoint.transport == Transport.MQTT_UDP:
             self._engine.set_udp(index)
+        elif endpoint.transport == Transport.MQTT_SN_UDP:
+            self._engine.set_mqttsn(index)
         for stream in spec.streams:
             self._engine.add_warmup_range(index, stream.first_publisher,
                                           stream.first_publisher + stream.publishers,
@@ -400,7 +407,8 @@ class NativeSession:
             gpio_edge_lag_max_ns=max(self._edge_lags_ns) if self._edge_lags_ns else None,
             gpio_chip=self.gpio_chip,
             gpio_write_p99_ns=_percentile(self._edge_writes_ns, 0.99),
-            gpio_write_max_ns=max(self._edge_writes_ns) if self._edge_writes_ns else None)
+            gpio_write_max_ns=max(self._edge_writes_ns) if self._edge_writes_ns else None,
+            datagrams_dropped=sum(client.dropped for client in self._clients))
 
     def counts(self) -> tuple[int, int]:
         """Return (messages published, unique messages received) over all clients."""

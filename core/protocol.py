@@ -323,6 +323,10 @@ class GeneratorReport(BaseModel):
                           "time (the line moved within it), 99th percentile (native engine "
                           "on a chip)")
     gpio_write_max_ns: int | None = Field(None, description="... its maximum")
+    datagrams_dropped: int = Field(
+        0, ge=0, description="mqtt-sn-udp on the native engine: datagrams from the gateway "
+                             "dropped as malformed or unexpected, or on a topic id the client "
+                             "never learnt (the run goes on)")
 
 
 class Done(Message):

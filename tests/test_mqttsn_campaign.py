@@ -39,7 +39,8 @@ def test_mqttbed_run_on_mqtt_sn_delivers_everything_and_reports_the_gateways_pac
                                "PYSPARK_PYTHON": sys.executable})
     assert done.returncode == 0, done.stderr[-3000:]
     stats_line = next(line for line in done.stdout.splitlines() if line.startswith("stats:"))
-    stats = json.loads(Path(stats_line.split(":", 1)[1].strip()).read_text())
+    stats_path = Path(stats_line.split(":", 1)[1].strip())
+    stats = json.loads(stats_path.read_text())
     (point,) = stats["points"]
     assert point["backend"] == "mqtt-sn"
     assert point["messages_sent"] == 190 and point["deliveries_received"] == 3 * 190
@@ -54,6 +55,11 @@ def test_mqttbed_run_on_mqtt_sn_delivers_everything_and_reports_the_gateways_pac
     assert packets["broker_sent"] >= 600 + 12
     (run,) = stats["runs"]
     assert run["sections"]["packets"] == packets
+    # both agents ran their MQTT-SN clients on the native engine, and it dropped nothing
+    (run_record,) = stats_path.parent.glob("runs/*/run.json")
+    generators = json.loads(run_record.read_text())["metadata"]["generators"].values()
+    assert [g["mqtt_client"] for g in generators] == ["native", "native"]
+    assert [g["datagrams_dropped"] for g in generators] == [0, 0]
 
 
 def test_a_bad_mqtt_sn_option_names_the_field_and_the_value():

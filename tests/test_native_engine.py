@@ -340,14 +340,15 @@ def test_keepalive_pings_are_sent_and_a_missing_pingresp_fails_the_client():
 
 # -- where the engine does not run -----------------------------------------------------
 
-def test_mqtt_sn_runs_the_python_clients_and_says_why():
+def test_mqtt_sn_runs_on_the_engine():
+    # mqtt-sn-udp is the engine's too now (tests/test_native_mqttsn.py runs it against the
+    # gateway); the session asks for no lean fallback and says so
     endpoint = Endpoint(host="127.0.0.1", port=9, transport=Transport.MQTT_SN_UDP)
     session = MqttSession(endpoint, publisher_only(), VirtualGpio(), lambda _e: None)
     try:
-        assert not session.native
+        assert session.native
         report = session.generator_report()
-        assert report.mqtt_client == "lean"
-        assert "transport mqtt-sn-udp" in report.mqtt_client_reason
+        assert (report.mqtt_client, report.mqtt_client_reason) == ("native", "")
     finally:
         session.close()
 
@@ -423,11 +424,30 @@ def test_python_m_native_builds_the_engine_here_and_reports_it_or_why_not():
 
 FUZZ_DIR = native.SOURCE_DIR / "fuzz"
 ACCEPTED_FAILURES = ("malformed packet from the broker: ", "CONNACK refused: return code ",
-                     "SUBACK refused ", "event buffer full")
+                     "SUBACK refused ", "event buffer full",
+                     # MQTT-SN: refusals, and a gateway ending the session
+                     "REGACK refused topic ", "REGACK accepted topic ", "PUBACK refused topic id ",
+                     "gateway 127.0.0.1:1 ended the session (DISCONNECT)")
+
+
+def datagrams(data: bytes, read_bytes: int) -> Iterator[bytes]:
+    """``data`` cut as fuzz/replies.h cuts it for an MQTT-SN client: by each length field,
+    or ``read_bytes`` where the field says nothing that fits."""
+    at = 0
+    while at < len(data):
+        left = len(data) - at
+        n = data[at]
+        if n == 1:
+            n = int.from_bytes(data[at + 1:at + 3], "big") if left >= 3 else 0
+        if n < 2 or n > left:
+            n = min(read_bytes, left)
+        yield data[at:at + n]
+        at += n
 
 
 def fed_engine(data: bytes, read_bytes: int) -> list[str]:
-    """Feed ``data`` (cut into reads) to a QoS 2 publisher and subscriber; their failures."""
+    """Feed ``data`` (cut into reads) to a QoS 2 publisher and subscriber, and (cut into
+    datagrams) to an MQTT-SN QoS 1 publisher and wildcard subscriber; their failures."""
     engine = native.Engine(kernel_stamps=False, pulse_mode=False, event_capacity=1024)
     try:
         common = {"host": "127.0.0.1", "port": 1, "topic": "f/x", "qos": 2,
@@ -438,11 +458,23 @@ def fed_engine(data: bytes, read_bytes: int) -> list[str]:
                    engine.add_client(client_id="sub-0", publisher=False, gpio_pin=3,
                                      payload_bytes=0, **common)]
         engine.subscribe(clients[1], "f/+", 2)
+        common["qos"] = 1
+        sn_clients = [engine.add_client(client_id="sn-pub-0", publisher=True, gpio_pin=4,
+                                        payload_bytes=64, **common),
+                      engine.add_client(client_id="sn-sub-0", publisher=False, gpio_pin=5,
+                                        payload_bytes=0, **common)]
+        for client in sn_clients:
+            engine.set_mqttsn(client)
+        engine.subscribe(sn_clients[1], "f/+", 1)
         for client in clients:
             for at in range(0, len(data), read_bytes):
                 if not engine.feed(client, data[at:at + read_bytes]):
                     break
-        return [engine.failure(client) for client in clients]
+        for client in sn_clients:
+            for datagram in datagrams(data, read_bytes):
+                if not engine.feed(client, datagram):
+                    break
+        return [engine.failure(client) for client in clients + sn_clients]
     finally:
         engine.close()
 

@@ -57,7 +57,7 @@ class ClientStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
         "sent", "acked", "received_unique", "deliveries", "first_intended_ns", "last_pub_ns",
         "send_lag_max_ns", "last_delivery_ns")] + [(name, ctypes.c_int32) for name in (
-            "connected", "subscribed", "failed", "fd")]
+            "connected", "subscribed", "failed", "fd")] + [("dropped", ctypes.c_int64)]
 
 
 def library_path() -> Path:
@@ -93,6 +93,7 @@ def load() -> Any:
                                  dbl, i64, i64, i64, i32]),
         "mqe_add_warmup_range": (i32, [p, i32, u32, u32, i64]),
         "mqe_set_udp": (i32, [p, i32]),
+        "mqe_set_mqttsn": (i32, [p, i32]),
         "mqe_connect_all": (i32, [p, i32, i32]),
         "mqe_subscribe": (i32, [p, i32, cstr, i32]),
         "mqe_poll": (i32, [p, i64]),
@@ -176,6 +177,12 @@ class Engine:
     def set_udp(self, client: int) -> None:
         """Speak mqtt-udp on this client: one packet per datagram, QoS 0 only."""
         if self._lib.mqe_set_udp(self._live(), client):
+            raise ValueError(self.error)
+
+    def set_mqttsn(self, client: int) -> None:
+        """Speak MQTT-SN 1.2 on this client (mqtt-sn-udp): QoS 0 or 1, a client id of 1..23
+        octets; ValueError names the client and what does not fit."""
+        if self._lib.mqe_set_mqttsn(self._live(), client):
             raise ValueError(self.error)
 
     def add_warmup_range(self, client: int, first: int, end: int, warmup_messages: int) -> None:

@@ -1,8 +1,10 @@
 /* libFuzzer target: whatever a broker may send, to a QoS 2 publisher and a QoS 2
- * subscriber of one engine (`make fuzz`). The first byte picks pulse mode and how the
- * rest is cut into reads; the rest goes half to each client (fuzz/replies.h). A crash, a
- * leak or undefined behaviour is a bug; a malformed reply must only fail the client, with
- * its reason. */
+ * subscriber of one engine (`make fuzz`), and whatever an MQTT-SN gateway may send, as
+ * datagrams, to a QoS 1 publisher and a QoS 1 wildcard subscriber of the same engine. The
+ * first byte picks pulse mode and how the rest is cut; the rest goes half to the
+ * publishers, half to the subscribers (fuzz/replies.h). A crash, a leak or undefined
+ * behaviour is a bug; a malformed reply must only fail the MQTT client, with its reason,
+ * and be dropped and counted by the MQTT-SN one. */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -11,11 +13,11 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1)
         return 0;
-    int publisher, subscriber;
-    mqe_engine *e = mqe_replies_engine(data[0] & 1, &publisher, &subscriber);
+    mqe_reply_clients clients;
+    mqe_engine *e = mqe_replies_engine(data[0] & 1, &clients);
     if (e == NULL)
         return 0;
-    mqe_feed_input(e, publisher, subscriber, data, size);
+    mqe_feed_input(e, &clients, data, size);
     mqe_destroy(e);
     return 0;
 }

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "sn.h"
 #include "tables.h"
 #include "wire.h"
 
@@ -26,6 +27,11 @@ typedef struct {
     uint32_t first, end;
     int64_t warmup;
 } mqe_warmup_range;
+
+typedef struct {
+    uint16_t id;                /* an MQTT-SN topic id ... */
+    int32_t index;              /* ... and its name in the engine's topic table */
+} mqe_sn_topic;
 
 typedef struct {
     /* the assignment */
@@ -71,6 +77,13 @@ typedef struct {
     size_t resend_len;
     int64_t resend_at_ns;
     int64_t send_errors;        /* datagrams the socket refused (a full buffer, a firewall) */
+    /* mqtt-sn-udp (sn_flows.c): MQTT-SN 1.2 over the mqtt-udp socket handling */
+    int sn;
+    int sn_stage;               /* MQE_SN_CONNECTING, _REGISTERING, _READY */
+    uint16_t sn_register_id;    /* the msg id of the publisher's REGISTER */
+    mqe_sn_topic *sn_topics;    /* the ids this client learnt (REGACK, SUBACK, REGISTER) */
+    size_t n_sn_topics;
+    int64_t dropped;            /* malformed or unexpected datagrams, dropped */
     /* state and statistics */
     int connected, subscribed, dead, closing, in_batch;
     char failure[MQE_FAILURE_CHARS];
@@ -130,6 +143,17 @@ void mqe_udp_resend(mqe_engine *e, int64_t now);
 void mqe_handle_packet(mqe_engine *e, mqe_client *c, const mqe_packet *p, int64_t t_user,
                        int64_t t_kernel);
 void mqe_heap_push(mqe_engine *e, int64_t due_ns, int32_t client, int64_t k);
+/* flows.c, shared with sn_flows.c: a delivery recorded, an own publish acknowledged
+ * (type: the ack awaited), the pending SUBSCRIBE's SUBACK recorded */
+void mqe_delivered(mqe_engine *e, mqe_client *c, const mqe_packet *p, int64_t t_user,
+                   int64_t t_kernel);
+void mqe_acknowledged(mqe_engine *e, mqe_client *c, int type, uint16_t packet_id);
+void mqe_record_subscribed(mqe_engine *e, mqe_client *c);
+/* sn_flows.c: one datagram from an MQTT-SN gateway; the publisher's prefix and CONNECT */
+enum { MQE_SN_CONNECTING, MQE_SN_REGISTERING, MQE_SN_READY };
+void mqe_sn_handle(mqe_engine *e, mqe_client *c, const uint8_t *datagram, size_t len,
+                   int64_t t_user, int64_t t_kernel);
+int mqe_sn_prepare(mqe_client *c, char *error);
 int64_t mqe_due_ns(const mqe_engine *e, const mqe_client *c, int64_t k);
 
 #endif

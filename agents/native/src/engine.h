@@ -34,6 +34,7 @@ typedef struct {
     int64_t sent, acked, received_unique, deliveries;
     int64_t first_intended_ns, last_pub_ns, send_lag_max_ns, last_delivery_ns;
     int32_t connected, subscribed, failed, fd;
+    int64_t dropped;  /* mqtt-sn-udp: malformed or unexpected datagrams dropped */
 } mqe_client_stats;
 
 mqe_engine *mqe_create(uint32_t event_capacity, int kernel_stamps, int pulse_mode);
@@ -52,6 +53,10 @@ int mqe_add_client(mqe_engine *e, const char *client_id, const char *host, int p
 /* Speak mqtt-udp on this client (before connecting): one packet per datagram, QoS 0,
  * CONNECT and SUBSCRIBE sent again every half second until acknowledged. */
 int mqe_set_udp(mqe_engine *e, int client);
+/* Speak MQTT-SN 1.2 on this client (mqtt-sn-udp, before connecting): the mqtt-udp socket
+ * handling, QoS 0 or 1, a client id of 1..23 octets; a publisher REGISTERs its topic after
+ * CONNACK and is connected once the REGACK gave the topic id (src/sn_flows.c). */
+int mqe_set_mqttsn(mqe_engine *e, int client);
 /* A subscriber's warm-up for publishers first..end-1 (a message mix's stream). */
 int mqe_add_warmup_range(mqe_engine *e, int client, uint32_t first, uint32_t end,
                          int64_t warmup_messages);
@@ -81,7 +86,8 @@ const char *mqe_topic(const mqe_engine *e, uint32_t index);
 void mqe_disconnect_all(mqe_engine *e);
 
 /* Hand bytes to a client as if its socket had read them (fuzzing and tests: the parser and
- * every flow behind it, without a broker). 0, or -1 once the client has failed. */
+ * every flow behind it, without a broker); to an mqtt-sn-udp client, the bytes are one
+ * datagram. 0, or -1 once the client has failed. */
 int mqe_feed(mqe_engine *e, int client, const uint8_t *data, size_t len);
 /* Drive these pins' lines on a GPIO character device too (uAPI v2 GPIO_V2_GET_LINE_IOCTL:
  * one request of at most 64 output lines, driven low; once per engine). Every edge then

@@ -14,7 +14,7 @@ static void queue_ack(mqe_engine *e, mqe_client *c, int type, uint16_t packet_id
 }
 
 
-static void record_subscribed(mqe_engine *e, mqe_client *c) {
+void mqe_record_subscribed(mqe_engine *e, mqe_client *c) {
     mqe_table *subs = &e->tables[MQE_T_SUBSCRIBE];
     if (subs->rows == subs->capacity) {
         mqe_client_fail(e, c, "event buffer full (%u subscriptions not drained)", subs->rows);
@@ -41,8 +41,8 @@ static int32_t topic_index(mqe_engine *e, mqe_client *c, const mqe_packet *p) {
     return (int32_t)mqe_intern(&e->topics, (const char *)p->topic, p->topic_len);
 }
 
-static void delivered(mqe_engine *e, mqe_client *c, const mqe_packet *p, int64_t t_user,
-                      int64_t t_kernel) {
+void mqe_delivered(mqe_engine *e, mqe_client *c, const mqe_packet *p, int64_t t_user,
+                   int64_t t_kernel) {
     mqe_gpio_mark(e, c->gpio_pin, t_user);
     uint64_t seq;
     uint32_t publisher;
@@ -93,10 +93,10 @@ static void publish_received(mqe_engine *e, mqe_client *c, const mqe_packet *p,
             return;  /* a DUP of a message already delivered */
         c->awaiting_pubrel[p->packet_id >> 3] |= (uint8_t)(1u << (p->packet_id & 7));
     }
-    delivered(e, c, p, t_user, t_kernel);
+    mqe_delivered(e, c, p, t_user, t_kernel);
 }
 
-static void acknowledged(mqe_engine *e, mqe_client *c, int type, uint16_t packet_id) {
+void mqe_acknowledged(mqe_engine *e, mqe_client *c, int type, uint16_t packet_id) {
     if (type == MQE_PUBREL) {
         if (c->awaiting_pubrel)
             c->awaiting_pubrel[packet_id >> 3] &= (uint8_t)~(1u << (packet_id & 7));
@@ -155,13 +155,13 @@ void mqe_handle_packet(mqe_engine *e, mqe_client *c, const mqe_packet *p, int64_
             }
         }
         c->subscribed = 1;
-        record_subscribed(e, c);
+        mqe_record_subscribed(e, c);
         break;
     case MQE_PINGRESP:
         c->ping_sent_ns = 0;
         break;
     default:
-        acknowledged(e, c, p->type, p->packet_id);
+        mqe_acknowledged(e, c, p->type, p->packet_id);
     }
 }
 

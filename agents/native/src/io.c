@@ -120,15 +120,22 @@ static void watch_out(mqe_engine *e, mqe_client *c, int on) {
 static int64_t flush_datagrams(mqe_engine *e, mqe_client *c) {
     size_t at = 0;
     while (at + 2 <= c->out_len) {
-        size_t remaining = 0, header = 1;
-        unsigned shift = 0;
-        uint8_t byte;
-        do {
-            byte = c->out[at + header++];
-            remaining |= (size_t)(byte & 0x7F) << shift;
-            shift += 7;
-        } while (byte & 0x80);
-        size_t length = header + remaining;
+        size_t length;
+        if (c->sn) {  /* MQTT-SN: the length field counts the whole message */
+            length = mqe_sn_length(c->out + at, c->out_len - at);
+            if (length == 0 || length > c->out_len - at)
+                break;  /* never queued: the engine encodes whole messages */
+        } else {
+            size_t remaining = 0, header = 1;
+            unsigned shift = 0;
+            uint8_t byte;
+            do {
+                byte = c->out[at + header++];
+                remaining |= (size_t)(byte & 0x7F) << shift;
+                shift += 7;
+            } while (byte & 0x80);
+            length = header + remaining;
+        }
         if (send(c->fd, c->out + at, length, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
             if (errno == ECONNREFUSED) {
                 mqe_client_fail(e, c, "broker %s:%d unreachable (ICMP port unreachable)",
@@ -256,6 +263,12 @@ static int64_t kernel_stamp(const mqe_engine *e, struct msghdr *msg) {
 
 int mqe_feed(mqe_engine *e, int client, const uint8_t *data, size_t len) {
     mqe_client *c = &e->clients[client];
+    if (c->sn) {  /* MQTT-SN: what is fed is one datagram */
+        if (!c->dead)
+            mqe_sn_handle(e, c, data, len, mqe_now_ns(), MQE_NO_TIME);
+        mqe_gpio_settle(e);
+        return c->failure[0] ? -1 : 0;
+    }
     while (len && !c->dead) {
         if (c->in_cap - c->in_end < MQE_COMPACT_BELOW && make_room(e, c) != 0)
             break;
@@ -292,6 +305,10 @@ static void client_read_datagrams(mqe_engine *e, mqe_client *c) {
         }
         int64_t t_user = mqe_now_ns();
         int64_t t_kernel = msg.msg_controllen ? kernel_stamp(e, &msg) : MQE_NO_TIME;
+        if (c->sn) {
+            mqe_sn_handle(e, c, c->in, (size_t)n, t_user, t_kernel);
+            continue;
+        }
         mqe_packet packet;
         long used = mqe_parse(c->in, (size_t)n, &packet, error);
         if (used != n) {
@@ -443,13 +460,14 @@ static void arm_timer(mqe_engine *e, int64_t at_ns) {
 
 void mqe_misc(mqe_engine *e, int64_t now) {
     static const uint8_t pingreq[2] = {MQE_PINGREQ << 4, 0};
+    static const uint8_t sn_pingreq[2] = {2, MQE_SN_PINGREQ};
     for (size_t i = 0; i < e->n_clients; i++) {
         mqe_client *c = &e->clients[i];
         if (c->fd < 0 || c->dead || !c->keepalive_ns)
             continue;
         if (c->udp) {  /* no connection to lose: a PINGREQ when quiet, no deadline */
             if (now - c->last_sent_ns >= c->keepalive_ns && mqe_out_reserve(e, c, 2) == 0) {
-                memcpy(c->out + c->out_len, pingreq, 2);
+                memcpy(c->out + c->out_len, c->sn ? sn_pingreq : pingreq, 2);
                 c->out_len += 2;
                 mqe_flush(e, c);
             }

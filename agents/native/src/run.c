@@ -137,6 +137,9 @@ static void publish(mqe_engine *e, mqe_client *c, int64_t k, int64_t t_intended)
         c->inflight[packet_id] = c->qos == 1 ? MQE_PUBACK : MQE_PUBREC;
         to[n++] = (uint8_t)(packet_id >> 8);
         to[n++] = (uint8_t)packet_id;
+    } else if (c->sn) {  /* an MQTT-SN PUBLISH has a msg id always: 0x0000 at QoS 0 */
+        to[n++] = 0;
+        to[n++] = 0;
     }
     mqe_encode_payload(to + n, payload, (uint64_t)k, c->publisher_index, t_pub, t_intended);
     n += payload;

@@ -5,8 +5,10 @@
  * line that differs.
  *
  *   selftest wire               the packets the engine encodes (hex) and payloads decoded
- *   selftest replies [FILE...]  broker replies fed to a QoS 2 publisher and subscriber:
- *                               generated ones (a fixed pseudo-random sequence), then each
+ *   selftest replies [FILE...]  broker replies fed to a QoS 2 publisher and subscriber,
+ *                               and as datagrams to an MQTT-SN QoS 1 publisher and
+ *                               subscriber (fuzz/replies.h): generated ones (a fixed
+ *                               pseudo-random sequence, MQTT-SN messages among them), then each
  *                               FILE as fuzz/fuzz_replies.c cuts it; failures, counters,
  *                               recorded events (their time columns left out) and the
  *                               bytes each client queued in answer (acks, SUBSCRIBE)
@@ -31,6 +33,7 @@
 #include "../fuzz/replies.h"
 #include "../src/client.h"
 #include "../src/engine.h"
+#include "../src/sn.h"
 #include "../src/wire.h"
 
 static void print_hex(const char *label, const uint8_t *data, size_t len) {
@@ -69,6 +72,33 @@ static int wire(void) {
         size_t n = mqe_encode_ack(buf, type, (uint16_t)(0x8001 + type));
         print_hex(mqe_type_name(type), buf, n);
     }
+    /* MQTT-SN: each message a client sends, both length forms */
+    for (size_t len = 1; len <= MQE_SN_MAX_CLIENT_ID; len += 11)
+        print_hex("sn-connect", buf, mqe_sn_encode_connect(buf, id, len, (uint16_t)(len * 997)));
+    static const size_t topic_lens[] = {1, 249, 250, 251, 252, 400};
+    static char long_topic[400];
+    memset(long_topic, 't', sizeof long_topic);
+    for (size_t i = 0; i < sizeof topic_lens / sizeof topic_lens[0]; i++) {
+        size_t n = mqe_sn_encode_register(buf, 0, (uint16_t)(0xFFFF - i), long_topic,
+                                          topic_lens[i]);
+        if (n != mqe_sn_register_size(topic_lens[i]))
+            printf("REGISTER size %zu != %zu\n", n, mqe_sn_register_size(topic_lens[i]));
+        printf("sn-register %zu: length %zu\n", topic_lens[i], mqe_sn_length(buf, n));
+        n = mqe_sn_encode_subscribe(buf, (uint16_t)(0x8000 + i), long_topic, topic_lens[i],
+                                    (int)(i % 2));
+        if (n != mqe_sn_subscribe_size(topic_lens[i]))
+            printf("SUBSCRIBE size %zu != %zu\n", n, mqe_sn_subscribe_size(topic_lens[i]));
+        print_hex("sn-subscribe-head", buf, n < 8 ? n : 8);
+    }
+    static const size_t sn_payloads[] = {32, 248, 249, 250, MQE_SN_MAX_DATA};
+    for (size_t i = 0; i < sizeof sn_payloads / sizeof sn_payloads[0]; i++)
+        for (int qos = 0; qos <= 1; qos++)
+            print_hex("sn-publish-prefix", buf,
+                      mqe_sn_publish_prefix(buf, (uint16_t)(0x1234 + i), qos, sn_payloads[i]));
+    print_hex("sn-regack", buf, mqe_sn_encode_ack(buf, MQE_SN_REGACK, 0xFEDC, 0x0102, 0));
+    print_hex("sn-puback", buf, mqe_sn_encode_ack(buf, MQE_SN_PUBACK, 0x0102, 0xFEDC, 0));
+    print_hex("sn-pingreq", buf, mqe_sn_encode_empty(buf, MQE_SN_PINGREQ));
+    print_hex("sn-disconnect", buf, mqe_sn_encode_empty(buf, MQE_SN_DISCONNECT));
     /* payloads with values that need all 64 bits, and negative times */
     static const int64_t times[] = {0, -1, INT64_MIN, INT64_MAX, 1700000000123456789LL,
                                     -4294967296LL};
@@ -120,7 +150,7 @@ static size_t generated_packet(uint8_t *to) {
     static const uint8_t types[] = {0x20, 0x30, 0x32, 0x34, 0x36, 0x3A, 0x40, 0x50, 0x62,
                                     0x70, 0x90, 0xD0, 0x10, 0xB0, 0x60};
     size_t n = 0;
-    switch (below(4)) {
+    switch (below(5)) {
     case 0: {  /* any bytes */
         size_t len = below(65);
         for (; n < len; n++)
@@ -153,6 +183,44 @@ static size_t generated_packet(uint8_t *to) {
         int64_t t_intended = (int64_t)prng();
         mqe_encode_payload(to + n, payload, seq, publisher, t_pub, t_intended);
         return n + payload;
+    }
+    case 4: {  /* an MQTT-SN gateway message, right or wrong for the moment */
+        uint16_t topic_id = (uint16_t)below(4), msg_id = (uint16_t)below(5);
+        uint8_t code = below(4) ? 0 : (uint8_t)below(5);
+        switch (below(6)) {
+        case 0:
+            to[0] = 3;
+            to[1] = MQE_SN_CONNACK;
+            to[2] = code;
+            return 3;
+        case 1:
+        case 2: {
+            int type = below(2) ? MQE_SN_REGACK : MQE_SN_PUBACK;
+            n = mqe_sn_encode_ack(to, type, topic_id, msg_id, code);
+            to[6] = code;  /* a reserved code now and then: the parser refuses it */
+            return n;
+        }
+        case 3:
+            n = mqe_sn_encode_ack(to, MQE_SN_SUBACK, 0, topic_id, msg_id);
+            memmove(to + 3, to + 2, 5);  /* SUBACK: flags, topic id, msg id, return code */
+            to[0] = 8;
+            to[2] = below(3) ? 0x20 : 0x00;
+            to[7] = code;
+            return 8;
+        case 4:
+            return mqe_sn_encode_register(to, topic_id, msg_id, below(2) ? "f/x" : "f/y", 3);
+        default: {
+            int qos = (int)below(3);
+            size_t payload = MQE_PAYLOAD_MIN + below(300);
+            n = mqe_sn_publish_prefix(to, topic_id, qos, payload);
+            to[n++] = 0;
+            to[n++] = (uint8_t)msg_id;
+            uint64_t seq = below(12);
+            int64_t t_pub = (int64_t)prng();
+            mqe_encode_payload(to + n, payload, seq, 0, t_pub, t_pub - 1);
+            return n + payload;
+        }
+        }
     }
     default: {  /* a well-formed control packet, right or wrong for the moment */
         static const uint8_t control[][5] = {
@@ -200,9 +268,9 @@ static void print_engine(const mqe_engine *e) {
         mqe_client_stats s;
         mqe_client_stats_of(e, (int)i, &s);
         printf("  client %zu sent %" PRId64 " acked %" PRId64 " unique %" PRId64
-               " deliveries %" PRId64 " connected %d subscribed %d failed %d: %s\n", i,
-               s.sent, s.acked, s.received_unique, s.deliveries, s.connected, s.subscribed,
-               s.failed, mqe_client_failure(e, (int)i));
+               " deliveries %" PRId64 " connected %d subscribed %d dropped %" PRId64
+               " failed %d: %s\n", i, s.sent, s.acked, s.received_unique, s.deliveries,
+               s.connected, s.subscribed, s.dropped, s.failed, mqe_client_failure(e, (int)i));
         print_hex("  queued", c->out, c->out_len);
     }
     print_table(e, "publish", MQE_T_PUBLISH, pub_clock);
@@ -213,9 +281,10 @@ static void print_engine(const mqe_engine *e) {
         printf("  topic %" PRIu32 " %s\n", i, mqe_topic(e, i));
 }
 
-/* The engine of fuzz/fuzz_replies.c: a QoS 2 publisher and a QoS 2 wildcard subscriber. */
-static mqe_engine *fuzz_engine(int pulse_mode, int *publisher, int *subscriber) {
-    mqe_engine *e = mqe_replies_engine(pulse_mode, publisher, subscriber);
+/* The engine of fuzz/fuzz_replies.c: a QoS 2 publisher and a QoS 2 wildcard subscriber,
+ * an MQTT-SN QoS 1 publisher and an MQTT-SN QoS 1 wildcard subscriber. */
+static mqe_engine *fuzz_engine(int pulse_mode, mqe_reply_clients *clients) {
+    mqe_engine *e = mqe_replies_engine(pulse_mode, clients);
     if (e == NULL) {
         fprintf(stderr, "selftest: mqe_create failed\n");
         exit(2);
@@ -251,8 +320,8 @@ static uint8_t *read_file(const char *path, size_t *size) {
 static int replies(int files, char **paths) {
     static uint8_t streams[2][16 * 128];
     for (int i = 0; i < GENERATED_CASES; i++) {
-        int publisher, subscriber;
-        mqe_engine *e = fuzz_engine((int)below(2), &publisher, &subscriber);
+        mqe_reply_clients clients;
+        mqe_engine *e = fuzz_engine((int)below(2), &clients);
         size_t read_bytes = 1 + below(64), len[2] = {0, 0};
         for (int s = 0; s < 2; s++)
             for (size_t k = below(13); k > 0; k--)
@@ -260,8 +329,10 @@ static int replies(int files, char **paths) {
         printf("case %d: reads of %zu\n", i, read_bytes);
         print_hex("  to publisher", streams[0], len[0]);
         print_hex("  to subscriber", streams[1], len[1]);
-        mqe_feed_in_reads(e, publisher, streams[0], len[0], read_bytes);
-        mqe_feed_in_reads(e, subscriber, streams[1], len[1], read_bytes);
+        mqe_feed_in_reads(e, clients.publisher, streams[0], len[0], read_bytes);
+        mqe_feed_in_reads(e, clients.subscriber, streams[1], len[1], read_bytes);
+        mqe_feed_datagrams(e, clients.sn_publisher, streams[0], len[0], read_bytes);
+        mqe_feed_datagrams(e, clients.sn_subscriber, streams[1], len[1], read_bytes);
         print_engine(e);
         mqe_destroy(e);
     }
@@ -271,9 +342,9 @@ static int replies(int files, char **paths) {
         const char *name = strrchr(paths[f], '/');
         printf("file %s: %zu bytes\n", name ? name + 1 : paths[f], size);
         if (size >= 1) {
-            int publisher, subscriber;
-            mqe_engine *e = fuzz_engine(data[0] & 1, &publisher, &subscriber);
-            mqe_feed_input(e, publisher, subscriber, data, size);
+            mqe_reply_clients clients;
+            mqe_engine *e = fuzz_engine(data[0] & 1, &clients);
+            mqe_feed_input(e, &clients, data, size);
             print_engine(e);
             mqe_destroy(e);
         }
