@@ -96,8 +96,9 @@ log = logging.getLogger("mqttbed.engine")
 
 COLLECT_TIMEOUT_S = 30.0
 RUN_GRACE_S = 10.0
-# How long a deployed run holds its measurement for the analysis JVM's start-up (measured
-# here: 5-10 s idle, ~60 s beside a busy test suite); past it the run measures anyway.
+# How long a deployed run holds its measurement for the analysis JVM's start-up and warm-up
+# (measured here at load 4-8: start 4-13 s, warm-up 25-28 s); past it the run measures
+# anyway, and says so in the log.
 ANALYSIS_START_WAIT_S = 180.0
 AGENT_REPORT_GRACE_S = 1.0  # after one agent's error, for the others' reports
 BROKER_EXIT_GRACE_S = 0.5   # after the agents' errors, for the broker's exit to show
@@ -267,8 +268,9 @@ class RunEngine:
         return (running[0], samples[-1]) if samples else None
 
     def hold_measurements(self, starting: threading.Thread | None) -> None:
-        """Have each run, once deployed, wait for ``starting`` (the analysis JVM's start-up
-        thread) to end before it measures, for at most ANALYSIS_START_WAIT_S.
+        """Have each run, once deployed, wait for ``starting`` (the thread that starts the
+        analysis JVM and warms it up) to end before it measures, for at most
+        ANALYSIS_START_WAIT_S; the run records the wait (``analysis_start_wait_s``).
 
         A JVM starting beside a run takes CPU from what is measured, niced or not: on this
         2-core machine it took 0.4-1.0 of a core through the whole first run, and amqtt near

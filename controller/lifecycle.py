@@ -2,7 +2,8 @@
 
 ``running -> analysing -> done | failed | cancelled``. Spark starts in the background as
 the runs begin (niced, :func:`mqttbed.analytics.spark.start_spark_in_background`), while
-the first run deploys: that run measures only once the JVM is up
+the first run deploys, and analyses a tiny synthetic campaign to warm up
+(:mod:`mqttbed.controller.analysis_warm_up`): that run measures only once both are done
 (:meth:`~mqttbed.controller.engine.RunEngine.hold_measurements`). A served controller keeps
 that one session for its life. What the runs came to (all done,
 some failed, cancelled) becomes the campaign's status only after Spark has written
