@@ -9,9 +9,10 @@ the third call, and 14.4 s when a one-run campaign had been analysed first
 after the session is up, on the same niced thread, while the first run deploys. Its
 results are thrown away; only the session's warmth is kept, so the real campaign's
 analysis after its last run is a warm one. The rows are written and read through the same
-storage layout and analysis as a campaign's (:func:`~mqttbed.controller.storage.
-write_event_chunk`, :func:`~mqttbed.analytics.stats.compute_campaign_stats`) in a
-temporary data dir, removed afterwards.
+storage layout and analysis as a campaign's
+(:func:`~mqttbed.controller.storage.write_event_chunk`,
+:func:`~mqttbed.analytics.stats.compute_campaign_stats`) in a temporary data dir, removed
+afterwards.
 """
 
 from __future__ import annotations
@@ -127,5 +128,5 @@ def _write(layout: DataLayout, run_id: str, agent_id: str, columns: dict[str, li
                "payload_bytes": [0 if kind == EventKind.SUBSCRIBE.value else PAYLOAD_BYTES
                                  for kind in columns["kind"]]}
     write_event_chunk(layout, CAMPAIGN_ID, run_id, agent_id, 0, columns,
-                      {"agent_id": agent_id, "clock_source": ClockSource.USER.value,  # or as given
+                      {"agent_id": agent_id, "clock_source": ClockSource.USER.value,
                        "clock_offset_ns": 0, "clock_offset_uncertainty_ns": 10_000})
