@@ -5,9 +5,10 @@ runs of 20,000 (1 kHz, the first 100 of each run warm-up), i.e. 10 M delivery ro
 events are generated with numpy and written through mqttbed's own writer
 (``controller.storage.write_event_chunk``) in the layout agents upload: per run one
 publisher agent and one agent per 25 subscribers, chunks of 5,000 events
-(``Assignment.chunk_events``), offset clocks, lognormal latencies around 150 us, a few
-losses and QoS 1 duplicates 35 ms late, an open-loop send lag with rare 2 ms stalls (the
-burst after one reorders a few deliveries); plus 1 Hz broker samples.
+(``Assignment.chunk_events``), each run then compacted into one file as the controller
+does when a run ends (``--chunks`` leaves the chunks), offset clocks, lognormal latencies
+around 150 us, a few losses and QoS 1 duplicates 35 ms late, an open-loop send lag with
+rare 2 ms stalls (the burst after one reorders a few deliveries); plus 1 Hz broker samples.
 
 Measured, in one process, on the files as written (the OS page cache is warm for both):
 
@@ -32,7 +33,7 @@ interpolation and of sums taken in another order may differ. The script exits 1 
 disagreement.
 
     .venv/bin/python bench/analysis.py [--messages 100000] [--subscribers 100] [--runs 5]
-                                       [--repeat 3] [--keep DIR]
+                                       [--repeat 3] [--keep DIR] [--chunks]
     .venv/bin/python bench/analysis.py --messages 2000 --subscribers 10   # smoke
 """
 
@@ -65,6 +66,7 @@ from mqttbed.analytics.series import CDF_LEVELS, TIMELINE_BIN_S
 from mqttbed.analytics.spark import get_spark
 from mqttbed.analytics.stats import RunInfo, compute_campaign_stats
 from mqttbed.analytics.topics import topic_filter_regex
+from mqttbed.controller.compaction import compact_run
 from mqttbed.controller.storage import DataLayout, write_broker_samples, write_event_chunk
 from mqttbed.core.events import EventKind, publisher_client_id, subscriber_client_id
 from mqttbed.core.protocol import Assignment
@@ -807,6 +809,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=3, help="warm calls per engine")
     parser.add_argument("--keep", type=Path, help="generate into DIR and keep it")
+    parser.add_argument("--chunks", action="store_true",
+                        help="leave each run as the agents' chunk files (default: compact "
+                             "each run into one file, as the controller does when it ends)")
     args = parser.parse_args()
     workload = Workload(args.messages, args.subscribers, args.runs)
     if workload.messages_per_run < 2 or args.subscribers < 2 or args.repeat < 1:
@@ -816,6 +821,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="mqttbed-bench-") as scratch:
         layout = DataLayout((args.keep or Path(scratch)).resolve())
         generate_s, runs = _timed(lambda: generate(layout, workload))
+        if not args.chunks:  # what a run's partition holds once its run has ended
+            for run in runs:
+                compact_run(layout, CAMPAIGN_ID, run.run_id)
         data = describe_data(layout)
         *spark_part, spark_doc = run_spark(layout, runs, args.repeat)
         *duck_part, duck_doc = run_duckdb(layout, runs, args.repeat)
