@@ -5,12 +5,16 @@ a host without the ``[analytics]`` extra can still import the package.
 
 A controller that is about to measure starts the session early, on a background thread
 (:func:`start_spark_in_background`), so that the JVM's start-up is over by the time the
-last run ends. That JVM is started niced (:data:`SPARK_NICE`): its start-up, JIT and the
-analyses that follow yield the CPU to the brokers and agents measuring beside it.
+last run ends, and holds its first run's measurement until that thread has ended. The
+start-up (and a warm-up analysis after it) therefore runs at normal priority: nothing is
+measured meanwhile, and a niced start beside a busy test suite took 100-200 s in CI. Then
+every thread of the JVM is niced (:data:`SPARK_NICE`), so the analyses that follow yield
+the CPU to the brokers and agents measuring beside them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -30,8 +34,9 @@ log = logging.getLogger("mqttbed.spark")
 _session: SparkSession | None = None
 _session_lock = threading.Lock()
 
-# Nice value of a JVM started by start_spark_in_background (0 is normal, 19 the lowest
-# priority): well below the measuring processes, not starved when the machine is idle.
+# Nice value of a JVM started by start_spark_in_background once it is up (0 is normal, 19
+# the lowest priority): well below the measuring processes, not starved when the machine
+# is idle.
 SPARK_NICE = 10
 
 
@@ -103,30 +108,57 @@ def start_spark_in_background(settings: Settings | None = None,
                               ) -> threading.Thread:
     """Start this process's Spark session on a daemon thread; return the thread.
 
-    The JVM is a child of that thread, and on Linux a child inherits its creating thread's
-    nice value: the thread lowers its own priority by ``nice`` first, so the JVM (and
-    everything it runs) is niced while the process's other threads are not. ``then`` runs
-    on the same thread once a session this call created is up (a warm-up analysis, say);
-    a session already running gets neither. A failure is logged, not raised: the analysis
-    that needs the session reports it when it asks.
+    ``then`` runs on the same thread once a session this call created is up (a warm-up
+    analysis, say); after it, or after its failure, every thread of the JVM is niced by
+    ``nice`` (:func:`renice_threads`), so the JVM and whatever it starts later yield the CPU
+    while the process's own threads do not. A session already running gets neither. A
+    failure is logged, not raised: the analysis that needs the session reports it when it
+    asks.
     """
     def start() -> None:
         try:
-            if _session is None:
-                # who=0 with PRIO_PROCESS is the calling thread on Linux (per-thread nice).
-                os.setpriority(os.PRIO_PROCESS, 0, min(19, os.getpriority(os.PRIO_PROCESS, 0)
-                                                       + nice))
             with _session_lock:
                 created = _session is None
                 spark = _session if _session is not None else _create(settings)
-            if created and then is not None:
-                then(spark)
+            if not created:
+                return
+            try:
+                if then is not None:
+                    then(spark)
+            finally:
+                renice_threads(spark_jvm_pid(spark), nice)
         except Exception:  # noqa: BLE001 - the analysis asks again and reports it
             log.exception("starting Spark in the background failed")
 
     thread = threading.Thread(target=start, name="spark-warm-up", daemon=True)
     thread.start()
     return thread
+
+
+def renice_threads(pid: int, by: int) -> None:
+    """Set every thread of process ``pid`` to the nice value of its main thread plus ``by``
+    (at most 19), or leave it where it is already lower in priority.
+
+    Linux keeps a nice value per thread and a new thread takes its creator's: threads that
+    appear while this runs are caught by going over the list again until none is left.
+    """
+    try:
+        target = min(19, os.getpriority(os.PRIO_PROCESS, pid) + by)
+    except ProcessLookupError:
+        return  # the process is gone
+    done: set[int] = set()
+    while True:
+        try:
+            threads = {int(tid) for tid in os.listdir(f"/proc/{pid}/task")} - done
+        except FileNotFoundError:
+            return  # the process is gone
+        if not threads:
+            return
+        for tid in threads:
+            with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
+                if os.getpriority(os.PRIO_PROCESS, tid) < target:
+                    os.setpriority(os.PRIO_PROCESS, tid, target)
+            done.add(tid)
 
 
 def spark_jvm_pid(spark: SparkSession) -> int:

@@ -31,12 +31,27 @@ def test_the_warm_up_campaign_goes_through_the_whole_analysis(spark):
     assert point.deliveries_received == measured * 2 * warm_up.RUNS
 
 
-def test_the_background_start_warms_only_a_session_it_created(monkeypatch):
-    made, warmed = [], []
+def test_the_background_start_warms_only_a_session_it_created_then_nices_it(monkeypatch):
+    """Start-up and warm-up at normal priority (nothing measures meanwhile: the first run
+    is held), then the JVM's threads niced; a running session is left as it is."""
+    steps: list[object] = []
     monkeypatch.setattr(spark_module, "_session", None)
-    monkeypatch.setattr(spark_module, "_create", lambda settings: made.append(1) or "new")
-    spark_module.start_spark_in_background(nice=0, then=warmed.append).join(10)
-    assert made == [1] and warmed == ["new"]
+    monkeypatch.setattr(spark_module, "_create",
+                        lambda settings: steps.append("create") or "new")
+    monkeypatch.setattr(spark_module, "spark_jvm_pid", lambda spark: 4242)
+    monkeypatch.setattr(spark_module, "renice_threads",
+                        lambda pid, by: steps.append(("renice", pid, by)))
+    spark_module.start_spark_in_background(nice=7, then=steps.append).join(10)
+    assert steps == ["create", "new", ("renice", 4242, 7)]
+
+    def broken(_spark: object) -> None:
+        raise RuntimeError("warm-up failed")
+
+    monkeypatch.setattr(spark_module, "_session", None)
+    steps.clear()
+    spark_module.start_spark_in_background(nice=7, then=broken).join(10)
+    assert steps == ["create", ("renice", 4242, 7)]   # niced even so
     monkeypatch.setattr(spark_module, "_session", "running")
-    spark_module.start_spark_in_background(nice=0, then=warmed.append).join(10)
-    assert made == [1] and warmed == ["new"]
+    steps.clear()
+    spark_module.start_spark_in_background(nice=7, then=steps.append).join(10)
+    assert steps == []
