@@ -29,6 +29,7 @@ BENCHES = [
     ("hdr_export.py", "HdrHistogram logs: export <= 1x the analysis, figures within 0.1 %"),
     ("compaction.py", "compacted runs: Spark scan <= chunk files' scan; s per run"),
     ("cpu_budget.py", "broker.cpu_limit: Mosquitto throttled, then behind, as the budget shrinks"),
+    ("capacity_rerun.py", "issue 25: a search's found rate passes by hand, 1.2x it fails"),
 ]
 
 
