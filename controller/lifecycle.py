@@ -61,7 +61,8 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     # The JVM starts (niced) and warms up while the first run deploys; that run measures
     # once it is up (a starting JVM beside a measurement perturbed it), and the analysis
     # after the last run is a warm one.
-    engine.hold_measurements(start_spark_in_background(settings, then=warm_up_analysis))
+    warm_up = warm_up_analysis if (settings or Settings.load()).spark_warm_up else None
+    engine.hold_measurements(start_spark_in_background(settings, then=warm_up))
     with engine.ctx.sessions() as s:
         spec = CampaignSpec.model_validate(s.get(CampaignRow, campaign_id).spec)
     engine.run_campaign(campaign_id)

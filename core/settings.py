@@ -73,6 +73,9 @@ class Settings(_Loadable):
     spark_executor_memory: str | None = Field(None, description="each executor's heap on a "
                                                                 "cluster (default: Spark's)")
     spark_shuffle_partitions: int = Field(4, ge=1, description="spark.sql.shuffle.partitions")
+    spark_warm_up: bool = Field(True, description=(
+        "a Spark session started for a campaign first analyses a tiny synthetic campaign, "
+        "before the first run measures, so the analysis after the last run is a warm one"))
     spark_conf: dict[str, str] = Field(default_factory=dict, description=(
         "further Spark properties as JSON, e.g. {\"spark.hadoop.fs.s3a.endpoint\": \"...\"}"))
     auth_failures_per_minute: int = Field(10, ge=1, le=100_000, description=(

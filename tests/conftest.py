@@ -27,6 +27,9 @@ T = TypeVar("T")
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# The warm-up analysis of a fresh session (controller/analysis_warm_up.py) is tested by
+# itself; beside two test workers it held a served controller's first run 170-210 s.
+os.environ.setdefault("MQTTBED_SPARK_WARM_UP", "0")
 
 
 # Fixtures that start a real component: every test using one is an integration test

@@ -76,12 +76,15 @@ def test_the_first_run_measures_only_once_the_analysis_jvm_has_started(controlle
     out. The thread here stands in for the JVM's start (the test process's Spark session is
     shared and already up): it sleeps, then notes when it ended."""
     from mqttbed.controller import lifecycle
+    from mqttbed.controller.analysis_warm_up import warm_up_analysis
     from mqttbed.core.clock import monotonic_ns
     from mqttbed.core.run_record import run_record
 
     ended: list[int] = []
+    options: list[dict[str, object]] = []
 
-    def slow_start(_settings=None, **_options) -> threading.Thread:
+    def slow_start(_settings=None, **given) -> threading.Thread:
+        options.append(given)
         def start() -> None:
             time.sleep(1.5)  # window: a JVM start-up that takes this long
             ended.append(monotonic_ns())
@@ -98,3 +101,10 @@ def test_the_first_run_measures_only_once_the_analysis_jvm_has_started(controlle
                         for r in s.query(RunRow).filter_by(campaign_id=campaign_id))
     assert len(ended) == 1 and ended[0] - began >= 1.5e9
     assert all(t is not None and t > ended[0] for t in starts), (starts, ended)
+    # the tests' environment turns the warm-up off (conftest); a campaign asks for it else
+    assert options == [{"then": None}]
+    monkeypatch.setattr(controller, "settings",
+                        controller.settings.model_copy(update={"spark_warm_up": True}))
+    again = controller.engine.create_campaign(parse_spec(TINY))
+    assert controller.run_campaign(again) == CampaignStatus.DONE
+    assert options[-1] == {"then": warm_up_analysis}
