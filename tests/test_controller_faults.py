@@ -129,7 +129,9 @@ def runs_of(url: str, token: str, campaign_id: str) -> list[dict]:
 
 
 def wait_for_run(url: str, token: str, campaign_id: str, run_id_suffix: str, state: str,
-                 timeout_s: float = 30) -> dict:
+                 timeout_s: float = 120) -> dict:
+    """The run once it is in ``state``. A served controller's first run is held (deploying)
+    until its analysis JVM has started (RunEngine.hold_measurements): a setup wait."""
     deadline = time.monotonic() + timeout_s
     while True:
         runs = {r["id"].removeprefix(campaign_id): r for r in runs_of(url, token, campaign_id)}
