@@ -1,10 +1,12 @@
 """A campaign from its start to its final status: its runs, then its statistics.
 
 ``running -> analysing -> done | failed | cancelled``. Spark starts in the background as
-the runs begin (niced, :func:`mqttbed.analytics.spark.start_spark_in_background`), while
-the first run deploys, and analyses a tiny synthetic campaign to warm up
-(:mod:`mqttbed.controller.analysis_warm_up`): that run measures only once both are done
-(:meth:`~mqttbed.controller.engine.RunEngine.hold_measurements`). A served controller keeps
+the runs begin (:func:`mqttbed.analytics.spark.start_spark_in_background`), while the
+first run deploys, and analyses a tiny synthetic campaign to warm up
+(:mod:`mqttbed.controller.analysis_warm_up`, unless ``spark_warm_up`` is off): that run
+measures only once both are done
+(:meth:`~mqttbed.controller.engine.RunEngine.hold_measurements`), and the JVM is niced
+from then on. A served controller keeps
 that one session for its life. What the runs came to (all done,
 some failed, cancelled) becomes the campaign's status only after Spark has written
 ``stats.json``, so a client that sees ``done`` can fetch the statistics at once. Failed
@@ -58,9 +60,9 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     """
     if engine.is_cancelled(campaign_id):
         return CampaignStatus.CANCELLED  # cancelled while queued: nothing ran
-    # The JVM starts (niced) and warms up while the first run deploys; that run measures
-    # once it is up (a starting JVM beside a measurement perturbed it), and the analysis
-    # after the last run is a warm one.
+    # The JVM starts and warms up while the first run deploys (niced after); that run
+    # measures once it is up (a starting JVM beside a measurement perturbed it), and the
+    # analysis after the last run is a warm one.
     warm_up = warm_up_analysis if (settings or Settings.load()).spark_warm_up else None
     engine.hold_measurements(start_spark_in_background(settings, then=warm_up))
     with engine.ctx.sessions() as s:
