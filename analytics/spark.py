@@ -47,8 +47,16 @@ def get_spark(settings: Settings | None = None) -> SparkSession:
     ``settings`` (default: :meth:`Settings.load`, i.e. ``MQTTBED_SPARK_*``). Only the first
     call's settings count: later calls get the session already running.
     """
+    return _session_or_new(settings)[0]
+
+
+def _session_or_new(settings: Settings | None) -> tuple[SparkSession, bool]:
+    """This process's session, and whether this call created it (under the lock: two
+    threads asking at once get one session, and only one of them is told it created it)."""
     with _session_lock:
-        return _session if _session is not None else _create(settings)
+        if _session is not None:
+            return _session, False
+        return _create(settings), True
 
 
 def _create(settings: Settings | None) -> SparkSession:
@@ -117,9 +125,7 @@ def start_spark_in_background(settings: Settings | None = None,
     """
     def start() -> None:
         try:
-            with _session_lock:
-                created = _session is None
-                spark = _session if _session is not None else _create(settings)
+            spark, created = _session_or_new(settings)
             if not created:
                 return
             try:
