@@ -130,6 +130,16 @@ _PROTOCOL_CHILD = textwrap.dedent("""
     INPUT, OUTPUT, EDGE_RISING = 1 << 2, 1 << 3, 1 << 4
     answers = {}
 
+    def ask(name, fd, command, argument):
+        # the ioctl's answer under name: "ok" or the errno's name; True if ok
+        try:
+            fcntl.ioctl(fd, command, argument)
+        except OSError as exc:
+            answers[name] = errno.errorcode[exc.errno]
+            return False
+        answers[name] = "ok"
+        return True
+
     def request(name, offsets, flags=OUTPUT, **fields):
         r = LineRequest(num_lines=len(offsets), consumer=b"test")
         for i, offset in enumerate(offsets):
@@ -142,23 +152,11 @@ _PROTOCOL_CHILD = textwrap.dedent("""
                 obj.padding[0] = value
             else:
                 setattr(obj, field, value)
-        try:
-            fcntl.ioctl(chip, GET_LINE, r)
-        except OSError as exc:
-            answers[name] = errno.errorcode[exc.errno]
-            return None
-        answers[name] = "ok"
-        return r.fd
+        return r.fd if ask(name, chip, GET_LINE, r) else None
 
     def values(name, fd, command, bits, mask):
         v = LineValues(bits=bits, mask=mask)
-        try:
-            fcntl.ioctl(fd, command, v)
-        except OSError as exc:
-            answers[name] = errno.errorcode[exc.errno]
-            return None
-        answers[name] = "ok"
-        return v.bits
+        return v.bits if ask(name, fd, command, v) else None
 
     chip = os.open(os.environ["FAKE_GPIOCHIP_PATH"], os.O_RDWR)
     request("no lines", [])
@@ -181,10 +179,7 @@ _PROTOCOL_CHILD = textwrap.dedent("""
     values("set line 6 high again", lines, SET_VALUES, 0b10, 0b10)
     answers["levels of 5 and 6"] = values("get", lines, GET_VALUES, 0, 0b11)
     values("set on the chip fd", chip, SET_VALUES, 1, 1)
-    try:
-        fcntl.ioctl(lines, 0xB4FF, b"\\0" * 16)
-    except OSError as exc:
-        answers["unknown ioctl"] = errno.errorcode[exc.errno]
+    ask("unknown ioctl", lines, 0xB4FF, b"\\0" * 16)
     os.close(lines)
     again = request("line 6 after its release", [6])
     os.close(again)
