@@ -204,6 +204,10 @@ def level_figure_rows(events: DataFrame, deliveries: DataFrame, samples: DataFra
             F.col("figure") == "receivers_not_resumed").select(
                 "run_id", "publisher", "figure", F.lit(1.0).alias("value")))
     values = _by_stream(values, streams, F.col("figure").isin(list(STREAM_DISTRIBUTIONS)))
+    # A count is a sum: summed per (run, publisher) here, a few rows per publisher go on
+    # to the levels and streams (both decided by run and publisher) instead of one or more
+    # per message. The sums are of whole numbers, exact in any order.
+    counted = counted.groupBy("run_id", "publisher", "figure").agg(F.sum("value").alias("value"))
     counted = _by_stream(counted, streams, F.col("figure") != "receivers_not_resumed")
     sketched = (F.col("level") == RUN_LEVEL) & F.col("figure").isin(list(SKETCHED_FIGURES))
     return [
