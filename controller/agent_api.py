@@ -10,7 +10,17 @@ import logging
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, status
+from fastapi import (
+    APIRouter,
+    Body,
+    Depends,
+    FastAPI,
+    Header,
+    HTTPException,
+    Query,
+    Request,
+    status,
+)
 from pyarrow.lib import ArrowException
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
@@ -22,6 +32,7 @@ from mqttbed.controller.compaction import compact_run, is_compacted, run_lock
 from mqttbed.controller.db import ChunkRow, RunRow
 from mqttbed.controller.storage import DataLayout, write_edges, write_event_chunk
 from mqttbed.controller.tokens import TokenRole
+from mqttbed.core.binary_chunk import CONTENT_TYPE, decode_chunk, event_arrays
 from mqttbed.core.clock import boot_id, monotonic_ns
 from mqttbed.core.clock_discipline import CachedDiscipline, realtime_minus_monotonic_ns
 from mqttbed.core.protocol import (
@@ -209,7 +220,38 @@ def agent_router(agent_registry: AgentRegistry, chunks: ChunkStore,
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "run id mismatch")
         return {"stored": chunks.store(message)}
 
+    @router.post("/runs/{run_id}/binary-chunks")
+    def binary_chunk(run_id: str, request: Request,
+                     body: Annotated[bytes, Body(media_type=CONTENT_TYPE)]) -> dict[str, bool]:
+        """A chunk of the native engine's column buffers (:mod:`mqttbed.core.binary_chunk`),
+        stored as the JSON route stores its rows."""
+        kind = request.headers.get("content-type", "")
+        if kind.split(";")[0].strip() != CONTENT_TYPE:
+            raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
+                                f"content-type {kind!r}: binary chunks are {CONTENT_TYPE}")
+        message = binary_result_chunk(body)
+        if message.run_id != run_id:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "run id mismatch")
+        return {"stored": chunks.store(message)}
+
     return router
+
+
+def binary_result_chunk(body: bytes) -> ResultChunk:
+    """A binary chunk decoded into the chunk the store takes: its varying columns as Arrow
+    arrays of the event schema's types (where a JSON chunk holds lists), the rest as sent.
+    422 naming the column or field when it is malformed."""
+    try:
+        decoded = decode_chunk(body)
+        columns = event_arrays(decoded)
+    except ValueError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                            f"binary chunk: {exc}") from None
+    header = decoded.header
+    # Built unvalidated: decode_chunk checked the envelope and every column already.
+    return ResultChunk.model_construct(
+        run_id=header.run_id, agent_id=header.agent_id, seq=header.seq, columns=columns,
+        constants=header.constants, edges=header.edges, edges_until_ns=header.edges_until_ns)
 
 
 def client_address(request: Request) -> str:
