@@ -1,7 +1,8 @@
 """The HTTP routes agents talk to (``/agent/v1``), and the store behind chunk uploads.
 
 Routes are plain ``def`` handlers: FastAPI runs them in its thread pool, so a long-poll
-for commands blocks one worker thread, not the event loop.
+for commands blocks one worker thread, not the event loop. The binary chunk route reads
+its raw body on the loop and decodes and stores it in that same pool.
 """
 
 from __future__ import annotations
@@ -10,19 +11,10 @@ import logging
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import (
-    APIRouter,
-    Body,
-    Depends,
-    FastAPI,
-    Header,
-    HTTPException,
-    Query,
-    Request,
-    status,
-)
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, status
 from pyarrow.lib import ArrowException
 from sqlalchemy.exc import IntegrityError
+from starlette.concurrency import run_in_threadpool
 from sqlalchemy.orm import sessionmaker
 
 from mqttbed.controller.agent_registry import AgentRegistry
@@ -220,19 +212,25 @@ def agent_router(agent_registry: AgentRegistry, chunks: ChunkStore,
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "run id mismatch")
         return {"stored": chunks.store(message)}
 
-    @router.post("/runs/{run_id}/binary-chunks")
-    def binary_chunk(run_id: str, request: Request,
-                     body: Annotated[bytes, Body(media_type=CONTENT_TYPE)]) -> dict[str, bool]:
+    @router.post("/runs/{run_id}/binary-chunks",
+                 openapi_extra={"requestBody": {"required": True, "content": {
+                     CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}}}})
+    async def binary_chunk(run_id: str, request: Request) -> dict[str, bool]:
         """A chunk of the native engine's column buffers (:mod:`mqttbed.core.binary_chunk`),
         stored as the JSON route stores its rows."""
         kind = request.headers.get("content-type", "")
         if kind.split(";")[0].strip() != CONTENT_TYPE:
             raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
                                 f"content-type {kind!r}: binary chunks are {CONTENT_TYPE}")
-        message = binary_result_chunk(body)
-        if message.run_id != run_id:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "run id mismatch")
-        return {"stored": chunks.store(message)}
+        body = await request.body()
+
+        def decode_and_store() -> bool:   # off the event loop, as the plain-def routes
+            message = binary_result_chunk(body)
+            if message.run_id != run_id:
+                raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "run id mismatch")
+            return chunks.store(message)
+
+        return {"stored": await run_in_threadpool(decode_and_store)}
 
     return router
 

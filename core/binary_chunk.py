@@ -253,7 +253,6 @@ def _check_segment(header: BinaryChunkHeader, number: int, segment: Segment,
     for name, column in segment.columns.items():
         if column.kind in ("null", "const"):
             continue
-        width = WIDTHS[column.codes or ""] if column.kind == "dict" else WIDTHS[column.kind]
         if column.kind == "dict":
             if column.codes is None or column.dictionary is None:
                 raise ValueError(f"{where}: column {name!r} of kind dict needs codes and "
@@ -262,6 +261,7 @@ def _check_segment(header: BinaryChunkHeader, number: int, segment: Segment,
                 raise ValueError(f"{where}: column {name!r} uses dictionary "
                                  f"{column.dictionary}; the chunk has "
                                  f"{len(header.dictionaries)}")
+        width = WIDTHS[column.codes if column.kind == "dict" and column.codes else column.kind]
         if column.length != segment.rows * width:
             raise ValueError(f"{where}: column {name!r} holds {column.length} bytes; "
                              f"{segment.rows} rows of {width} bytes need "
