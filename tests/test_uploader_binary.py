@@ -214,3 +214,30 @@ def test_native_events_stored_from_binary_chunks_equal_the_json_paths(broker, co
         (live_json.messages_sent, live_json.deliveries, live_json.chunks) == (57, 114, 4)
     assert list(live_binary.latency.counts) == list(live_json.latency.counts)
     assert list(live_binary.send_lag.counts) == list(live_json.send_lag.counts)
+
+
+@pytest.mark.integration  # Mosquitto
+def test_deliveries_from_a_foreign_publisher_index_go_the_list_way_named_one_at_a_time(broker):
+    """A publisher index beyond any dictionary (another agent's, 2**21): that drain's
+    deliveries are named one at a time on the list path; the rest stay binary."""
+    foreign = 1 << 21
+    clients = fan_out()[:2]
+    clients[0] = clients[0].model_copy(update={"publisher_index": foreign, "messages": 20})
+    clients[1] = clients[1].model_copy(update={"expected_messages": 20})
+    binary: list[BinaryBatch] = []
+    lists: list[dict[str, list]] = []
+    session = MqttSession(broker, clients, VirtualGpio(), lambda _e: None,
+                          record_binary=binary.append, record_columns=lists.append)
+    try:
+        session.connect(timeout_s=10)
+        start = monotonic_ns() + 20_000_000
+        session.run(start, start + 5_000_000_000, abort=lambda: False)
+    finally:
+        session.close()
+    assert session.counts() == (20, 20)
+    kinds = [batch.columns["kind"] for batch in binary]
+    assert {kind.value for kind in kinds if isinstance(kind, Const)} == {"publish", "subscribe"}
+    assert sum(b.rows for b in binary if b.columns["kind"] == Const("publish")) == 20
+    publishers = [name for batch in lists for name in batch["publisher"]]
+    assert publishers == [f"pub-{foreign}"] * 20
+    assert {kind for batch in lists for kind in batch["kind"]} == {"delivery"}
