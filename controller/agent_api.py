@@ -14,8 +14,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, status
 from pyarrow.lib import ArrowException
 from sqlalchemy.exc import IntegrityError
-from starlette.concurrency import run_in_threadpool
 from sqlalchemy.orm import sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from mqttbed.controller.agent_registry import AgentRegistry
 from mqttbed.controller.auth import Caller

@@ -280,9 +280,9 @@ def event_arrays(chunk: DecodedChunk) -> dict[str, Any]:
     """
     import pyarrow as pa
 
-    types = {"string": pa.string(), "int64": pa.int64(), "int32": pa.int32(),
-             "int8": pa.int8(), "bool": pa.bool_()}
-    target = {name: types[kind] for name, kind, _ in EVENT_FIELDS}
+    types: dict[str, Any] = {"string": pa.string(), "int64": pa.int64(),
+                             "int32": pa.int32(), "int8": pa.int8(), "bool": pa.bool_()}
+    target: dict[str, Any] = {name: types[kind] for name, kind, _ in EVENT_FIELDS}
     names = [n for n in EVENT_COLUMNS
              if any(n in s.columns for s in chunk.header.segments)]
     pieces: dict[str, list[Any]] = {name: [] for name in names}
@@ -307,7 +307,6 @@ def event_arrays(chunk: DecodedChunk) -> dict[str, Any]:
             for name, parts in pieces.items()}
 
 
-_ARROW_RAW = {"int64": "int64", "int32": "int32", "uint8": "uint8", "bool": "uint8"}
 
 
 def _arrow_column(chunk: DecodedChunk, rows: int, column: ColumnDescriptor, kind: Any,
@@ -320,16 +319,20 @@ def _arrow_column(chunk: DecodedChunk, rows: int, column: ColumnDescriptor, kind
     if column.kind == "const":
         return (pa.nulls(rows, kind) if column.value is None
                 else pa.repeat(pa.scalar(column.value, kind), rows))
+    buffers: Any = {"int64": pa.int64(), "int32": pa.int32(), "uint8": pa.uint8(),
+                    "bool": pa.uint8()}     # bool: a byte per row, made Arrow's bits below
     data = pa.py_buffer(chunk.body[column.offset:column.offset + column.length])
     if column.kind != "dict":
-        raw = pa.Array.from_buffers(pa.type_for_alias(_ARROW_RAW[column.kind]), rows,
-                                    [None, data])
-        return pc.not_equal(raw, 0) if column.kind == "bool" else raw.cast(kind)
+        raw = pa.Array.from_buffers(buffers[column.kind], rows, [None, data])
+        if column.kind == "bool":
+            return pc.not_equal(raw, pa.scalar(0, pa.uint8()))
+        return raw.cast(kind)
     assert column.codes is not None and column.dictionary is not None  # _check_segment
-    codes = pa.Array.from_buffers(pa.type_for_alias(column.codes), rows, [None, data])
+    codes = pa.Array.from_buffers(buffers[column.codes], rows, [None, data])
     values = chunk.header.dictionaries[column.dictionary]
     if rows:
-        low, high = pc.min_max(codes).as_py().values()
+        extremes: Any = pc.min_max(codes)
+        low, high = extremes["min"].as_py(), extremes["max"].as_py()
         if low < 0 or high >= len(values):
             bad = low if low < 0 else high
             raise ValueError(f"{where}: code {bad} is outside its dictionary "
