@@ -241,3 +241,22 @@ def test_deliveries_from_a_foreign_publisher_index_go_the_list_way_named_one_at_
     publishers = [name for batch in lists for name in batch["publisher"]]
     assert publishers == [f"pub-{foreign}"] * 20
     assert {kind for batch in lists for kind in batch["kind"]} == {"delivery"}
+
+
+def test_a_binary_chunk_posted_twice_is_stored_once(controller):
+    from mqttbed.core.binary_chunk import encode_chunk
+
+    campaign_id = controller.engine.create_campaign(parse_spec({"name": "twice"}))
+    run_id = f"{campaign_id}-r0000"
+    body = encode_chunk(run_id=run_id, agent_id="a1", seq=0, batches=[publishes(0, 7)],
+                        constants=STATIC)
+    headers = {"authorization": f"Bearer {controller.engine.ctx.agent_token}",
+               "content-type": CONTENT_TYPE}
+    url = f"{controller.url}/agent/v1/runs/{run_id}/binary-chunks"
+    answers = [httpx.post(url, content=body, headers=headers).json() for _ in range(2)]
+    assert answers == [{"stored": True}, {"stored": False}]
+    (file,) = stored_files(controller, campaign_id, run_id)
+    assert pq.read_table(file).num_rows == 7
+    other = httpx.post(f"{controller.url}/agent/v1/runs/{campaign_id}-r0001/binary-chunks",
+                       content=body, headers=headers)
+    assert other.status_code == 422 and other.json()["detail"] == "run id mismatch"
