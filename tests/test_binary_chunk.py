@@ -220,3 +220,22 @@ def test_arrays_are_built_from_the_buffers_not_from_python_lists():
     arrays = event_arrays(decode_chunk(encoded(deliveries())))
     assert isinstance(arrays["t_recv_ns"], pa.Int64Array)
     assert arrays["t_recv_ns"].null_count == 0
+
+
+def test_the_agents_side_encodes_without_pyarrow_or_numpy():
+    """Agents install neither: building, slicing and encoding a chunk (and the uploader
+    and the native session that do it) must not import them."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "import mqttbed.agents.native_session, mqttbed.agents.uploader\n"
+        "from mqttbed.core.binary_chunk import BinaryBatch, Raw, Const, encode_chunk\n"
+        "batch = BinaryBatch(2, {'seq': Raw('int64', bytes(16)), 'kind': Const('publish')})\n"
+        "encode_chunk(run_id='r', agent_id='a', seq=0, batches=[batch.sliced(0, 1)],\n"
+        "             constants={})\n"
+        "print(sorted({'pyarrow', 'numpy'} & set(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip() == "[]"
