@@ -52,6 +52,7 @@ from mqttbed.agents.subscribe_order import (
     subscriber_ranks,
     subscribers_in_order,
 )
+from mqttbed.core.binary_chunk import BinaryBatch
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import (
     ClockSource,
@@ -175,7 +176,8 @@ class MqttSession:
     def __init__(self, endpoint: Endpoint, clients: list[ClientAssignment], gpio: GpioLines,
                  record: Callable[[RawEvent], None], gpio_pulses: bool = False,
                  mqtt_client: str = "native", kernel_timestamps: bool = True,
-                 record_columns: Callable[[EventColumns], None] | None = None):
+                 record_columns: Callable[[EventColumns], None] | None = None,
+                 record_binary: Callable[[BinaryBatch], None] | None = None):
         if mqtt_client not in MQTT_CLIENTS:
             raise ValueError(f"mqtt_client {mqtt_client!r} is not one of "
                              f"{', '.join(MQTT_CLIENTS)}")
@@ -189,7 +191,8 @@ class MqttSession:
                 self._native = NativeSession(endpoint, clients, gpio, record,
                                              gpio_pulses=gpio_pulses,
                                              record_columns=record_columns,
-                                             kernel_timestamps=kernel_timestamps)
+                                             kernel_timestamps=kernel_timestamps,
+                                             record_binary=record_binary)
                 self._clients: list[Any] = list(self._native._clients)
                 return
             self._client_reason, mqtt_client = reason, "lean"

@@ -38,6 +38,7 @@ from mqttbed.agents.subscribe_order import (
     subscriber_ranks,
     subscribers_in_order,
 )
+from mqttbed.core.binary_chunk import BinaryBatch, Coded, Const, Null, Raw
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import ClockSource, EventKind, publisher_client_id
 from mqttbed.core.protocol import ClientAssignment, Endpoint, GeneratorReport, Role, Transport
@@ -52,6 +53,9 @@ _MANY_PUBLISHERS = 1 << 20   # beyond: a foreign payload's index, named one at a
 MAX_CHIP_LINES = 64          # GPIO_V2_LINES_MAX: lines in one uAPI v2 line request
 
 EventColumns = dict[str, list[Any]]
+_NULL = Null()
+_PUBLISH, _DELIVERY, _SUBSCRIBE = (Const(kind.value) for kind in EventKind)
+_USER_CLOCK = Const(_CLOCKS[0])
 
 
 def unsupported_reason(endpoint: Endpoint, clients: Sequence[ClientAssignment],
@@ -153,11 +157,13 @@ class NativeSession:
     def __init__(self, endpoint: Endpoint, clients: list[ClientAssignment], gpio: GpioLines,
                  record: Callable[[Any], None], gpio_pulses: bool = False,
                  record_columns: Callable[[EventColumns], None] | None = None,
-                 kernel_timestamps: bool = True):
+                 kernel_timestamps: bool = True,
+                 record_binary: Callable[[BinaryBatch], None] | None = None):
         self._endpoint = endpoint
         self._gpio = gpio
         self._record = record
         self._record_columns = record_columns
+        self._record_binary = record_binary
         self._engine = native.Engine(kernel_stamps=kernel_timestamps, pulse_mode=gpio_pulses)
         ordered = sorted(clients, key=lambda c: (c.role != Role.SUBSCRIBER, c.subscribe_rank))
         self._clients = [self._add(spec) for spec in ordered]
@@ -174,6 +180,14 @@ class NativeSession:
         self._sizes = [c.spec.payload_bytes for c in self._clients]
         self._qos = [c.spec.qos for c in self._clients]
         self._publisher_names: list[str] = []
+        # dictionaries of the binary batches, kept as tuples: a chunk lists each once
+        self._ids_codes: tuple[str, ...] = tuple(self._ids)
+        self._receivers_codes: tuple[str | None, ...] = tuple(self._receivers)
+        self._topics_codes: tuple[str, ...] = tuple(self._topics_of)
+        self._sizes_codes: tuple[int, ...] = tuple(self._sizes)
+        self._qos_codes: tuple[int, ...] = tuple(self._qos)
+        self._names_codes: tuple[str, ...] = ()
+        self._engine_topics: tuple[str, ...] = ()
         self._send_to_kernel_ns = array("q")          # per publish: kernel TX - user send
         self._edge_lags_ns = array("q")               # per edge: edge - syscall return
         self._edge_writes_ns = array("q")             # per chip edge: SET_VALUES done - edge
@@ -302,12 +316,10 @@ class NativeSession:
     def _drain(self) -> None:
         """Hand what the engine recorded to the uploader (columns) and the GPIO log."""
         engine = self._engine
-        batches = [self._publish_columns(engine.take(native.T_PUBLISH)),
-                   self._delivery_columns(engine.take(native.T_DELIVERY)),
-                   self._subscribe_columns(engine.take(native.T_SUBSCRIBE))]
-        for batch in batches:
-            if batch is not None:
-                self._emit(batch)
+        if self._record_binary is not None:
+            self._drain_binary(self._record_binary)
+        else:
+            self._drain_lists()
         engine.take_column_into(native.T_TX, "lag", self._send_to_kernel_ns)
         if engine.rows(native.T_EDGE):
             self._edge_lags_ns.frombytes(engine.column_bytes(native.T_EDGE, "lag"))
@@ -316,6 +328,92 @@ class NativeSession:
             edges = engine.take(native.T_EDGE)
             if isinstance(self._gpio, (VirtualGpio, GpiodLines)):
                 self._gpio.add_edges(edges["pin"], edges["t"], edges["level"])
+
+    def _drain_lists(self) -> None:
+        engine = self._engine
+        batches = [self._publish_columns(engine.take(native.T_PUBLISH)),
+                   self._delivery_columns(engine.take(native.T_DELIVERY)),
+                   self._subscribe_columns(engine.take(native.T_SUBSCRIBE))]
+        for batch in batches:
+            if batch is not None:
+                self._emit(batch)
+
+    def _drain_binary(self, record: Callable[[BinaryBatch], None]) -> None:
+        """The engine's tables as binary batches: each column one copy of the engine's
+        buffer; strings and per-client values as codes over the session's tables."""
+        engine = self._engine
+        rows, table = engine.take_bytes(native.T_PUBLISH)
+        if rows:
+            record(self._publish_batch(rows, table))
+        rows, table = engine.take_bytes(native.T_DELIVERY)
+        if rows:
+            batch = self._delivery_batch(rows, table)
+            if batch is not None:
+                record(batch)
+            else:  # a foreign payload's publisher index: its names go the list way
+                self._emit_lists(self._delivery_columns(
+                    native.as_lists(native.T_DELIVERY, table)))
+        rows, table = engine.take_bytes(native.T_SUBSCRIBE)
+        if rows:
+            record(self._subscribe_batch(rows, table))
+
+    def _emit_lists(self, columns: EventColumns | None) -> None:
+        if columns is not None:
+            self._emit(columns)
+
+    def _publish_batch(self, rows: int, table: dict[str, bytes]) -> BinaryBatch:
+        client = table["client"]
+        return BinaryBatch(rows, {
+            "kind": _PUBLISH, "publisher": Coded(client, self._ids_codes),
+            "seq": Raw("int64", table["seq"]), "receiver": _NULL,
+            "topic": Coded(client, self._topics_codes),
+            "payload_bytes": Coded(client, self._sizes_codes),
+            "qos": Coded(client, self._qos_codes), "warmup": Raw("bool", table["warmup"]),
+            "t_intended_ns": Raw("int64", table["t_intended"]),
+            "t_pub_ns": Raw("int64", table["t_pub"]), "t_recv_ns": _NULL,
+            "clock_source": _USER_CLOCK, "t_recv_user_ns": _NULL})
+
+    def _delivery_batch(self, rows: int, table: dict[str, bytes]) -> BinaryBatch | None:
+        """None when a publisher index is foreign (>= _MANY_PUBLISHERS): no dictionary."""
+        indexes = memoryview(table["publisher"]).cast("i")
+        most = max(indexes)
+        if most >= _MANY_PUBLISHERS or min(indexes) < 0:
+            return None
+        if most >= len(self._names_codes):
+            names = self._publisher_names
+            names.extend(publisher_client_id(i) for i in range(len(names), most + 1))
+            self._names_codes = tuple(names)
+        kernel = table["kernel"].count(1)
+        self._kernel_deliveries += kernel
+        self._user_deliveries += rows - kernel
+        return BinaryBatch(rows, {
+            "kind": _DELIVERY, "publisher": Coded(table["publisher"], self._names_codes),
+            "seq": Raw("int64", table["seq"]),
+            "receiver": Coded(table["client"], self._receivers_codes),
+            "topic": Coded(table["topic"], self._topics_snapshot()),
+            "payload_bytes": Raw("int32", table["payload_bytes"]),
+            "qos": Raw("uint8", table["qos"]), "warmup": Raw("bool", table["warmup"]),
+            "t_intended_ns": Raw("int64", table["t_intended"]),
+            "t_pub_ns": Raw("int64", table["t_pub"]), "t_recv_ns": Raw("int64", table["t_recv"]),
+            "clock_source": Coded(table["kernel"], _CLOCKS, "uint8"),
+            "t_recv_user_ns": Raw("int64", table["t_recv_user"])})
+
+    def _subscribe_batch(self, rows: int, table: dict[str, bytes]) -> BinaryBatch:
+        return BinaryBatch(rows, {
+            "kind": _SUBSCRIBE, "publisher": _NULL, "seq": _NULL,
+            "receiver": Coded(table["client"], self._receivers_codes),
+            "topic": Coded(table["topic"], self._topics_snapshot()),
+            "payload_bytes": Const(0), "qos": Raw("uint8", table["qos"]),
+            "warmup": Const(False), "t_intended_ns": _NULL, "t_pub_ns": _NULL,
+            "t_recv_ns": Raw("int64", table["t_suback"]), "clock_source": _USER_CLOCK,
+            "t_recv_user_ns": Raw("int64", table["t_suback"])})
+
+    def _topics_snapshot(self) -> tuple[str, ...]:
+        """The engine's interned topics as a tuple, a new one only when a topic came."""
+        topics = self._engine.topics()
+        if len(topics) != len(self._engine_topics):
+            self._engine_topics = tuple(topics)
+        return self._engine_topics
 
     def _emit(self, columns: EventColumns) -> None:
         if self._record_columns is not None:

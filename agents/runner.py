@@ -113,7 +113,8 @@ class AssignmentRunner:
             session = self._session = MqttSession(a.broker, a.clients, self._gpio,
                                                   uploader.record, gpio_pulses=a.gpio_pulses,
                                                   mqtt_client=a.mqtt_client,
-                                                  record_columns=uploader.record_columns)
+                                                  record_columns=uploader.record_columns,
+                                                  record_binary=uploader.record_binary)
             toggle_ns = toggle_cost_ns(self._gpio, a.clients[0].gpio_pin) if a.clients else None
             uploader.start()
             session.open(timeout_s=a.connect_timeout_s)

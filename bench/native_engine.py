@@ -2,11 +2,13 @@
 
 P3: QoS 0, 100-byte payloads, nobody subscribed, one Mosquitto on loopback; what one
 agent process sends per second with the native engine (``--publishers`` open-loop
-publishers at a rate no loop keeps, events recorded as in a run: whole columns handed to
-a list, as the uploader takes them) against a paho ``publish()`` loop, each in a process
-of its own (bench/publish_capacity.py's baseline). CPU of the publishing process and of
-Mosquitto over the window (psutil) shows which saturates first. Target: >= 10x, Mosquitto
->= 90 % of a core while the engine's process stays <= 50 %.
+publishers at a rate no loop keeps, events recorded as in a run: binary batches of the
+engine's column buffers, as the uploader takes them; the CPU its thread then spends
+encoding them into binary chunks is reported per event beside it) against a paho
+``publish()`` loop, each in a process of its own (bench/publish_capacity.py's baseline).
+CPU of the publishing process and of Mosquitto over the window (psutil) shows which
+saturates first. Target: >= 10x, Mosquitto >= 90 % of a core while the engine's process
+stays <= 50 %.
 
 P3b: instructions per message (valgrind --tool=callgrind, the stable CPU figure on a
 shared machine) of the engine against the lean Python client, publisher side (one
@@ -38,6 +40,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -54,15 +57,24 @@ HERE = Path(__file__).resolve()
 def native_publisher(host: str, port: int, seconds: float, publishers: int,
                      out: mp.Queue) -> None:
     from mqttbed.agents.gpio import VirtualGpio
+    from mqttbed.agents.uploader import split_batches
+    from mqttbed.core.binary_chunk import encode_chunk
 
     batches: list = []
     gpio = VirtualGpio()
     session, figures = timed_publishers(host, port, seconds, publishers, 10_000_000.0,
                                         gpio=gpio, record=lambda _e: None,
-                                        record_columns=batches.append)
+                                        record_binary=batches.append)
     assert session.native, session.generator_report().mqtt_client_reason
-    out.put(figures | {"events_recorded": sum(len(b["kind"]) for b in batches),
-                       "edges_recorded": len(gpio.edges())})
+    # what the uploader's thread then does with them: binary chunks of 5,000 events
+    events = sum(b.rows for b in batches)
+    cpu0 = time.process_time()
+    for seq, chunk in enumerate(split_batches(batches, 5000)):
+        encode_chunk(run_id="r", agent_id="a", seq=seq, batches=chunk, constants={})
+    encode_s = time.process_time() - cpu0
+    out.put(figures | {"events_recorded": events, "edges_recorded": len(gpio.edges()),
+                       "chunk_encode_cpu_ns_per_event": round(1e9 * encode_s / max(events, 1),
+                                                              1)})
 
 
 # -- P3b: one measured process under callgrind -----------------------------------------

@@ -1,7 +1,8 @@
 """The HTTP routes agents talk to (``/agent/v1``), and the store behind chunk uploads.
 
 Routes are plain ``def`` handlers: FastAPI runs them in its thread pool, so a long-poll
-for commands blocks one worker thread, not the event loop.
+for commands blocks one worker thread, not the event loop. The binary chunk route reads
+its raw body on the loop and decodes and stores it in that same pool.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, R
 from pyarrow.lib import ArrowException
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from mqttbed.controller.agent_registry import AgentRegistry
 from mqttbed.controller.auth import Caller
@@ -22,6 +24,7 @@ from mqttbed.controller.compaction import compact_run, is_compacted, run_lock
 from mqttbed.controller.db import ChunkRow, RunRow
 from mqttbed.controller.storage import DataLayout, write_edges, write_event_chunk
 from mqttbed.controller.tokens import TokenRole
+from mqttbed.core.binary_chunk import CONTENT_TYPE, decode_chunk, event_arrays
 from mqttbed.core.clock import boot_id, monotonic_ns
 from mqttbed.core.clock_discipline import CachedDiscipline, realtime_minus_monotonic_ns
 from mqttbed.core.protocol import (
@@ -209,7 +212,44 @@ def agent_router(agent_registry: AgentRegistry, chunks: ChunkStore,
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "run id mismatch")
         return {"stored": chunks.store(message)}
 
+    @router.post("/runs/{run_id}/binary-chunks",
+                 openapi_extra={"requestBody": {"required": True, "content": {
+                     CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}}}})
+    async def binary_chunk(run_id: str, request: Request) -> dict[str, bool]:
+        """A chunk of the native engine's column buffers (:mod:`mqttbed.core.binary_chunk`),
+        stored as the JSON route stores its rows."""
+        kind = request.headers.get("content-type", "")
+        if kind.split(";")[0].strip() != CONTENT_TYPE:
+            raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
+                                f"content-type {kind!r}: binary chunks are {CONTENT_TYPE}")
+        body = await request.body()
+
+        def decode_and_store() -> bool:   # off the event loop, as the plain-def routes
+            message = binary_result_chunk(body)
+            if message.run_id != run_id:
+                raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "run id mismatch")
+            return chunks.store(message)
+
+        return {"stored": await run_in_threadpool(decode_and_store)}
+
     return router
+
+
+def binary_result_chunk(body: bytes) -> ResultChunk:
+    """A binary chunk decoded into the chunk the store takes: its varying columns as Arrow
+    arrays of the event schema's types (where a JSON chunk holds lists), the rest as sent.
+    422 naming the column or field when it is malformed."""
+    try:
+        decoded = decode_chunk(body)
+        columns = event_arrays(decoded)
+    except ValueError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                            f"binary chunk: {exc}") from None
+    header = decoded.header
+    # Built unvalidated: decode_chunk checked the envelope and every column already.
+    return ResultChunk.model_construct(
+        run_id=header.run_id, agent_id=header.agent_id, seq=header.seq, columns=columns,
+        constants=header.constants, edges=header.edges, edges_until_ns=header.edges_until_ns)
 
 
 def client_address(request: Request) -> str:

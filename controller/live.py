@@ -138,7 +138,8 @@ def chunk_figures(chunk: ResultChunk) -> ChunkFigures:
 
     def column(name: str, kind: Any) -> Any:
         if name in chunk.columns:
-            return pa.array(chunk.columns[name], type=kind)
+            values = chunk.columns[name]   # lists (JSON chunks) or Arrow (binary chunks)
+            return values if isinstance(values, pa.Array) else pa.array(values, type=kind)
         value = chunk.constants.get(name)
         return pa.nulls(rows, kind) if value is None else pa.repeat(pa.scalar(value, kind), rows)
 

@@ -106,7 +106,8 @@ def write_event_chunk(layout: DataLayout, campaign_id: str, run_id: str, agent_i
                       constants: dict[str, Any]) -> Path:
     """Write one chunk of event rows as its own Parquet file; return its path.
 
-    ``constants`` are columns with one value for every row of the chunk.
+    ``columns`` are lists (a JSON chunk) or Arrow arrays of the schema's types (a binary
+    chunk); ``constants`` are columns with one value for every row of the chunk.
     """
     import pyarrow as pa
 

@@ -47,6 +47,14 @@ _TABLE_WIDTHS = {
 _TABLE_COLUMNS = {T_PUBLISH: PUB_COLUMNS, T_DELIVERY: DLV_COLUMNS, T_SUBSCRIBE: SUB_COLUMNS,
                   T_TX: TX_COLUMNS, T_EDGE: EDGE_COLUMNS}
 
+def as_lists(table: int, columns: dict[str, bytes]) -> dict[str, list[int]]:
+    """Columns taken with :meth:`Engine.take_bytes` as the lists :meth:`Engine.take` gives."""
+    widths = dict(zip(_TABLE_COLUMNS[table], _TABLE_WIDTHS[table], strict=True))
+    return {name: memoryview(data).cast(  # type: ignore[call-overload]
+                "?" if name == "warmup" else _WIDTH_FORMATS[widths[name]]).tolist()
+            for name, data in columns.items()}
+
+
 DONE, SLICE, DRAIN, WOKEN, DEADLINE, FAILED = 0, 1, 2, 3, 4, -1
 EVENT_CAPACITY = 1 << 18
 
@@ -293,6 +301,17 @@ class Engine:
         if rows:
             self._lib.mqe_clear(self._handle, table)
         return columns
+
+    def take_bytes(self, table: int) -> tuple[int, dict[str, bytes]]:
+        """The table's rows as one ``bytes`` copy per column (native byte order), then
+        forget them: (rows, columns). One memcpy per column, no Python object per event."""
+        rows = int(self._lib.mqe_rows(self._handle, table)) if self._handle else 0
+        if not rows:
+            return 0, {}
+        columns = {name: view[:rows].cast("B").tobytes()
+                   for name, view in self._views[table].items()}
+        self._lib.mqe_clear(self._handle, table)
+        return rows, columns
 
     def rows(self, table: int) -> int:
         """Rows the table holds now."""
