@@ -12,9 +12,11 @@ from pathlib import Path
 
 import schemathesis
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 
 from mqttbed.api.app import create_app
 from mqttbed.campaigns.spec import parse_spec
+from mqttbed.core.binary_chunk import CONTENT_TYPE, MAGIC, VERSION
 from mqttbed.controller.tokens import TokenRole, create_token
 from mqttbed.core.settings import Settings
 
@@ -28,6 +30,13 @@ AGENT_TOKEN = create_token(APP.state.controller.sessions, "schemathesis-agent",
 CAMPAIGN_ID = APP.state.controller.engine.create_campaign(parse_spec(
     {"name": "fuzzed", "workload": {"subscribers": 1, "messages": 30}}))
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
+# Binary chunks: random bytes, and random headers and bodies behind the format's own
+# prefix, so that generated requests reach the decoder's checks, not only the magic's.
+schemathesis.openapi.media_type(CONTENT_TYPE, st.one_of(
+    st.binary(max_size=512),
+    st.tuples(st.binary(max_size=256), st.binary(max_size=256)).map(
+        lambda parts: (MAGIC + bytes([VERSION]) + len(parts[0]).to_bytes(4, "little")
+                       + parts[0] + parts[1]))))
 
 
 @schema.parametrize()
