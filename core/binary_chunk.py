@@ -307,8 +307,6 @@ def event_arrays(chunk: DecodedChunk) -> dict[str, Any]:
             for name, parts in pieces.items()}
 
 
-
-
 def _arrow_column(chunk: DecodedChunk, rows: int, column: ColumnDescriptor, kind: Any,
                   dictionaries: dict[tuple[int, str], Any], where: str) -> Any:
     import pyarrow as pa
