@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from mqttbed.api.app import create_app
 from mqttbed.campaigns.spec import parse_spec
-from mqttbed.core.binary_chunk import CONTENT_TYPE, MAGIC, VERSION
 from mqttbed.controller.tokens import TokenRole, create_token
+from mqttbed.core.binary_chunk import CONTENT_TYPE, MAGIC, VERSION
 from mqttbed.core.settings import Settings
 
 APP = create_app(Settings(data_dir=Path(tempfile.mkdtemp(prefix="mqttbed-schema-"))),
