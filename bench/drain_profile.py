@@ -56,6 +56,8 @@ def profile_once(host: str, port: int, seconds: float, publishers: int) -> dict[
                for key, (_cc, _nc, _tt, _ct, callers) in raw.items() if drain in callers}
     # the uploader's side, unprofiled: hand the recorded edges over as the uploader does
     cpu0 = time.process_time()
+    # (edge_columns, add_edges: the GPIO log before its edges were kept as bytes; the
+    # same script measured both sides of that change)
     take = getattr(gpio, "edge_buffers", None) or gpio.edge_columns
     handed = take()
     hand_s = time.process_time() - cpu0
