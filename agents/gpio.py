@@ -17,7 +17,10 @@ line on receipt. Backends:
   ``/dev/gpiochip4`` on kernels before 6.6.45 and ``/dev/gpiochip0`` after).
 
 Every backend also records each edge with its CLOCK_MONOTONIC time, so the software side of
-every edge is kept with the run. Pins are BCM numbers (rpi) or line offsets (gpiod).
+every edge is kept with the run. Pins are BCM numbers (rpi) or line offsets (gpiod). Edges
+the native engine drove arrive as its column buffers (:meth:`_EdgeLog.add_edge_buffers`)
+and stay bytes on their way to a binary chunk (:meth:`GpioLines.edge_buffers`); they
+become Python lists only for a reader that asks for lists (``edges``, ``edge_columns``).
 
 Two ways to mark an event: ``toggle`` (the default, as in the paper) inverts the line, so
 every event is an edge; ``pulse`` raises the line and ``settle`` lowers every raised line
@@ -31,10 +34,12 @@ from __future__ import annotations
 import os
 import statistics
 import threading
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from mqttbed.core.binary_chunk import EdgeBuffers
 from mqttbed.core.clock import monotonic_ns
 
 
@@ -69,6 +74,10 @@ class GpioLines(Protocol):
         """Return and forget the recorded edges as (pins, times, new levels) columns."""
         ...
 
+    def edge_buffers(self) -> EdgeBuffers:
+        """Return and forget the recorded edges as column buffers (a binary chunk's)."""
+        ...
+
     def close(self) -> None:
         """Release the lines."""
         ...
@@ -80,8 +89,8 @@ class _EdgeLog:
     def __init__(self) -> None:
         self._levels: dict[int, int] = {}
         self._edges: list[tuple[int, int, int]] = []
-        # edges a native engine drove, as (pins, times, levels) columns
-        self._edge_batches: list[tuple[list[int], list[int], list[int]]] = []
+        # edges a native engine drove, as its (pin int32, t int64, level uint8) buffers
+        self._edge_buffers: list[EdgeBuffers] = []
         # The MQTT loop records, the uploader takes: an edge must land in one batch only.
         self._lock = threading.Lock()
         self.pulse_mode = False
@@ -123,38 +132,56 @@ class _EdgeLog:
         # loop showed this lock at ~17 % of the loop's time).
         self._edges.append((pin, monotonic_ns(), level))
 
-    def add_edges(self, pins: list[int], times: list[int], levels: list[int]) -> None:
-        """Record edges a native engine drove on these lines (columns, in time order)."""
-        self._edge_batches.append((pins, times, levels))  # atomic, as _record's append
+    def add_edge_buffers(self, pin: bytes, t_ns: bytes, level: bytes) -> None:
+        """Record edges a native engine drove on these lines, in time order, as its column
+        buffers (native order: pin int32, t_ns int64, level uint8); kept as they are.
+
+        ValueError, naming the column, when their lengths disagree."""
+        self._edge_buffers.append(EdgeBuffers(pin, t_ns, level))  # atomic, as _record's
 
     def set_levels(self, levels: dict[int, int]) -> None:
         """Take the levels a native engine left the lines at (its edges are recorded)."""
         self._levels.update(levels)
 
-    def _take(self) -> tuple[list[tuple[int, int, int]],
-                             list[tuple[list[int], list[int], list[int]]]]:
+    def _take(self) -> tuple[list[tuple[int, int, int]], list[EdgeBuffers]]:
         with self._lock:
             taken, self._edges = self._edges, []
-            batches, self._edge_batches = self._edge_batches, []
-        return taken, batches
+            buffers, self._edge_buffers = self._edge_buffers, []
+        return taken, buffers
 
     def edges(self) -> list[tuple[int, int, int]]:
-        taken, batches = self._take()
-        for pins, times, levels in batches:
-            taken.extend(zip(pins, times, levels, strict=True))
+        taken, buffers = self._take()
+        for batch in buffers:
+            lists = batch.as_lists()
+            taken.extend(zip(lists["pin"], lists["t_ns"], lists["level"], strict=True))
         return taken
 
     def edge_columns(self) -> tuple[list[int], list[int], list[int]]:
         """Return and forget the recorded edges as (pins, times, new levels) columns."""
-        taken, batches = self._take()
+        taken, buffers = self._take()
         columns: tuple[list[int], list[int], list[int]] = ([], [], [])
         if taken:
             for column, values in zip(columns, zip(*taken, strict=True), strict=True):
                 column.extend(values)
-        for batch in batches:
-            for column, batch_values in zip(columns, batch, strict=True):
-                column.extend(batch_values)
+        for batch in buffers:
+            lists = batch.as_lists()
+            for column, name in zip(columns, ("pin", "t_ns", "level"), strict=True):
+                column.extend(lists[name])
         return columns
+
+    def edge_buffers(self) -> EdgeBuffers:
+        """Return and forget the recorded edges as column buffers, those recorded in Python
+        first (made bytes here), then the engine's (joined, one copy each)."""
+        taken, buffers = self._take()
+        if taken:
+            pins, times, levels = zip(*taken, strict=True)
+            buffers.insert(0, EdgeBuffers(array("i", pins).tobytes(),
+                                          array("q", times).tobytes(),
+                                          array("B", levels).tobytes()))
+        if len(buffers) == 1:
+            return buffers[0]
+        return EdgeBuffers(*(b"".join(getattr(batch, name) for batch in buffers)
+                             for name in ("pin", "t_ns", "level")))
 
 
 class VirtualGpio(_EdgeLog):

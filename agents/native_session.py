@@ -16,7 +16,7 @@ The engine runs the schedule, the sockets, the acknowledgement flows, the kernel
 and the GPIO edges in C; this class is the control plane: it connects, subscribes in rank
 order, steps the run in slices of :data:`SLICE_NS` and, between slices, turns the engine's
 event tables into the uploader's columns (whole columns at a time: no Python work per
-event on the batch path).
+event on the batch path) and its GPIO edges into the GPIO log (the engine's bytes).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ EventColumns = dict[str, list[Any]]
 _NULL = Null()
 _PUBLISH, _DELIVERY, _SUBSCRIBE = (Const(kind.value) for kind in EventKind)
 _USER_CLOCK = Const(_CLOCKS[0])
+_EDGE_COLUMNS = ("pin", "t", "level")       # of the engine's edge table, kept as bytes
 
 
 def unsupported_reason(endpoint: Endpoint, clients: Sequence[ClientAssignment],
@@ -325,9 +326,10 @@ class NativeSession:
             self._edge_lags_ns.frombytes(engine.column_bytes(native.T_EDGE, "lag"))
             if self.gpio_chip is not None:
                 self._edge_writes_ns.frombytes(engine.column_bytes(native.T_EDGE, "write"))
-            edges = engine.take(native.T_EDGE)
+            # the edges stay the engine's bytes to the binary chunk (lists only on demand)
+            _rows, edges = engine.take_bytes(native.T_EDGE, _EDGE_COLUMNS)
             if isinstance(self._gpio, (VirtualGpio, GpiodLines)):
-                self._gpio.add_edges(edges["pin"], edges["t"], edges["level"])
+                self._gpio.add_edge_buffers(edges["pin"], edges["t"], edges["level"])
 
     def _drain_lists(self) -> None:
         engine = self._engine

@@ -109,7 +109,7 @@ class AssignmentRunner:
                 static_columns={"agent_id": self._agent_id,
                                 **_clock_columns(self._clock)},
                 chunk_events=a.chunk_events, interval_s=a.chunk_interval_s,
-                edges=self._gpio.edge_columns)
+                edges=self._gpio.edge_buffers)
             session = self._session = MqttSession(a.broker, a.clients, self._gpio,
                                                   uploader.record, gpio_pulses=a.gpio_pulses,
                                                   mqtt_client=a.mqtt_client,

@@ -9,7 +9,9 @@ The native engine's drains arrive as binary batches (:mod:`mqttbed.core.binary_c
 the engine's column buffers, never a Python object per event) and go as binary chunks,
 numbered in the same sequence as the JSON chunks of events recorded one by one or as
 lists (the lean Python client); a chunk's rows are split on ``chunk_events`` by slicing
-the buffers.
+the buffers. GPIO edges ride with the first chunk of each flush: as the binary chunk's
+edge columns (the GPIO log's buffers, never lists) when that chunk is binary, as lists in
+a JSON chunk.
 
 Retries: a post that gets no answer (the network to the controller cut, the controller
 busy) or a passing server error is sent again with exponential backoff for up to
@@ -28,7 +30,7 @@ from typing import Any
 import httpx
 
 from mqttbed.agents.mqtt_session import RawEvent
-from mqttbed.core.binary_chunk import CONTENT_TYPE, BinaryBatch, encode_chunk
+from mqttbed.core.binary_chunk import CONTENT_TYPE, BinaryBatch, EdgeBuffers, encode_chunk
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.protocol import ResultChunk
 
@@ -43,7 +45,7 @@ class ChunkUploader:
     def __init__(self, http: httpx.Client, *, run_id: str, agent_id: str,
                  static_columns: dict[str, Any], chunk_events: int, interval_s: float,
                  retry_for_s: float = 60.0, request_timeout_s: float = 5.0,
-                 edges: Callable[[], tuple[list[int], list[int], list[int]]] | None = None):
+                 edges: Callable[[], EdgeBuffers] | None = None):
         self._http = http
         self._run_id = run_id
         self._agent_id = agent_id
@@ -52,7 +54,7 @@ class ChunkUploader:
         self._interval_s = interval_s
         self._retry_for_s = retry_for_s
         self._request_timeout_s = request_timeout_s
-        self._edges = edges or (lambda: ([], [], []))
+        self._edges = edges or EdgeBuffers   # the GPIO log's edges; default: none
         self._buffer: list[RawEvent] = []
         self._batches: list[dict[str, list[Any]]] = []  # events recorded as whole columns
         self._binary: list[BinaryBatch] = []            # events recorded as column buffers
@@ -141,16 +143,20 @@ class ChunkUploader:
         # GPIO edges ride with the first chunk of a flush; a flush without events still
         # sends them, since the virtual scope waits for every line's edges.
         edges_until = monotonic_ns()
-        pins, times, levels = self._edges()
-        edge_columns = {"pin": pins, "t_ns": times, "level": levels} if pins else None
-        json_rows = max(total, 1 if pins and not binary else 0)
+        edges = self._edges()
+        # a flush of no binary rows sends its edges in a JSON chunk (of no events if need be)
+        json_rows = max(total, 1 if edges.rows and not any(b.rows for b in binary) else 0)
         try:
-            self._post_lists(all_columns, json_rows, edge_columns, edges_until)
+            # lists only when a JSON chunk carries them (the first of this flush)
+            self._post_lists(all_columns, json_rows,
+                             edges.as_lists() if edges.rows and json_rows else None,
+                             edges_until)
         except RuntimeError:
             with self._buffer_lock:  # the binary batches wait behind the unsent lists
                 self._binary[:0] = binary
             raise
-        self._post_binary(binary, None if json_rows else edge_columns, edges_until)
+        self._post_binary(binary, None if json_rows or not edges.rows else edges,
+                          edges_until)
 
     def _post_lists(self, all_columns: list[list[Any]], rows: int,
                     edges: dict[str, list[int]] | None, edges_until: int) -> None:
@@ -175,7 +181,7 @@ class ChunkUploader:
                 raise
             self.chunks_sent += 1
 
-    def _post_binary(self, batches: list[BinaryBatch], edges: dict[str, list[int]] | None,
+    def _post_binary(self, batches: list[BinaryBatch], edges: EdgeBuffers | None,
                      edges_until: int) -> None:
         """Post ``batches`` as binary chunks of up to ``chunk_events`` rows (edges with the
         first); on a failure re-queue the unsent rows, in order, and raise."""

@@ -4,7 +4,7 @@ P3: QoS 0, 100-byte payloads, nobody subscribed, one Mosquitto on loopback; what
 agent process sends per second with the native engine (``--publishers`` open-loop
 publishers at a rate no loop keeps, events recorded as in a run: binary batches of the
 engine's column buffers, as the uploader takes them; the CPU its thread then spends
-encoding them into binary chunks is reported per event beside it) against a paho
+encoding them and the GPIO edges into binary chunks is reported per event beside it) against a paho
 ``publish()`` loop, each in a process of its own (bench/publish_capacity.py's baseline).
 CPU of the publishing process and of Mosquitto over the window (psutil) shows which
 saturates first. Target: >= 10x, Mosquitto >= 90 % of a core while the engine's process
@@ -66,13 +66,16 @@ def native_publisher(host: str, port: int, seconds: float, publishers: int,
                                         gpio=gpio, record=lambda _e: None,
                                         record_binary=batches.append)
     assert session.native, session.generator_report().mqtt_client_reason
-    # what the uploader's thread then does with them: binary chunks of 5,000 events
+    # what the uploader's thread then does with them: binary chunks of 5,000 events, the
+    # GPIO log's edges (the engine's bytes) with the first
     events = sum(b.rows for b in batches)
     cpu0 = time.process_time()
+    edges = gpio.edge_buffers()
     for seq, chunk in enumerate(split_batches(batches, 5000)):
-        encode_chunk(run_id="r", agent_id="a", seq=seq, batches=chunk, constants={})
+        encode_chunk(run_id="r", agent_id="a", seq=seq, batches=chunk, constants={},
+                     edges=None if seq else edges)
     encode_s = time.process_time() - cpu0
-    out.put(figures | {"events_recorded": events, "edges_recorded": len(gpio.edges()),
+    out.put(figures | {"events_recorded": events, "edges_recorded": edges.rows,
                        "chunk_encode_cpu_ns_per_event": round(1e9 * encode_s / max(events, 1),
                                                               1)})
 

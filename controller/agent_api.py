@@ -24,7 +24,7 @@ from mqttbed.controller.compaction import compact_run, is_compacted, run_lock
 from mqttbed.controller.db import ChunkRow, RunRow
 from mqttbed.controller.storage import DataLayout, write_edges, write_event_chunk
 from mqttbed.controller.tokens import TokenRole
-from mqttbed.core.binary_chunk import CONTENT_TYPE, decode_chunk, event_arrays
+from mqttbed.core.binary_chunk import CONTENT_TYPE, decode_chunk, edge_arrays, event_arrays
 from mqttbed.core.clock import boot_id, monotonic_ns
 from mqttbed.core.clock_discipline import CachedDiscipline, realtime_minus_monotonic_ns
 from mqttbed.core.protocol import (
@@ -236,12 +236,13 @@ def agent_router(agent_registry: AgentRegistry, chunks: ChunkStore,
 
 
 def binary_result_chunk(body: bytes) -> ResultChunk:
-    """A binary chunk decoded into the chunk the store takes: its varying columns as Arrow
-    arrays of the event schema's types (where a JSON chunk holds lists), the rest as sent.
-    422 naming the column or field when it is malformed."""
+    """A binary chunk decoded into the chunk the store takes: its varying columns and its
+    GPIO edges as Arrow arrays of the event and edge schemas' types (where a JSON chunk
+    holds lists), the rest as sent. 422 naming the column or field when it is malformed."""
     try:
         decoded = decode_chunk(body)
         columns = event_arrays(decoded)
+        edges = edge_arrays(decoded)
     except ValueError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                             f"binary chunk: {exc}") from None
@@ -249,7 +250,7 @@ def binary_result_chunk(body: bytes) -> ResultChunk:
     # Built unvalidated: decode_chunk checked the envelope and every column already.
     return ResultChunk.model_construct(
         run_id=header.run_id, agent_id=header.agent_id, seq=header.seq, columns=columns,
-        constants=header.constants, edges=header.edges, edges_until_ns=header.edges_until_ns)
+        constants=header.constants, edges=edges, edges_until_ns=header.edges_until_ns)
 
 
 def client_address(request: Request) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,25 @@ class Probe:
     agent_id: str
     pin: int
     client_id: str
+
+
+def probed_edges(edges: Mapping[str, Any], pins: list[int],
+                 offset_ns: int) -> list[list[tuple[int, int]]]:
+    """Per pin of ``pins``, its edges among a chunk's ``edges`` (columns pin, t_ns, level:
+    lists or Arrow arrays) as ``(t_ns - offset_ns, level)``, in the chunk's order. Python
+    objects are made for the probed lines' edges only."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    pin, t_ns, level = (pa.array(edges[name], pa.int64())
+                        for name in ("pin", "t_ns", "level"))
+    found = []
+    for wanted in pins:
+        mask: Any = pc.equal(pin, pa.scalar(wanted, pa.int64()))
+        times: Any = pc.subtract(pc.filter(t_ns, mask), pa.scalar(offset_ns, pa.int64()))
+        levels: Any = pc.filter(level, mask)
+        found.append(list(zip(times.to_pylist(), levels.to_pylist(), strict=True)))
+    return found
 
 
 def wire_probes(scope: Scope, assignments: dict[str, Assignment]) -> tuple[Probe, list[Probe]]:
@@ -132,14 +152,13 @@ class ScopeRecorder:
             return
         offset = self._clocks.get(chunk.agent_id, ClockEstimate(
             offset_ns=0, uncertainty_ns=0, method="unknown")).offset_ns
-        for probe in (self.publisher, *self.subscribers):
-            if probe.agent_id != chunk.agent_id:
-                continue
-            edges = [(t - offset, level) for pin, t, level in
-                     zip(chunk.edges["pin"], chunk.edges["t_ns"], chunk.edges["level"],
-                         strict=True) if pin == probe.pin]
-            if edges:
-                self._virtual.feed(probe.channel, edges)
+        probes = [p for p in (self.publisher, *self.subscribers)
+                  if p.agent_id == chunk.agent_id]
+        if probes:
+            for probe, edges in zip(probes, probed_edges(chunk.edges, [p.pin for p in probes],
+                                                         offset), strict=True):
+                if edges:
+                    self._virtual.feed(probe.channel, edges)
         if chunk.edges_until_ns is not None:
             self._horizon[chunk.agent_id] = chunk.edges_until_ns - offset
         probed_agents = {p.agent_id for p in (self.publisher, *self.subscribers)}

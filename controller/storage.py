@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,12 +122,18 @@ def write_event_chunk(layout: DataLayout, campaign_id: str, run_id: str, agent_i
 
 
 def write_edges(layout: DataLayout, campaign_id: str, run_id: str, agent_id: str, seq: int,
-                edges: dict[str, list[int]]) -> Path:
-    """Write the GPIO edges that came with a chunk (pin, t_ns on the agent's clock, level)."""
+                edges: Mapping[str, Any]) -> Path:
+    """Write the GPIO edges that came with a chunk (pin, t_ns on the agent's clock, level).
+
+    ``edges`` holds the columns ``pin``, ``t_ns`` and ``level``: lists (a JSON chunk) or
+    Arrow arrays (a binary chunk's, :func:`mqttbed.core.binary_chunk.edge_arrays`).
+    """
     import pyarrow as pa
 
-    table = pa.table({"agent_id": [agent_id] * len(edges["pin"]), "pin": edges["pin"],
-                      "t_ns": edges["t_ns"], "level": edges["level"]}, schema=edges_schema())
+    rows = len(edges["pin"])
+    table = pa.table({"agent_id": pa.repeat(pa.scalar(agent_id, pa.string()), rows),
+                      "pin": edges["pin"], "t_ns": edges["t_ns"], "level": edges["level"]},
+                     schema=edges_schema())
     path = (layout.gpio_edges / _partition(campaign_id, run_id)
             / f"{check_name(agent_id, 'agent id')}-{seq:06d}.parquet")
     _atomic_write_table(table, path)

@@ -10,7 +10,9 @@ columns as they lie in its memory:
 body (the columns' buffers, concatenated)
 
 The header holds what a JSON chunk's envelope holds (run id, agent id, seq, constants,
-GPIO edges) plus ``dictionaries`` (lists of values a ``dict`` column's codes index) and
+``edges_until_ns``) plus ``dictionaries`` (lists of values a ``dict`` column's codes
+index), ``edges`` (the GPIO edges: ``rows`` and a raw descriptor per column, ``pin``
+int32, ``t_ns`` int64, ``level`` uint8, into the body like an event column's) and
 ``segments``: each segment is one batch of rows (a drain of one engine table) with a
 descriptor per event column, by kind:
 
@@ -22,10 +24,11 @@ descriptor per event column, by kind:
 - ``null``: null on every row; ``const``: ``value`` on every row.
 
 Segments let a chunk hold several drains without re-encoding any of them. The agent's
-side (:class:`BinaryBatch`, :func:`encode_chunk`) is plain Python; the controller's
-(:func:`decode_chunk`, :func:`event_arrays`) validates everything and raises ValueError
-naming the column and the problem; pyarrow is imported there only, lazily (agents have
-none).
+side (:class:`BinaryBatch`, :class:`EdgeBuffers`, :func:`encode_chunk`) is plain Python;
+the controller's (:func:`decode_chunk`, :func:`event_arrays`, :func:`edge_arrays`)
+validates everything and raises ValueError naming the column and the problem; pyarrow is
+imported there only, lazily (agents have none). Version 2 added the binary ``edges``
+(version 1 carried them as JSON lists).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from mqttbed.core.events import EVENT_COLUMNS, EVENT_FIELDS, OPTIONAL_EVENT_COLU
 from mqttbed.core.names import PlainName
 
 MAGIC = b"MQBC"
-VERSION = 1
+VERSION = 2
 CONTENT_TYPE = "application/vnd.mqttbed.chunk"
 _PREFIX = struct.Struct("<4sBI")          # magic, version, header length
 MAX_HEADER_BYTES = 16 << 20
@@ -54,6 +57,8 @@ CodeKind = Literal["int32", "uint8"]
 WIDTHS: dict[str, int] = {"int64": 8, "int32": 4, "uint8": 1, "bool": 1}
 Scalar = str | int | float | bool | None
 Buffer = bytes | bytearray | memoryview
+# A GPIO edge's columns and their raw kinds: the native engine's edge table as it lies.
+EDGE_KINDS: dict[str, RawKind] = {"pin": "int32", "t_ns": "int64", "level": "uint8"}
 
 
 # -- the agent's side: batches of columns as bytes -----------------------------------------
@@ -121,10 +126,40 @@ class BinaryBatch:
                             for name, column in self.columns.items()})
 
 
+@dataclass(frozen=True)
+class EdgeBuffers:
+    """GPIO edges as column buffers, one value per edge in native (little-endian) order:
+    ``pin`` int32, ``t_ns`` int64 (CLOCK_MONOTONIC), ``level`` uint8 (the new level)."""
+
+    pin: Buffer = b""
+    t_ns: Buffer = b""
+    level: Buffer = b""
+
+    def __post_init__(self) -> None:
+        rows = memoryview(self.level).nbytes
+        for name in ("pin", "t_ns"):
+            size = memoryview(getattr(self, name)).nbytes
+            width = WIDTHS[EDGE_KINDS[name]]
+            if size != rows * width:
+                raise ValueError(f"edges: column {name!r} holds {size} bytes; {rows} edges "
+                                 f"(level bytes) of {width} bytes need {rows * width}")
+
+    @property
+    def rows(self) -> int:
+        return memoryview(self.level).nbytes
+
+    def as_lists(self) -> dict[str, list[int]]:
+        """The edges as a JSON chunk's ``edges`` (one list per column)."""
+        formats = {"int32": "i", "int64": "q", "uint8": "B"}
+        return {name: memoryview(getattr(self, name)).cast(  # type: ignore[call-overload]
+                    formats[kind]).tolist() for name, kind in EDGE_KINDS.items()}
+
+
 def encode_chunk(*, run_id: str, agent_id: str, seq: int, batches: Sequence[BinaryBatch],
-                 constants: dict[str, Any], edges: dict[str, list[int]] | None = None,
+                 constants: dict[str, Any], edges: EdgeBuffers | None = None,
                  edges_until_ns: int | None = None) -> bytes:
-    """One binary chunk of ``batches`` (one segment each); buffers are copied once."""
+    """One binary chunk of ``batches`` (one segment each) and ``edges`` (behind the
+    segments in the body); buffers are copied once."""
     if sys.byteorder != "little":  # the engine's columns are in native order
         raise RuntimeError("binary chunks are little endian; this machine is not")
     dictionaries: list[tuple[Scalar, ...]] = []
@@ -155,8 +190,17 @@ def encode_chunk(*, run_id: str, agent_id: str, seq: int, batches: Sequence[Bina
                 entry = {"kind": "null"}
             described[name] = entry
         segments.append({"rows": batch.rows, "columns": described})
+    edge_section: dict[str, Any] | None = None
+    if edges is not None and edges.rows:
+        edge_section = {"rows": edges.rows}
+        for name, kind in EDGE_KINDS.items():
+            data = getattr(edges, name)
+            length = memoryview(data).nbytes
+            body.append(data)
+            edge_section[name] = {"kind": kind, "offset": offset, "length": length}
+            offset += length
     header = json.dumps({"run_id": run_id, "agent_id": agent_id, "seq": seq,
-                         "constants": constants, "edges": edges,
+                         "constants": constants, "edges": edge_section,
                          "edges_until_ns": edges_until_ns,
                          "dictionaries": dictionaries, "segments": segments},
                         separators=(",", ":")).encode()
@@ -185,6 +229,26 @@ class Segment(BaseModel):
     columns: dict[str, ColumnDescriptor]
 
 
+class EdgeColumnDescriptor(BaseModel):
+    """Where one column of a chunk's GPIO edges lies in its body."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: RawKind
+    offset: int = Field(ge=0)
+    length: int = Field(ge=0)
+
+
+class EdgeSection(BaseModel):
+    """The GPIO edges of a binary chunk: ``rows`` edges, a raw column each of ``pin``
+    (int32), ``t_ns`` (int64) and ``level`` (uint8)."""
+
+    model_config = ConfigDict(extra="forbid")
+    rows: int = Field(ge=0, le=_INT32)
+    pin: EdgeColumnDescriptor
+    t_ns: EdgeColumnDescriptor
+    level: EdgeColumnDescriptor
+
+
 class BinaryChunkHeader(BaseModel):
     """The JSON header of a binary chunk."""
 
@@ -193,7 +257,7 @@ class BinaryChunkHeader(BaseModel):
     agent_id: PlainName = Field(max_length=48)
     seq: int = Field(ge=0, le=_INT32)
     constants: dict[str, Scalar] = {}
-    edges: dict[str, list[int]] | None = None
+    edges: EdgeSection | None = None
     edges_until_ns: int | None = None
     dictionaries: list[list[Scalar]] = []
     segments: list[Segment]
@@ -236,7 +300,23 @@ def decode_chunk(data: Buffer) -> DecodedChunk:
     body = view[_PREFIX.size + header_bytes:]
     for number, segment in enumerate(header.segments):
         _check_segment(header, number, segment, body.nbytes)
+    if header.edges is not None:
+        _check_edges(header.edges, body.nbytes)
     return DecodedChunk(header, body)
+
+
+def _check_edges(edges: EdgeSection, body_bytes: int) -> None:
+    for name, kind in EDGE_KINDS.items():
+        column: EdgeColumnDescriptor = getattr(edges, name)
+        if column.kind != kind:
+            raise ValueError(f"edges: column {name!r} is {kind}, not {column.kind!r}")
+        width = WIDTHS[kind]
+        if column.length != edges.rows * width:
+            raise ValueError(f"edges: column {name!r} holds {column.length} bytes; "
+                             f"{edges.rows} edges of {width} bytes need {edges.rows * width}")
+        if column.offset + column.length > body_bytes:
+            raise ValueError(f"edges: column {name!r} truncated: bytes {column.offset}.."
+                             f"{column.offset + column.length} of a {body_bytes}-byte body")
 
 
 def _check_segment(header: BinaryChunkHeader, number: int, segment: Segment,
@@ -305,6 +385,32 @@ def event_arrays(chunk: DecodedChunk) -> dict[str, Any]:
             pieces[name].append(piece)
     return {name: (pa.concat_arrays(parts) if parts else pa.array([], target[name]))
             for name, parts in pieces.items()}
+
+
+def edge_arrays(chunk: DecodedChunk) -> dict[str, Any] | None:
+    """The chunk's GPIO edges as Arrow arrays of the edges file's types (``pin`` int32,
+    ``t_ns`` int64, ``level`` int8), built on the body's bytes; None when it has none.
+
+    ValueError names the column when a level is not 0 or 1.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    edges = chunk.header.edges
+    if edges is None:
+        return None
+    types = {"int32": pa.int32(), "int64": pa.int64(), "uint8": pa.uint8()}
+    arrays: dict[str, Any] = {}
+    for name, kind in EDGE_KINDS.items():
+        column: EdgeColumnDescriptor = getattr(edges, name)
+        data = pa.py_buffer(chunk.body[column.offset:column.offset + column.length])
+        arrays[name] = pa.Array.from_buffers(types[kind], edges.rows, [None, data])
+    if edges.rows:
+        highest = pc.max(arrays["level"]).as_py()
+        if highest > 1:
+            raise ValueError(f"edges: column 'level': {highest} is not a level (0 or 1)")
+    arrays["level"] = arrays["level"].cast(pa.int8())
+    return arrays
 
 
 def _arrow_column(chunk: DecodedChunk, rows: int, column: ColumnDescriptor, kind: Any,

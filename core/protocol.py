@@ -260,6 +260,7 @@ class ResultChunk(Message):
     columns: dict[str, list[Any]]
     constants: dict[str, Any] = {}
     # GPIO edges recorded up to ``edges_until_ns`` (agent clock): columns pin, t_ns, level.
+    # (A binary chunk's, decoded on the controller, are Arrow arrays, as its columns are.)
     edges: dict[str, list[int]] | None = None
     edges_until_ns: int | None = None
 

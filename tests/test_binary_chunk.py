@@ -12,12 +12,15 @@ import pyarrow as pa
 import pytest
 
 from mqttbed.core.binary_chunk import (
+    VERSION,
     BinaryBatch,
     Coded,
     Const,
+    EdgeBuffers,
     Null,
     Raw,
     decode_chunk,
+    edge_arrays,
     encode_chunk,
     event_arrays,
 )
@@ -63,18 +66,27 @@ def encoded(*batches: BinaryBatch, **envelope) -> bytes:
     return encode_chunk(batches=list(batches), **(fields | envelope))
 
 
+def edges_of(pins: list[int], times: list[int], levels: list[int]) -> EdgeBuffers:
+    return EdgeBuffers(ints("i", pins), ints("q", times), bytes(levels))
+
+
+def edge_lists(chunk) -> dict[str, list[int]] | None:
+    arrays = edge_arrays(chunk)
+    return None if arrays is None else {name: a.to_pylist() for name, a in arrays.items()}
+
+
 def read_back(data: bytes) -> dict[str, list]:
     return {name: column.to_pylist() for name, column in event_arrays(decode_chunk(data)).items()}
 
 
 def test_every_column_kind_comes_back_as_the_event_schemas_values_and_types():
-    data = encoded(deliveries(), subscriptions(), edges={"pin": [2], "t_ns": [9], "level": [1]},
+    data = encoded(deliveries(), subscriptions(), edges=edges_of([2], [9], [1]),
                    edges_until_ns=10)
     chunk = decode_chunk(data)
     assert (chunk.header.run_id, chunk.header.agent_id, chunk.header.seq, chunk.rows) == \
         ("c1-r0000", "a1", 4, 5)
     assert chunk.header.constants == CONSTANTS
-    assert chunk.header.edges == {"pin": [2], "t_ns": [9], "level": [1]}
+    assert edge_lists(chunk) == {"pin": [2], "t_ns": [9], "level": [1]}
     assert chunk.header.edges_until_ns == 10
     arrays = event_arrays(chunk)
     assert {name: str(column.type) for name, column in arrays.items()} == {
@@ -128,7 +140,7 @@ def header_and_body(data: bytes) -> tuple[dict, bytes]:
     return json.loads(data[9:9 + length]), data[9 + length:]
 
 
-def rebuilt(header: dict, body: bytes, version: int = 1) -> bytes:
+def rebuilt(header: dict, body: bytes, version: int = VERSION) -> bytes:
     text = json.dumps(header).encode()
     return b"MQBC" + struct.pack("<BI", version, len(text)) + text + body
 
@@ -154,8 +166,10 @@ def test_a_truncated_chunk_names_what_is_cut_short():
 
 def test_a_wrong_magic_or_version_is_refused_by_name():
     header, body = header_and_body(encoded(deliveries()))
-    with pytest.raises(ValueError, match=r"binary chunk version 2 is not supported"):
-        decode_chunk(rebuilt(header, body, version=2))
+    for version in (1, 3):   # version 1 carried its edges as JSON lists
+        with pytest.raises(ValueError, match=rf"binary chunk version {version} is not "
+                                             rf"supported \(this controller reads version 2\)"):
+            decode_chunk(rebuilt(header, body, version=version))
     with pytest.raises(ValueError, match=r"not a binary chunk: magic b'\{\"ru'"):
         decode_chunk(json.dumps(header).encode())
 
@@ -222,6 +236,110 @@ def test_arrays_are_built_from_the_buffers_not_from_python_lists():
     assert arrays["t_recv_ns"].null_count == 0
 
 
+# -- GPIO edges: binary columns behind the segments ------------------------------------------
+
+EDGE_PINS, EDGE_TIMES, EDGE_LEVELS = [2, 3, 2, 65535], [-1, 2**62, 7, 8], [1, 1, 0, 1]
+
+
+def test_edges_come_back_as_the_edge_files_types_built_on_the_bytes():
+    chunk = decode_chunk(encoded(deliveries(), edges=edges_of(EDGE_PINS, EDGE_TIMES,
+                                                              EDGE_LEVELS)))
+    section = chunk.header.edges
+    assert section is not None and section.rows == 4
+    assert (section.pin.kind, section.t_ns.kind, section.level.kind) == \
+        ("int32", "int64", "uint8")
+    # behind the segment's columns: 3 delivery rows take 153 bytes of the body
+    assert (section.pin.offset, section.t_ns.offset, section.level.offset) == \
+        (153, 153 + 16, 153 + 16 + 32)
+    arrays = edge_arrays(chunk)
+    assert arrays is not None
+    assert {name: str(a.type) for name, a in arrays.items()} == \
+        {"pin": "int32", "t_ns": "int64", "level": "int8"}
+    assert isinstance(arrays["t_ns"], pa.Int64Array) and arrays["t_ns"].null_count == 0
+    assert edge_lists(chunk) == {"pin": EDGE_PINS, "t_ns": EDGE_TIMES, "level": EDGE_LEVELS}
+    assert read_back(encoded(deliveries())) == \
+        read_back(encoded(deliveries(), edges=edges_of([1], [1], [0])))   # events unchanged
+
+
+def test_edges_without_events_and_no_edges_at_all():
+    chunk = decode_chunk(encoded(edges=edges_of([5, 6], [10, 11], [1, 0]), edges_until_ns=12))
+    assert chunk.rows == 0 and chunk.header.edges_until_ns == 12
+    assert edge_lists(chunk) == {"pin": [5, 6], "t_ns": [10, 11], "level": [1, 0]}
+    for edges in (None, EdgeBuffers()):   # nothing recorded: no section
+        chunk = decode_chunk(encoded(deliveries(), edges=edges))
+        assert chunk.header.edges is None and edge_arrays(chunk) is None
+
+
+def test_edge_buffers_read_as_a_json_chunks_lists_and_refuse_unequal_columns():
+    edges = edges_of(EDGE_PINS, EDGE_TIMES, EDGE_LEVELS)
+    assert edges.rows == 4
+    assert edges.as_lists() == {"pin": EDGE_PINS, "t_ns": EDGE_TIMES, "level": EDGE_LEVELS}
+    with pytest.raises(ValueError, match=r"edges: column 't_ns' holds 24 bytes; 4 edges "
+                                         r"\(level bytes\) of 8 bytes need 32"):
+        EdgeBuffers(ints("i", EDGE_PINS), ints("q", EDGE_TIMES[:3]), bytes(EDGE_LEVELS))
+    with pytest.raises(ValueError, match=r"edges: column 'pin' holds 12 bytes"):
+        EdgeBuffers(ints("i", EDGE_PINS[:3]), ints("q", EDGE_TIMES), bytes(EDGE_LEVELS))
+
+
+def with_edges(change) -> bytes:
+    """A chunk of deliveries and edges whose header's edge section ``change`` alters."""
+    header, body = header_and_body(encoded(deliveries(), edges=edges_of(
+        EDGE_PINS, EDGE_TIMES, EDGE_LEVELS)))
+    change(header["edges"])
+    return rebuilt(header, body)
+
+
+def test_edge_columns_of_the_wrong_length_name_the_column_and_the_lengths():
+    with pytest.raises(ValueError, match=r"edges: column 'pin' holds 16 bytes; 5 edges of "
+                                         r"4 bytes need 20"):
+        decode_chunk(with_edges(lambda edges: edges.update(rows=5)))
+    with pytest.raises(ValueError, match=r"edges: column 't_ns' holds 24 bytes; 4 edges of "
+                                         r"8 bytes need 32"):
+        decode_chunk(with_edges(lambda edges: edges["t_ns"].update(length=24)))
+
+
+def test_an_edge_column_of_a_bad_kind_is_named():
+    with pytest.raises(ValueError, match=r"edges: column 'pin' is int32, not 'int64'"):
+        decode_chunk(with_edges(lambda edges: edges["pin"].update(kind="int64")))
+    with pytest.raises(ValueError, match=r"edges: column 'level' is uint8, not 'bool'"):
+        decode_chunk(with_edges(lambda edges: edges["level"].update(kind="bool")))
+    with pytest.raises(ValueError, match=r"header: edges\.t_ns\.kind: Input should be"):
+        decode_chunk(with_edges(lambda edges: edges["t_ns"].update(kind="float64")))
+
+
+def test_a_malformed_edge_section_names_the_field():
+    with pytest.raises(ValueError, match=r"header: edges\.level: Field required"):
+        decode_chunk(with_edges(lambda edges: edges.pop("level")))
+    with pytest.raises(ValueError, match=r"header: edges\.colour: Extra inputs"):
+        decode_chunk(with_edges(lambda edges: edges.update(colour=[1])))
+    with pytest.raises(ValueError, match=r"header: edges\.pin\.offset: Input should be "
+                                         r"greater than or equal to 0"):
+        decode_chunk(with_edges(lambda edges: edges["pin"].update(offset=-4)))
+    # version 1's form: the edges as JSON lists
+    with pytest.raises(ValueError, match=r"header: edges\.rows: Field required"):
+        decode_chunk(with_edges(lambda edges: (edges.clear(), edges.update(
+            pin=EDGE_PINS, t_ns=EDGE_TIMES, level=EDGE_LEVELS))))
+
+
+def test_truncated_edges_name_the_column_cut_short():
+    data = encoded(deliveries(), edges=edges_of(EDGE_PINS, EDGE_TIMES, EDGE_LEVELS))
+    # the edges lie last: level's 4 bytes end the 205-byte body
+    assert decode_chunk(data).body.nbytes == 153 + 16 + 32 + 4
+    with pytest.raises(ValueError, match=r"edges: column 'level' truncated: bytes 201\.\.205 "
+                                         r"of a 204-byte body"):
+        decode_chunk(data[:-1])
+    with pytest.raises(ValueError, match=r"edges: column 't_ns' truncated: bytes 169\.\.201 "
+                                         r"of a 191-byte body"):
+        decode_chunk(data[:-14])
+
+
+def test_a_level_other_than_0_or_1_is_named():
+    chunk = decode_chunk(encoded(edges=edges_of([2, 2], [1, 2], [1, 200])))
+    with pytest.raises(ValueError, match=r"edges: column 'level': 200 is not a level "
+                                         r"\(0 or 1\)"):
+        edge_arrays(chunk)
+
+
 def test_the_agents_side_encodes_without_pyarrow_or_numpy():
     """Agents install neither: building, slicing and encoding a chunk (and the uploader
     and the native session that do it) must not import them."""
@@ -232,9 +350,12 @@ def test_the_agents_side_encodes_without_pyarrow_or_numpy():
         "import sys\n"
         "import mqttbed.agents.native_session, mqttbed.agents.uploader\n"
         "from mqttbed.core.binary_chunk import BinaryBatch, Raw, Const, encode_chunk\n"
+        "from mqttbed.core.binary_chunk import EdgeBuffers\n"
         "batch = BinaryBatch(2, {'seq': Raw('int64', bytes(16)), 'kind': Const('publish')})\n"
+        "edges = EdgeBuffers(bytes(4), bytes(8), bytes(1))\n"
+        "edges.as_lists()\n"
         "encode_chunk(run_id='r', agent_id='a', seq=0, batches=[batch.sliced(0, 1)],\n"
-        "             constants={})\n"
+        "             constants={}, edges=edges)\n"
         "print(sorted({'pyarrow', 'numpy'} & set(sys.modules)))\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60, check=True)

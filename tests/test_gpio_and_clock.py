@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 
 from mqttbed.agents import gpio as gpio_module
@@ -56,6 +58,66 @@ def test_virtual_lines_record_each_edge_once_with_alternating_levels():
     assert [(pin, level) for pin, _, level in edges] == [(2, 1), (3, 1), (2, 0)]
     assert [t for _, t, _ in edges] == sorted(t for _, t, _ in edges)
     assert gpio.edges() == []
+
+
+def engine_edges(pins: list[int], times: list[int], levels: list[int]) -> tuple[bytes, ...]:
+    """Edge columns as the native engine's edge table hands them over."""
+    return (array("i", pins).tobytes(), array("q", times).tobytes(),
+            array("B", levels).tobytes())
+
+
+def test_engine_edges_stay_the_engines_bytes_up_to_the_uploader():
+    gpio = VirtualGpio()
+    gpio.setup([2, 3])
+    first = engine_edges([2, 3], [10, 11], [1, 1])
+    gpio.add_edge_buffers(*first)
+    handed = gpio.edge_buffers()
+    assert (handed.pin, handed.t_ns, handed.level) == first
+    assert all(a is b for a, b in zip((handed.pin, handed.t_ns, handed.level), first,
+                                      strict=True))   # the very bytes: no copy, no list
+    assert gpio.edge_buffers().rows == 0   # taken: forgotten
+    gpio.add_edge_buffers(*first)
+    gpio.add_edge_buffers(*engine_edges([2], [12], [0]))
+    joined = gpio.edge_buffers()
+    assert joined.as_lists() == {"pin": [2, 3, 2], "t_ns": [10, 11, 12], "level": [1, 1, 0]}
+
+
+def test_lists_of_engine_edges_are_made_only_for_readers_of_lists_python_edges_first():
+    """Edges toggled in Python (a calibration, the lean client) come first, then the
+    engine's; every reader (tuples, columns, buffers) sees the same edges."""
+    def recorded() -> VirtualGpio:
+        gpio = VirtualGpio()
+        gpio.setup([2, 3])
+        gpio.toggle(3)
+        gpio.add_edge_buffers(*engine_edges([2, 2], [10, 11], [1, 0]))
+        gpio.add_edge_buffers(*engine_edges([3], [12], [0]))
+        return gpio
+
+    edges = recorded().edges()
+    assert [(pin, level) for pin, _, level in edges] == [(3, 1), (2, 1), (2, 0), (3, 0)]
+    assert [t for _, t, _ in edges[1:]] == [10, 11, 12]
+    pins, times, levels = recorded().edge_columns()
+    assert (pins, times[1:], levels) == ([3, 2, 2, 3], [10, 11, 12], [1, 1, 0, 0])
+    assert times[0] > 0   # the Python toggle's CLOCK_MONOTONIC stamp
+    buffers = recorded().edge_buffers().as_lists()
+    assert (buffers["pin"], buffers["t_ns"][1:], buffers["level"]) == \
+        ([3, 2, 2, 3], [10, 11, 12], [1, 1, 0, 0])
+    python_only = VirtualGpio()
+    python_only.setup([4])
+    python_only.toggle(4)
+    python_only.toggle(4)
+    (one, two) = python_only.edges()
+    python_only.toggle(4)
+    assert python_only.edge_buffers().as_lists()["level"] == [1]
+    assert (one[2], two[2]) == (1, 0)
+
+
+def test_engine_edge_columns_of_unequal_lengths_are_refused_by_name():
+    gpio = VirtualGpio()
+    pins, times, levels = engine_edges([2, 3], [10, 11], [1, 1])
+    with pytest.raises(ValueError, match=r"edges: column 't_ns' holds 8 bytes; 2 edges"):
+        gpio.add_edge_buffers(pins, times[:8], levels)
+    assert gpio.edge_buffers().rows == 0
 
 
 def test_toggle_cost_is_measured_and_leaves_the_line_as_it_was():

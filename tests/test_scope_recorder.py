@@ -71,3 +71,53 @@ def test_a_run_that_ends_first_stops_the_loop_with_what_was_caught():
                "the recorder's one acquisition and a timeout after it")
     recorder.stop()
     assert recorder.acquisitions == 1 and recorder.timeouts >= 1 and recorder.error is None
+
+
+class FedScope:
+    """Records what the recorder feeds the virtual scope (channel, edges) and the horizon."""
+
+    def __init__(self) -> None:
+        self.fed: list[tuple[int, list[tuple[int, int]]]] = []
+        self.horizons: list[int] = []
+
+    def feed(self, channel: int, edges: list[tuple[int, int]]) -> None:
+        self.fed.append((channel, edges))
+
+    def advance(self, horizon_ns: int) -> None:
+        self.horizons.append(horizon_ns)
+
+
+def test_edges_of_a_binary_chunk_feed_the_virtual_scope_as_a_json_chunks_do():
+    """The same edges, as a JSON chunk's lists and as a decoded binary chunk's Arrow
+    arrays: each probed line gets the same edges on the controller's clock."""
+    from array import array
+
+    from mqttbed.controller.agent_api import binary_result_chunk
+    from mqttbed.core.binary_chunk import EdgeBuffers, encode_chunk
+    from mqttbed.core.events import EVENT_COLUMNS
+    from mqttbed.core.protocol import ClockEstimate, ResultChunk
+
+    probes = [recorder_with(ScriptedScope([])) for _ in range(2)]
+    pub, subs = probes[0].publisher, probes[0].subscribers
+    pins = [pub.pin, subs[0].pin, 99, subs[1].pin, pub.pin, subs[0].pin]
+    times = [1_000, 1_010, 1_015, 1_020, 2_000, 2_012]
+    levels = [1, 1, 1, 1, 0, 0]
+    lists = ResultChunk(run_id="c-r0000", agent_id=pub.agent_id, seq=0,
+                        columns={name: [] for name in EVENT_COLUMNS},
+                        edges={"pin": pins, "t_ns": times, "level": levels},
+                        edges_until_ns=3_000)
+    binary = binary_result_chunk(encode_chunk(
+        run_id="c-r0000", agent_id=pub.agent_id, seq=0, batches=[], constants={},
+        edges=EdgeBuffers(array("i", pins).tobytes(), array("q", times).tobytes(),
+                          bytes(levels)), edges_until_ns=3_000))
+    fed = []
+    for recorder, chunk in zip(probes, (lists, binary), strict=True):
+        recorder._virtual = FedScope()   # what open() would have started
+        recorder.set_clocks({pub.agent_id: ClockEstimate(offset_ns=400, uncertainty_ns=1,
+                                                         method="ntp")})
+        recorder.feed(chunk)
+        fed.append((recorder._virtual.fed, recorder._virtual.horizons))
+    assert fed[0] == fed[1]
+    assert fed[0] == ([(pub.channel, [(600, 1), (1_600, 0)]),
+                       (subs[0].channel, [(610, 1), (1_612, 0)]),
+                       (subs[1].channel, [(620, 1)])], [2_600])

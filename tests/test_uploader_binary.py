@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -19,7 +19,15 @@ from mqttbed.agents.mqtt_session import MqttSession
 from mqttbed.agents.native import engine as native
 from mqttbed.agents.uploader import ChunkUploader
 from mqttbed.campaigns.spec import parse_spec
-from mqttbed.core.binary_chunk import CONTENT_TYPE, BinaryBatch, Coded, Const, Null, Raw
+from mqttbed.core.binary_chunk import (
+    CONTENT_TYPE,
+    BinaryBatch,
+    Coded,
+    Const,
+    EdgeBuffers,
+    Null,
+    Raw,
+)
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.protocol import ClientAssignment, Role
 
@@ -165,21 +173,25 @@ def ordered(table: pa.Table) -> pa.Table:
 @pytest.mark.integration  # Mosquitto
 def test_native_events_stored_from_binary_chunks_equal_the_json_paths(broker, controller,
                                                                       monkeypatch):
-    """One engine run recorded as binary batches; the same engine tables also turned into
-    the list path's columns (the session's own code for them). Both uploaded, both stored:
-    equal rows, equal schema, equal live figures."""
+    """One engine run recorded as binary batches, its GPIO edges kept as the engine's
+    bytes; the same engine tables also turned into the list path's columns (the session's
+    own code for them) and its edges into a JSON chunk's lists. Both uploaded, both
+    stored: equal rows, equal edges, equal schemas, equal live figures; and the edges are
+    the engine's edge table, every one of them."""
     tables: list[tuple[int, dict[str, bytes]]] = []
     take_bytes = native.Engine.take_bytes
 
-    def keeping(engine: native.Engine, table: int) -> tuple[int, dict[str, bytes]]:
-        rows, columns = take_bytes(engine, table)
+    def keeping(engine: native.Engine, table: int, columns: Sequence[str] | None = None
+                ) -> tuple[int, dict[str, bytes]]:
+        rows, taken = take_bytes(engine, table, columns)
         if rows:
-            tables.append((table, columns))
-        return rows, columns
+            tables.append((table, taken))
+        return rows, taken
 
     monkeypatch.setattr(native.Engine, "take_bytes", keeping)
     binary: list[BinaryBatch] = []
-    session = MqttSession(broker, fan_out(), VirtualGpio(), lambda _e: None,
+    gpio = VirtualGpio()
+    session = MqttSession(broker, fan_out(), gpio, lambda _e: None,
                           record_binary=binary.append)
     try:
         session.connect(timeout_s=10)
@@ -193,19 +205,44 @@ def test_native_events_stored_from_binary_chunks_equal_the_json_paths(broker, co
     to_lists = {native.T_PUBLISH: native_session._publish_columns,
                 native.T_DELIVERY: native_session._delivery_columns,
                 native.T_SUBSCRIBE: native_session._subscribe_columns}
-    lists = [to_lists[table](native.as_lists(table, columns)) for table, columns in tables]
+    lists = [to_lists[table](native.as_lists(table, columns)) for table, columns in tables
+             if table in to_lists]
+    # the engine's edge table as the engine's own list conversion reads it
+    engine_edges: dict[str, list[int]] = {"pin": [], "t": [], "level": []}
+    for table, columns in tables:
+        if table == native.T_EDGE:
+            for name, values in native.as_lists(table, columns).items():
+                engine_edges[name].extend(values)
+    edges = gpio.edge_buffers()
+    assert edges.rows == 60 + 120   # a toggle per publish and per delivery
 
     stored = []
     for name, record in (("via-binary", "binary"), ("via-json", "lists")):
-        with uploader_to(controller, name, chunk_events=50) as (uploader, campaign_id, run_id):
+        transport = Flaky({})
+        handed = [edges]   # the GPIO log hands its edges over once
+        with uploader_to(controller, name, chunk_events=50, transport=transport,
+                         edges=lambda handed=handed: handed.pop() if handed else EdgeBuffers()
+                         ) as (uploader, campaign_id, run_id):
             for batch in binary if record == "binary" else lists:
                 (uploader.record_binary if record == "binary" else uploader.record_columns)(
                     batch)  # type: ignore[operator]
             uploader.close()
+        assert set(transport.posts) == {CONTENT_TYPE if record == "binary"
+                                        else "application/json"}
         files = stored_files(controller, campaign_id, run_id)
+        edge_files = sorted((controller.layout.gpio_edges / f"campaign_id={campaign_id}"
+                             / f"run_id={run_id}").glob("*.parquet"))
+        assert [f.name for f in edge_files] == ["a1-000000.parquet"]   # with the first
         stored.append((pa.concat_tables(pq.read_table(f) for f in files),
-                       controller.live.tally(campaign_id, run_id).figures()))
-    (via_binary, live_binary), (via_json, live_json) = stored
+                       controller.live.tally(campaign_id, run_id).figures(),
+                       pq.read_table(edge_files[0])))
+    (via_binary, live_binary, edges_binary), (via_json, live_json, edges_json) = stored
+    assert edges_binary.schema.equals(edges_json.schema)
+    assert edges_binary.equals(edges_json)
+    assert edges_binary.to_pydict() == {"agent_id": ["a1"] * 180, "pin": engine_edges["pin"],
+                                        "t_ns": engine_edges["t"],
+                                        "level": engine_edges["level"]}
+    assert sorted(set(engine_edges["pin"])) == [2, 3, 4]
     assert via_binary.num_rows == 60 + 120 + 2
     assert via_binary.schema.equals(via_json.schema)
     assert ordered(via_binary).equals(ordered(via_json))

@@ -14,6 +14,7 @@ import ctypes
 import errno
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -302,16 +303,19 @@ class Engine:
             self._lib.mqe_clear(self._handle, table)
         return columns
 
-    def take_bytes(self, table: int) -> tuple[int, dict[str, bytes]]:
-        """The table's rows as one ``bytes`` copy per column (native byte order), then
-        forget them: (rows, columns). One memcpy per column, no Python object per event."""
+    def take_bytes(self, table: int, columns: Sequence[str] | None = None
+                   ) -> tuple[int, dict[str, bytes]]:
+        """The table's rows as one ``bytes`` copy per column (native byte order; only
+        ``columns`` if given), then forget them: (rows, columns). One memcpy per column,
+        no Python object per event."""
         rows = int(self._lib.mqe_rows(self._handle, table)) if self._handle else 0
         if not rows:
             return 0, {}
-        columns = {name: view[:rows].cast("B").tobytes()
-                   for name, view in self._views[table].items()}
+        views = self._views[table]
+        taken = {name: views[name][:rows].cast("B").tobytes()
+                 for name in (views if columns is None else columns)}
         self._lib.mqe_clear(self._handle, table)
-        return rows, columns
+        return rows, taken
 
     def rows(self, table: int) -> int:
         """Rows the table holds now."""
