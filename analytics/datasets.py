@@ -74,8 +74,14 @@ def read_runs_held(spark: SparkSession, root: Path, campaign_id: str, run_ids: S
     per-task overhead is most of the analysis. The rows are the same; only where they come
     from changes. Cached with Spark's default (memory, spilling to disk).
     """
+    return (read_runs(spark, root, campaign_id, run_ids, ddl)
+            .coalesce(held_partitions(root, campaign_id, run_ids)).cache())
+
+
+def held_partitions(root: Path, campaign_id: str, run_ids: Sequence[str]) -> int:
+    """The partitions :func:`read_runs_held` holds these runs in: one per
+    HELD_BYTES_PER_PARTITION of their Parquet files, at least one."""
     campaign_dir = Path(root) / f"campaign_id={campaign_id}"
     stored = sum(f.stat().st_size for run_id in run_ids
                  for f in _data_files(campaign_dir / f"run_id={run_id}"))
-    partitions = max(1, math.ceil(stored / HELD_BYTES_PER_PARTITION))
-    return read_runs(spark, root, campaign_id, run_ids, ddl).coalesce(partitions).cache()
+    return max(1, math.ceil(stored / HELD_BYTES_PER_PARTITION))

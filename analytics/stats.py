@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mqttbed.analytics.confidence import bootstrap_interval
-from mqttbed.analytics.datasets import EVENTS_DDL, SAMPLES_DDL, read_runs, read_runs_held
+from mqttbed.analytics.datasets import (
+    EVENTS_DDL,
+    SAMPLES_DDL,
+    held_partitions,
+    read_runs,
+    read_runs_held,
+)
 from mqttbed.analytics.figures import (
     POINT_LEVEL,
     RUN_LEVEL,
@@ -36,7 +42,12 @@ from mqttbed.analytics.figures import (
     read_level_figures,
     subscription_rows,
 )
-from mqttbed.analytics.passes import aggregate_figures, analysis_conf, collect_facts
+from mqttbed.analytics.passes import (
+    aggregate_figures,
+    analysis_conf,
+    collect_facts,
+    shuffle_partitions,
+)
 from mqttbed.analytics.results import CampaignStats, ScopeRun, results_model
 from mqttbed.analytics.scope import (
     agent_clocks,
@@ -141,8 +152,9 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
     levels: Levels = {run.run_id: [(RUN_LEVEL, run.run_id)] + (
         [(POINT_LEVEL, str(run.point_index))] if run.state == DONE else []) for run in runs}
     stored_events = read_runs_held(spark, events_path, campaign_id, run_ids, EVENTS_DDL)
+    partitions = shuffle_partitions(spark, held_partitions(events_path, campaign_id, run_ids))
     try:
-        with analysis_conf(spark):
+        with analysis_conf(spark, partitions):
             return _compute(spark, campaign, campaign_id, runs, levels, stored_events,
                             read_runs(spark, samples_path, campaign_id, run_ids, SAMPLES_DDL),
                             records_path, tuple(section_types))

@@ -59,3 +59,18 @@ def test_the_sketch_equals_percentile_at_every_level_to_the_bit(spark):
                                                                   - latencies[2499])
     assert found["latencies"][1][0] == latencies[0]
     assert found["latencies"][1][-1] == latencies[-1]
+
+
+def test_the_analysis_shuffles_as_many_partitions_as_it_holds_within_the_sessions_limit(spark):
+    from mqttbed.analytics.passes import SHUFFLE_PARTITIONS, analysis_conf, shuffle_partitions
+
+    configured = spark.conf.get(SHUFFLE_PARTITIONS)
+    cores = spark.sparkContext.defaultParallelism
+    # a small campaign (one held partition): one shuffle partition per core, at most the
+    # session's; a large one: the session's
+    assert shuffle_partitions(spark, 1) == min(int(configured), cores)
+    assert shuffle_partitions(spark, 10_000) == int(configured)
+    with analysis_conf(spark, 3):
+        assert spark.conf.get(SHUFFLE_PARTITIONS) == "3"
+        assert spark.conf.get("spark.sql.adaptive.enabled") == "false"
+    assert spark.conf.get(SHUFFLE_PARTITIONS) == configured
