@@ -569,3 +569,67 @@ def test_mqtt_udp_runs_on_the_engine_and_an_unreachable_broker_is_named():
             session.open(timeout_s=3)
     finally:
         session.close()
+
+
+def test_a_broker_that_stops_reading_holds_the_publisher_back_and_gets_every_byte_in_order():
+    # The publisher (at a rate no loop keeps) has far more to send than the sockets hold
+    # while the broker does not read, so sends are partial: the engine keeps the rest
+    # queued (from an offset, moved to the front only when it needs room), builds no more
+    # once 256 KiB wait, and does not end the run before the queue is sent. The broker
+    # must get each PUBLISH whole, once, in order, and the later ones must have been
+    # built (stamped) after it read again, not piled up while it stalled.
+    messages = 200_000
+    seqs: list[int] = []
+    sent_at: list[int] = []
+    stall_ended: list[int] = []
+
+    def stalls_then_reads(conn: socket.socket) -> None:
+        _handshake(conn)
+        threading.Event().wait(0.5)  # window: the sockets fill while the broker stalls
+        stall_ended.append(monotonic_ns())
+        data = b""
+        while len(seqs) < messages:
+            chunk = conn.recv(1 << 20)
+            if not chunk:
+                return
+            data += chunk
+            at = 0
+            while len(data) - at >= 2:
+                length, shift, header = 0, 0, 1
+                while True:
+                    byte = data[at + header]
+                    header += 1
+                    length |= (byte & 0x7F) << shift
+                    shift += 7
+                    if byte < 0x80 or at + header >= len(data):
+                        break
+                if byte >= 0x80 or at + header + length > len(data):
+                    break
+                if data[at] >> 4 == 3:
+                    body = data[at + header:at + header + length]
+                    (topic_length,) = struct.unpack("!H", body[:2])
+                    seq, _, t_pub, _ = decode_payload(body[2 + topic_length:])
+                    seqs.append(seq)
+                    sent_at.append(t_pub)
+                at += header + length
+            data = data[at:]
+        while conn.recv(1 << 16):
+            pass
+
+    with scripted_broker(stalls_then_reads) as endpoint:
+        session = MqttSession(endpoint, publisher_only(messages=messages, rate_hz=10_000_000),
+                              VirtualGpio(), lambda _e: None)
+        try:
+            session.connect(timeout_s=5)
+            start = monotonic_ns()
+            session.run(start, start + 20_000_000_000, abort=lambda: False)
+            assert session.counts()[0] == messages
+        finally:
+            session.close()
+        deadline = monotonic_ns() + 10_000_000_000
+        while len(seqs) < messages and monotonic_ns() < deadline:
+            threading.Event().wait(0.05)  # window: the script reads what is in flight
+    assert len(seqs) == messages
+    assert seqs == list(range(messages))
+    # 15 MB of PUBLISHes against a few MB of socket buffers and the 256 KiB queue
+    assert stall_ended and sent_at[-1] > stall_ended[0]

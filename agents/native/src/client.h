@@ -53,8 +53,8 @@ typedef struct {
     int fd;
     uint8_t *in;
     size_t in_cap, in_start, in_end;
-    uint8_t *out;
-    size_t out_len, out_cap;
+    uint8_t *out;               /* bytes out[out_head .. out_len) wait to be sent */
+    size_t out_head, out_len, out_cap;
     int watching_out;           /* EPOLLOUT registered: the socket did not take everything */
     uint64_t stream_bytes;      /* bytes queued since connect: the kernel's TX stamp key */
     int64_t last_sent_ns, ping_sent_ns, keepalive_ns;

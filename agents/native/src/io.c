@@ -32,7 +32,7 @@ void mqe_client_fail(mqe_engine *e, mqe_client *c, const char *fmt, ...) {
         return;
     c->dead = 1;
     c->connected = 0;
-    c->out_len = 0;
+    c->out_head = c->out_len = 0;
     if (c->fd >= 0)
         epoll_ctl(e->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);  /* a closed socket stays readable */
     if (c->closing)
@@ -93,6 +93,13 @@ void mqe_gpio_settle(mqe_engine *e) {
 int mqe_out_reserve(mqe_engine *e, mqe_client *c, size_t bytes) {
     if (c->out_len + bytes <= c->out_cap)
         return 0;
+    if (c->out_head) {  /* what was sent leaves room at the front: move the rest there */
+        memmove(c->out, c->out + c->out_head, c->out_len - c->out_head);
+        c->out_len -= c->out_head;
+        c->out_head = 0;
+        if (c->out_len + bytes <= c->out_cap)
+            return 0;
+    }
     size_t cap = c->out_cap ? c->out_cap : 4096;
     while (cap < c->out_len + bytes)
         cap *= 2;
@@ -118,7 +125,7 @@ static void watch_out(mqe_engine *e, mqe_client *c, int on) {
 /* mqtt-udp: every queued packet is a datagram of its own; one the socket refuses is lost,
  * as on a congested or lossy line. */
 static int64_t flush_datagrams(mqe_engine *e, mqe_client *c) {
-    size_t at = 0;
+    size_t at = c->out_head;
     while (at + 2 <= c->out_len) {
         size_t length;
         if (c->sn) {  /* MQTT-SN: the length field counts the whole message */
@@ -146,7 +153,7 @@ static int64_t flush_datagrams(mqe_engine *e, mqe_client *c) {
         }
         at += length;
     }
-    c->out_len = 0;
+    c->out_head = c->out_len = 0;
     c->last_sent_ns = mqe_now_ns();
     return c->last_sent_ns;
 }
@@ -187,7 +194,8 @@ int64_t mqe_flush(mqe_engine *e, mqe_client *c) {
         return MQE_NO_TIME;
     if (c->udp)
         return flush_datagrams(e, c);
-    ssize_t sent = send(c->fd, c->out, c->out_len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    size_t waiting = c->out_len - c->out_head;
+    ssize_t sent = send(c->fd, c->out + c->out_head, waiting, MSG_NOSIGNAL | MSG_DONTWAIT);
     int64_t t_returned = mqe_now_ns();
     if (sent < 0) {
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
@@ -197,12 +205,14 @@ int64_t mqe_flush(mqe_engine *e, mqe_client *c) {
         sent = 0;
     }
     c->last_sent_ns = t_returned;
-    if ((size_t)sent == c->out_len) {
-        c->out_len = 0;
+    if ((size_t)sent == waiting) {
+        c->out_head = c->out_len = 0;
         watch_out(e, c, 0);
     } else {
-        memmove(c->out, c->out + sent, c->out_len - (size_t)sent);
-        c->out_len -= (size_t)sent;
+        /* The rest stays where it is: moving it to the front after every partial send
+         * cost a copy of the whole queue per send once the broker fell behind (memmove
+         * was the engine's top symbol in P3); mqe_out_reserve moves it when it needs room. */
+        c->out_head += (size_t)sent;
         watch_out(e, c, 1);
     }
     return t_returned;

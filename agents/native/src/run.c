@@ -6,6 +6,10 @@
 #include "client.h"
 
 #define MAX_WAIT_NS 50000000LL
+/* A publisher with this many bytes queued behind its socket builds nothing more until the
+ * socket takes some: its next messages wait in the schedule, due at their intended times,
+ * and leave late (the send lag shows it) instead of piling up in memory as "published". */
+#define OUT_HIGH_WATER (256 * 1024)
 #define MISC_INTERVAL_NS 250000000LL
 
 int64_t mqe_due_ns(const mqe_engine *e, const mqe_client *c, int64_t k) {
@@ -180,6 +184,10 @@ static int finished(const mqe_engine *e, int window_over, int64_t idle_since_ns)
         return 0;
     for (size_t i = 0; i < e->n_clients; i++) {
         const mqe_client *c = &e->clients[i];
+        /* bytes still queued (a broker behind, the socket full) are not yet published:
+         * a run that ended here would close the socket on them */
+        if (c->out_len && !c->dead && c->fd >= 0)
+            return 0;
         if (c->role == 0) {
             if (c->sent < c->messages && !window_over)
                 return 0;  /* a closed-loop publisher waits for its acknowledgements */
@@ -208,9 +216,14 @@ int mqe_step(mqe_engine *e, int64_t slice_end_ns) {
         int full = pubs->rows + MQE_MAX_BATCH > pubs->capacity
                    || edges->rows + 2 * MQE_MAX_BATCH > edges->capacity;
         /* a generator behind schedule sends in turns of MAX_BATCH, reading between them */
-        int in_turn = 0;
+        int in_turn = 0, backed_up = 0;
         while (!full && e->n_heap && e->heap[0].due_ns <= now && now <= e->t_publish_end_ns
                && in_turn < MQE_MAX_BATCH) {
+            const mqe_client *next = &e->clients[e->heap[0].client];
+            if (next->out_len - next->out_head >= OUT_HIGH_WATER && !next->udp) {
+                backed_up = 1;  /* until its socket is writable (EPOLLOUT) again */
+                break;
+            }
             mqe_due due = heap_pop(e);
             mqe_client *c = &e->clients[due.client];
             publish(e, c, due.k, due.due_ns);
@@ -242,7 +255,7 @@ int mqe_step(mqe_engine *e, int64_t slice_end_ns) {
             return MQE_DRAIN;
         if (now >= slice_end_ns)
             return MQE_SLICE;
-        int64_t wait = e->n_heap ? e->heap[0].due_ns - now : MAX_WAIT_NS;
+        int64_t wait = e->n_heap && !backed_up ? e->heap[0].due_ns - now : MAX_WAIT_NS;
         if (wait > MAX_WAIT_NS)
             wait = MAX_WAIT_NS;
         if (wait > slice_end_ns - now)
