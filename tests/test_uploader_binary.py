@@ -165,6 +165,16 @@ def fan_out() -> list[ClientAssignment]:
     return [pub, *subs]
 
 
+def run_closed(session: MqttSession) -> None:
+    """Connect ``session``, run it (5 s at most), close it."""
+    try:
+        session.connect(timeout_s=10)
+        start = monotonic_ns() + 20_000_000
+        session.run(start, start + 5_000_000_000, abort=lambda: False)
+    finally:
+        session.close()
+
+
 def ordered(table: pa.Table) -> pa.Table:
     return table.sort_by([("kind", "ascending"), ("receiver", "ascending"),
                           ("seq", "ascending"), ("topic", "ascending")])
@@ -193,12 +203,7 @@ def test_native_events_stored_from_binary_chunks_equal_the_json_paths(broker, co
     gpio = VirtualGpio()
     session = MqttSession(broker, fan_out(), gpio, lambda _e: None,
                           record_binary=binary.append)
-    try:
-        session.connect(timeout_s=10)
-        start = monotonic_ns() + 20_000_000
-        session.run(start, start + 5_000_000_000, abort=lambda: False)
-    finally:
-        session.close()
+    run_closed(session)
     assert session.counts() == (60, 120)
     native_session = session._native
     assert native_session is not None
@@ -265,12 +270,7 @@ def test_deliveries_from_a_foreign_publisher_index_go_the_list_way_named_one_at_
     lists: list[dict[str, list]] = []
     session = MqttSession(broker, clients, VirtualGpio(), lambda _e: None,
                           record_binary=binary.append, record_columns=lists.append)
-    try:
-        session.connect(timeout_s=10)
-        start = monotonic_ns() + 20_000_000
-        session.run(start, start + 5_000_000_000, abort=lambda: False)
-    finally:
-        session.close()
+    run_closed(session)
     assert session.counts() == (20, 20)
     kinds = [batch.columns["kind"] for batch in binary]
     assert {kind.value for kind in kinds if isinstance(kind, Const)} == {"publish", "subscribe"}
