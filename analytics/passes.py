@@ -16,11 +16,9 @@ reads comes from the same aggregate row.
 
 Percentiles are Spark's exact ``percentile`` (linear interpolation between the closest
 ranks at (n - 1) q), as before; a percentile does not depend on which other levels are
-asked with it, so p50 read from a full sketch equals p50 read from the short list. Both
-are computed from the group's sorted values (:func:`sketch`), to the bit what
-``percentile`` gives: at a twelfth of its cost for the 1,001 levels of a sketch, and for
-the short list with one value aggregation per row (``collect_list``) where ``percentile``
-beside it made two, each an interpreted object aggregate.
+asked with it, so p50 read from a full sketch equals p50 read from the short list. The
+full sketch is computed from the group's sorted values (:func:`sketch`), to the bit what
+``percentile`` gives, at a twelfth of its cost for 1,001 levels.
 """
 
 from __future__ import annotations
@@ -105,21 +103,18 @@ def aggregate_figures(frames: Sequence[DataFrame]) -> dict[GroupKey, Aggregate]:
                     F.avg(value).alias("mean"), F.stddev_samp(value).alias("std"),
                     F.max(value).alias("max"), F.min(value).alias("min"),
                     F.sum(value).alias("sum"), F.max(F.abs(value)).alias("max_abs"),
-                    F.array_sort(F.collect_list(value)).alias("sorted"),
-                    F.max(full).alias("full")))
-    ascending = F.col("sorted")
+                    F.array_sort(F.collect_list(F.when(full, value))).alias("sorted"),
+                    F.percentile(F.when(~full, value), PERCENTILE_LEVELS)
+                    .alias("percentiles")))
     rows = grouped.select(*group, "rows", "count", "mean", "std", "max", "min", "sum",
-                          "max_abs",
-                          F.when(F.col("full"), sketch(ascending)).alias("quantiles"),
-                          F.when(~F.col("full"), sketch(ascending, PERCENTILE_LEVELS))
-                          .alias("percentiles")).collect()
+                          "max_abs", sketch(F.col("sorted")).alias("quantiles"),
+                          "percentiles").collect()
     return {(r["family"], r["level"], r["key"], r["sub"], r["figure"]): _aggregate(r)
             for r in rows}
 
 
-def sketch(ascending: Column, levels: Sequence[float] = SKETCH_LEVELS) -> Column:
-    """The ``levels`` quantiles (by default :data:`SKETCH_LEVELS`) of a sorted array of
-    doubles (null if empty).
+def sketch(ascending: Column) -> Column:
+    """The :data:`SKETCH_LEVELS` quantiles of a sorted array of doubles (null if empty).
 
     Exactly what Spark's ``percentile`` gives for those levels: at position (n - 1) q, the
     value of rank ``floor`` plus (position - floor) times the step to rank ``ceil``, the
@@ -139,7 +134,8 @@ def sketch(ascending: Column, levels: Sequence[float] = SKETCH_LEVELS) -> Column
         return F.when(lower == upper, low).otherwise(
             low + (position - lower.cast("double")) * (high - low))
 
-    return F.when(size > 0, F.transform(F.array(*[F.lit(q) for q in levels]), at))
+    levels = F.array(*[F.lit(q) for q in SKETCH_LEVELS])
+    return F.when(size > 0, F.transform(levels, at))
 
 
 # Adaptive query execution re-plans what is left of a query after every shuffle stage and
