@@ -175,19 +175,14 @@ class NativeSession:
         else:
             gpio.setup(pins)
         gpio.pulse_mode = gpio_pulses
-        self._ids = [c.spec.client_id for c in self._clients]
-        self._receivers = [*self._ids, None]          # index -1: no receiver
-        self._topics_of = [c.spec.topic for c in self._clients]
-        self._sizes = [c.spec.payload_bytes for c in self._clients]
-        self._qos = [c.spec.qos for c in self._clients]
-        self._publisher_names: list[str] = []
-        # dictionaries of the binary batches, kept as tuples: a chunk lists each once
-        self._ids_codes: tuple[str, ...] = tuple(self._ids)
-        self._receivers_codes: tuple[str | None, ...] = tuple(self._receivers)
-        self._topics_codes: tuple[str, ...] = tuple(self._topics_of)
-        self._sizes_codes: tuple[int, ...] = tuple(self._sizes)
-        self._qos_codes: tuple[int, ...] = tuple(self._qos)
-        self._names_codes: tuple[str, ...] = ()
+        # Per-client values by client index: looked up for the list columns, and the
+        # dictionaries of the binary batches' codes (tuples: a chunk lists each once).
+        self._ids = tuple(c.spec.client_id for c in self._clients)
+        self._receivers = (*self._ids, None)          # index -1: no receiver
+        self._topics_of = tuple(c.spec.topic for c in self._clients)
+        self._sizes = tuple(c.spec.payload_bytes for c in self._clients)
+        self._qos = tuple(c.spec.qos for c in self._clients)
+        self._publisher_names: tuple[str, ...] = ()   # by publisher index, grown on demand
         self._engine_topics: tuple[str, ...] = ()
         self._send_to_kernel_ns = array("q")          # per publish: kernel TX - user send
         self._edge_lags_ns = array("q")               # per edge: edge - syscall return
@@ -333,12 +328,9 @@ class NativeSession:
 
     def _drain_lists(self) -> None:
         engine = self._engine
-        batches = [self._publish_columns(engine.take(native.T_PUBLISH)),
-                   self._delivery_columns(engine.take(native.T_DELIVERY)),
-                   self._subscribe_columns(engine.take(native.T_SUBSCRIBE))]
-        for batch in batches:
-            if batch is not None:
-                self._emit(batch)
+        self._emit_lists(self._publish_columns(engine.take(native.T_PUBLISH)))
+        self._emit_lists(self._delivery_columns(engine.take(native.T_DELIVERY)))
+        self._emit_lists(self._subscribe_columns(engine.take(native.T_SUBSCRIBE)))
 
     def _drain_binary(self, record: Callable[[BinaryBatch], None]) -> None:
         """The engine's tables as binary batches: each column one copy of the engine's
@@ -366,11 +358,11 @@ class NativeSession:
     def _publish_batch(self, rows: int, table: dict[str, bytes]) -> BinaryBatch:
         client = table["client"]
         return BinaryBatch(rows, {
-            "kind": _PUBLISH, "publisher": Coded(client, self._ids_codes),
+            "kind": _PUBLISH, "publisher": Coded(client, self._ids),
             "seq": Raw("int64", table["seq"]), "receiver": _NULL,
-            "topic": Coded(client, self._topics_codes),
-            "payload_bytes": Coded(client, self._sizes_codes),
-            "qos": Coded(client, self._qos_codes), "warmup": Raw("bool", table["warmup"]),
+            "topic": Coded(client, self._topics_of),
+            "payload_bytes": Coded(client, self._sizes),
+            "qos": Coded(client, self._qos), "warmup": Raw("bool", table["warmup"]),
             "t_intended_ns": Raw("int64", table["t_intended"]),
             "t_pub_ns": Raw("int64", table["t_pub"]), "t_recv_ns": _NULL,
             "clock_source": _USER_CLOCK, "t_recv_user_ns": _NULL})
@@ -381,17 +373,12 @@ class NativeSession:
         most = max(indexes)
         if most >= _MANY_PUBLISHERS or min(indexes) < 0:
             return None
-        if most >= len(self._names_codes):
-            names = self._publisher_names
-            names.extend(publisher_client_id(i) for i in range(len(names), most + 1))
-            self._names_codes = tuple(names)
-        kernel = table["kernel"].count(1)
-        self._kernel_deliveries += kernel
-        self._user_deliveries += rows - kernel
+        self._count_clocks(rows, table["kernel"].count(1))
         return BinaryBatch(rows, {
-            "kind": _DELIVERY, "publisher": Coded(table["publisher"], self._names_codes),
+            "kind": _DELIVERY,
+            "publisher": Coded(table["publisher"], self._publisher_names_through(most)),
             "seq": Raw("int64", table["seq"]),
-            "receiver": Coded(table["client"], self._receivers_codes),
+            "receiver": Coded(table["client"], self._receivers),
             "topic": Coded(table["topic"], self._topics_snapshot()),
             "payload_bytes": Raw("int32", table["payload_bytes"]),
             "qos": Raw("uint8", table["qos"]), "warmup": Raw("bool", table["warmup"]),
@@ -403,7 +390,7 @@ class NativeSession:
     def _subscribe_batch(self, rows: int, table: dict[str, bytes]) -> BinaryBatch:
         return BinaryBatch(rows, {
             "kind": _SUBSCRIBE, "publisher": _NULL, "seq": _NULL,
-            "receiver": Coded(table["client"], self._receivers_codes),
+            "receiver": Coded(table["client"], self._receivers),
             "topic": Coded(table["topic"], self._topics_snapshot()),
             "payload_bytes": Const(0), "qos": Raw("uint8", table["qos"]),
             "warmup": Const(False), "t_intended_ns": _NULL, "t_pub_ns": _NULL,
@@ -445,17 +432,26 @@ class NativeSession:
         most = max(indexes)
         if most >= _MANY_PUBLISHERS:  # a foreign payload's index: named one at a time
             return list(map(publisher_client_id, indexes))
-        names = self._publisher_names
-        names.extend(publisher_client_id(i) for i in range(len(names), most + 1))
-        return _lookup(names, indexes)
+        return _lookup(self._publisher_names_through(most), indexes)
+
+    def _publisher_names_through(self, most: int) -> tuple[str, ...]:
+        """The client ids of publisher indexes 0 to ``most`` (a new tuple only when the
+        known ones grow: a binary chunk lists its dictionary once)."""
+        known = len(self._publisher_names)
+        if most >= known:
+            self._publisher_names += tuple(map(publisher_client_id, range(known, most + 1)))
+        return self._publisher_names
+
+    def _count_clocks(self, rows: int, kernel: int) -> None:
+        """Count ``rows`` deliveries, ``kernel`` of them kernel-stamped, by clock."""
+        self._kernel_deliveries += kernel
+        self._user_deliveries += rows - kernel
 
     def _delivery_columns(self, table: dict[str, list[int]]) -> EventColumns | None:
         rows = len(table["client"])
         if not rows:
             return None
-        kernel = sum(table["kernel"])
-        self._kernel_deliveries += kernel
-        self._user_deliveries += rows - kernel
+        self._count_clocks(rows, sum(table["kernel"]))
         topics = self._engine.topics()
         return {"kind": [EventKind.DELIVERY.value] * rows,
                 "publisher": self._publisher_names_of(table["publisher"]),

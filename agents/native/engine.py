@@ -48,11 +48,17 @@ _TABLE_WIDTHS = {
 _TABLE_COLUMNS = {T_PUBLISH: PUB_COLUMNS, T_DELIVERY: DLV_COLUMNS, T_SUBSCRIBE: SUB_COLUMNS,
                   T_TX: TX_COLUMNS, T_EDGE: EDGE_COLUMNS}
 
+def _column_format(name: str, width: int) -> str:
+    """A column's memoryview format: a warm-up flag reads as Python bools ("?"), the event
+    column's type; the rest as integers of the column's width."""
+    return "?" if name == "warmup" else _WIDTH_FORMATS[width]
+
+
 def as_lists(table: int, columns: dict[str, bytes]) -> dict[str, list[int]]:
     """Columns taken with :meth:`Engine.take_bytes` as the lists :meth:`Engine.take` gives."""
     widths = dict(zip(_TABLE_COLUMNS[table], _TABLE_WIDTHS[table], strict=True))
     return {name: memoryview(data).cast(  # type: ignore[call-overload]
-                "?" if name == "warmup" else _WIDTH_FORMATS[widths[name]]).tolist()
+                _column_format(name, widths[name])).tolist()
             for name, data in columns.items()}
 
 
@@ -155,11 +161,10 @@ class Engine:
                                                        strict=True)):
                 address = self._lib.mqe_column(self._handle, table, number)
                 array = (_WIDTH_TYPES[width] * capacity).from_address(address)
-                # a warm-up flag reads as Python bools ("?"), the event column's type
                 # (typeshed types cast() one format literal per overload; this one is
-                # chosen at run time from _WIDTH_FORMATS, so no overload names it)
+                # chosen at run time, so no overload names it)
                 self._views[table][name] = memoryview(array).cast("B").cast(  # type: ignore[call-overload]
-                    "?" if name == "warmup" else _WIDTH_FORMATS[width])
+                    _column_format(name, width))
 
     def _live(self) -> int:
         """The engine's handle; RuntimeError once it is closed (C would read freed memory)."""
