@@ -150,11 +150,7 @@ class _EdgeLog:
         return taken, buffers
 
     def edges(self) -> list[tuple[int, int, int]]:
-        taken, buffers = self._take()
-        for batch in buffers:
-            lists = batch.as_lists()
-            taken.extend(zip(lists["pin"], lists["t_ns"], lists["level"], strict=True))
-        return taken
+        return list(zip(*self.edge_columns(), strict=True))
 
     def edge_columns(self) -> tuple[list[int], list[int], list[int]]:
         """Return and forget the recorded edges as (pins, times, new levels) columns."""
