@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mqttbed.core.events import EVENT_COLUMNS, EVENT_FIELDS, OPTIONAL_EVENT_COLUMNS
+from mqttbed.core.events import EVENT_COLUMNS, OPTIONAL_EVENT_COLUMNS, arrow_schema
 from mqttbed.core.names import PlainName
 
 MAGIC = b"MQBC"
@@ -360,9 +360,7 @@ def event_arrays(chunk: DecodedChunk) -> dict[str, Any]:
     """
     import pyarrow as pa
 
-    types: dict[str, Any] = {"string": pa.string(), "int64": pa.int64(),
-                             "int32": pa.int32(), "int8": pa.int8(), "bool": pa.bool_()}
-    target: dict[str, Any] = {name: types[kind] for name, kind, _ in EVENT_FIELDS}
+    target: dict[str, Any] = {field.name: field.type for field in arrow_schema()}
     names = [n for n in EVENT_COLUMNS
              if any(n in s.columns for s in chunk.header.segments)]
     pieces: dict[str, list[Any]] = {name: [] for name in names}
