@@ -78,6 +78,15 @@ def read_runs_held(spark: SparkSession, root: Path, campaign_id: str, run_ids: S
             .coalesce(held_partitions(root, campaign_id, run_ids)).cache())
 
 
+def stored_rows(root: Path, campaign_id: str, run_ids: Sequence[str]) -> int:
+    """The rows the Parquet files of these runs hold, from their footers (no data read)."""
+    import pyarrow.parquet as pq
+
+    campaign_dir = Path(root) / f"campaign_id={campaign_id}"
+    return sum(pq.read_metadata(f).num_rows for run_id in run_ids
+               for f in _data_files(campaign_dir / f"run_id={run_id}"))
+
+
 def held_partitions(root: Path, campaign_id: str, run_ids: Sequence[str]) -> int:
     """The partitions :func:`read_runs_held` holds these runs in: one per
     HELD_BYTES_PER_PARTITION of their Parquet files, at least one."""

@@ -87,30 +87,88 @@ class Aggregate:
 # family, level, key, sub, figure: every figure row names its level and key (a point or
 # a run), only ``sub`` (a stream, receiver, section or time bin) may be null
 GroupKey = tuple[str, str, str, str | None, str]
+GROUP_COLUMNS = ("family", "level", "key", "sub", "figure")
 
 
-def aggregate_figures(frames: Sequence[DataFrame]) -> dict[GroupKey, Aggregate]:
-    """Group the union of ``frames`` (figure rows) once; return every group's statistics."""
+def aggregate_figures(frames: Sequence[DataFrame], *, ranked: bool = False
+                      ) -> dict[GroupKey, Aggregate]:
+    """Group the union of ``frames`` (figure rows) once; return every group's statistics.
+
+    ``ranked`` takes the quantiles by rank (:func:`ranked_values`) instead of gathering
+    each group's values into one aggregation buffer: for campaigns whose groups hold
+    millions of values, which the buffers of ``collect_list`` and ``percentile`` (not
+    spillable, one per group, all of a task's groups at once) cannot hold in the heap.
+    The figures are the same to the bit either way."""
     from pyspark.sql import functions as F
 
     union = frames[0]
     for frame in frames[1:]:
         union = union.unionByName(frame)
     value, full = F.col("value"), F.col("full")
-    group = ["family", "level", "key", "sub", "figure"]
+    group = list(GROUP_COLUMNS)
+    moments = [F.count("*").alias("rows"), F.count(value).alias("count"),
+               F.avg(value).alias("mean"), F.stddev_samp(value).alias("std"),
+               F.max(value).alias("max"), F.min(value).alias("min"),
+               F.sum(value).alias("sum"), F.max(F.abs(value)).alias("max_abs")]
+    columns = [*group, "rows", "count", "mean", "std", "max", "min", "sum", "max_abs"]
+    if ranked:
+        rows = union.groupBy(*group).agg(*moments, F.max(full).alias("full")).collect()
+        values = ranked_values(union)
+        return {key: _aggregate(r, _ranked_quantiles(r, values.get(key, {})))
+                for r in rows for key in [_group_key(r)]}
     grouped = (union.groupBy(*group)
-               .agg(F.count("*").alias("rows"), F.count(value).alias("count"),
-                    F.avg(value).alias("mean"), F.stddev_samp(value).alias("std"),
-                    F.max(value).alias("max"), F.min(value).alias("min"),
-                    F.sum(value).alias("sum"), F.max(F.abs(value)).alias("max_abs"),
+               .agg(*moments,
                     F.array_sort(F.collect_list(F.when(full, value))).alias("sorted"),
                     F.percentile(F.when(~full, value), PERCENTILE_LEVELS)
                     .alias("percentiles")))
-    rows = grouped.select(*group, "rows", "count", "mean", "std", "max", "min", "sum",
-                          "max_abs", sketch(F.col("sorted")).alias("quantiles"),
+    rows = grouped.select(*columns, sketch(F.col("sorted")).alias("quantiles"),
                           "percentiles").collect()
-    return {(r["family"], r["level"], r["key"], r["sub"], r["figure"]): _aggregate(r)
-            for r in rows}
+    return {_group_key(r): _aggregate(r, _collected_quantiles(r)) for r in rows}
+
+
+def ranked_values(union: DataFrame) -> dict[GroupKey, dict[int, float]]:
+    """The values each group's quantiles are read from, by rank (0 = the smallest).
+
+    One Spark action: every group's values sorted by a window (a shuffle and a sort, which
+    spill to disk), each ranked and counted, and only the ranks within one of a position
+    (n - 1) q kept: of :data:`SKETCH_LEVELS` for a full group (at most ~3,000 rows
+    whatever its size), of :data:`PERCENTILE_LEVELS` for the others (at most 12). The
+    levels are thousandths, so whether a rank is within one of a position is decided in
+    exact integer arithmetic: some level k / 1000 has |(n - 1) k - 1000 rank| <= 1000.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    by_group = Window.partitionBy(*GROUP_COLUMNS)
+    ranked = union.where(F.col("value").isNotNull()).select(
+        *GROUP_COLUMNS, "full", "value",
+        (F.row_number().over(by_group.orderBy("value")) - 1).cast("long").alias("rank"),
+        F.count(F.lit(1)).over(by_group).cast("long").alias("n"))
+    short = " OR ".join(f"abs((n - 1) * {k} - 1000 * rank) <= 1000" for k in _PERCENTILE_MILLS)
+    # full: some k in 0..1000 with 1000 (rank - 1) <= (n - 1) k <= 1000 (rank + 1), i.e.
+    # ceil(1000 (rank - 1) / (n - 1)) <= floor(1000 (rank + 1) / (n - 1)); a group no
+    # larger than the levels' ranks keeps everything
+    whole = ("rank = 0 OR (1000 * (rank - 1) + n - 2) div (n - 1)"
+             " <= (1000 * (rank + 1)) div (n - 1)")
+    kept = ranked.where(F.expr(f"CASE WHEN NOT full THEN {short}"
+                               f" WHEN n <= {2 * len(SKETCH_LEVELS)} THEN true"
+                               f" ELSE {whole} END"))
+    found: dict[GroupKey, dict[int, float]] = {}
+    for r in kept.select(*GROUP_COLUMNS, "rank", "value").collect():
+        found.setdefault(_group_key(r), {})[int(r["rank"])] = float(r["value"])
+    return found
+
+
+def quantile_at(by_rank: Mapping[int, float], n: int, q: float) -> float:
+    """The quantile ``q`` of ``n`` values given by rank: at position (n - 1) q, the value of
+    rank ``floor`` plus (position - floor) times the step to rank ``ceil``; the same
+    floating-point operations in the same order as :func:`sketch` (and ``percentile``)."""
+    position = float(n - 1) * q
+    lower, upper = math.floor(position), math.ceil(position)
+    low = by_rank[lower]
+    if lower == upper:
+        return low
+    return low + (position - float(lower)) * (by_rank[upper] - low)
 
 
 def sketch(ascending: Column) -> Column:
@@ -240,15 +298,40 @@ def number(value: Any) -> float | None:
 
 
 _SKETCH_INDEX = {name: round(q * (len(SKETCH_LEVELS) - 1)) for name, q in PERCENTILES.items()}
+# the PERCENTILES in thousandths (each is one of the SKETCH_LEVELS)
+_PERCENTILE_MILLS = sorted(_SKETCH_INDEX.values())
+assert all(SKETCH_LEVELS[k] == q for k, q in zip(_PERCENTILE_MILLS, PERCENTILE_LEVELS,
+                                                 strict=True))
+
+# a group's sketch (or None) and its short percentiles (or None: read from the sketch)
+_Quantiles = tuple[list[float] | None, list[float | None] | None]
 
 
-def _aggregate(row: Row) -> Aggregate:
+def _group_key(row: Row) -> GroupKey:
+    return (row["family"], row["level"], row["key"], row["sub"], row["figure"])
+
+
+def _collected_quantiles(row: Row) -> _Quantiles:
     quantiles = None if row["quantiles"] is None else [float(q) for q in row["quantiles"]]
+    return quantiles, row["percentiles"]
+
+
+def _ranked_quantiles(row: Row, by_rank: Mapping[int, float]) -> _Quantiles:
+    n = int(row["count"])
+    if n == 0:
+        return None, None
+    if row["full"]:
+        return [quantile_at(by_rank, n, q) for q in SKETCH_LEVELS], None
+    return None, [quantile_at(by_rank, n, q) for q in PERCENTILE_LEVELS]
+
+
+def _aggregate(row: Row, found: _Quantiles) -> Aggregate:
+    quantiles, short = found
     if quantiles is not None:
         percentiles = {name: number(quantiles[i]) for name, i in _SKETCH_INDEX.items()}
     else:
-        short = row["percentiles"] or [None] * len(PERCENTILES)
-        percentiles = {name: number(v) for name, v in zip(PERCENTILES, short, strict=True)}
+        listed = short or [None] * len(PERCENTILES)
+        percentiles = {name: number(v) for name, v in zip(PERCENTILES, listed, strict=True)}
     return Aggregate(rows=int(row["rows"]), count=int(row["count"]), mean=number(row["mean"]),
                      std=number(row["std"]), max=number(row["max"]), min=number(row["min"]),
                      sum=number(row["sum"]), max_abs=number(row["max_abs"]),

@@ -10,7 +10,9 @@ are in :mod:`mqttbed.analytics.figures`.
 An analysis is three Spark jobs, whatever the number of figures: (1) the subscriptions
 and clocks, collected (small); (2) the per-delivery rows every figure starts from,
 materialised; (3) one aggregation of every family's figure rows
-(:mod:`mqttbed.analytics.passes`), collected.
+(:mod:`mqttbed.analytics.passes`), collected. From :data:`RANKED_FROM_EVENTS` stored
+events on, (3) is two: the moments aggregated, then the quantiles read by rank from a
+sorted window, so that no group's values are ever held in one buffer.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from mqttbed.analytics.datasets import (
     held_partitions,
     read_runs,
     read_runs_held,
+    stored_rows,
 )
 from mqttbed.analytics.figures import (
     POINT_LEVEL,
@@ -73,6 +76,11 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DONE = "done"
+# From this many stored events on, quantiles are taken by rank (passes.ranked_values)
+# instead of gathered into one aggregation buffer per group: at 10 M events the gathered
+# buffers ran the 2 GB heap out of memory; on a quickstart (93,000 events) ranks cost
+# ~1.5x the gathering's JVM CPU (bench/analyze_small.py's campaign, 4 calls each).
+RANKED_FROM_EVENTS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -153,19 +161,20 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
         [(POINT_LEVEL, str(run.point_index))] if run.state == DONE else []) for run in runs}
     stored_events = read_runs_held(spark, events_path, campaign_id, run_ids, EVENTS_DDL)
     partitions = shuffle_partitions(spark, held_partitions(events_path, campaign_id, run_ids))
+    ranked = stored_rows(events_path, campaign_id, run_ids) >= RANKED_FROM_EVENTS
     try:
         with analysis_conf(spark, partitions):
             return _compute(spark, campaign, campaign_id, runs, levels, stored_events,
                             read_runs(spark, samples_path, campaign_id, run_ids, SAMPLES_DDL),
-                            records_path, tuple(section_types))
+                            records_path, tuple(section_types), ranked=ranked)
     finally:
         stored_events.unpersist()
 
 
 def _compute(spark: SparkSession, campaign: dict[str, Any], campaign_id: str,
              runs: list[RunInfo], levels: Levels, stored_events: Any, samples: Any,
-             records_path: Path | None, section_types: tuple[type[BackendSection], ...]
-             ) -> CampaignStats:
+             records_path: Path | None, section_types: tuple[type[BackendSection], ...],
+             *, ranked: bool) -> CampaignStats:
     """compute_campaign_stats over the campaign's events as read (held in memory)."""
     run_ids = [run.run_id for run in runs]
     _, scope_events = split_by_clock(stored_events)
@@ -193,7 +202,7 @@ def _compute(spark: SparkSession, campaign: dict[str, Any], campaign_id: str,
         frames.append(time_sync_rows(events, levels))
     if records is not None:
         frames.append(section_rows(records, levels))
-    groups = aggregate_figures(frames)
+    groups = aggregate_figures(frames, ranked=ranked)
     inputs = _Inputs(
         figures=read_level_figures(groups),
         scope=read_scope_figures(groups),

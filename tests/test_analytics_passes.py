@@ -67,3 +67,42 @@ def test_the_analysis_shuffles_as_many_partitions_as_it_holds_within_the_session
         assert spark.conf.get(SHUFFLE_PARTITIONS) == "3"
         assert spark.conf.get("spark.sql.adaptive.enabled") == "false"
     assert spark.conf.get(SHUFFLE_PARTITIONS) == configured
+
+
+def test_quantiles_by_rank_are_the_gathered_ones_to_the_bit(spark):
+    """``ranked`` (a window sort, only the ranks near each level's position collected)
+    gives every group the same figures as the gathering aggregation: full groups their
+    1,001-level sketch, the others their short percentiles; groups larger than the ranks
+    the levels touch (so that most ranks are left out), ties, one value, none."""
+    from mqttbed.analytics.passes import aggregate_figures, ranked_values
+
+    rng = random.Random(11)
+    values = {**groups(), "large": [rng.lognormvariate(5, 1.2) for _ in range(30_011)],
+              "large-ties": [float(rng.randrange(0, 400)) for _ in range(9_000)]}
+    rows = [(name, full, v) for name, vs in values.items() for full in (True, False)
+            for v in vs]
+    rows += [("empty", full, None) for full in (True, False)]
+    frame = spark.createDataFrame(rows, "g string, full boolean, v double").selectExpr(
+        "'distribution' AS family", "'run' AS level", "g AS key",
+        "CAST(NULL AS string) AS sub", "CAST(full AS string) AS figure", "v AS value", "full")
+    gathered = aggregate_figures([frame])
+    by_rank = aggregate_figures([frame], ranked=True)
+    assert len(gathered) == 2 * (len(values) + 1)
+    assert by_rank == gathered
+    large = sorted(values["large"])
+    sketched = by_rank[("distribution", "run", "large", None, "true")]
+    assert sketched.quantiles is not None and len(sketched.quantiles) == len(SKETCH_LEVELS)
+    position = (len(large) - 1) * 0.999
+    assert sketched.percentiles["p999"] == pytest.approx(
+        large[int(position)] + (position - int(position)) * (large[int(position) + 1]
+                                                              - large[int(position)]))
+    short = by_rank[("distribution", "run", "large", None, "false")]
+    assert short.quantiles is None and short.percentiles == sketched.percentiles
+    # what reaches the driver: ranks near the levels' positions, not the group
+    kept = ranked_values(frame)
+    assert len(kept[("distribution", "run", "large", None, "true")]) <= 3 * len(SKETCH_LEVELS)
+    assert len(kept[("distribution", "run", "large", None, "false")]) <= 12
+    assert len(kept[("distribution", "run", "latencies", None, "false")]) <= 12
+    assert len(kept[("distribution", "run", "negative", None, "true")]) == 257  # all
+    empty = by_rank[("distribution", "run", "empty", None, "true")]
+    assert empty.count == 0 and set(empty.percentiles.values()) == {None}
