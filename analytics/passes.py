@@ -112,10 +112,13 @@ def aggregate_figures(frames: Sequence[DataFrame], *, ranked: bool = False
                F.sum(value).alias("sum"), F.max(F.abs(value)).alias("max_abs")]
     columns = [*group, "rows", "count", "mean", "std", "max", "min", "sum", "max_abs"]
     if ranked:
-        rows = union.groupBy(*group).agg(*moments, F.max(full).alias("full")).collect()
-        values = ranked_values(union)
-        return {key: _aggregate(r, _ranked_quantiles(r, values.get(key, {})))
-                for r in rows for key in [_group_key(r)]}
+        rows = (union.groupBy(*group).agg(*moments, F.max(full).alias("full"))
+                .withColumn("group_id", group_id()).collect())
+        ids = {r["group_id"] for r in rows}
+        # two groups of one id would share their ranks: then the window sorts by the names
+        values = ranked_values(union, by_id=len(ids) == len(rows))
+        return {_group_key(r): _aggregate(r, _ranked_quantiles(r, values.get(
+            r["group_id"] if len(ids) == len(rows) else _group_key(r), {}))) for r in rows}
     grouped = (union.groupBy(*group)
                .agg(*moments,
                     F.array_sort(F.collect_list(F.when(full, value))).alias("sorted"),
@@ -126,8 +129,18 @@ def aggregate_figures(frames: Sequence[DataFrame], *, ranked: bool = False
     return {_group_key(r): _aggregate(r, _collected_quantiles(r)) for r in rows}
 
 
-def ranked_values(union: DataFrame) -> dict[GroupKey, dict[int, float]]:
-    """The values each group's quantiles are read from, by rank (0 = the smallest).
+def group_id() -> Column:
+    """A 64-bit hash of a row's group columns: what the rank pass sorts and shuffles by
+    instead of five strings (its caller checks that no two groups share one)."""
+    from pyspark.sql import functions as F
+
+    return F.xxhash64(*GROUP_COLUMNS)
+
+
+def ranked_values(union: DataFrame, *, by_id: bool = True
+                  ) -> dict[Any, dict[int, float]]:
+    """The values each group's quantiles are read from, by rank (0 = the smallest), keyed
+    by :func:`group_id` (``by_id``) or else by the group's :data:`GroupKey`.
 
     One Spark action: every group's values sorted by a window (a shuffle and a sort, which
     spill to disk), each ranked and counted, and only the ranks within one of a position
@@ -139,11 +152,16 @@ def ranked_values(union: DataFrame) -> dict[GroupKey, dict[int, float]]:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    by_group = Window.partitionBy(*GROUP_COLUMNS)
-    ranked = union.where(F.col("value").isNotNull()).select(
-        *GROUP_COLUMNS, "full", "value",
-        (F.row_number().over(by_group.orderBy("value")) - 1).cast("long").alias("rank"),
-        F.count(F.lit(1)).over(by_group).cast("long").alias("n"))
+    keys = ["group_id"] if by_id else list(GROUP_COLUMNS)
+    ordered = Window.partitionBy(*keys).orderBy("value")
+    whole_group = ordered.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    named = union.where(F.col("value").isNotNull())
+    if by_id:
+        named = named.select(group_id().alias("group_id"), "full", "value")
+    ranked = named.select(
+        *keys, "full", "value",
+        (F.row_number().over(ordered) - 1).cast("long").alias("rank"),
+        F.count(F.lit(1)).over(whole_group).cast("long").alias("n"))
     short = " OR ".join(f"abs((n - 1) * {k} - 1000 * rank) <= 1000" for k in _PERCENTILE_MILLS)
     # full: some k in 0..1000 with 1000 (rank - 1) <= (n - 1) k <= 1000 (rank + 1), i.e.
     # ceil(1000 (rank - 1) / (n - 1)) <= floor(1000 (rank + 1) / (n - 1)); a group no
@@ -153,9 +171,10 @@ def ranked_values(union: DataFrame) -> dict[GroupKey, dict[int, float]]:
     kept = ranked.where(F.expr(f"CASE WHEN NOT full THEN {short}"
                                f" WHEN n <= {2 * len(SKETCH_LEVELS)} THEN true"
                                f" ELSE {whole} END"))
-    found: dict[GroupKey, dict[int, float]] = {}
-    for r in kept.select(*GROUP_COLUMNS, "rank", "value").collect():
-        found.setdefault(_group_key(r), {})[int(r["rank"])] = float(r["value"])
+    found: dict[Any, dict[int, float]] = {}
+    for r in kept.select(*keys, "rank", "value").collect():
+        key = r["group_id"] if by_id else _group_key(r)
+        found.setdefault(key, {})[int(r["rank"])] = float(r["value"])
     return found
 
 

@@ -551,6 +551,7 @@ def _duckdb_series(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
 _ACTIONS = {
     ("passes.collect_facts", 1): "pass 1: subscriptions, clocks (fills the held events)",
     ("passes.aggregate_figures", 1): "pass 3: every grouped figure, one aggregation",
+    ("passes.ranked_values", 1): "pass 3b: quantiles by rank (from 1 M events)",
 }
 
 

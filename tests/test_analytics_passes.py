@@ -69,7 +69,7 @@ def test_the_analysis_shuffles_as_many_partitions_as_it_holds_within_the_session
     assert spark.conf.get(SHUFFLE_PARTITIONS) == configured
 
 
-def test_quantiles_by_rank_are_the_gathered_ones_to_the_bit(spark):
+def test_quantiles_by_rank_are_the_gathered_ones_to_the_bit(spark, monkeypatch):
     """``ranked`` (a window sort, only the ranks near each level's position collected)
     gives every group the same figures as the gathering aggregation: full groups their
     1,001-level sketch, the others their short percentiles; groups larger than the ranks
@@ -99,10 +99,16 @@ def test_quantiles_by_rank_are_the_gathered_ones_to_the_bit(spark):
     short = by_rank[("distribution", "run", "large", None, "false")]
     assert short.quantiles is None and short.percentiles == sketched.percentiles
     # what reaches the driver: ranks near the levels' positions, not the group
-    kept = ranked_values(frame)
+    kept = ranked_values(frame, by_id=False)
     assert len(kept[("distribution", "run", "large", None, "true")]) <= 3 * len(SKETCH_LEVELS)
     assert len(kept[("distribution", "run", "large", None, "false")]) <= 12
     assert len(kept[("distribution", "run", "latencies", None, "false")]) <= 12
     assert len(kept[("distribution", "run", "negative", None, "true")]) == 257  # all
     empty = by_rank[("distribution", "run", "empty", None, "true")]
     assert empty.count == 0 and set(empty.percentiles.values()) == {None}
+    # groups whose ids collide are sorted by their names instead
+    from pyspark.sql import functions as F
+
+    import mqttbed.analytics.passes as passes
+    monkeypatch.setattr(passes, "group_id", lambda: F.lit(7).cast("long"))
+    assert aggregate_figures([frame], ranked=True) == gathered
