@@ -6,9 +6,9 @@ payloads. On the link a message is its payload, 15 bytes of MQTT (fixed header, 
 topic ``bench/sync``) and its share of 66 bytes of Ethernet, IPv4 and TCP headers (with
 timestamps): one segment a message, 1,081 bytes, when the link keeps up; a full segment
 of 1,448 bytes of stream per header when it does not. So the link carries between 381.5
-and 388.8 messages a second. Below that the queue stays empty (p50 ~0.1-0.6 ms measured);
-above it the queue grows for the whole run (p50 88-390 ms at 500 Hz, 108 ms at 420.5
-Hz). The search must bracket that: its capacity no higher than the link carries, the
+and 388.8 messages a second. Below that the queue stays empty; above it the queue grows
+for the whole run. Measured while choosing the cap (searches at 3,357 and 4,000 kbit/s):
+p50 0.08-0.56 ms below the edge, 88-390 ms at 500 Hz, 108 ms at 420.5 Hz. The search must bracket that: its capacity no higher than the link carries, the
 rejected value above it, each verdict the SLO on that run's ``stats.json`` figures, the
 decisions replayed from the stored runs, the capacity accepted on three runs.
 
