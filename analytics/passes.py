@@ -114,11 +114,11 @@ def aggregate_figures(frames: Sequence[DataFrame], *, ranked: bool = False
     if ranked:
         rows = (union.groupBy(*group).agg(*moments, F.max(full).alias("full"))
                 .withColumn("group_id", group_id()).collect())
-        ids = {r["group_id"] for r in rows}
         # two groups of one id would share their ranks: then the window sorts by the names
-        values = ranked_values(union, by_id=len(ids) == len(rows))
+        by_id = len({r["group_id"] for r in rows}) == len(rows)
+        values = ranked_values(union, by_id=by_id)
         return {_group_key(r): _aggregate(r, _ranked_quantiles(r, values.get(
-            r["group_id"] if len(ids) == len(rows) else _group_key(r), {}))) for r in rows}
+            r["group_id"] if by_id else _group_key(r), {}))) for r in rows}
     grouped = (union.groupBy(*group)
                .agg(*moments,
                     F.array_sort(F.collect_list(F.when(full, value))).alias("sorted"),
