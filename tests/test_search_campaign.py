@@ -8,9 +8,10 @@ timestamps): one segment a message, 1,081 bytes, when the link keeps up; a full 
 of 1,448 bytes of stream per header when it does not. So the link carries between 381.5
 and 388.8 messages a second. Below that the queue stays empty; above it the queue grows
 for the whole run. Measured while choosing the cap (searches at 3,357 and 4,000 kbit/s):
-p50 0.08-0.56 ms below the edge, 88-390 ms at 500 Hz, 108 ms at 420.5 Hz. The search must bracket that: its capacity no higher than the link carries, the
-rejected value above it, each verdict the SLO on that run's ``stats.json`` figures, the
-decisions replayed from the stored runs, the capacity accepted on three runs.
+p50 0.08-0.56 ms below the edge, 88-390 ms at 500 Hz, 108 ms at 420.5 Hz. The search
+must bracket that: its capacity no higher than the link carries, the rejected value
+above it, each verdict the SLO on that run's ``stats.json`` figures, the decisions
+replayed from the stored runs, the capacity accepted on three runs.
 
 The probes are geometric: 250 Hz, 500, then 353.6 and 420.5 (resolution 0.3), so the cap
 is set to put the edge between those two, 8-10 % from each: far enough that a stall of
