@@ -78,19 +78,21 @@ def read_runs_held(spark: SparkSession, root: Path, campaign_id: str, run_ids: S
             .coalesce(held_partitions(root, campaign_id, run_ids)).cache())
 
 
+def _runs_data_files(root: Path, campaign_id: str, run_ids: Sequence[str]) -> list[Path]:
+    campaign_dir = Path(root) / f"campaign_id={campaign_id}"
+    return [f for run_id in run_ids for f in _data_files(campaign_dir / f"run_id={run_id}")]
+
+
 def stored_rows(root: Path, campaign_id: str, run_ids: Sequence[str]) -> int:
     """The rows the Parquet files of these runs hold, from their footers (no data read)."""
     import pyarrow.parquet as pq
 
-    campaign_dir = Path(root) / f"campaign_id={campaign_id}"
-    return sum(pq.read_metadata(f).num_rows for run_id in run_ids
-               for f in _data_files(campaign_dir / f"run_id={run_id}"))
+    return sum(pq.read_metadata(f).num_rows
+               for f in _runs_data_files(root, campaign_id, run_ids))
 
 
 def held_partitions(root: Path, campaign_id: str, run_ids: Sequence[str]) -> int:
     """The partitions :func:`read_runs_held` holds these runs in: one per
     HELD_BYTES_PER_PARTITION of their Parquet files, at least one."""
-    campaign_dir = Path(root) / f"campaign_id={campaign_id}"
-    stored = sum(f.stat().st_size for run_id in run_ids
-                 for f in _data_files(campaign_dir / f"run_id={run_id}"))
+    stored = sum(f.stat().st_size for f in _runs_data_files(root, campaign_id, run_ids))
     return max(1, math.ceil(stored / HELD_BYTES_PER_PARTITION))
