@@ -240,26 +240,37 @@ def test_a_campaign_against_an_external_broker_delivers_every_qos1_message(tmp_p
 
 class DroppingRelay:
     """A TCP relay in front of a broker that, told to, closes every client's connection
-    and refuses new ones: a broker that drops all its clients mid-run."""
+    and then each new one as soon as it opens: a broker that drops all its clients
+    mid-run, and those that come back.
+
+    It keeps listening, so a liveness probe (a TCP connect) still succeeds and the run's
+    reason is what the clients saw, every time: a relay that stopped listening would race
+    the clients' reports against the probe's "connection refused".
+    """
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         self.pairs: list[tuple[socket.socket, socket.socket]] = []
-        self.dropped = threading.Event()
+        self.dropped = False
+        self.lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        while not self.dropped.is_set():
+        while True:
             try:
                 client, _ = self.server.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            for sock in (client, upstream):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.pairs.append((client, upstream))
+            with self.lock:
+                if self.dropped:
+                    client.close()
+                    continue
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+                for sock in (client, upstream):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.pairs.append((client, upstream))
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
@@ -272,24 +283,30 @@ class DroppingRelay:
             pass
 
     def drop_everyone(self) -> None:
-        self.dropped.set()
+        with self.lock:
+            self.dropped = True
+            for pair in self.pairs:
+                for sock in pair:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                    sock.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.server.shutdown(socket.SHUT_RDWR)   # wakes the blocked accept()
         self.server.close()
-        for pair in self.pairs:
-            for sock in pair:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_a_broker_that_drops_every_client_mid_run_fails_the_run_and_keeps_its_events(
-        tmp_path, controller, updates):
+        tmp_path, controller, updates, request):
     from tests.conftest import wait_until
     from tests.test_engine_failures import dataset_rows, start_campaign, stored_rows
 
     with own_mosquitto(tmp_path) as (broker, port):
         relay = DroppingRelay(port)
+        request.addfinalizer(relay.close)
         spec = {"name": "dropped", "agents": {"count": 2},
                 "broker": {"backend": "external", "url": f"mqtt://127.0.0.1:{relay.port}",
                            "sys_topics": False},
