@@ -211,7 +211,11 @@ def sketch(ascending: Column) -> Column:
         return F.when(lower == upper, low).otherwise(
             low + (position - lower.cast("double")) * (high - low))
 
-    levels = F.array(*[F.lit(q) for q in SKETCH_LEVELS])
+    # SKETCH_LEVELS computed in the plan, as Python computes them (k / 1000, one IEEE
+    # division): a literal array would cost a round trip to the JVM per level
+    last = len(SKETCH_LEVELS) - 1
+    levels = F.transform(F.sequence(F.lit(0), F.lit(last)),
+                         lambda k: k.cast("double") / F.lit(float(last)))
     return F.when(size > 0, F.transform(levels, at))
 
 
