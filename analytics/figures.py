@@ -41,6 +41,7 @@ from mqttbed.analytics.passes import (
     SKETCH_LEVELS,
     Aggregate,
     GroupKey,
+    Struct,
     figure_rows,
     literal_map,
     lookup,
@@ -283,8 +284,7 @@ def stream_of(streams: PublisherStreams) -> Column:
     """The stream of each row's (run_id, publisher); null for a publisher of none."""
     from pyspark.sql import functions as F
 
-    by_run = literal_map({run_id: literal_map({p: F.lit(s) for p, s in publishers.items()})
-                          for run_id, publishers in streams.items() if publishers})
+    by_run = literal_map({run_id: dict(publishers) for run_id, publishers in streams.items()})
     return lookup(lookup(by_run, F.col("run_id"), "map<string,string>"), F.col("publisher"),
                   "string")
 
@@ -294,10 +294,9 @@ def _per_level(frame: DataFrame, levels: Levels, only: str | None = None) -> Dat
     level, if given), with columns ``level`` and ``key``; rows of other runs are dropped."""
     from pyspark.sql import functions as F
 
-    chosen = {run_id: [F.struct(F.lit(level).alias("level"), F.lit(key).alias("key"))
-                       for level, key in keys if only is None or level == only]
-              for run_id, keys in levels.items()}
-    of_run = literal_map({run_id: F.array(*keys) for run_id, keys in chosen.items() if keys})
+    of_run = literal_map({run_id: [Struct(level=level, key=key) for level, key in keys
+                                   if only is None or level == only]
+                          for run_id, keys in levels.items()})
     found = F.explode(lookup(of_run, F.col("run_id"), "array<struct<level:string,key:string>>"))
     return (frame.withColumn("_level", found)
             .select(*frame.columns, F.col("_level.level").alias("level"),
@@ -357,15 +356,12 @@ def _expected_pairs(publishes: DataFrame, subscriptions: Sequence[dict[str, Any]
             exact.setdefault(row["run_id"], {}).setdefault(topic_filter, set()).add(receiver)
     none = F.array().cast("array<string>")
 
-    def receivers(names: set[str]) -> Column:
-        return F.array(*[F.lit(r) for r in sorted(names)])
-
-    by_topic = literal_map({run_id: literal_map({t: receivers(r) for t, r in topics.items()})
+    by_topic = literal_map({run_id: {t: sorted(r) for t, r in topics.items()}
                             for run_id, topics in exact.items()})
     matching = F.coalesce(lookup(lookup(by_topic, F.col("run_id"), "map<string,array<string>>"),
                                  F.col("topic"), "array<string>"), none)
     for topic_filter in sorted(wild):
-        of_run = literal_map({run_id: receivers(r) for run_id, r in wild[topic_filter].items()})
+        of_run = literal_map({run_id: sorted(r) for run_id, r in wild[topic_filter].items()})
         matching = F.concat(matching, F.when(
             F.col("topic").rlike(topic_filter_regex(topic_filter)),
             F.coalesce(lookup(of_run, F.col("run_id"), "array<string>"), none)).otherwise(none))
@@ -429,8 +425,8 @@ def _distribution_rows(unique: DataFrame, ends: dict[str, tuple[str, str]],
     from pyspark.sql import functions as F
 
     run_id = F.col("run_id")
-    first = literal_map({r: F.lit(first) for r, (first, _) in ends.items()})
-    last = literal_map({r: F.lit(last) for r, (_, last) in ends.items()})
+    first = literal_map({r: first for r, (first, _) in ends.items()})
+    last = literal_map({r: last for r, (_, last) in ends.items()})
     arrival = F.col("arrival_ns")
     messages = (
         unique.withColumn("first_receiver", lookup(first, run_id, "string"))
@@ -472,8 +468,7 @@ def _fault_rows(unique: DataFrame, faults: dict[str, int]) -> DataFrame:
 
     no_publisher = F.lit(None).cast("string").alias("publisher")
     after = F.col("departure_ns") > F.col("fault_ns")
-    fault_ns = lookup(literal_map({r: F.lit(t) for r, t in faults.items()}), F.col("run_id"),
-                      "bigint")
+    fault_ns = lookup(literal_map(faults), F.col("run_id"), "bigint")
     per_receiver = (unique.where("expected").withColumn("fault_ns", fault_ns)
                     .where(F.col("fault_ns").isNotNull())
                     .groupBy("run_id", "receiver", "fault_ns")

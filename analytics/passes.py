@@ -289,17 +289,55 @@ def collect_facts(frames: dict[str, DataFrame]) -> dict[str, list[dict[str, Any]
     return found
 
 
-def literal_map(mapping: Mapping[str, Column | None]) -> Column | None:
-    """``mapping`` as a map literal of the plan (None when empty): a lookup in a table the
-    driver holds, without a join or a broadcast. Look up with ``F.try_element_at``."""
+class Struct(dict[str, Any]):
+    """A struct for :func:`sql_literal`: its fields by name, in order."""
+
+
+def sql_literal(value: Any) -> str:
+    """``value`` as a Spark SQL literal: None, bool, int (bigint), float (double), str,
+    a :class:`Struct`, or lists (arrays) and str-keyed dicts (maps) of them.
+
+    A table the driver holds goes into the plan as one expression parsed once
+    (``F.expr``): built from ``F.lit`` and friends it costs a round trip to the JVM per
+    element (~50 us each; the quickstart's tables were thousands of them per analysis).
+    Strings keep every character: a backslash and a quote are escaped, nothing else is
+    read as an escape (``tests/test_analytics_passes.py``).
+    """
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"{value}L"
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return f"{value!r}D"
+        return f"CAST('{value}' AS DOUBLE)"   # 'nan', 'inf', '-inf': Spark reads all three
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, Struct):
+        return "named_struct(" + ", ".join(f"{sql_literal(name)}, {sql_literal(field)}"
+                                           for name, field in value.items()) + ")"
+    if isinstance(value, dict):
+        return "map(" + ", ".join(f"{sql_literal(k)}, {sql_literal(v)}"
+                                  for k, v in value.items()) + ")"
+    if isinstance(value, list | tuple):
+        return "array(" + ", ".join(sql_literal(item) for item in value) + ")"
+    raise TypeError(f"no SQL literal for {type(value).__name__}: {value!r}")
+
+
+def literal_map(mapping: Mapping[str, Any]) -> Column | None:
+    """``mapping`` (values as :func:`sql_literal` takes them) as a map literal of the plan
+    (None when empty): a lookup in a table the driver holds, without a join or a
+    broadcast. Look up with :func:`lookup`."""
     from pyspark.sql import functions as F
 
-    # an entry without a value (an empty inner map) is an absent key: null either way
-    present = {key: value for key, value in mapping.items() if value is not None}
+    # an entry without a value (None, an empty map or list) is an absent key: null either way
+    present = {key: value for key, value in mapping.items()
+               if value is not None and not (isinstance(value, dict | list) and not value)}
     if not present:
         return None
-    return F.create_map(*[item for key, value in present.items()
-                          for item in (F.lit(key), value)])
+    return F.expr(sql_literal(present))
 
 
 def lookup(mapping: Column | None, key: Column, kind: str) -> Column:

@@ -112,3 +112,34 @@ def test_quantiles_by_rank_are_the_gathered_ones_to_the_bit(spark, monkeypatch):
     import mqttbed.analytics.passes as passes
     monkeypatch.setattr(passes, "group_id", lambda: F.lit(7).cast("long"))
     assert aggregate_figures([frame], ranked=True) == gathered
+
+
+def test_a_literal_table_reaches_the_plan_with_every_character_and_number_intact(spark):
+    from pyspark.sql import functions as F
+
+    from mqttbed.analytics.passes import Struct, literal_map, lookup, sql_literal
+
+    tricky = ["it's", "back\\slash", "\\'", "100%_", "line\nbreak", "tab\t", "\\u0041",
+              "ünï€ode", "", "'; DROP TABLE x; --"]
+    numbers = [0.1, -0.0, 1e-300, 2.0 ** 60, 1 / 3, float("inf"), float("-inf")]
+    value = {"strings": tricky, "ints": [0, -1, 2 ** 62], "floats": numbers,
+             "flags": [True, False, None], "struct": [Struct(level="run", key="r'1")]}
+    (row,) = spark.range(1).select(*[F.expr(sql_literal(v)).alias(k)
+                                     for k, v in value.items()]).collect()
+    assert row["strings"] == tricky
+    assert row["ints"] == [0, -1, 2 ** 62]
+    assert row["floats"] == numbers and str(row["floats"][1]) == "-0.0"
+    assert row["flags"] == [True, False, None]
+    assert row["struct"][0].asDict() == {"level": "run", "key": "r'1"}
+    (nan,) = spark.range(1).select(F.expr(sql_literal(float("nan"))).alias("v")).collect()
+    assert nan["v"] != nan["v"]
+    # a map of maps with an empty entry: that key is absent, the others found
+    table = literal_map({"a": {"x": ["1"]}, "b": {}, "c": None})
+    frame = spark.createDataFrame([("a",), ("b",), ("c",), (None,)], "k string")
+    found = frame.select("k", lookup(table, F.col("k"), "map<string,array<string>>")
+                         .alias("v")).collect()
+    assert {r["k"]: r["v"] for r in found} == {"a": {"x": ["1"]}, "b": None, "c": None,
+                                               None: None}
+    assert literal_map({"only": None}) is None
+    with pytest.raises(TypeError, match="no SQL literal for set"):
+        sql_literal({1})
