@@ -80,6 +80,8 @@ _DELIVERY_KEY = ("run_id", "publisher", "seq", "receiver")
 # Figures whose point percentiles get a bootstrap interval across runs; each run's values
 # are summarised by their quantiles at SKETCH_LEVELS (0, 0.1 %, ... 100 %).
 SKETCHED_FIGURES = ("latency_us", "sync_spread_us")
+# A point's latency CDF (and its streams') is its latency distribution's sketch
+CDF_FIGURE = "latency_us"
 __all__ = ["PERCENTILES", "SKETCH_LEVELS"]  # re-exported: where callers have found them
 
 
@@ -210,7 +212,9 @@ def level_figure_rows(events: DataFrame, deliveries: DataFrame, samples: DataFra
     # per message. The sums are of whole numbers, exact in any order.
     counted = counted.groupBy("run_id", "publisher", "figure").agg(F.sum("value").alias("value"))
     counted = _by_stream(counted, streams, F.col("figure") != "receivers_not_resumed")
-    sketched = (F.col("level") == RUN_LEVEL) & F.col("figure").isin(list(SKETCHED_FIGURES))
+    level, figure = F.col("level"), F.col("figure")
+    sketched = (((level == RUN_LEVEL) & figure.isin(list(SKETCHED_FIGURES)))
+                | ((level == POINT_LEVEL) & (figure == CDF_FIGURE)))
     return [
         figure_rows(_per_level(counted, levels), "count", sub="stream"),
         figure_rows(_per_level(values, levels), "distribution", sub="stream", full=sketched),
@@ -245,7 +249,7 @@ def read_level_figures(groups: dict[GroupKey, Aggregate]) -> LevelFigures:
                 int(found.sum or 0))
         elif family == "distribution":
             distributions[(level, key, sub, figure)] = found.distribution()
-            if found.quantiles is not None and found.count:
+            if level == RUN_LEVEL and found.quantiles is not None and found.count:
                 sketches[(key, sub, figure)] = QuantileSketch(found.count, found.quantiles)
         elif family == "item":
             items[(level, key, figure)] = {"mean": found.mean, "std": found.std,

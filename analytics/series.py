@@ -1,26 +1,18 @@
 """Series for report plots: latency CDFs per sweep point, latency over time per run.
 
-These are drawn, not tabulated, so they are kept apart from the figures of
-:mod:`mqttbed.analytics.figures`: a CDF as 101 quantiles (0 %, 1 %, ... 100 %) of the
-latency of every unique, non-warm-up delivery of a point's done runs, and a run's
-latency over time as the median, p99 and count per time bin of the send time, counted
-from the run's first measured publish.
+These are drawn, not tabulated: a CDF as 101 quantiles (0 %, 1 %, ... 100 %) of the
+latency of every unique, non-warm-up delivery of a point's done runs (read from the
+sketch of the point's ``latency_us`` figure of :mod:`mqttbed.analytics.figures`), and a
+run's latency over time as the median, p99 and count per time bin of the send time,
+counted from the send time of the run's first delivered message.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from mqttbed.analytics.figures import (
-    POINT_LEVEL,
-    RUN_LEVEL,
-    Levels,
-    PublisherStreams,
-    _per_level,
-    stream_of,
-)
+from mqttbed.analytics.figures import CDF_FIGURE, POINT_LEVEL, RUN_LEVEL
 from mqttbed.analytics.passes import SKETCH_LEVELS, Aggregate, GroupKey, figure_rows
-from mqttbed.core.events import EventKind
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -29,52 +21,26 @@ CDF_LEVELS = [i / 100 for i in range(101)]
 # The CDF is every CDF_STEP-th quantile of the sketch (the same doubles: i/100 == 10i/1000).
 CDF_STEP = (len(SKETCH_LEVELS) - 1) // (len(CDF_LEVELS) - 1)
 TIMELINE_BIN_S = 0.1
-_KEY = ("run_id", "publisher", "seq", "receiver")
 
 
-def _unique_latencies(events: DataFrame) -> DataFrame:
-    """run_id, publisher, t_send_ns (offset-corrected), latency_us of each first arrival."""
-    from pyspark.sql import functions as F
+def series_rows(deliveries: DataFrame) -> list[DataFrame]:
+    """The figure rows of the series that are not figures already: each run's latencies
+    by time bin of the send time, for the timeline.
 
-    kind = F.col("kind")
-    measured = events.where(~F.col("warmup"))
-    sent = (measured.where(kind == EventKind.PUBLISH.value)
-            .groupBy("run_id", "publisher", "seq")
-            .agg(F.min(F.col("t_pub_ns") - F.col("clock_offset_ns")).alias("t_send_ns")))
-    first = (measured.where(kind == EventKind.DELIVERY.value)
-             .groupBy(*_KEY)
-             .agg(F.min(F.struct(F.col("t_recv_ns") - F.col("clock_offset_ns"),
-                                 F.col("t_pub_ns"))).alias("d"))
-             .select(*_KEY, F.col("d.col1").alias("arrival_ns"),
-                     F.col("d.t_pub_ns").alias("payload_t_pub_ns")))
-    joined = first.join(sent, ["run_id", "publisher", "seq"], "left")
-    t_send = F.coalesce(F.col("t_send_ns"), F.col("payload_t_pub_ns"))
-    return joined.select("run_id", "publisher", t_send.alias("t_send_ns"),
-                         ((F.col("arrival_ns") - t_send) / 1000.0).alias("latency_us"))
-
-
-def series_rows(events: DataFrame, levels: Levels,
-                streams: PublisherStreams | None = None) -> list[DataFrame]:
-    """The figure rows of the series: each point's latencies of its done runs (whole, and
-    per stream of a message mix with ``streams``) for the CDFs, and each run's latencies
-    by time bin of the send time for the timeline.
-
-    ``levels`` are the stats' levels: a point's rows are those of its done runs.
+    ``deliveries`` are the :func:`~mqttbed.analytics.figures.delivery_rows`. A point's
+    CDF (whole, and per stream of a message mix) is the sketch of its ``latency_us``
+    distribution (:data:`~mqttbed.analytics.figures.POINT_SKETCHED_FIGURES`): the same
+    deliveries and values as the point's latency figures, by construction.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    latencies = _unique_latencies(events)
-    pooled = latencies.withColumn("stream", F.lit(None).cast("string"))
-    if streams:
-        pooled = pooled.unionByName(latencies.withColumn("stream", stream_of(streams))
-                                    .where(F.col("stream").isNotNull()))
+    latencies = deliveries.where("received").select(
+        "run_id", F.col("departure_ns").alias("t_send_ns"), "latency_us")
     t0 = F.min("t_send_ns").over(Window.partitionBy("run_id"))
     bins = latencies.withColumn("bin", F.floor((F.col("t_send_ns") - t0)
                                                / (TIMELINE_BIN_S * 1e9)).cast("int"))
-    return [figure_rows(_per_level(pooled, levels, only=POINT_LEVEL), "cdf", sub="stream",
-                        figure=F.lit("latency_us"), value="latency_us", full=True),
-            figure_rows(bins, "timeline", level=F.lit(RUN_LEVEL), key="run_id", sub="bin",
+    return [figure_rows(bins, "timeline", level=F.lit(RUN_LEVEL), key="run_id", sub="bin",
                         figure=F.lit("latency_us"), value="latency_us")]
 
 
@@ -85,8 +51,9 @@ def read_series(groups: dict[GroupKey, Aggregate]) -> dict[str, Any]:
     cdfs: dict[str, list[float]] = {}
     by_stream: dict[str, dict[str, list[float]]] = {}
     bins: dict[str, list[tuple[int, Aggregate]]] = {}
-    for (family, _, key, sub, _), found in groups.items():
-        if family == "cdf" and found.quantiles is not None:
+    for (family, level, key, sub, figure), found in groups.items():
+        if (family == "distribution" and level == POINT_LEVEL and figure == CDF_FIGURE
+                and found.quantiles is not None):
             cdf = found.quantiles[::CDF_STEP]
             if sub is None:
                 cdfs[key] = cdf

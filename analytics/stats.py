@@ -197,7 +197,7 @@ def _compute(spark: SparkSession, campaign: dict[str, Any], campaign_id: str,
     # Pass 3 (one action): every grouped figure, series and section at once.
     frames = [*level_figure_rows(events, deliveries, samples, levels, subscriptions,
                                  faults, streams),
-              scope_rows(scope_events, levels), *series_rows(events, levels, streams)]
+              scope_rows(scope_events, levels), *series_rows(deliveries)]
     if any(run.mode == "time-sync" for run in runs):
         frames.append(time_sync_rows(events, levels))
     if records is not None:
