@@ -4,15 +4,24 @@ These are drawn, not tabulated: a CDF as 101 quantiles (0 %, 1 %, ... 100 %) of 
 latency of every unique, non-warm-up delivery of a point's done runs (read from the
 sketch of the point's ``latency_us`` figure of :mod:`mqttbed.analytics.figures`), and a
 run's latency over time as the median, p99 and count per time bin of the send time,
-counted from the send time of the run's first delivered message.
+counted from the run's first measured publish.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from mqttbed.analytics.figures import CDF_FIGURE, POINT_LEVEL, RUN_LEVEL
-from mqttbed.analytics.passes import SKETCH_LEVELS, Aggregate, GroupKey, figure_rows
+from mqttbed.analytics.passes import (
+    SKETCH_LEVELS,
+    Aggregate,
+    GroupKey,
+    figure_rows,
+    literal_map,
+    lookup,
+)
+from mqttbed.core.events import EventKind
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -23,23 +32,39 @@ CDF_STEP = (len(SKETCH_LEVELS) - 1) // (len(CDF_LEVELS) - 1)
 TIMELINE_BIN_S = 0.1
 
 
-def series_rows(deliveries: DataFrame) -> list[DataFrame]:
+def start_rows(events: DataFrame) -> DataFrame:
+    """Per run, ``t0_ns``: when its timeline starts. The send time of its first measured
+    publish (offset-corrected, as a delivery's departure), or in a run without publish
+    records the earliest payload timestamp of its deliveries (their departure then).
+    Small; collected before the figure pass."""
+    from pyspark.sql import functions as F
+
+    kind, measured = F.col("kind"), events.where(~F.col("warmup"))
+    return (measured.groupBy("run_id")
+            .agg(F.min(F.when(kind == EventKind.PUBLISH.value,
+                              F.col("t_pub_ns") - F.col("clock_offset_ns"))).alias("sent"),
+                 F.min(F.when(kind == EventKind.DELIVERY.value, F.col("t_pub_ns")))
+                 .alias("payload"))
+            .select("run_id", F.coalesce("sent", "payload").alias("t0_ns")))
+
+
+def series_rows(deliveries: DataFrame, starts: Sequence[dict[str, Any]]) -> list[DataFrame]:
     """The figure rows of the series that are not figures already: each run's latencies
-    by time bin of the send time, for the timeline.
+    by time bin of the send time (from the run's ``t0_ns``, the collected
+    :func:`start_rows`), for the timeline.
 
     ``deliveries`` are the :func:`~mqttbed.analytics.figures.delivery_rows`. A point's
     CDF (whole, and per stream of a message mix) is the sketch of its ``latency_us``
-    distribution (:data:`~mqttbed.analytics.figures.POINT_SKETCHED_FIGURES`): the same
+    distribution (:data:`~mqttbed.analytics.figures.CDF_FIGURE`): the same
     deliveries and values as the point's latency figures, by construction.
     """
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    latencies = deliveries.where("received").select(
-        "run_id", F.col("departure_ns").alias("t_send_ns"), "latency_us")
-    t0 = F.min("t_send_ns").over(Window.partitionBy("run_id"))
-    bins = latencies.withColumn("bin", F.floor((F.col("t_send_ns") - t0)
-                                               / (TIMELINE_BIN_S * 1e9)).cast("int"))
+    t0 = lookup(literal_map({r["run_id"]: r["t0_ns"] for r in starts}), F.col("run_id"),
+                "bigint")
+    bins = (deliveries.where("received")
+            .withColumn("bin", F.floor((F.col("departure_ns") - t0)
+                                       / (TIMELINE_BIN_S * 1e9)).cast("int")))
     return [figure_rows(bins, "timeline", level=F.lit(RUN_LEVEL), key="run_id", sub="bin",
                         figure=F.lit("latency_us"), value="latency_us")]
 

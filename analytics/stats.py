@@ -69,7 +69,7 @@ from mqttbed.analytics.sections import (
     read_section_statistics,
     section_rows,
 )
-from mqttbed.analytics.series import read_series, series_rows
+from mqttbed.analytics.series import read_series, series_rows, start_rows
 from mqttbed.core.sections import BackendSection
 
 if TYPE_CHECKING:
@@ -186,9 +186,10 @@ def _compute(spark: SparkSession, campaign: dict[str, Any], campaign_id: str,
         run.run_id: {publisher: stream.name for stream in run.streams
                      for publisher in stream.publishers} for run in runs if run.streams}
     # Pass 1 (one action, small result): the subscriptions, which the topic matching of
-    # pass 2 needs on the driver, and the clocks. It also fills the held events.
+    # pass 2 needs on the driver, the clocks and where each run's timeline starts. It
+    # also fills the held events.
     facts = collect_facts({"subscriptions": subscription_rows(events),
-                           "clocks": clock_rows(events)})
+                           "clocks": clock_rows(events), "starts": start_rows(events)})
     subscriptions = facts["subscriptions"]
     # Pass 2: the per-delivery rows every figure starts from, materialised (its lineage
     # cut, so that pass 3's plan stays small; Spark's cleaner frees the blocks once the
@@ -197,7 +198,7 @@ def _compute(spark: SparkSession, campaign: dict[str, Any], campaign_id: str,
     # Pass 3 (one action): every grouped figure, series and section at once.
     frames = [*level_figure_rows(events, deliveries, samples, levels, subscriptions,
                                  faults, streams),
-              scope_rows(scope_events, levels), *series_rows(deliveries)]
+              scope_rows(scope_events, levels), *series_rows(deliveries, facts["starts"])]
     if any(run.mode == "time-sync" for run in runs):
         frames.append(time_sync_rows(events, levels))
     if records is not None:

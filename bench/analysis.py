@@ -406,15 +406,16 @@ SELECT level, key, figure, avg(value), stddev_samp(value), max(value), sum(value
 FROM items JOIN levels USING (run_id) WHERE value IS NOT NULL GROUP BY ALL
 """
 
-# The series' latency and send time equal uniq's latency_us and departure_ns whenever a
-# receiver has one clock offset and a message one publish record, as here.
+# A point's CDF is the sketch of its latency_us figure; the timeline counts from each
+# run's first measured publish (offset-corrected).
 _CDF_SOURCE = ("SELECT key AS grp, latency_us AS value FROM uniq JOIN levels USING (run_id) "
                "WHERE level = 'point'")
 
 _TIMELINE = """
 SELECT run_id, floor((departure_ns - t0) / {bin_ns})::INT AS bin,
        quantile_cont(latency_us, [0.5, 0.99]), count(*)
-FROM (SELECT *, min(departure_ns) OVER (PARTITION BY run_id) AS t0 FROM uniq)
+FROM uniq JOIN (SELECT run_id, min(t_pub_ns - pub_offset_ns) AS t0 FROM publishes
+                GROUP BY run_id) USING (run_id)
 GROUP BY ALL ORDER BY run_id, bin
 """
 
