@@ -238,13 +238,13 @@ def _reference_run(rows: list[dict]) -> dict[str, Any]:
             reordered += highest is not None and d["seq"] < highest
             highest = d["seq"] if highest is None else max(highest, d["seq"])
 
-    arrival, latency, from_intended = {}, {}, []
+    arrival, departure, latency, from_intended = {}, {}, {}, []
     for key, d in unique.items():
         arrival[key] = d["t_recv_ns"] - d["clock_offset_ns"]
         p = published.get(key[:2])
-        departure = p["t_pub_ns"] - p["clock_offset_ns"] if p else d["t_pub_ns"]
+        departure[key] = p["t_pub_ns"] - p["clock_offset_ns"] if p else d["t_pub_ns"]
         intended = p["t_intended_ns"] - p["clock_offset_ns"] if p else d["t_intended_ns"]
-        latency[key] = (arrival[key] - departure) / 1000
+        latency[key] = (arrival[key] - departure[key]) / 1000
         from_intended.append((arrival[key] - intended) / 1000)
     send_lag = [(p["t_pub_ns"] - p["t_intended_ns"]) / 1000 for p in pubs]
 
@@ -292,6 +292,10 @@ def _reference_run(rows: list[dict]) -> dict[str, Any]:
         "spread": spread, "first_last": first_last,
         "throughput": [received / span_s] if span_s > 0 else [],
         "publication": publication,
+        # each unique delivery's send time, and the run's first measured publish
+        "departures": list(departure.values()),
+        "first_publish": min((p["t_pub_ns"] - p["clock_offset_ns"] for p in pubs),
+                             default=None),
     }
 
 
@@ -774,16 +778,10 @@ def test_latency_timeline_counts_every_unique_delivery_of_the_run(stats, dataset
                                                  strict=True))
         # by hand: each unique delivery in the bin of its send time, counted from the
         # run's first measured publish (offset-corrected)
-        rows = [r for r in events[run.run_id] if not r["warmup"]]
-        sent = {(r["publisher"], r["seq"]): r["t_pub_ns"] - r["clock_offset_ns"]
-                for r in rows if r["kind"] == "publish"}
-        t0 = min(sent.values())
-        first: dict[tuple, dict] = {}
-        for d in sorted((r for r in rows if r["kind"] == "delivery"),
-                        key=lambda d: d["t_recv_ns"]):
-            first.setdefault((d["publisher"], d["seq"], d["receiver"]), d)
-        per_bin = Counter(math.floor((sent.get(k[:2], d["t_pub_ns"]) - t0)
-                                     / (TIMELINE_BIN_S * 1e9)) for k, d in first.items())
+        reference = _reference_run(events[run.run_id])
+        t0 = reference["first_publish"]
+        per_bin = Counter(math.floor((departure - t0) / (TIMELINE_BIN_S * 1e9))
+                          for departure in reference["departures"])
         assert dict(zip([round(t / TIMELINE_BIN_S) for t in series["t_s"]],
                         series["deliveries"], strict=True)) == dict(per_bin)
 
