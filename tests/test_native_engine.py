@@ -633,3 +633,34 @@ def test_a_broker_that_stops_reading_holds_the_publisher_back_and_gets_every_byt
     assert seqs == list(range(messages))
     # 15 MB of PUBLISHes against a few MB of socket buffers and the 256 KiB queue
     assert stall_ended and sent_at[-1] > stall_ended[0]
+
+
+@pytest.mark.integration  # Mosquitto
+def test_the_run_hands_back_between_slices_only_when_no_publish_is_in_flight(broker,
+                                                                             monkeypatch):
+    # The drain between slices must not run while a PUBLISH is on its way through the
+    # broker (it put itself in the latency's p99). With slices of 1 ms at 100 Hz, every
+    # hand-back must fall 1 ms or more after a publish and 0.5 ms or more before the next.
+    from mqttbed.agents import native_session
+
+    monkeypatch.setattr(native_session, "SLICE_NS", 1_000_000)
+    step = native.Engine.step
+    handed_back: list[int] = []
+
+    def recorded_step(engine: native.Engine, slice_end_ns: int) -> int:
+        status = step(engine, slice_end_ns)
+        if status == native.SLICE:
+            handed_back.append(monotonic_ns())
+        return status
+
+    monkeypatch.setattr(native.Engine, "step", recorded_step)
+    _, events, _, start = run(broker, fan_out(0, subscribers=1, messages=60, rate_hz=100,
+                                              warmup=0))
+    sent = sorted(e[9] for e in events if e[0] == "publish")
+    assert len(sent) == 60 and len([e for e in events if e[0] == "delivery"]) == 60
+    within = [t for t in handed_back if sent[0] < t < sent[-1]]
+    assert len(within) >= 50  # one a period or so: the slices did end
+    for t in within:
+        last = max(s for s in sent if s < t)
+        due = start + (sent.index(last) + 1) * 10_000_000
+        assert t - last >= 1_000_000 and due - t >= 500_000, (t - last, due - t)

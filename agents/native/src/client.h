@@ -120,6 +120,8 @@ struct mqe_engine {
     int running;
     int64_t t_start_ns, t_deadline_ns, t_publish_end_ns, drain_end_ns, drain_idle_ns;
     int64_t last_misc_ns;
+    int64_t last_read_ns;       /* the last time a socket had something to read */
+    int64_t last_publish_ns;    /* the last time PUBLISHes were written */
     int need_drain;
     int woken;                  /* mqe_wake was called: the step returns */
     char error[MQE_FAILURE_CHARS];

@@ -451,8 +451,10 @@ void mqe_handle_events(mqe_engine *e, int64_t timeout_ns) {
             client_read(e, c);  /* a pending ICMP error: the read reports it */
         else if (events[i].events & EPOLLERR)
             client_read_errqueue(e, c);
-        if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLRDHUP))
+        if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLRDHUP)) {
             client_read(e, c);
+            e->last_read_ns = mqe_now_ns();
+        }
         if ((events[i].events & EPOLLOUT) && !c->dead)
             mqe_flush(e, c);
     }

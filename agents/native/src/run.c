@@ -176,6 +176,7 @@ static void write_batch(mqe_engine *e) {
         c->in_batch = 0;
     }
     e->n_batch = 0;
+    e->last_publish_ns = mqe_now_ns();
     mqe_gpio_settle(e);
 }
 
@@ -208,11 +209,32 @@ static int any_failed(const mqe_engine *e) {
     return 0;
 }
 
+/* Past its slice end a step hands back at the first quiet moment (engine.h says why). */
+static int64_t quiet_from(const mqe_engine *e) {
+    int64_t after_read = e->last_read_ns + MQE_QUIET_AFTER_READ_NS;
+    int64_t after_publish = e->last_publish_ns + MQE_QUIET_AFTER_PUBLISH_NS;
+    return after_read > after_publish ? after_read : after_publish;
+}
+
+static int quiet(const mqe_engine *e, int64_t now) {
+    return now >= quiet_from(e)
+           && (!e->n_heap || e->heap[0].due_ns - now >= MQE_QUIET_BEFORE_DUE_NS);
+}
+
+/* Once the grace is over, at the next turn with a publish due, before it is sent: the
+ * caller's work then delays that send (the send lag shows it), not a delivery. */
+static int forced_hand_back(const mqe_engine *e, int64_t now, int64_t slice_end_ns) {
+    return now >= slice_end_ns + MQE_SLICE_GRACE_NS
+           && (!e->n_heap || e->heap[0].due_ns <= now);
+}
+
 int mqe_step(mqe_engine *e, int64_t slice_end_ns) {
     e->need_drain = 0;
     const mqe_table *pubs = &e->tables[MQE_T_PUBLISH], *edges = &e->tables[MQE_T_EDGE];
     for (;;) {
         int64_t now = mqe_now_ns();
+        if (now >= slice_end_ns && (quiet(e, now) || forced_hand_back(e, now, slice_end_ns)))
+            return MQE_SLICE;
         int full = pubs->rows + MQE_MAX_BATCH > pubs->capacity
                    || edges->rows + 2 * MQE_MAX_BATCH > edges->capacity;
         /* a generator behind schedule sends in turns of MAX_BATCH, reading between them */
@@ -253,13 +275,24 @@ int mqe_step(mqe_engine *e, int64_t slice_end_ns) {
         }
         if (full || e->need_drain)
             return MQE_DRAIN;
-        if (now >= slice_end_ns)
-            return MQE_SLICE;
         int64_t wait = e->n_heap && !backed_up ? e->heap[0].due_ns - now : MAX_WAIT_NS;
         if (wait > MAX_WAIT_NS)
             wait = MAX_WAIT_NS;
-        if (wait > slice_end_ns - now)
-            wait = slice_end_ns - now;
+        if (now < slice_end_ns) {
+            if (wait > slice_end_ns - now)
+                wait = slice_end_ns - now;
+        } else if (quiet(e, now)) {
+            return MQE_SLICE;
+        } else {
+            /* look again when the last publish's deliveries should be in and the reads
+             * have settled (a read wakes us anyway), at the next publish, or when the
+             * grace is over */
+            int64_t quiet_at = quiet_from(e), grace_end = slice_end_ns + MQE_SLICE_GRACE_NS;
+            if (quiet_at > now && wait > quiet_at - now)
+                wait = quiet_at - now;
+            if (grace_end > now && wait > grace_end - now)
+                wait = grace_end - now;
+        }
         mqe_handle_events(e, wait);
         if (now - e->last_misc_ns > MISC_INTERVAL_NS)
             mqe_misc(e, now);
