@@ -113,6 +113,10 @@ class CommitCutter:
                 threading.Thread(target=pump, daemon=True, name="pg-commit-cut-pump").start()
 
     def close(self) -> None:
+        # shutdown() wakes the blocked accept(); a close() alone from this thread leaves the
+        # socket listening until accept() returns, i.e. one more connection is taken
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         for link in self._links:
             link.close()
