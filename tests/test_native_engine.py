@@ -641,6 +641,9 @@ def test_the_run_hands_back_between_slices_only_when_no_publish_is_in_flight(bro
     # The drain between slices must not run while a PUBLISH is on its way through the
     # broker (it put itself in the latency's p99). With slices of 1 ms at 100 Hz, every
     # hand-back must fall 1 ms or more after a publish and 0.5 ms or more before the next.
+    # The time is read once the step has returned, so a test thread descheduled across the
+    # next publish reads a hand-back as late; two such are let pass (handing back every
+    # 1 ms, as before, put ~15 % of ~600 hand-backs in those windows).
     from mqttbed.agents import native_session
 
     monkeypatch.setattr(native_session, "SLICE_NS", 1_000_000)
@@ -660,7 +663,10 @@ def test_the_run_hands_back_between_slices_only_when_no_publish_is_in_flight(bro
     assert len(sent) == 60 and len([e for e in events if e[0] == "delivery"]) == 60
     within = [t for t in handed_back if sent[0] < t < sent[-1]]
     assert len(within) >= 50  # one a period or so: the slices did end
+    outside = []
     for t in within:
         last = max(s for s in sent if s < t)
         due = start + (sent.index(last) + 1) * 10_000_000
-        assert t - last >= 1_000_000 and due - t >= 500_000, (t - last, due - t)
+        if t - last < 1_000_000 or due - t < 500_000:
+            outside.append((t - last, due - t))
+    assert len(outside) <= 2, (len(within), outside)
