@@ -83,6 +83,14 @@ def _runs_data_files(root: Path, campaign_id: str, run_ids: Sequence[str]) -> li
     return [f for run_id in run_ids for f in _data_files(campaign_dir / f"run_id={run_id}")]
 
 
+def run_files_signature(root: Path, campaign_id: str, run_id: str) -> list[list[str | int]]:
+    """Each data file of one run as ``[name, size, modification time in ns]``, by name:
+    what a run partial's fingerprint holds (:mod:`mqttbed.analytics.partials`)."""
+    files = _data_files(Path(root) / f"campaign_id={campaign_id}" / f"run_id={run_id}")
+    return [[f.name, (st := f.stat()).st_size, st.st_mtime_ns]
+            for f in sorted(files, key=lambda f: f.name)]
+
+
 def stored_rows(root: Path, campaign_id: str, run_ids: Sequence[str]) -> int:
     """The rows the Parquet files of these runs hold, from their footers (no data read)."""
     import pyarrow.parquet as pq

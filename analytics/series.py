@@ -48,10 +48,12 @@ def start_rows(events: DataFrame) -> DataFrame:
             .select("run_id", F.coalesce("sent", "payload").alias("t0_ns")))
 
 
-def series_rows(deliveries: DataFrame, starts: Sequence[dict[str, Any]]) -> list[DataFrame]:
+def series_rows(deliveries: DataFrame, starts: Sequence[dict[str, Any]],
+                run_ids: Sequence[str] | None = None) -> list[DataFrame]:
     """The figure rows of the series that are not figures already: each run's latencies
     by time bin of the send time (from the run's ``t0_ns``, the collected
-    :func:`start_rows`), for the timeline.
+    :func:`start_rows`), for the timeline; of ``run_ids`` only, if given (the others'
+    come from their partials, :mod:`mqttbed.analytics.partials`).
 
     ``deliveries`` are the :func:`~mqttbed.analytics.figures.delivery_rows`. A point's
     CDF (whole, and per stream of a message mix) is the sketch of its ``latency_us``
@@ -62,7 +64,10 @@ def series_rows(deliveries: DataFrame, starts: Sequence[dict[str, Any]]) -> list
 
     t0 = lookup(literal_map({r["run_id"]: r["t0_ns"] for r in starts}), F.col("run_id"),
                 "bigint")
-    bins = (deliveries.where("received")
+    received = deliveries.where("received")
+    if run_ids is not None:
+        received = received.where(F.col("run_id").isin(list(run_ids)))
+    bins = (received
             .withColumn("bin", F.floor((F.col("departure_ns") - t0)
                                        / (TIMELINE_BIN_S * 1e9)).cast("int")))
     return [figure_rows(bins, "timeline", level=F.lit(RUN_LEVEL), key="run_id", sub="bin",

@@ -13,11 +13,15 @@ materialised; (3) one aggregation of every family's figure rows
 (:mod:`mqttbed.analytics.passes`), collected. From :data:`RANKED_FROM_EVENTS` stored
 events on, (3) is two: the moments aggregated, then the quantiles read by rank from a
 sorted window, so that no group's values are ever held in one buffer.
+
+A run's own figures (its level, its timeline) can come from its partial, computed when
+it ended (:func:`compute_run_partial`, :mod:`mqttbed.analytics.partials`): the passes then
+aggregate only the points' pooled figures and the runs without one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,7 +49,10 @@ from mqttbed.analytics.figures import (
     read_level_figures,
     subscription_rows,
 )
+from mqttbed.analytics.partials import RunPartial, own_groups, run_fingerprint
 from mqttbed.analytics.passes import (
+    Aggregate,
+    GroupKey,
     aggregate_figures,
     analysis_conf,
     collect_facts,
@@ -142,45 +149,104 @@ class _Inputs:
 def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_path: Path,
                            campaign: dict[str, Any], runs: list[RunInfo],
                            records_path: Path | None = None,
-                           section_types: Sequence[type[BackendSection]] = ()
+                           section_types: Sequence[type[BackendSection]] = (),
+                           partials: Mapping[str, RunPartial] | None = None
                            ) -> CampaignStats:
     """Compute the results of ``campaign`` over ``runs`` from its datasets.
 
     ``campaign`` needs ``id`` (its partition in every dataset) and may hold ``name`` and
     ``spec``. Only the listed runs are read; runs or datasets without files give zero
     counts and null figures. ``records_path`` is the backend records dataset, pooled
-    into the ``section_types`` the backends declare.
+    into the ``section_types`` the backends declare. ``partials`` (by run id, from
+    :func:`compute_run_partial`) give runs their own figures; one whose fingerprint no
+    longer holds is ignored, and that run's figures are computed here.
     """
     run_ids = [run.run_id for run in runs]
     repeated = sorted({run_id for run_id in run_ids if run_ids.count(run_id) > 1})
     if repeated:
         raise ValueError(f"runs lists run ids more than once: {', '.join(repeated)}; "
                          "pass each run once")
-    campaign_id = str(campaign["id"])
-    levels: Levels = {run.run_id: [(RUN_LEVEL, run.run_id)] + (
+    data = _Data(spark, events_path, samples_path, records_path, str(campaign["id"]),
+                 tuple(section_types))
+    held = {run.run_id: partial for run in runs
+            if (partial := (partials or {}).get(run.run_id)) is not None
+            and partial.fingerprint == data.fingerprint(run)}
+    levels: Levels = {run.run_id: ([] if run.run_id in held else [(RUN_LEVEL, run.run_id)]) + (
         [(POINT_LEVEL, str(run.point_index))] if run.state == DONE else []) for run in runs}
-    stored_events = read_runs_held(spark, events_path, campaign_id, run_ids, EVENTS_DDL)
-    partitions = shuffle_partitions(spark, held_partitions(events_path, campaign_id, run_ids))
-    ranked = stored_rows(events_path, campaign_id, run_ids) >= RANKED_FROM_EVENTS
-    try:
-        with analysis_conf(spark, partitions):
-            return _compute(spark, campaign, campaign_id, runs, levels, stored_events,
-                            read_runs(spark, samples_path, campaign_id, run_ids, SAMPLES_DDL),
-                            records_path, tuple(section_types), ranked=ranked)
-    finally:
-        stored_events.unpersist()
+    facts, groups = data.groups(runs, levels,
+                                [r for r in run_ids if r not in held] if held else None)
+    for partial in held.values():
+        groups.update(partial.groups)
+    return _document(campaign, runs, facts, groups, data.section_types,
+                     with_sections=data.has_records)
 
 
-def _compute(spark: SparkSession, campaign: dict[str, Any], campaign_id: str,
-             runs: list[RunInfo], levels: Levels, stored_events: Any, samples: Any,
-             records_path: Path | None, section_types: tuple[type[BackendSection], ...],
-             *, ranked: bool) -> CampaignStats:
-    """compute_campaign_stats over the campaign's events as read (held in memory)."""
-    run_ids = [run.run_id for run in runs]
+def compute_run_partial(spark: SparkSession, *, events_path: Path, samples_path: Path,
+                        campaign_id: str, run: RunInfo, records_path: Path | None = None,
+                        section_types: Sequence[type[BackendSection]] = ()) -> RunPartial:
+    """The run's own figures (:mod:`mqttbed.analytics.partials`), for the campaign's
+    analysis to merge: what :func:`compute_campaign_stats` computes for that run's level
+    and timeline, from that run's data alone."""
+    data = _Data(spark, events_path, samples_path, records_path, campaign_id,
+                 tuple(section_types))
+    _, groups = data.groups([run], {run.run_id: [(RUN_LEVEL, run.run_id)]}, None)
+    return RunPartial(run_id=run.run_id, fingerprint=data.fingerprint(run),
+                      groups=own_groups(groups, run.run_id))
+
+
+@dataclass(frozen=True)
+class _Data:
+    """A campaign's datasets, as one analysis reads them."""
+
+    spark: SparkSession
+    events_path: Path
+    samples_path: Path
+    records_path: Path | None
+    campaign_id: str
+    section_types: tuple[type[BackendSection], ...]
+
+    @property
+    def has_records(self) -> bool:
+        return self.records_path is not None and bool(self.section_types)
+
+    def fingerprint(self, run: RunInfo) -> str:
+        """What a partial of ``run`` must have been computed from (partials.run_fingerprint)."""
+        roots = [self.events_path, self.samples_path]
+        if self.has_records:
+            assert self.records_path is not None
+            roots.append(self.records_path)
+        return run_fingerprint(run, [(Path(root), self.campaign_id) for root in roots],
+                               [t.__name__ for t in self.section_types])
+
+    def groups(self, runs: list[RunInfo], levels: Levels, timeline_runs: list[str] | None
+               ) -> tuple[dict[str, list[dict[str, Any]]], dict[GroupKey, Aggregate]]:
+        """Pass 1's facts of ``runs`` and the aggregated figure groups of ``levels`` (the
+        timelines of ``timeline_runs``, of every run if None)."""
+        spark, campaign_id = self.spark, self.campaign_id
+        run_ids = [run.run_id for run in runs]
+        stored_events = read_runs_held(spark, self.events_path, campaign_id, run_ids,
+                                       EVENTS_DDL)
+        partitions = shuffle_partitions(
+            spark, held_partitions(self.events_path, campaign_id, run_ids))
+        ranked = stored_rows(self.events_path, campaign_id, run_ids) >= RANKED_FROM_EVENTS
+        records = (read_runs(spark, self.records_path, campaign_id, run_ids, RECORDS_DDL)
+                   if self.has_records and self.records_path is not None else None)
+        try:
+            with analysis_conf(spark, partitions):
+                return _groups(runs, levels, timeline_runs, stored_events,
+                               read_runs(spark, self.samples_path, campaign_id, run_ids,
+                                         SAMPLES_DDL),
+                               records, ranked=ranked)
+        finally:
+            stored_events.unpersist()
+
+
+def _groups(runs: list[RunInfo], levels: Levels, timeline_runs: list[str] | None,
+            stored_events: Any, samples: Any, records: Any, *, ranked: bool
+            ) -> tuple[dict[str, list[dict[str, Any]]], dict[GroupKey, Aggregate]]:
+    """The three passes over the campaign's events as read (held in memory)."""
     _, scope_events = split_by_clock(stored_events)
     events = software_events(stored_events, runs)
-    records = (read_runs(spark, records_path, campaign_id, run_ids, RECORDS_DDL)
-               if records_path is not None and section_types else None)
     faults = {run.run_id: run.fault_at_ns for run in runs if run.fault_at_ns is not None}
     streams: PublisherStreams = {
         run.run_id: {publisher: stream.name for stream in run.streams
@@ -198,19 +264,27 @@ def _compute(spark: SparkSession, campaign: dict[str, Any], campaign_id: str,
     # Pass 3 (one action): every grouped figure, series and section at once.
     frames = [*level_figure_rows(events, deliveries, samples, levels, subscriptions,
                                  faults, streams),
-              scope_rows(scope_events, levels), *series_rows(deliveries, facts["starts"])]
+              scope_rows(scope_events, levels),
+              *series_rows(deliveries, facts["starts"], timeline_runs)]
     if any(run.mode == "time-sync" for run in runs):
         frames.append(time_sync_rows(events, levels))
     if records is not None:
         frames.append(section_rows(records, levels))
-    groups = aggregate_figures(frames, ranked=ranked)
+    return facts, aggregate_figures(frames, ranked=ranked)
+
+
+def _document(campaign: dict[str, Any], runs: list[RunInfo],
+              facts: dict[str, list[dict[str, Any]]], groups: dict[GroupKey, Aggregate],
+              section_types: tuple[type[BackendSection], ...], *, with_sections: bool
+              ) -> CampaignStats:
+    """The results document of ``runs`` from pass 1's facts and the figure groups."""
     inputs = _Inputs(
         figures=read_level_figures(groups),
         scope=read_scope_figures(groups),
         sync_errors=read_time_sync_errors(groups),
         uncertainty=clock_uncertainty_us(facts["clocks"]),
         agent_clocks=agent_clocks(facts["clocks"]),
-        sections=read_section_statistics(groups) if records is not None else {},
+        sections=read_section_statistics(groups) if with_sections else {},
         section_types=section_types)
     series = read_series(groups)
     ordered = sorted(runs, key=lambda run: (run.point_index, run.repetition, run.run_id))
@@ -218,7 +292,7 @@ def _compute(spark: SparkSession, campaign: dict[str, Any], campaign_id: str,
     for run in ordered:
         by_point.setdefault(run.point_index, []).append(run)
     document = {
-        "campaign": {"id": campaign_id, "name": campaign.get("name"),
+        "campaign": {"id": str(campaign["id"]), "name": campaign.get("name"),
                      "spec": campaign.get("spec")},
         "generated_at": datetime.now(UTC),
         "points": [_point_entry(index, point_runs, inputs)

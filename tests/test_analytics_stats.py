@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -875,3 +876,93 @@ def test_quantiles_by_rank_give_the_same_results_to_the_bit(spark, dataset, resu
                 yield from p99s(value)
 
     assert sum(v is not None for v in p99s(by_rank)) >= 10  # the quantiles were compared
+
+
+# -- run partials ---------------------------------------------------------------------
+
+
+def _partials(spark, root: Path, runs=RUNS) -> dict[str, Any]:
+    from mqttbed.analytics.stats import compute_run_partial
+
+    return {run.run_id: compute_run_partial(
+        spark, events_path=root / "events", samples_path=root / "samples",
+        records_path=root / "records", section_types=[ProbeSection], campaign_id=CAMPAIGN,
+        run=run) for run in runs}
+
+
+def _with_partials(spark, root: Path, partials: dict[str, Any], runs=RUNS):
+    return compute_campaign_stats(
+        spark, events_path=root / "events", samples_path=root / "samples",
+        records_path=root / "records", section_types=[ProbeSection],
+        campaign={"id": CAMPAIGN, "name": "unit", "spec": {"repetitions": 2}}, runs=runs,
+        partials=partials)
+
+
+def test_results_merged_from_run_partials_are_the_whole_analysis_to_the_bit(
+        spark, dataset, results):
+    """Each run's own figures computed alone when it ended (through JSON, as they are
+    kept), then the campaign's analysis of the pooled figures only: the same document,
+    every figure, sketch, interval, stream, section and series."""
+    from mqttbed.analytics.partials import RunPartial
+
+    root, _, _ = dataset
+    partials = {run_id: RunPartial.from_json(json.loads(json.dumps(partial.to_json())))
+                for run_id, partial in _partials(spark, root).items()}
+    # r5 failed before it stored anything: no groups, as in the whole analysis
+    assert [r for r, partial in partials.items() if partial.groups] == ["r1", "r2", "r3", "r4"]
+    assert {key[1] for partial in partials.values() for key in partial.groups} == {"run"}
+    merged = _with_partials(spark, root, partials)
+    whole, by_parts = (r.model_dump(mode="json", exclude={"generated_at"})
+                       for r in (results, merged))
+    assert by_parts == whole
+    assert by_parts["series"]["latency_timeline"], "the timelines were compared"
+
+
+def test_a_partial_gives_its_runs_own_figures_and_never_a_points(spark, dataset, results):
+    """The merge reads a run's own figures from its partial, not from the events: a
+    partial altered on purpose (same fingerprint) shows in its run, while the point pools
+    the events as before."""
+    root, _, _ = dataset
+    partials = _partials(spark, root)
+    key = ("distribution", "run", "r1", None, "latency_us")
+    found = partials["r1"].groups[key]
+    partials["r1"].groups[key] = type(found)(**{**found.__dict__, "max": 1e9})
+    merged = _with_partials(spark, root, partials)
+    run = {r.run_id: r for r in merged.runs}["r1"]
+    before = {r.run_id: r for r in results.runs}["r1"]
+    assert run.latency_us.max == 1e9 != before.latency_us.max
+    assert merged.points[0].latency_us.max == results.points[0].latency_us.max
+
+
+def test_a_partial_whose_run_or_data_changed_is_ignored(spark, dataset, results, tmp_path):
+    """A partial holds while its run's RunInfo, its data files and the analysis code are
+    what it was computed from; otherwise the run's figures are computed again."""
+    import dataclasses
+    import shutil
+
+    root, _, _ = dataset
+    copy = tmp_path / "data"
+    shutil.copytree(root, copy)
+    partials = _partials(spark, copy)
+    for run_id, partial in partials.items():   # marked: a figure read from one shows
+        key = ("distribution", "run", run_id, None, "latency_us")
+        if key in partial.groups:
+            found = partial.groups[key]
+            partial.groups[key] = type(found)(**{**found.__dict__, "max": 1e9})
+    # an event file of r1 rewritten later (same rows), r2 told another warm-up
+    event_file = min((copy / "events" / f"campaign_id={CAMPAIGN}" / "run_id=r1").glob("*.parquet"))
+    written = event_file.stat()
+    os.utime(event_file, ns=(written.st_atime_ns, written.st_mtime_ns + 1_000_000_000))
+    runs = [dataclasses.replace(run, warmup_messages=WARMUP + 1) if run.run_id == "r2" else run
+            for run in RUNS]
+    stale = _with_partials(spark, copy, partials, runs)
+    by_id = {r.run_id: r for r in stale.runs}
+    before = {r.run_id: r for r in results.runs}
+    assert by_id["r1"].latency_us.max == before["r1"].latency_us.max != 1e9
+    assert by_id["r2"].latency_us.max is not None
+    assert by_id["r2"].latency_us.max == before["r2"].latency_us.max != 1e9  # computed again
+    # a run whose partial still holds takes it
+    untouched = [r for r in partials if r not in ("r1", "r2")
+                 and ("distribution", "run", r, None, "latency_us") in partials[r].groups]
+    assert untouched
+    assert by_id[untouched[0]].latency_us.max == 1e9
