@@ -7,6 +7,8 @@ in :mod:`mqttbed.analytics`.
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +29,7 @@ from mqttbed.controller.engine import RunEngine, latest_attempts
 from mqttbed.controller.repetition_runs import repetitions_results
 from mqttbed.controller.search_runs import search_results
 from mqttbed.controller.states import CAMPAIGN_UNDER_WAY, CampaignStatus
-from mqttbed.controller.storage import DataLayout, read_sys_samples
+from mqttbed.controller.storage import DataLayout, read_sys_samples, write_json
 from mqttbed.core.backends import section_types
 from mqttbed.core.errors import MqttbedError
 from mqttbed.core.events import publisher_client_id
@@ -35,10 +37,15 @@ from mqttbed.core.run_record import RunRecord, run_record
 from mqttbed.core.settings import Settings
 
 if TYPE_CHECKING:
+    from mqttbed.analytics.partials import RunPartial
     from mqttbed.analytics.stats import RunInfo, StreamInfo
+
+log = logging.getLogger("mqttbed.analysis")
 
 # How the reason of a campaign whose analysis failed begins (``controller.lifecycle``).
 ANALYSIS_FAILED = "analysis failed"
+# A run's own figures, beside the run (mqttbed.analytics.partials)
+PARTIAL_JSON = "partial.json"
 
 
 def results_type() -> type[CampaignStats]:
@@ -95,7 +102,42 @@ def analyze_runs(layout: DataLayout, campaign: CampaignRow, rows: list[RunRow],
         get_spark(settings), events_path=layout.events, samples_path=layout.broker_samples,
         records_path=layout.backend_records, section_types=section_types(),
         campaign={"id": campaign.id, "name": campaign.name, "spec": campaign.spec},
-        runs=[run_info(r) for r in rows])
+        runs=[run_info(r) for r in rows], partials=run_partials(layout, campaign.id, rows))
+
+
+def store_run_partial(layout: DataLayout, row: RunRow, settings: Settings | None = None
+                      ) -> Path:
+    """Compute an ended run's own figures (:mod:`mqttbed.analytics.partials`) and keep
+    them beside the run, for the campaign's analysis to merge; return the file."""
+    from mqttbed.analytics.spark import get_spark
+    from mqttbed.analytics.stats import compute_run_partial
+
+    partial = compute_run_partial(
+        get_spark(settings), events_path=layout.events, samples_path=layout.broker_samples,
+        records_path=layout.backend_records, section_types=section_types(),
+        campaign_id=row.campaign_id, run=run_info(row))
+    path = layout.run_dir(row.campaign_id, row.id) / PARTIAL_JSON
+    write_json(path, partial.to_json(), indent=None)
+    return path
+
+
+def run_partials(layout: DataLayout, campaign_id: str, rows: list[RunRow]
+                 ) -> dict[str, RunPartial]:
+    """The kept partials of these runs, by run id; one that cannot be read is left out
+    (and logged): that run's figures are computed with the campaign's."""
+    from mqttbed.analytics.partials import RunPartial
+
+    found: dict[str, RunPartial] = {}
+    for row in rows:
+        path = layout.run_dir(campaign_id, row.id) / PARTIAL_JSON
+        if not path.exists():
+            continue
+        try:
+            found[row.id] = RunPartial.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("run %s: its partial %s is not used (%s: %s)", row.id, path,
+                        type(exc).__name__, exc)
+    return found
 
 
 def run_figures(layout: DataLayout, campaign: CampaignRow, rows: list[RunRow],

@@ -96,9 +96,9 @@ log = logging.getLogger("mqttbed.engine")
 
 COLLECT_TIMEOUT_S = 30.0
 RUN_GRACE_S = 10.0
-# How long a deployed run holds its measurement for the analysis JVM's start-up and warm-up
-# (measured here at load 4-8: start 4-13 s, warm-up 25-28 s); past it the run measures
-# anyway, and says so in the log.
+# How long a deployed run holds its measurement for the analysis (the JVM's start-up and
+# warm-up, measured here at load 4-8: start 4-13 s, warm-up 25-28 s; the previous run's own
+# figures); past it the run measures anyway, and says so in the log.
 ANALYSIS_START_WAIT_S = 180.0
 AGENT_REPORT_GRACE_S = 1.0  # after one agent's error, for the others' reports
 BROKER_EXIT_GRACE_S = 0.5   # after the agents' errors, for the broker's exit to show
@@ -194,6 +194,8 @@ class RunEngine:
         self._stopping: str | None = None  # why the controller is stopping, once it is
         self._running: tuple[str, _LiveRun] | None = None   # (run id, its live run)
         self._analysis_starting: threading.Thread | None = None  # see hold_measurements
+        self._held_for = "the analysis JVM to start"
+        self._run_ended: Callable[[str], None] | None = None     # see after_each_run
 
     # -- campaigns ----------------------------------------------------------------------
 
@@ -267,10 +269,12 @@ class RunEngine:
         samples = backend.resource_samples()
         return (running[0], samples[-1]) if samples else None
 
-    def hold_measurements(self, starting: threading.Thread | None) -> None:
+    def hold_measurements(self, starting: threading.Thread | None,
+                          what: str = "the analysis JVM to start") -> None:
         """Have each run, once deployed, wait for ``starting`` (the thread that starts the
-        analysis JVM and warms it up) to end before it measures, for at most
-        ANALYSIS_START_WAIT_S; the run records the wait (``analysis_start_wait_s``).
+        analysis JVM and warms it up, or that analyses the run before) to end before it
+        measures, for at most ANALYSIS_START_WAIT_S; the run records the wait
+        (``analysis_start_wait_s``) and the log says it waited for ``what``.
 
         A JVM starting beside a run takes CPU from what is measured, niced or not: on this
         2-core machine it took 0.4-1.0 of a core through the whole first run, and amqtt near
@@ -280,6 +284,13 @@ class RunEngine:
         measurement, and never waits after the last run either.
         """
         self._analysis_starting = starting
+        self._held_for = what
+
+    def after_each_run(self, hook: Callable[[str], None] | None) -> None:
+        """Call ``hook(run_id)`` once each run has ended and released all it held (its
+        chunks compacted), unless the controller is stopping; None removes it. A hook
+        that raises is logged, never the run's or the campaign's end."""
+        self._run_ended = hook
 
     @property
     def stopping(self) -> str | None:
@@ -468,12 +479,12 @@ class RunEngine:
                 began = monotonic_ns()
                 if not self._wait(live, until=lambda: not starting.is_alive(),
                                   timeout_s=ANALYSIS_START_WAIT_S, fail_on_timeout=False,
-                                  waiting_for="the analysis JVM to start"):
-                    log.warning("run %s measures beside a JVM still starting after %.0f s",
-                                run.id, ANALYSIS_START_WAIT_S)
+                                  waiting_for=self._held_for):
+                    log.warning("run %s measures beside the analysis, still waiting for %s "
+                                "after %.0f s", run.id, self._held_for, ANALYSIS_START_WAIT_S)
                 live.record.analysis_start_wait_s = round((monotonic_ns() - began) / 1e9, 3)
-                log.info("run %s waited %.1f s for the analysis JVM to start before measuring",
-                         run.id, live.record.analysis_start_wait_s)
+                log.info("run %s waited %.1f s for %s before measuring",
+                         run.id, live.record.analysis_start_wait_s, self._held_for)
             self._transition(run, total, RunState.RUNNING, record=live.record)
             self._measure(run, live)
             self._transition(run, total, RunState.COLLECTING, record=live.record)
@@ -507,6 +518,11 @@ class RunEngine:
                 self._teardown(live.pool, live.sites, live.backend, live.links)
             finally:
                 self._release(run, live)
+        if self._stopping is None and (hook := self._run_ended) is not None:
+            try:
+                hook(run.id)
+            except Exception:  # noqa: BLE001 - what follows a run never ends it
+                log.exception("run %s: what follows its end failed", run.id)
 
     def _release(self, run: RunRow, live: _LiveRun) -> None:
         """After the agents and the broker: the rest a run holds, its scope rows, and its

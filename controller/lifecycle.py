@@ -23,6 +23,7 @@ intervals are still too wide (:mod:`mqttbed.campaigns.repetitions`).
 from __future__ import annotations
 
 import logging
+import threading
 
 from mqttbed.analytics.results import RunStats
 from mqttbed.analytics.spark import start_spark_in_background
@@ -33,6 +34,7 @@ from mqttbed.controller.analysis import (
     analyze_campaign,
     analyze_runs,
     run_figures,
+    store_run_partial,
 )
 from mqttbed.controller.analysis_warm_up import warm_up_analysis
 from mqttbed.controller.db import CampaignRow, RunRow
@@ -63,14 +65,29 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     # The JVM starts and warms up while the first run deploys (niced after); that run
     # measures once it is up (a starting JVM beside a measurement perturbed it), and the
     # analysis after the last run is a warm one.
-    warm_up = warm_up_analysis if (settings or Settings.load()).spark_warm_up else None
-    engine.hold_measurements(start_spark_in_background(settings, then=warm_up))
+    chosen = settings or Settings.load()
+    warm_up = warm_up_analysis if chosen.spark_warm_up else None
+    starting = start_spark_in_background(settings, then=warm_up)
+    engine.hold_measurements(starting)
+    run_analyses = RunAnalyses(engine, layout, settings, starting)
+    if chosen.analysis_per_run:
+        engine.after_each_run(run_analyses.run_ended)
+    try:
+        return _conduct(engine, layout, campaign_id, run_analyses, settings)
+    finally:
+        engine.after_each_run(None)
+        run_analyses.wait()
+
+
+def _conduct(engine: RunEngine, layout: DataLayout, campaign_id: str,
+             run_analyses: RunAnalyses, settings: Settings | None) -> CampaignStatus:
     with engine.ctx.sessions() as s:
         spec = CampaignSpec.model_validate(s.get(CampaignRow, campaign_id).spec)
     engine.run_campaign(campaign_id)
     probe_figures: dict[str, RunStats] = {}
     chosen_to_end = False   # the campaign's own choice (a search's stop), not a failure
     while engine.stopping is None and not engine.is_cancelled(campaign_id):
+        run_analyses.wait()
         try:
             if not next_runs(engine, layout, campaign_id, spec, probe_figures, settings):
                 chosen_to_end = True
@@ -87,6 +104,7 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     outcome, reason = settle_outcome(spec, *engine.outcome(campaign_id),
                                      search_ended=chosen_to_end)
     engine.set_campaign_status(campaign_id, CampaignStatus.ANALYSING, reason)
+    run_analyses.wait()
     try:
         stats, json_path, parquet_path = analyze_campaign(engine.ctx.sessions, layout,
                                                           campaign_id, settings)
@@ -100,6 +118,53 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     engine.ctx.documents.emit(ResultsReady(campaign_id, json_path, parquet_path, stats))
     engine.set_campaign_status(campaign_id, outcome, reason)
     return outcome
+
+
+class RunAnalyses:
+    """Each ended run's own figures (:mod:`mqttbed.analytics.partials`), computed on the
+    analysis JVM while the next run deploys and kept beside the run; the next run
+    measures once they are done (:meth:`RunEngine.hold_measurements`: an analysis beside a
+    measurement takes CPU from what is measured). The last run of a campaign's queue has
+    none: the analysis that follows it computes its figures with the pooled ones at once.
+    One analysis at a time: each waits for the one before (the JVM's start first).
+    """
+
+    def __init__(self, engine: RunEngine, layout: DataLayout, settings: Settings | None,
+                 starting: threading.Thread | None):
+        self._engine, self._layout, self._settings = engine, layout, settings
+        self._starting = starting
+        self._last: threading.Thread | None = None
+
+    def run_ended(self, run_id: str) -> None:
+        """Start the run's analysis if more runs are queued (an engine hook)."""
+        with self._engine.ctx.sessions() as s:
+            row = s.get(RunRow, run_id)
+            queued = s.query(RunRow).filter_by(campaign_id=row.campaign_id,
+                                               state=RunState.QUEUED).count()
+            s.expunge(row)
+        if not queued:
+            return
+        before = self._last or self._starting
+
+        def analyse() -> None:
+            if before is not None:
+                before.join()
+            try:
+                path = store_run_partial(self._layout, row, self._settings)
+                log.info("run %s: its own figures are kept in %s", run_id, path)
+            except Exception:  # noqa: BLE001 - the campaign's analysis computes them instead
+                log.exception("run %s: its own figures were not computed ahead; the "
+                              "campaign's analysis computes them", run_id)
+
+        thread = threading.Thread(target=analyse, name=f"analyse-{run_id}", daemon=True)
+        thread.start()
+        self._last = thread
+        self._engine.hold_measurements(thread, f"the analysis of run {run_id}")
+
+    def wait(self) -> None:
+        """Wait for the runs' analyses started so far (before the campaign's own)."""
+        if self._last is not None:
+            self._last.join()
 
 
 def settle_outcome(spec: CampaignSpec, outcome: CampaignStatus, reason: str | None, *,

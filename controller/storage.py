@@ -210,9 +210,9 @@ def write_backend_records(layout: DataLayout, campaign_id: str, run_id: str, sec
     return path
 
 
-def write_json(path: Path, document: dict[str, Any]) -> None:
-    """Write ``document`` as indented JSON, atomically."""
+def write_json(path: Path, document: dict[str, Any], *, indent: int | None = 2) -> None:
+    """Write ``document`` as JSON (indented unless ``indent`` is None), atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(document, indent=2, default=str))
+    tmp.write_text(json.dumps(document, indent=indent, default=str))
     os.replace(tmp, path)

@@ -76,6 +76,10 @@ class Settings(_Loadable):
     spark_warm_up: bool = Field(True, description=(
         "a Spark session started for a campaign first analyses a tiny synthetic campaign, "
         "before the first run measures, so the analysis after the last run is a warm one"))
+    analysis_per_run: bool = Field(True, description=(
+        "each ended run's own figures are computed while the next run deploys (it measures "
+        "once they are done) and kept beside the run; the analysis after the last run "
+        "then aggregates only the points' pooled figures and the last run's"))
     spark_conf: dict[str, str] = Field(default_factory=dict, description=(
         "further Spark properties as JSON, e.g. {\"spark.hadoop.fs.s3a.endpoint\": \"...\"}"))
     auth_failures_per_minute: int = Field(10, ge=1, le=100_000, description=(

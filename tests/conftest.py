@@ -30,6 +30,9 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # The warm-up analysis of a fresh session (controller/analysis_warm_up.py) is tested by
 # itself; beside two test workers it held a served controller's first run 170-210 s.
 os.environ.setdefault("MQTTBED_SPARK_WARM_UP", "0")
+# Likewise each run's own analysis between runs (controller.lifecycle.RunAnalyses): tested
+# by itself, it would add a Spark analysis to every run of every campaign test.
+os.environ.setdefault("MQTTBED_ANALYSIS_PER_RUN", "0")
 
 
 # Fixtures that start a real component: every test using one is an integration test

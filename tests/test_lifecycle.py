@@ -108,3 +108,51 @@ def test_the_first_run_measures_only_once_the_analysis_jvm_has_started(controlle
     again = controller.engine.create_campaign(parse_spec(TINY))
     assert controller.run_campaign(again) == CampaignStatus.DONE
     assert options[-1] == {"then": warm_up_analysis}
+
+
+@pytest.mark.integration
+def test_each_ended_run_is_analysed_before_the_next_measures_and_the_results_merge_it(
+        controller, monkeypatch):
+    """With ``analysis_per_run``, a run's own figures are computed when it ends (the next
+    run measures only once they are done) and kept beside it; the last run has none (the
+    campaign's analysis takes it with the pooled figures). The results are those of an
+    analysis from the events alone."""
+    from mqttbed.controller import lifecycle
+    from mqttbed.controller.analysis import PARTIAL_JSON, analyze_campaign
+    from mqttbed.core.clock import monotonic_ns
+    from mqttbed.core.run_record import run_record
+
+    analysed: dict[str, int] = {}
+    store = lifecycle.store_run_partial
+
+    def timed_store(layout, row, settings=None):
+        path = store(layout, row, settings)
+        analysed[row.id] = monotonic_ns()
+        return path
+
+    monkeypatch.setattr(lifecycle, "store_run_partial", timed_store)
+    monkeypatch.setattr(controller, "settings",
+                        controller.settings.model_copy(update={"analysis_per_run": True}))
+    campaign_id = controller.engine.create_campaign(parse_spec({**TINY, "repetitions": 3}))
+    assert controller.run_campaign(campaign_id) == CampaignStatus.DONE
+    runs = [f"{campaign_id}-r{k:04d}" for k in range(3)]
+    assert sorted(analysed) == runs[:2]
+    kept = [(controller.layout.run_dir(campaign_id, r) / PARTIAL_JSON).exists() for r in runs]
+    assert kept == [True, True, False]
+    with controller.sessions() as s:
+        starts = {r.id: run_record(r.run_metadata, r.id).t_start_ns
+                  for r in s.query(RunRow).filter_by(campaign_id=campaign_id)}
+    for before, after in zip(runs, runs[1:], strict=False):
+        assert starts[after] > analysed[before], (before, after)
+    merged = (controller.layout.campaign_dir(campaign_id) / "stats.json").read_text()
+    for run_id in runs[:2]:
+        (controller.layout.run_dir(campaign_id, run_id) / PARTIAL_JSON).unlink()
+    whole, _, _ = analyze_campaign(controller.sessions, controller.layout, campaign_id,
+                                   controller.settings)
+    from mqttbed.controller.analysis import results_type
+
+    by_parts = results_type().model_validate_json(merged)
+    assert (by_parts.model_dump(mode="json", exclude={"generated_at"})
+            == whole.model_dump(mode="json", exclude={"generated_at"}))
+    assert whole.points[0].latency_us.count == 3 * 2 * (TINY["workload"]["messages"]
+                                                        - TINY["workload"]["warmup_messages"])
