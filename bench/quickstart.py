@@ -4,8 +4,10 @@ its report page is served; and where the time goes.
 ``mqttbed serve`` on loopback (fresh data dir, Spark as configured), then over REST:
 POST campaigns/quickstart.yaml, start it, poll its status every 0.2 s, and GET its web
 report once it is done. Phases from the polls and the runs' own start/end times:
-queued (until the first run starts), the first run's hold while Spark starts and warms up
-(its run record's ``analysis_start_wait_s``), runs (sum of run durations less that hold),
+queued (until the first run starts), the runs' holds for the analysis (their run records'
+``analysis_start_wait_s``: the first run's while Spark starts and warms up, each later
+run's while the run before is analysed, ``analysis_per_run``), runs (sum of run
+durations less those holds),
 between runs (deploy, agents, barriers and teardown not inside a run's recorded span),
 analysis (Spark: from the last run's end to ``done``), report.
 Target: <= 60 s.
@@ -33,8 +35,8 @@ def seconds(a: str, b: str) -> float:
 
 
 def analysis_start_wait_s(data_dir: Path, campaign_id: str) -> float:
-    """Seconds the campaign's runs held their measurement for the analysis JVM (the run
-    record's ``analysis_start_wait_s``), read from the controller's SQLite database."""
+    """Seconds the campaign's runs held their measurement for the analysis (the run
+    records' ``analysis_start_wait_s``), read from the controller's SQLite database."""
     import json
     import sqlite3
 
@@ -86,8 +88,8 @@ def main() -> int:
         "turnaround_s": round(report_s, 1),
         "phases_s": {
             "until running": round(running_at, 1),
-            "first run held for Spark's start-up and warm-up": round(held_s, 1),
-            "runs (sum of run spans, less that hold)": round(sum(run_s) - held_s, 1),
+            "runs held for the analysis (Spark's start, earlier runs)": round(held_s, 1),
+            "runs (sum of run spans, less those holds)": round(sum(run_s) - held_s, 1),
             "around runs (deploy, agents, barriers, teardown)":
                 round(analysing_at - running_at - sum(run_s), 1),
             "analysis (Spark)": round(done_s - analysing_at, 1),

@@ -176,8 +176,9 @@ class RunRecord(BaseModel):
     t_start_ns: int | None = Field(None, description="the run's common start time, on the "
                                                      "controller's CLOCK_MONOTONIC")
     analysis_start_wait_s: float | None = Field(
-        None, ge=0, description="seconds the deployed run held its measurement while the "
-                                "analysis JVM started and warmed up (a campaign's first run)")
+        None, ge=0, description="seconds the deployed run held its measurement for the "
+                                "analysis: while its JVM started and warmed up (a "
+                                "campaign's first run), or the run before was analysed")
     delivery_counts: dict[str, DeliveryCounts] = Field(default_factory=dict)
     generators: dict[str, GeneratorReport] = Field(default_factory=dict)
     faults: list[Fault] = Field(default_factory=list)
