@@ -6,7 +6,10 @@ first run deploys, and analyses a tiny synthetic campaign to warm up
 (:mod:`mqttbed.controller.analysis_warm_up`, unless ``spark_warm_up`` is off): that run
 measures only once both are done
 (:meth:`~mqttbed.controller.engine.RunEngine.hold_measurements`), and the JVM is niced
-from then on. A served controller keeps
+from then on. With ``analysis_per_run``, each ended run but the last of the queue is then
+analysed alone while the next run deploys, which measures once that is done
+(:class:`RunAnalyses`); the campaign's analysis merges those runs' figures. A served
+controller keeps
 that one session for its life. What the runs came to (all done,
 some failed, cancelled) becomes the campaign's status only after Spark has written
 ``stats.json``, so a client that sees ``done`` can fetch the statistics at once. Failed
