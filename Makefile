@@ -31,22 +31,14 @@ lint: install   # ruff, the import contracts of pyproject.toml (the dependency d
 #   rtl-test     every `rtl` test, the FPGA broker's RTL in full
 # make test runs on TEST_WORKERS processes (pytest-xdist; each with its own Spark session
 # and fixtures): its tests wait on brokers, agents and Spark more than they compute, so two
-# workers on two cores halve it. rtl-test and most of test-system run one test at a time:
-# their campaigns measure, and a second campaign beside one would be part of what it
-# measures. test-system's `alongside` tests (pyproject.toml) assert no figure a neighbour's
-# load can move and hold nothing machine-wide; they wait on Spark JVMs, broker start-ups
-# and runs' windows, so they run after the others on TEST_WORKERS workers (those sharing a
-# module or session fixture on one: --dist loadgroup). Both halves run even if one fails.
+# workers on two cores halve it. The other tiers run one test at a time: their campaigns
+# measure, and a second campaign beside one would be part of what it measures.
 TEST_WORKERS ?= 2
 test: install lint
 	$(PY) -m pytest -ra --durations=40 -m "not system" -n $(TEST_WORKERS)
 
 test-system: install
-	status=0; \
-	$(PY) -m pytest -ra --durations=40 -m "system and not rtl and not alongside" || status=$$?; \
-	$(PY) -m pytest -ra --durations=40 -m "system and not rtl and alongside" \
-		-n $(TEST_WORKERS) --dist loadgroup || status=$$?; \
-	exit $$status
+	$(PY) -m pytest -ra --durations=40 -m "system and not rtl"
 
 # The database's tests on PostgreSQL only: the migrations, the types, tokens, run states and
 # recovery, a restart under a running campaign (each on a private cluster the tests start

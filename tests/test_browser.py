@@ -9,10 +9,7 @@ import pytest
 
 # 300 s: the first test also sets up `served` (a campaign, and in a run of the system tier
 # the process's first Spark session) and Chromium
-# Alongside other system tests: what the pages show, waited for with generous bounds; one
-# worker runs every user of the session's `served` (its campaign is run once per worker).
-pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(300),
-              pytest.mark.alongside, pytest.mark.xdist_group("served")]
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(300)]
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"

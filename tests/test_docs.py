@@ -250,20 +250,10 @@ def test_short_shell_blocks_of_the_tutorial_run(page, tmp_path):
     _run_blocks(blocks, tmp_path, timeout_s=100)
 
 
-def _whole_pages() -> list:
-    """Each tutorial, as a parameter. A page with no cleanup block runs alongside other
-    system tests: its blocks check what they print and write in their own folder, not how
-    fast, and it changes nothing machine-wide. A cleanup block undoes a package installed
-    into the venv, whose packages every page checks are as before: such a page runs alone."""
-    return [pytest.param(page, id=page.stem, marks=() if any(
-        block.tier == "cleanup" for block in shell_blocks(page)) else pytest.mark.alongside)
-        for page in TUTORIALS]
-
-
 @pytest.mark.integration
 @pytest.mark.system  # whole campaigns, Spark analyses
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("page", _whole_pages())
+@pytest.mark.parametrize("page", TUTORIALS, ids=[p.stem for p in TUTORIALS])
 def test_the_whole_tutorial_runs(page, tmp_path):
     blocks = [block for block in shell_blocks(page) if block.tier in ("short", "system")]
     cleanup = [block for block in shell_blocks(page) if block.tier == "cleanup"]

@@ -18,10 +18,7 @@ from pathlib import Path
 
 import pytest
 
-# Alongside other system tests: fresh venvs in tmp dirs, commands' exit codes and output;
-# one worker runs the module (its venvs are a module fixture).
-pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(300),
-              pytest.mark.alongside, pytest.mark.xdist_group("extras-install")]
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[1]
 UV = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")

@@ -262,10 +262,6 @@ agents: {count: 2}
 
 @pytest.mark.system   # a whole campaign over REST (20 s alone, 50 s on a busy machine)
 @pytest.mark.timeout(300)
-# alongside other system tests: the logs against the results, counts and maxima of the
-# same run, whatever they are; on the worker of the other `served` users
-@pytest.mark.alongside
-@pytest.mark.xdist_group("served")
 def test_each_repetition_is_an_interval_and_their_sum_is_the_point(served, tmp_path):
     campaign_id = served.start_yaml_campaign(REPEATED_SPEC)
     served.wait_for_status(campaign_id, ("done",), 240)

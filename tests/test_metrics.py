@@ -261,9 +261,6 @@ def run_state(found: dict[str, Any], run_id: str) -> str | None:
 
 @pytest.mark.integration
 @pytest.mark.system
-# alongside other system tests: the live counts grow and end at the analysed ones, whatever
-# the rate the machine allows; its server is on a free port
-@pytest.mark.alongside
 def test_scrapes_while_a_campaign_runs_follow_its_deliveries_to_the_analysed_figures(
         tmp_path):
     from tests.conftest import Served

@@ -233,7 +233,6 @@ def test_a_results_file_of_this_version_reads_back_as_written(tmp_path):
 @pytest.mark.integration
 @pytest.mark.system  # a campaign, its Spark analysis, then `mqttbed analyze` in a process
 @pytest.mark.timeout(400)
-@pytest.mark.alongside  # a results file's version refused and upgraded: no figure checked
 def test_an_older_results_file_is_refused_by_api_and_report_and_mqttbed_analyze_upgrades_it(
         tmp_path):
     from fastapi.testclient import TestClient

@@ -12,11 +12,7 @@ from mqttbed.controller.assignments import FIRST_GPIO_PIN
 from mqttbed.controller.db import RunRow
 from mqttbed.core.run_record import run_record
 
-# Alongside other system tests: the acquisitions a loaded machine fits are counted (1 to 6,
-# below), every scope delay is matched to recorded edges exactly, and 20 Hz at QoS 0 is far
-# from late; one worker runs the module (its campaign is a module fixture).
-pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.alongside,
-              pytest.mark.xdist_group("scoped")]
+pytestmark = [pytest.mark.integration, pytest.mark.system]
 
 SPEC = {
     "name": "scoped", "agents": {"count": 2},

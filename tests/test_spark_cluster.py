@@ -25,11 +25,8 @@ import yaml
 
 from tests.spark_cluster import StandaloneCluster
 
-# a campaign with its own Spark, then a master, a worker and an executor: over a minute.
-# Alongside other system tests: it compares two analyses of the same recorded events, which
-# no neighbour's load changes, and its cluster is on free ports in its own tmp dir.
-pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(420),
-              pytest.mark.alongside]
+# a campaign with its own Spark, then a master, a worker and an executor: over a minute
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(420)]
 
 SPEC = {
     "name": "cluster-check",

@@ -43,7 +43,6 @@ stop_spark()
 # at load 3.7; it is niced only once up now): a system test
 @pytest.mark.system
 @pytest.mark.timeout(400)
-@pytest.mark.alongside  # nice values and one session, in a process of its own
 def test_spark_started_in_the_background_runs_niced_and_is_the_one_session():
     done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
                           timeout=600)

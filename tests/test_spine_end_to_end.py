@@ -13,11 +13,7 @@ import yaml
 
 from tests.conftest import processes_tagged, run_tagged
 
-# Alongside other system tests: counts, orders and figures' own consistency (p50 <= p99),
-# not their values; Mosquitto at 200 Hz on loopback is far from late by the 1 s drain, and
-# the subscription order is the engine's sequence, not a race.
-pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(240),
-              pytest.mark.alongside]
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(240)]
 
 SPEC = {
     "name": "two-points",
