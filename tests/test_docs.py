@@ -194,7 +194,7 @@ def _run_blocks(blocks: list[ShellBlock], workdir: Path, timeout_s: float,
 def _installed_packages() -> list[str]:
     """The venv's distributions and versions, as pip lists them: from the venv's folder,
     so that ``python -m`` does not put the checkout on the path, whose ``*.egg-info`` a build
-    of the tree (tests/test_extras_install.py, alongside) may be rewriting as pip reads it."""
+    of the tree (tests/test_extras_install.py) rewrites."""
     result = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check",
                              "list", "--format=freeze"], capture_output=True, text=True,
                             check=True, timeout=120, cwd=Path(sys.executable).parent)
