@@ -105,6 +105,11 @@ def analyze_runs(layout: DataLayout, campaign: CampaignRow, rows: list[RunRow],
         runs=[run_info(r) for r in rows], partials=run_partials(layout, campaign.id, rows))
 
 
+def partial_path(layout: DataLayout, campaign_id: str, run_id: str) -> Path:
+    """Where a run's own figures are kept: beside the run."""
+    return layout.run_dir(campaign_id, run_id) / PARTIAL_JSON
+
+
 def store_run_partial(layout: DataLayout, row: RunRow, settings: Settings | None = None
                       ) -> Path:
     """Compute an ended run's own figures (:mod:`mqttbed.analytics.partials`) and keep
@@ -116,7 +121,7 @@ def store_run_partial(layout: DataLayout, row: RunRow, settings: Settings | None
         get_spark(settings), events_path=layout.events, samples_path=layout.broker_samples,
         records_path=layout.backend_records, section_types=section_types(),
         campaign_id=row.campaign_id, run=run_info(row))
-    path = layout.run_dir(row.campaign_id, row.id) / PARTIAL_JSON
+    path = partial_path(layout, row.campaign_id, row.id)
     write_json(path, partial.to_json(), indent=None)
     return path
 
@@ -129,7 +134,7 @@ def run_partials(layout: DataLayout, campaign_id: str, rows: list[RunRow]
 
     found: dict[str, RunPartial] = {}
     for row in rows:
-        path = layout.run_dir(campaign_id, row.id) / PARTIAL_JSON
+        path = partial_path(layout, campaign_id, row.id)
         if not path.exists():
             continue
         try:
