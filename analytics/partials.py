@@ -12,9 +12,10 @@ same counts and exact percentiles and sketches, and sums and moments up to the o
 Spark adds them in.
 
 A partial is used only while its *fingerprint* holds: the analysis code (every module
-of this package), the run's RunInfo, the section types asked for, and the name, size and
-modification time of each of the run's data files. Anything else (a stale, foreign or
-unreadable partial) is ignored and the run's groups are computed with the pooled ones.
+of this package and of :mod:`mqttbed.core`, which defines the events it reads), the run's
+RunInfo, the section types asked for, and the name, size and modification time of each
+of the run's data files. Anything else (a stale, foreign or unreadable partial) is
+ignored and the run's groups are computed with the pooled ones.
 """
 
 from __future__ import annotations
@@ -28,12 +29,16 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import mqttbed.core
 from mqttbed.analytics.datasets import run_files_signature
 from mqttbed.analytics.figures import RUN_LEVEL
 from mqttbed.analytics.passes import Aggregate, GroupKey
 
 # the layout of a partial's JSON; a partial of another version is not read
 PARTIAL_FORMAT = 1
+# the packages a run's own figures are computed by: this one, and mqttbed.core (the
+# events' kinds and clocks, backend sections, withholding), whose code is fingerprinted
+FINGERPRINTED_PACKAGES = (Path(__file__).parent, Path(mqttbed.core.__file__).parent)
 
 
 @dataclass(frozen=True)
@@ -88,10 +93,17 @@ def run_fingerprint(run_info: Any, data: Sequence[tuple[Path, str]],
     return digest.hexdigest()
 
 
+def code_digest(packages: Sequence[Path]) -> bytes:
+    """A digest of every module (``*.py``) of each package folder, by package and name."""
+    digest = hashlib.sha256()
+    for package in packages:
+        for module in sorted(package.glob("*.py")):
+            digest.update(f"{package.name}/{module.name}".encode() + b"\0"
+                          + module.read_bytes())
+    return digest.digest()
+
+
 @cache
 def _code_digest() -> bytes:
-    """A digest of every module of this package: a partial of other analysis code is stale."""
-    digest = hashlib.sha256()
-    for module in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(module.name.encode() + b"\0" + module.read_bytes())
-    return digest.digest()
+    """The digest of the FINGERPRINTED_PACKAGES: a partial of other code is stale."""
+    return code_digest(FINGERPRINTED_PACKAGES)
