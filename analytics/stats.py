@@ -206,15 +206,19 @@ class _Data:
     section_types: tuple[type[BackendSection], ...]
 
     @property
+    def records_root(self) -> Path | None:
+        """The backend records' dataset, when the document asks for sections."""
+        return self.records_path if self.section_types else None
+
+    @property
     def has_records(self) -> bool:
-        return self.records_path is not None and bool(self.section_types)
+        return self.records_root is not None
 
     def fingerprint(self, run: RunInfo) -> str:
         """What a partial of ``run`` must have been computed from (partials.run_fingerprint)."""
         roots = [self.events_path, self.samples_path]
-        if self.has_records:
-            assert self.records_path is not None
-            roots.append(self.records_path)
+        if self.records_root is not None:
+            roots.append(self.records_root)
         return run_fingerprint(run, [(Path(root), self.campaign_id) for root in roots],
                                [t.__name__ for t in self.section_types])
 
@@ -229,8 +233,9 @@ class _Data:
         partitions = shuffle_partitions(
             spark, held_partitions(self.events_path, campaign_id, run_ids))
         ranked = stored_rows(self.events_path, campaign_id, run_ids) >= RANKED_FROM_EVENTS
-        records = (read_runs(spark, self.records_path, campaign_id, run_ids, RECORDS_DDL)
-                   if self.has_records and self.records_path is not None else None)
+        records_root = self.records_root
+        records = (None if records_root is None
+                   else read_runs(spark, records_root, campaign_id, run_ids, RECORDS_DDL))
         try:
             with analysis_conf(spark, partitions):
                 return _groups(runs, levels, timeline_runs, stored_events,

@@ -100,6 +100,8 @@ RUN_GRACE_S = 10.0
 # warm-up, measured here at load 4-8: start 4-13 s, warm-up 25-28 s; the previous run's own
 # figures); past it the run measures anyway, and says so in the log.
 ANALYSIS_START_WAIT_S = 180.0
+# what a held run waits for unless hold_measurements names something else
+JVM_START = "the analysis JVM to start"
 AGENT_REPORT_GRACE_S = 1.0  # after one agent's error, for the others' reports
 BROKER_EXIT_GRACE_S = 0.5   # after the agents' errors, for the broker's exit to show
 
@@ -194,7 +196,7 @@ class RunEngine:
         self._stopping: str | None = None  # why the controller is stopping, once it is
         self._running: tuple[str, _LiveRun] | None = None   # (run id, its live run)
         self._analysis_starting: threading.Thread | None = None  # see hold_measurements
-        self._held_for = "the analysis JVM to start"
+        self._held_for = JVM_START
         self._run_ended: Callable[[str], None] | None = None     # see after_each_run
 
     # -- campaigns ----------------------------------------------------------------------
@@ -270,7 +272,7 @@ class RunEngine:
         return (running[0], samples[-1]) if samples else None
 
     def hold_measurements(self, starting: threading.Thread | None,
-                          what: str = "the analysis JVM to start") -> None:
+                          what: str = JVM_START) -> None:
         """Have each run, once deployed, wait for ``starting`` (the thread that starts the
         analysis JVM and warms it up, or that analyses the run before) to end before it
         measures, for at most ANALYSIS_START_WAIT_S; the run records the wait
