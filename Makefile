@@ -24,15 +24,18 @@ lint: install   # ruff, the import contracts of pyproject.toml (the dependency d
 	$(PY) scripts/lint_imports.py
 	$(PY) scripts/typecheck.py
 
-# Three tiers, which CI (.ci/run) runs in this order and which together are every test:
+# Three tiers, which together are every test (CI, .ci/run, runs rtl-test beside test, then
+# test-system):
 #   test         everything but the long end-to-end tests (`system` marker): minutes
 #   test-system  the `system` tests (whole campaigns through the CLI, REST, a lab, a Spark
 #                cluster, a browser) but the RTL's, which rtl-test runs
 #   rtl-test     every `rtl` test, the FPGA broker's RTL in full
 # make test runs on TEST_WORKERS processes (pytest-xdist; each with its own Spark session
 # and fixtures): its tests wait on brokers, agents and Spark more than they compute, so two
-# workers on two cores halve it. The other tiers run one test at a time: their campaigns
-# measure, and a second campaign beside one would be part of what it measures.
+# workers on two cores halve it. More gain nothing: 2, 3 and 4 workers took 545, 553 and
+# 571 s beside the RTL's builds (2026-11-28), with 298-355 s of CPU. The other tiers run
+# one test at a time: their campaigns measure, and a second campaign beside one would be
+# part of what it measures.
 TEST_WORKERS ?= 2
 test: install lint
 	$(PY) -m pytest -ra --durations=40 -m "not system" -n $(TEST_WORKERS)
@@ -54,8 +57,8 @@ rtl-test: install
 
 # The RTL's two builds ahead of rtl-test, niced: the Verilated harness, then yosys
 # synthesis (~4 min of one core). Each is kept by a hash of its sources, so the tests that
-# need them find them built; .ci/run starts this beside `make test` and waits for it before
-# the system tier, whose campaigns measure.
+# need them find them built; .ci/run starts this, then rtl-test, beside `make test` and waits
+# for both before the system tier, whose campaigns measure.
 rtl-build: install
 	nice -n 10 $(PY) -c "from mqttbed.brokers.fpga.rtl.build import ensure_sim, ensure_synth; \
 	print(ensure_sim()); print(ensure_synth())"
