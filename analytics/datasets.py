@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from mqttbed.core.events import EVENT_FIELDS, PARTITION_COLUMNS
 
 if TYPE_CHECKING:
+    from pyspark import StorageLevel
     from pyspark.sql import DataFrame, SparkSession
 
 _SPARK_TYPES = {"string": "string", "int64": "bigint", "int32": "int", "int8": "tinyint",
@@ -30,9 +31,15 @@ SAMPLES_DDL = ("t_ns bigint, cpu_percent double, rss_bytes bigint, bytes_recv bi
                "bytes_sent bigint")
 
 
-# Parquet bytes on disk per partition of a frame held in memory (several times that once
+# Parquet bytes on disk per partition of a held frame (several times that once
 # decoded): a quickstart's few MB are one partition, 100 MB of events a handful.
 HELD_BYTES_PER_PARTITION = 16 * 1024 * 1024
+# From this many stored rows on, the held frame is kept on disk only, never in memory. A
+# 10 M-row campaign's held partitions (~490 MB each once decoded) do not fit a 2 GB
+# driver's storage memory: with memory-and-disk, every read of a spilled partition tried
+# to unroll it into memory again, taking the execution memory that an aggregation beside
+# it needed (AGGREGATE_OUT_OF_MEMORY in the first call of bench/analysis.py, 2026-11-28).
+HELD_IN_MEMORY_BELOW_ROWS = 1_000_000
 
 
 def _data_files(directory: Path) -> list[Path]:
@@ -67,15 +74,26 @@ def read_runs(spark: SparkSession, root: Path, campaign_id: str, run_ids: Sequen
 
 def read_runs_held(spark: SparkSession, root: Path, campaign_id: str, run_ids: Sequence[str],
                    ddl: str) -> DataFrame:
-    """:func:`read_runs`, read once and held in memory in few partitions; unpersist it.
+    """:func:`read_runs`, read once and held in few partitions; unpersist it.
 
     Every figure pass scans the same rows: without this, each pass re-reads the run's many
     small chunk files, a task per file group, and on a small campaign Spark's per-file and
     per-task overhead is most of the analysis. The rows are the same; only where they come
-    from changes. Cached with Spark's default (memory, spilling to disk).
+    from changes. Cached with Spark's default (memory, spilling to disk), or on disk only
+    from HELD_IN_MEMORY_BELOW_ROWS stored rows on (:func:`held_on_disk`).
     """
-    return (read_runs(spark, root, campaign_id, run_ids, ddl)
-            .coalesce(held_partitions(root, campaign_id, run_ids)).cache())
+    held = (read_runs(spark, root, campaign_id, run_ids, ddl)
+            .coalesce(held_partitions(root, campaign_id, run_ids)))
+    on_disk = held_on_disk(stored_rows(root, campaign_id, run_ids))
+    return held.cache() if on_disk is None else held.persist(on_disk)
+
+
+def held_on_disk(rows: int) -> StorageLevel | None:
+    """DISK_ONLY for what the analysis holds of a campaign of ``rows`` stored rows, from
+    HELD_IN_MEMORY_BELOW_ROWS on; None (Spark's default, memory spilling to disk) below."""
+    from pyspark import StorageLevel
+
+    return StorageLevel.DISK_ONLY if rows >= HELD_IN_MEMORY_BELOW_ROWS else None
 
 
 def _runs_data_files(root: Path, campaign_id: str, run_ids: Sequence[str]) -> list[Path]:

@@ -31,6 +31,7 @@ from mqttbed.analytics.confidence import bootstrap_interval
 from mqttbed.analytics.datasets import (
     EVENTS_DDL,
     SAMPLES_DDL,
+    held_on_disk,
     held_partitions,
     read_runs,
     read_runs_held,
@@ -80,6 +81,7 @@ from mqttbed.analytics.series import read_series, series_rows, start_rows
 from mqttbed.core.sections import BackendSection
 
 if TYPE_CHECKING:
+    from pyspark import StorageLevel
     from pyspark.sql import SparkSession
 
 DONE = "done"
@@ -232,7 +234,7 @@ class _Data:
                                        EVENTS_DDL)
         partitions = shuffle_partitions(
             spark, held_partitions(self.events_path, campaign_id, run_ids))
-        ranked = stored_rows(self.events_path, campaign_id, run_ids) >= RANKED_FROM_EVENTS
+        rows = stored_rows(self.events_path, campaign_id, run_ids)
         records_root = self.records_root
         records = (None if records_root is None
                    else read_runs(spark, records_root, campaign_id, run_ids, RECORDS_DDL))
@@ -241,15 +243,19 @@ class _Data:
                 return _groups(runs, levels, timeline_runs, stored_events,
                                read_runs(spark, self.samples_path, campaign_id, run_ids,
                                          SAMPLES_DDL),
-                               records, ranked=ranked)
+                               records, ranked=rows >= RANKED_FROM_EVENTS,
+                               on_disk=held_on_disk(rows))
         finally:
             stored_events.unpersist()
 
 
 def _groups(runs: list[RunInfo], levels: Levels, timeline_runs: list[str] | None,
-            stored_events: Any, samples: Any, records: Any, *, ranked: bool
+            stored_events: Any, samples: Any, records: Any, *, ranked: bool,
+            on_disk: StorageLevel | None
             ) -> tuple[dict[str, list[dict[str, Any]]], dict[GroupKey, Aggregate]]:
-    """The three passes over the campaign's events as read (held in memory)."""
+    """The three passes over the campaign's events as read (held: see
+    datasets.read_runs_held); the per-delivery rows are held as ``on_disk`` says
+    (datasets.held_on_disk)."""
     _, scope_events = split_by_clock(stored_events)
     events = software_events(stored_events, runs)
     faults = {run.run_id: run.fault_at_ns for run in runs if run.fault_at_ns is not None}
@@ -265,7 +271,7 @@ def _groups(runs: list[RunInfo], levels: Levels, timeline_runs: list[str] | None
     # Pass 2: the per-delivery rows every figure starts from, materialised (its lineage
     # cut, so that pass 3's plan stays small; Spark's cleaner frees the blocks once the
     # frame is unreachable).
-    deliveries = delivery_rows(events, subscriptions).localCheckpoint()
+    deliveries = delivery_rows(events, subscriptions).localCheckpoint(storageLevel=on_disk)
     # Pass 3 (one action): every grouped figure, series and section at once.
     frames = [*level_figure_rows(events, deliveries, samples, levels, subscriptions,
                                  faults, streams),

@@ -852,12 +852,16 @@ def test_hdr_export_values_are_each_done_runs_reference_values_in_ns(spark, data
 def test_quantiles_by_rank_give_the_same_results_to_the_bit(spark, dataset, results,
                                                              monkeypatch):
     """A campaign of RANKED_FROM_EVENTS stored events or more takes its quantiles by rank
-    (no group's values gathered in one buffer); lowered to 0, this small campaign takes
-    that path, and every figure, sketch, interval and series is the same."""
+    (no group's values gathered in one buffer), and from HELD_IN_MEMORY_BELOW_ROWS on
+    holds its events and per-delivery rows on disk only; both lowered to 0, this small
+    campaign takes those paths, and every figure, sketch, interval and series is the
+    same."""
+    import mqttbed.analytics.datasets as datasets_module
     import mqttbed.analytics.stats as stats_module
 
     root, _, _ = dataset
     monkeypatch.setattr(stats_module, "RANKED_FROM_EVENTS", 0)
+    monkeypatch.setattr(datasets_module, "HELD_IN_MEMORY_BELOW_ROWS", 0)
     ranked = compute_campaign_stats(
         spark, events_path=root / "events", samples_path=root / "samples",
         records_path=root / "records", section_types=[ProbeSection],
