@@ -73,18 +73,19 @@ def read_runs(spark: SparkSession, root: Path, campaign_id: str, run_ids: Sequen
 
 
 def read_runs_held(spark: SparkSession, root: Path, campaign_id: str, run_ids: Sequence[str],
-                   ddl: str) -> DataFrame:
+                   ddl: str, *, rows: int | None = None) -> DataFrame:
     """:func:`read_runs`, read once and held in few partitions; unpersist it.
 
     Every figure pass scans the same rows: without this, each pass re-reads the run's many
     small chunk files, a task per file group, and on a small campaign Spark's per-file and
     per-task overhead is most of the analysis. The rows are the same; only where they come
     from changes. Cached with Spark's default (memory, spilling to disk), or on disk only
-    from HELD_IN_MEMORY_BELOW_ROWS stored rows on (:func:`held_on_disk`).
+    from HELD_IN_MEMORY_BELOW_ROWS stored rows on (:func:`held_on_disk`); ``rows`` is
+    what these runs store (:func:`stored_rows`) when the caller has read it already.
     """
     held = (read_runs(spark, root, campaign_id, run_ids, ddl)
             .coalesce(held_partitions(root, campaign_id, run_ids)))
-    on_disk = held_on_disk(stored_rows(root, campaign_id, run_ids))
+    on_disk = held_on_disk(stored_rows(root, campaign_id, run_ids) if rows is None else rows)
     return held.cache() if on_disk is None else held.persist(on_disk)
 
 

@@ -180,7 +180,7 @@ def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_pa
     for partial in held.values():
         groups.update(partial.groups)
     return _document(campaign, runs, facts, groups, data.section_types,
-                     with_sections=data.has_records)
+                     with_sections=data.records_root is not None)
 
 
 def compute_run_partial(spark: SparkSession, *, events_path: Path, samples_path: Path,
@@ -212,10 +212,6 @@ class _Data:
         """The backend records' dataset, when the document asks for sections."""
         return self.records_path if self.section_types else None
 
-    @property
-    def has_records(self) -> bool:
-        return self.records_root is not None
-
     def fingerprint(self, run: RunInfo) -> str:
         """What a partial of ``run`` must have been computed from (partials.run_fingerprint)."""
         roots = [self.events_path, self.samples_path]
@@ -230,11 +226,11 @@ class _Data:
         timelines of ``timeline_runs``, of every run if None)."""
         spark, campaign_id = self.spark, self.campaign_id
         run_ids = [run.run_id for run in runs]
+        rows = stored_rows(self.events_path, campaign_id, run_ids)
         stored_events = read_runs_held(spark, self.events_path, campaign_id, run_ids,
-                                       EVENTS_DDL)
+                                       EVENTS_DDL, rows=rows)
         partitions = shuffle_partitions(
             spark, held_partitions(self.events_path, campaign_id, run_ids))
-        rows = stored_rows(self.events_path, campaign_id, run_ids)
         records_root = self.records_root
         records = (None if records_root is None
                    else read_runs(spark, records_root, campaign_id, run_ids, RECORDS_DDL))
