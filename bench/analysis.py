@@ -810,7 +810,7 @@ def print_report(workload: Workload, data: str, generate_s: float,
           f"{duck_t.warm_median_s:10.2f}{merged.call.seconds / duck_t.warm_median_s:13.1f}x")
     for title, chosen in (("cold call", calls[:1]), ("warm calls, median", calls[1:]),
                           ("after the last run, merging the runs' partials", [merged.call])):
-        _print_breakdown(title, chosen)
+        print_breakdown(title, chosen)
     ratio = spark_t.warm_median_s / duck_t.warm_median_s
     print(f"\ngoal Spark <= {GOAL_RATIO:g}x DuckDB warm (issue 24): {ratio:.1f}x, "
           f"{'met' if ratio <= GOAL_RATIO else 'not met'}")
@@ -824,7 +824,7 @@ def print_report(workload: Workload, data: str, generate_s: float,
         print(f"  {line}")
 
 
-def _print_breakdown(title: str, calls: list[SparkCall]) -> None:
+def print_breakdown(title: str, calls: list[SparkCall]) -> None:
     """Where compute_campaign_stats spends its time: per action, median over ``calls``."""
     total = statistics.median(c.seconds for c in calls)
     print(f"\nSpark compute_campaign_stats, {title}: {total:.2f} s; "
