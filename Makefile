@@ -33,15 +33,19 @@ lint: install   # ruff, the import contracts of pyproject.toml (the dependency d
 # make test runs on TEST_WORKERS processes (pytest-xdist; each with its own Spark session
 # and fixtures): its tests wait on brokers, agents and Spark more than they compute, so two
 # workers on two cores halve it. More gain nothing: 2, 3 and 4 workers took 545, 553 and
-# 571 s beside the RTL's builds (2026-11-28), with 298-355 s of CPU. The other tiers run
-# one test at a time: their campaigns measure, and a second campaign beside one would be
-# part of what it measures.
+# 571 s beside the RTL's builds (2026-11-28), with 298-355 s of CPU. A system test whose
+# campaign measures runs alone: a second campaign beside it would be part of what it
+# measures. test-system first runs the others (marker `parallel`: they assert counts,
+# states and text, and share nothing machine-wide) on two workers, tests that share a
+# module's or the session's campaign on one (`--dist loadgroup`); then the rest, one at a
+# time.
 TEST_WORKERS ?= 2
 test: install lint
 	$(PY) -m pytest -ra --durations=40 -m "not system" -n $(TEST_WORKERS)
 
 test-system: install
-	$(PY) -m pytest -ra --durations=40 -m "system and not rtl"
+	$(PY) -m pytest -ra --durations=20 -m "system and not rtl and parallel" -n 2 --dist loadgroup
+	$(PY) -m pytest -ra --durations=40 -m "system and not rtl and not parallel"
 
 # The database's tests on PostgreSQL only: the migrations, the types, tokens, run states and
 # recovery, a restart under a running campaign (each on a private cluster the tests start

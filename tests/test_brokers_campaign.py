@@ -17,7 +17,8 @@ from mqttbed.api.report import render_report
 from mqttbed.core.backends import unavailable_reason
 from tests.conftest import Served
 
-pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.parallel,
+              pytest.mark.timeout(600)]
 
 CAMPAIGN = Path(__file__).resolve().parents[1] / "campaigns" / "brokers.yaml"
 BROKERS = ("mosquitto", "forkpipe", "rabbitmq", "nats", "amqtt")

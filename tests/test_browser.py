@@ -9,7 +9,8 @@ import pytest
 
 # 300 s: the first test also sets up `served` (a campaign, and in a run of the system tier
 # the process's first Spark session) and Chromium
-pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(300),
+              pytest.mark.parallel, pytest.mark.xdist_group("served")]
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"

@@ -250,10 +250,19 @@ def test_short_shell_blocks_of_the_tutorial_run(page, tmp_path):
     _run_blocks(blocks, tmp_path, timeout_s=100)
 
 
+def _whole_tutorials() -> list[typing.Any]:
+    """Every tutorial, as a parameter: one that installs a package (and so has a cleanup
+    block) runs alone, the venv being the machine's; the others may run beside another
+    system test (``parallel``: they check exit statuses and text, not times)."""
+    return [pytest.param(page, id=page.stem, marks=[] if any(
+        block.tier == "cleanup" for block in shell_blocks(page)) else [pytest.mark.parallel])
+        for page in TUTORIALS]
+
+
 @pytest.mark.integration
 @pytest.mark.system  # whole campaigns, Spark analyses
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("page", TUTORIALS, ids=[p.stem for p in TUTORIALS])
+@pytest.mark.parametrize("page", _whole_tutorials())
 def test_the_whole_tutorial_runs(page, tmp_path):
     blocks = [block for block in shell_blocks(page) if block.tier in ("short", "system")]
     cleanup = [block for block in shell_blocks(page) if block.tier == "cleanup"]

@@ -260,6 +260,8 @@ agents: {count: 2}
 """
 
 
+@pytest.mark.parallel
+@pytest.mark.xdist_group("served")   # the browser tests' `served`: one worker sets it up
 @pytest.mark.system   # a whole campaign over REST (20 s alone, 50 s on a busy machine)
 @pytest.mark.timeout(300)
 def test_each_repetition_is_an_interval_and_their_sum_is_the_point(served, tmp_path):

@@ -261,6 +261,7 @@ def run_state(found: dict[str, Any], run_id: str) -> str | None:
 
 @pytest.mark.integration
 @pytest.mark.system
+@pytest.mark.parallel
 def test_scrapes_while_a_campaign_runs_follow_its_deliveries_to_the_analysed_figures(
         tmp_path):
     from tests.conftest import Served

@@ -135,6 +135,7 @@ def first_status(updates: UpdateLog, status: str) -> bool:
 
 
 @pytest.mark.system
+@pytest.mark.parallel
 @pytest.mark.timeout(400)
 def test_a_campaign_through_its_analysis_outlives_postgresql_restarts(postgres, tmp_path):
     """The whole lifecycle (runs, Spark analysis, final status) on PostgreSQL, restarted

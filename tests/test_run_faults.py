@@ -215,6 +215,7 @@ def iptables_in(namespace: str, *rule: str) -> None:
 
 
 @pytest.mark.system
+@pytest.mark.parallel   # the one parallel test that builds a network (its subnet is unlocked)
 def test_network_cut_to_the_controller_for_10_s_retries_chunks_and_stores_each_once(
         controller, updates):
     """Fault row "agent's network to the controller cut for 10 s": the subscribers' agent

@@ -231,6 +231,7 @@ def test_a_results_file_of_this_version_reads_back_as_written(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.parallel
 @pytest.mark.system  # a campaign, its Spark analysis, then `mqttbed analyze` in a process
 @pytest.mark.timeout(400)
 def test_an_older_results_file_is_refused_by_api_and_report_and_mqttbed_analyze_upgrades_it(

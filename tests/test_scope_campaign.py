@@ -12,7 +12,8 @@ from mqttbed.controller.assignments import FIRST_GPIO_PIN
 from mqttbed.controller.db import RunRow
 from mqttbed.core.run_record import run_record
 
-pytestmark = [pytest.mark.integration, pytest.mark.system]
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.parallel,
+              pytest.mark.xdist_group("scoped")]  # one worker sets up the module's campaign
 
 SPEC = {
     "name": "scoped", "agents": {"count": 2},

@@ -26,7 +26,8 @@ import yaml
 from tests.spark_cluster import StandaloneCluster
 
 # a campaign with its own Spark, then a master, a worker and an executor: over a minute
-pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.parallel,
+              pytest.mark.timeout(420)]
 
 SPEC = {
     "name": "cluster-check",

@@ -42,6 +42,7 @@ stop_spark()
 # A JVM starts slowly beside other work (a niced one took 110 s in CI's make test, 96 s
 # at load 3.7; it is niced only once up now): a system test
 @pytest.mark.system
+@pytest.mark.parallel
 @pytest.mark.timeout(400)
 def test_spark_started_in_the_background_runs_niced_and_is_the_one_session():
     done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,

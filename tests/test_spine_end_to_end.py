@@ -13,7 +13,8 @@ import yaml
 
 from tests.conftest import processes_tagged, run_tagged
 
-pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.parallel,
+              pytest.mark.timeout(240)]
 
 SPEC = {
     "name": "two-points",
