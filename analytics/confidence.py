@@ -35,6 +35,7 @@ def bootstrap_interval(sketches: Sequence[QuantileSketch], quantile: float, *,
     grid = np.unique(np.concatenate([np.asarray(s.quantiles) for s in runs]))
     cdfs = np.vstack([np.interp(grid, np.asarray(s.quantiles), levels, left=0.0, right=1.0)
                       for s in runs])
+    grid, cdfs = _crossing_window(grid, cdfs, quantile)
     counts = np.asarray([s.count for s in runs], dtype=float)
     rng = np.random.default_rng(seed)
     estimates = []
@@ -50,6 +51,23 @@ def bootstrap_interval(sketches: Sequence[QuantileSketch], quantile: float, *,
     tail = (1.0 - level) / 2
     low, high = np.quantile(values, [tail, 1.0 - tail])
     return float(low), float(high)
+
+
+def _crossing_window(grid: NDArray[Any], cdfs: NDArray[Any], quantile: float
+                     ) -> tuple[NDArray[Any], NDArray[Any]]:
+    """The part of ``grid`` (and the runs' ``cdfs`` over it) where any resample's pooled
+    CDF can cross ``quantile``: a pooled CDF is a weighted mean of the runs' CDFs, so it
+    is below ``quantile`` where every run's is, and reaches it where every run's does.
+    The window keeps the last grid point below for every run and the first reached by
+    every run, so :func:`_inverse` finds the same two grid points around each crossing as
+    on the whole grid, at a fraction of the cost (the grid is every run's 1,001 sketch
+    values; the window a few of them)."""
+    import numpy as np
+
+    below = int(np.all(cdfs < quantile, axis=0).sum())      # a prefix: CDFs rise
+    reached = int(np.all(cdfs >= quantile, axis=0).sum())   # a suffix
+    start, stop = max(below - 1, 0), len(grid) - max(reached - 1, 0)
+    return grid[start:stop], cdfs[:, start:stop]
 
 
 def _inverse(cdfs: NDArray[Any], grid: NDArray[Any], quantile: float) -> NDArray[Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mqttbed.analytics import confidence
 from mqttbed.analytics.confidence import _BATCH, bootstrap_interval
 from mqttbed.analytics.figures import SKETCH_LEVELS, QuantileSketch
 
@@ -60,3 +61,15 @@ def test_fewer_than_two_runs_with_values_give_no_interval():
     assert bootstrap_interval([one], 0.5) is None
     assert bootstrap_interval([one, QuantileSketch(0, [])], 0.5) is None
     assert bootstrap_interval([], 0.99) is None
+
+
+@pytest.mark.parametrize("quantile", [0.0005, 0.01, 0.5, 0.99, 0.999])
+def test_the_crossing_window_gives_the_interval_of_the_whole_grid(quantile, monkeypatch):
+    same = [_sketch(r) for r in _runs(5, [150] * 4, [3000] * 4)]
+    apart = [_sketch(r) for r in _runs(6, [100, 160, 400], [500, 4000, 2500])]
+    # runs whose values do not overlap at all: no grid point is below for all of them
+    disjoint = [_sketch(r) for r in _runs(7, [10, 1000], [1000, 1000])]
+    windowed = [bootstrap_interval(s, quantile, resamples=500) for s in (same, apart, disjoint)]
+    monkeypatch.setattr(confidence, "_crossing_window", lambda grid, cdfs, q: (grid, cdfs))
+    whole = [bootstrap_interval(s, quantile, resamples=500) for s in (same, apart, disjoint)]
+    assert windowed == whole
