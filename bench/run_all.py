@@ -27,6 +27,7 @@ BENCHES = [
     ("quickstart.py", "P6: POST -> report <= 60 s"),
     ("api_load.py", "50 API clients, 60 s, 1,000-client run: 0 errors, 0 lost"),
     ("analysis.py", "Spark vs DuckDB, same figures"),
+    ("analysis_growth.py", "issue 24: 10 M -> 100 M rows, time <= 12x, 2 GB driver (~1 h)"),
     ("hdr_export.py", "HdrHistogram logs: export <= 1x the analysis, figures within 0.1 %"),
     ("compaction.py", "compacted runs: Spark scan <= chunk files' scan; s per run"),
     ("cpu_budget.py", "broker.cpu_limit: Mosquitto throttled, then behind, as the budget shrinks"),
