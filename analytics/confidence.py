@@ -61,7 +61,8 @@ def _crossing_window(grid: NDArray[Any], cdfs: NDArray[Any], quantile: float
     The window keeps the last grid point below for every run and the first reached by
     every run, so :func:`_inverse` finds the same two grid points around each crossing as
     on the whole grid, at a fraction of the cost (the grid is every run's 1,001 sketch
-    values; the window a few of them)."""
+    values; the window only those between the runs' own ``quantile``, a few when the
+    runs agree)."""
     import numpy as np
 
     below = int(np.all(cdfs < quantile, axis=0).sum())      # a prefix: CDFs rise
