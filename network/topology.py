@@ -18,12 +18,14 @@ Every name starts with the prefix and every creation is journalled before it hap
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
 import secrets
 import shutil
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +38,7 @@ ROOT_ADDRESS = "10.77.255.254"
 SWITCH_SUBNET = ipaddress.ip_network("10.77.0.0/24")
 MGMT_CANDIDATES = [ipaddress.IPv4Network(f"10.77.{n}.0/24") for n in range(128, 255)]
 JOURNAL_DIR = Path("/run/mqttbed/net")
+MGMT_LOCK = "mgmt.lock"   # in JOURNAL_DIR: held while a builder claims a management /24
 BPF_PIN_ROOT = Path("/sys/fs/bpf")
 PREFIX_LEN = 7
 HOST_IFACE = "sw0"
@@ -113,8 +116,14 @@ class Topology:
         _quiet_root_link(self.cpu_peer)
         ip("link", "set", self.cpu_peer, "up")
         ip("link", "set", CPU_PORT, "up", netns=self.switch_ns)
-        self._mgmt = _free_mgmt_subnet()
-        for index, name in enumerate(self.host_names):
+        # The subnet is free until the first host's root-side address routes part of it:
+        # another builder (a second controller, `mqttbed run` beside `serve`) must not
+        # choose it in between.
+        with _mgmt_lock():
+            self._mgmt = _free_mgmt_subnet()
+            first = self.host_names[0]
+            self.hosts[first] = self._host(0, first, self._mgmt)
+        for index, name in enumerate(self.host_names[1:], start=1):
             self.hosts[name] = self._host(index, name, self._mgmt)
 
     def add_host(self, name: str) -> HostPort:
@@ -193,6 +202,16 @@ def _quiet_root_link(link: str) -> None:
                  f"/proc/sys/net/ipv4/conf/{link}/forwarding"):
         if Path(path).exists():
             Path(path).write_text("1" if "ipv6" in path else "0")
+
+
+@contextlib.contextmanager
+def _mgmt_lock() -> Iterator[None]:
+    """Hold the machine-wide lock on choosing a management subnet (an flock, released
+    when its holder exits, however it exits)."""
+    JOURNAL_DIR.mkdir(parents=True, exist_ok=True)
+    with (JOURNAL_DIR / MGMT_LOCK).open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
 
 
 def _free_mgmt_subnet() -> ipaddress.IPv4Network:

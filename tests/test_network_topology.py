@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import ipaddress
 import signal
 import socket
 import subprocess
@@ -91,6 +92,38 @@ def test_reap_removes_everything_of_a_builder_killed_with_sigkill(kill_after):
         builder.kill()
         reap(prefix)
     assert leftovers(prefix) == []
+
+
+@pytest.mark.integration  # network namespaces (root)
+def test_topologies_built_at_once_take_different_management_subnets():
+    """Two controllers on one machine may build at the same moment: each must claim its
+    own management /24 (chosen from the root's routes, which the first host's address
+    changes), or their /30s would collide."""
+    builders = [Topology(["h"]) for _ in range(3)]
+    start = threading.Barrier(len(builders))
+    failures: list[BaseException] = []
+
+    def build(topology: Topology) -> None:
+        start.wait()
+        try:
+            topology.build()
+        except BaseException as failure:  # noqa: BLE001 - reported by the test below
+            failures.append(failure)
+
+    threads = [threading.Thread(target=build, args=(t,)) for t in builders]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not failures, failures
+        subnets = {ipaddress.ip_network(f"{t.hosts['h'].mgmt_address}/24", strict=False)
+                   for t in builders}
+        assert len(subnets) == len(builders), subnets
+    finally:
+        for topology in builders:
+            reap(topology.prefix)
+    assert all(leftovers(t.prefix) == [] for t in builders)
 
 
 def test_bad_names_are_refused_before_anything_is_built():
