@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from mqttbed.core.events import EVENT_FIELDS, PARTITION_COLUMNS
 
@@ -73,19 +73,19 @@ def read_runs(spark: SparkSession, root: Path, campaign_id: str, run_ids: Sequen
 
 
 def read_runs_held(spark: SparkSession, root: Path, campaign_id: str, run_ids: Sequence[str],
-                   ddl: str, *, rows: int | None = None) -> DataFrame:
+                   ddl: str, *, stored: StoredRuns | None = None) -> DataFrame:
     """:func:`read_runs`, read once and held in few partitions; unpersist it.
 
     Every figure pass scans the same rows: without this, each pass re-reads the run's many
     small chunk files, a task per file group, and on a small campaign Spark's per-file and
     per-task overhead is most of the analysis. The rows are the same; only where they come
     from changes. Cached with Spark's default (memory, spilling to disk), or on disk only
-    from HELD_IN_MEMORY_BELOW_ROWS stored rows on (:func:`held_on_disk`); ``rows`` is
-    what these runs store (:func:`stored_rows`) when the caller has read it already.
+    from HELD_IN_MEMORY_BELOW_ROWS stored rows on (:func:`held_on_disk`); ``stored`` is
+    what these runs store (:func:`stored_runs`) when the caller has read it already.
     """
-    held = (read_runs(spark, root, campaign_id, run_ids, ddl)
-            .coalesce(held_partitions(root, campaign_id, run_ids)))
-    on_disk = held_on_disk(stored_rows(root, campaign_id, run_ids) if rows is None else rows)
+    stored = stored or stored_runs(root, campaign_id, run_ids)
+    held = read_runs(spark, root, campaign_id, run_ids, ddl).coalesce(stored.partitions)
+    on_disk = held_on_disk(stored.rows)
     return held.cache() if on_disk is None else held.persist(on_disk)
 
 
@@ -110,16 +110,19 @@ def run_files_signature(root: Path, campaign_id: str, run_id: str) -> list[list[
             for f in sorted(files, key=lambda f: f.name)]
 
 
-def stored_rows(root: Path, campaign_id: str, run_ids: Sequence[str]) -> int:
-    """The rows the Parquet files of these runs hold, from their footers (no data read)."""
+class StoredRuns(NamedTuple):
+    """What the Parquet files of some runs hold, read without reading their data."""
+
+    rows: int         # from the files' footers
+    partitions: int   # :func:`read_runs_held` holds them in: one per
+    #                   HELD_BYTES_PER_PARTITION of the files, at least one
+
+
+def stored_runs(root: Path, campaign_id: str, run_ids: Sequence[str]) -> StoredRuns:
+    """The :class:`StoredRuns` of these runs, from one listing of their files."""
     import pyarrow.parquet as pq
 
-    return sum(pq.read_metadata(f).num_rows
-               for f in _runs_data_files(root, campaign_id, run_ids))
-
-
-def held_partitions(root: Path, campaign_id: str, run_ids: Sequence[str]) -> int:
-    """The partitions :func:`read_runs_held` holds these runs in: one per
-    HELD_BYTES_PER_PARTITION of their Parquet files, at least one."""
-    stored = sum(f.stat().st_size for f in _runs_data_files(root, campaign_id, run_ids))
-    return max(1, math.ceil(stored / HELD_BYTES_PER_PARTITION))
+    files = _runs_data_files(root, campaign_id, run_ids)
+    size = sum(f.stat().st_size for f in files)
+    return StoredRuns(rows=sum(pq.read_metadata(f).num_rows for f in files),
+                      partitions=max(1, math.ceil(size / HELD_BYTES_PER_PARTITION)))

@@ -32,10 +32,9 @@ from mqttbed.analytics.datasets import (
     EVENTS_DDL,
     SAMPLES_DDL,
     held_on_disk,
-    held_partitions,
     read_runs,
     read_runs_held,
-    stored_rows,
+    stored_runs,
 )
 from mqttbed.analytics.figures import (
     POINT_LEVEL,
@@ -226,11 +225,10 @@ class _Data:
         timelines of ``timeline_runs``, of every run if None)."""
         spark, campaign_id = self.spark, self.campaign_id
         run_ids = [run.run_id for run in runs]
-        rows = stored_rows(self.events_path, campaign_id, run_ids)
+        stored = stored_runs(self.events_path, campaign_id, run_ids)
         stored_events = read_runs_held(spark, self.events_path, campaign_id, run_ids,
-                                       EVENTS_DDL, rows=rows)
-        partitions = shuffle_partitions(
-            spark, held_partitions(self.events_path, campaign_id, run_ids))
+                                       EVENTS_DDL, stored=stored)
+        partitions = shuffle_partitions(spark, stored.partitions)
         records_root = self.records_root
         records = (None if records_root is None
                    else read_runs(spark, records_root, campaign_id, run_ids, RECORDS_DDL))
@@ -239,8 +237,8 @@ class _Data:
                 return _groups(runs, levels, timeline_runs, stored_events,
                                read_runs(spark, self.samples_path, campaign_id, run_ids,
                                          SAMPLES_DDL),
-                               records, ranked=rows >= RANKED_FROM_EVENTS,
-                               on_disk=held_on_disk(rows))
+                               records, ranked=stored.rows >= RANKED_FROM_EVENTS,
+                               on_disk=held_on_disk(stored.rows))
         finally:
             stored_events.unpersist()
 
