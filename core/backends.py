@@ -10,6 +10,8 @@ Optional capabilities are small runtime-checkable protocols, checked with ``isin
 on the backend (or ``issubclass`` on its class), never looked up with ``getattr``:
 
 - :class:`MultiBroker`: deploys several brokers and says which one each client uses;
+- :class:`ConfiguresAccess`: configures its listener (TLS, WebSocket) and users from
+  the run's :class:`BrokerAccess`;
 - :class:`FaultSchedule`: causes a fault at a time of the run, and reports it;
 - :class:`OwnNetwork`: builds its own network and places the run's agents in it;
 - :class:`RunsOnLabHost`: can deploy its broker on a lab host over SSH;
@@ -33,8 +35,14 @@ from functools import cache
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from mqttbed.core.broker_access import (
+    AuthSettings,
+    ListenerTransport,
+    MqttProtocol,
+    TlsSettings,
+)
 from mqttbed.core.host import Host
 from mqttbed.core.protocol import ClientAssignment, Endpoint
 from mqttbed.core.report_figures import ReportFigures
@@ -144,6 +152,37 @@ class MultiBroker(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class BrokerAccess:
+    """What a run asks of the broker's listener and clients: ``broker.transport``,
+    ``broker.tls``, ``broker.auth`` (its password read when the run starts) and
+    ``workload.protocol``."""
+
+    transport: ListenerTransport = ListenerTransport.TCP
+    protocol: MqttProtocol = "3.1.1"
+    tls: TlsSettings | None = None
+    auth: AuthSettings | None = None
+    password: SecretStr | None = field(default=None, repr=False)
+
+    @property
+    def plain(self) -> bool:
+        """Anonymous MQTT 3.1.1 over plain TCP: what every backend speaks."""
+        return (self.transport == ListenerTransport.TCP and self.protocol == "3.1.1"
+                and self.tls is None and self.auth is None)
+
+
+@runtime_checkable
+class ConfiguresAccess(Protocol):
+    """Configures the broker's listener (TLS, WebSocket) and users from the run's
+    :class:`BrokerAccess`; its ``deploy`` then returns an endpoint that says how to reach
+    it (``Endpoint.tls``, ``Endpoint.websocket_path``). The declaration's features say
+    which transports and whether ``auth`` it takes."""
+
+    def configure_access(self, access: BrokerAccess) -> None:
+        """Called once before ``deploy``."""
+        ...
+
+
 @runtime_checkable
 class FaultSchedule(Protocol):
     """Causes a fault at a time of the run (e.g. kills a broker) and says what it did."""
@@ -206,6 +245,13 @@ class BrokerFeatures(BaseModel):
     qos: frozenset[int] = Field(frozenset({0, 1, 2}), description="QoS levels it delivers")
     retained: bool = Field(True, description="keeps and delivers retained messages")
     wildcards: bool = Field(True, description="subscriptions with + and #")
+    protocols: frozenset[MqttProtocol] = Field(
+        frozenset({"3.1.1"}), description="MQTT versions it speaks (workload.protocol)")
+    transports: frozenset[ListenerTransport] = Field(
+        frozenset({ListenerTransport.TCP}),
+        description="listeners the backend configures (broker.transport): tcp, tls, ws, wss")
+    auth: bool = Field(False, description="the backend configures user names and passwords "
+                                          "(broker.auth)")
     note: str = Field("", description="where these limits come from")
 
 

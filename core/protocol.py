@@ -13,6 +13,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from mqttbed.core.broker_access import (
+    DEFAULT_WEBSOCKET_PATH,
+    ClientCredentials,
+    ConnectPhases,
+    EndpointTls,
+    MqttProtocol,
+)
 from mqttbed.core.clock_discipline import ClockDiscipline
 from mqttbed.core.events import EVENT_COLUMNS, OPTIONAL_EVENT_COLUMNS
 from mqttbed.core.names import MAX_NAME_CHARS, PlainName
@@ -38,6 +45,28 @@ class Endpoint(BaseModel):
     host: str
     port: int
     transport: Transport = Transport.MQTT_TCP
+    # mqtt-tcp only: the stream is TLS (verified as these say), and/or MQTT rides in
+    # WebSocket frames (RFC 6455, subprotocol "mqtt") at this path
+    tls: EndpointTls | None = None
+    websocket_path: str | None = None
+
+    @model_validator(mode="after")
+    def _layers_on_a_stream(self) -> Endpoint:
+        if self.transport != Transport.MQTT_TCP and (self.tls or self.websocket_path):
+            raise ValueError(f"{self.transport}: TLS and WebSocket ride on mqtt-tcp only")
+        if self.websocket_path is not None and not self.websocket_path.startswith("/"):
+            raise ValueError(f"websocket_path {self.websocket_path!r} must start with / "
+                             f"(e.g. {DEFAULT_WEBSOCKET_PATH})")
+        return self
+
+    @property
+    def scheme(self) -> str:
+        """The URL scheme a user would write for it: mqtt, mqtts, ws, wss, mqtt-udp, ..."""
+        if self.transport != Transport.MQTT_TCP:
+            return str(self.transport)
+        if self.websocket_path is not None:
+            return "wss" if self.tls else "ws"
+        return "mqtts" if self.tls else "mqtt"
 
 
 # Bounds of what the controller stores (its database columns and 32-bit integers):
@@ -176,6 +205,10 @@ class Assignment(Message):
     # run), mqttbed's lean Python one, or paho (TLS, comparison)
     mqtt_client: Literal["native", "lean", "paho"] = "native"
     heartbeat_timeout_s: float = 3.0  # the spec's timing.heartbeat_timeout_s, both ways
+    protocol: MqttProtocol = "3.1.1"  # the spec's workload.protocol
+    # what every client sends in CONNECT and presents in TLS (secrets: masked in every dump
+    # but the commands' own, core.broker_access.reveal_secrets_context)
+    credentials: ClientCredentials | None = None
 
 
 class Subscribe(Message):
@@ -339,6 +372,8 @@ class Done(Message):
     upload_retries: int = Field(0, ge=0, le=_INT32, description="chunk posts sent again "
                                                                 "after a failed attempt")
     generator: GeneratorReport | None = None
+    # each client's connection, phase by phase (TCP, TLS, WebSocket, CONNECT -> CONNACK)
+    connections: list[ConnectPhases] = Field(default_factory=list, max_length=1 << 20)
 
 
 class AgentFailure(Message):
