@@ -1,9 +1,11 @@
 """Mosquitto, the software reference broker, deployed as a private process per run.
 
 Each deploy writes its own config into a fresh directory, so nothing from a system-wide
-``/etc/mosquitto`` (or a previous run) leaks into a measurement. The queue limits are
-part of the measurement: when a subscriber's queue is full Mosquitto silently drops
-QoS 0 messages to it, so the limits in force are recorded in the run's metadata.
+``/etc/mosquitto`` (or a previous run) leaks into a measurement. The run's access (TLS,
+WebSocket, a password file, MQTT 5: :mod:`.access`) is configured in that directory too,
+here or on a lab host, and removed with it. The queue limits are part of the measurement:
+when a subscriber's queue is full Mosquitto silently drops QoS 0 messages to it, so the
+limits in force are recorded in the run's metadata.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import os
 import re
 import shutil
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mqttbed.brokers.mosquitto import access as listener
+from mqttbed.brokers.mosquitto.access import AccessRecord, ListenerFiles
 from mqttbed.brokers.processes import (
     BrokerProcess,
     capture_output,
@@ -26,7 +30,7 @@ from mqttbed.brokers.processes import (
 )
 from mqttbed.brokers.remote import RemoteBrokerProcess
 from mqttbed.brokers.sys_monitor import SysMonitor, SysTopicsRecord
-from mqttbed.core.backends import DeploymentRecord
+from mqttbed.core.backends import BrokerAccess, DeploymentRecord
 from mqttbed.core.errors import BackendError, MissingSystemDependency
 from mqttbed.core.host import Host, ProcessHandle, raise_nofile_limit, sha256_file
 from mqttbed.core.protocol import Endpoint, Transport
@@ -90,6 +94,8 @@ class MosquittoDeployment(DeploymentRecord):
     limits: MosquittoLimits
     stats_interval_s: float
     sys_topics: SysTopicsRecord | None = None
+    access: AccessRecord | None = Field(None, description="how clients reached it (TLS, "
+                                                          "WebSocket, user; no secret)")
 
 
 class MosquittoBackend:
@@ -108,39 +114,55 @@ class MosquittoBackend:
         self._torn_down = False
         self._nofile: int | None = None
         self._sys = SysMonitor()
+        self._access = BrokerAccess()
+        self._access_record: AccessRecord | None = None
+        self._plain_port: int | None = None
+
+    def configure_access(self, access: BrokerAccess) -> None:
+        """Take the run's listener, MQTT version and user (checked at deploy)."""
+        if self._proc is not None or self._torn_down:
+            raise BackendError("configure_access comes before deploy")
+        self._access = access
 
     # -- deploy -------------------------------------------------------------------------
 
     def deploy(self, spec: Options | Mapping[str, Any], host: Host | SshHost) -> Endpoint:
         """Start Mosquitto on ``host`` with ``spec``'s limits; return where clients connect."""
-        if self._proc is not None or self._torn_down:
-            raise BackendError("this MosquittoBackend was already deployed; create a new one "
-                               "per run (mqttbed.core.backends.create_backend)")
-        options = spec if isinstance(spec, Options) else Options.model_validate(spec)
-        self._options = options
         if isinstance(host, SshHost):
-            return self.deploy_on_lab_host(options, host)
+            return self.deploy_on_lab_host(spec, host)
+        options = self._first_deploy(spec)
         # what a local broker inherits (a lab host keeps its own limits)
         self._nofile = raise_nofile_limit() if host.name == "local" else None
         self._binary = find_binary(options.binary)
         self._binary_sha256 = sha256_file(Path(self._binary))
-        self._proc = BrokerProcess(self.name, host, "mqttbed-mosquitto-",
-                                   log_names=("stdout.log", "mosquitto.log"))
+        proc = BrokerProcess(self.name, host, "mqttbed-mosquitto-",
+                             log_names=("stdout.log", "mosquitto.log"))
+        self._proc = proc
         try:
-            self._version = _probe_version(self._binary, host, self._proc.dir)
-            port, handle = self._start(options, host, self._proc)
-            self._port = port
-            self._proc.watch(handle, options.stats_interval_s)
-            if options.sys_topics and options.sys_interval_s > 0:
-                self._sys.start(Endpoint(host=host.address, port=port))
+            binary = self._binary
+            self._version = _probe_version(binary, host, proc.dir)
+            listener.check_access(self._access, lambda: self._websockets_here(host, proc))
+            files = self._write_files(proc.dir, host.address, proc.dir, None)
+
+            def launch(port: int) -> ProcessHandle:
+                conf_path = proc.dir / "mosquitto.conf"
+                self._config = self._render(options, host, port, proc.dir, files)
+                conf_path.write_text(self._config)
+                return host.spawn([binary, "-c", str(conf_path)],
+                                  log_path=proc.dir / "stdout.log")
+
+            port, handle = start_listening(
+                host, f"mosquitto ({binary})", launch, attempts=DEPLOY_ATTEMPTS,
+                startup_timeout_s=STARTUP_TIMEOUT_S, stop_timeout_s=2.0,
+                log_tail=proc.log_tail)
+            return self._serve(options, host.address, port, handle, files)
         except BaseException:
             # A failed deploy must leave nothing behind: no process, no directory.
             self.teardown()
             raise
-        return Endpoint(host=host.address, port=port, transport=Transport.MQTT_TCP)
 
     def deploy_on_lab_host(self, spec: Options | Mapping[str, Any], host: SshHost) -> Endpoint:
-        """Start Mosquitto on a lab host: config copied there, sampled there."""
+        """Start Mosquitto on a lab host: config and access files copied there, sampled there."""
         options = self._first_deploy(spec)
         self._binary = options.binary or _find_remote_binary(host)
         self._binary_sha256 = host.run(["sha256sum", self._binary],
@@ -151,10 +173,12 @@ class MosquittoBackend:
         self._proc = proc
         try:
             binary = self._binary
+            listener.check_access(self._access, lambda: self._websockets_there(host, proc))
+            remote_dir = PurePosixPath(str(proc.remote_dir))
+            files = self._write_files(proc.dir, host.address, remote_dir, host)
 
             def launch(port: int) -> ProcessHandle:
-                self._config = render_config(options, host.address, port,
-                                              Path(str(proc.remote_dir)))
+                self._config = self._render(options, host, port, remote_dir, files)
                 conf = proc.put_text("mosquitto.conf", self._config)
                 return host.spawn([binary, "-c", str(conf)], log_path=proc.dir / "stdout.log")
 
@@ -162,12 +186,10 @@ class MosquittoBackend:
                 host, f"mosquitto ({binary}) on {host.name}", launch,
                 attempts=DEPLOY_ATTEMPTS, startup_timeout_s=STARTUP_TIMEOUT_S,
                 stop_timeout_s=2.0, log_tail=proc.log_tail, check_listener=False)
-            self._port = port
-            proc.watch(handle, options.stats_interval_s)
+            return self._serve(options, host.address, port, handle, files)
         except BaseException:
             self.teardown()
             raise
-        return Endpoint(host=host.address, port=port, transport=Transport.MQTT_TCP)
 
     def _first_deploy(self, spec: Options | Mapping[str, Any]) -> Options:
         """The validated options of this backend's one deploy."""
@@ -178,20 +200,85 @@ class MosquittoBackend:
         self._options = options
         return options
 
-    def _start(self, options: Options, host: Host,
-               proc: BrokerProcess) -> tuple[int, ProcessHandle]:
-        """Start Mosquitto on a free port (a new config per attempt)."""
+    def _write_files(self, local_dir: Path, address: str, broker_dir: PurePath,
+                     remote: SshHost | None) -> ListenerFiles:
+        """Write the listener's TLS files and password file (made for this deploy) into
+        the broker's private directory: here, or here and then copied to ``remote``."""
+        access = self._access
+        written: dict[str, PurePath] = {}
+
+        def private(name: str, text: str) -> None:
+            listener.write_private(local_dir / name, text)
+            if remote is not None:
+                # (put keeps the 0600 mode; the directory there is 0700 too)
+                remote.put(local_dir / name, str(broker_dir / name))
+            written[name] = broker_dir / name
+
+        ca_pem = None
+        if access.transport.tls:
+            tls = listener.tls_material(access, address)
+            ca_pem = tls.ca_pem
+            private("ca.crt", tls.trusted_pem)
+            private("server.crt", tls.cert_pem)
+            private("server.key", tls.key_pem.get_secret_value())
+        if access.auth is not None and access.password is not None:
+            private("passwords", listener.password_line(access.auth.username,
+                                                        access.password) + "\n")
+        return ListenerFiles(
+            ca_file=written.get("ca.crt"), cert_file=written.get("server.crt"),
+            key_file=written.get("server.key"), password_file=written.get("passwords"),
+            ca_pem=ca_pem,
+            require_certificate=access.tls is not None and access.tls.cert_file is not None)
+
+    def _render(self, options: Options, host: Host | SshHost, port: int, broker_dir: PurePath,
+                files: ListenerFiles) -> str:
+        """The config of one start attempt (a WebSocket listener gets a plain one beside)."""
+        self._plain_port = None
+        if self._access.transport.websocket:
+            self._plain_port = host.free_port()
+            while self._plain_port == port:
+                self._plain_port = host.free_port()
+        return render_config(options, host.address, port, Path(str(broker_dir)),
+                             access=self._access, files=files, plain_port=self._plain_port)
+
+    def _serve(self, options: Options, address: str, port: int, handle: ProcessHandle,
+               files: ListenerFiles) -> Endpoint:
+        """The broker listens: sample it, check it answers as the run asks, start $SYS."""
+        assert self._proc is not None
+        self._port = port
+        self._proc.watch(handle, options.stats_interval_s)
+        access = self._access
+        self._access_record = listener.record(access, address, files, self._plain_port)
+        endpoint = Endpoint(host=address, port=port, transport=Transport.MQTT_TCP,
+                            tls=listener.endpoint_tls(access, files),
+                            websocket_path=listener.websocket_path(access))
+        # mqttbed's own clients reach a WebSocket broker at its plain listener
+        own = (endpoint if self._plain_port is None
+               else Endpoint(host=address, port=self._plain_port))
+        listener.probe(endpoint, own, access)
+        if options.sys_topics and options.sys_interval_s > 0:
+            # (the sampler presents no user nor TLS yet: with auth or tls its record says
+            # it was refused; SysMonitor.start's credentials and protocol go here)
+            self._sys.start(own)
+        return endpoint
+
+    def _websockets_here(self, host: Host, proc: BrokerProcess) -> str | None:
+        """Why the local binary cannot serve WebSocket, or None (it parses a probe config)."""
         assert self._binary is not None
-        binary, conf_path = self._binary, proc.dir / "mosquitto.conf"
+        conf = proc.dir / "websockets-probe.conf"
+        conf.write_text(listener.WEBSOCKETS_PROBE_CONFIG)
+        printed = capture_output(host, [self._binary, "-c", str(conf)],
+                                 proc.dir / "websockets-probe.txt", STARTUP_TIMEOUT_S)
+        return listener.websockets_verdict(printed, self._binary, self._version or "unknown")
 
-        def launch(port: int) -> ProcessHandle:
-            self._config = render_config(options, host.address, port, proc.dir)
-            conf_path.write_text(self._config)
-            return host.spawn([binary, "-c", str(conf_path)], log_path=proc.dir / "stdout.log")
-
-        return start_listening(host, f"mosquitto ({binary})", launch,
-                               attempts=DEPLOY_ATTEMPTS, startup_timeout_s=STARTUP_TIMEOUT_S,
-                               stop_timeout_s=2.0, log_tail=proc.log_tail)
+    def _websockets_there(self, host: SshHost, proc: RemoteBrokerProcess) -> str | None:
+        """Why the lab host's binary cannot serve WebSocket, or None."""
+        assert self._binary is not None
+        conf = proc.put_text("websockets-probe.conf", listener.WEBSOCKETS_PROBE_CONFIG)
+        printed = host.run(["sh", "-c", '"$0" -c "$1" 2>&1; true', self._binary, str(conf)],
+                           "probe mosquitto for WebSocket support")
+        return listener.websockets_verdict(printed, f"{self._binary} on {host.name}",
+                                           self._version or "unknown")
 
     # -- while running ------------------------------------------------------------------
 
@@ -229,7 +316,7 @@ class MosquittoBackend:
             pid=None if proc is None else proc.pid,
             exit_code=None if proc is None else proc.exit_code,
             log_tail=None if proc is None else proc.log_tail(),
-            sys_topics=self._sys.record())
+            sys_topics=self._sys.record(), access=self._access_record)
 
     def sys_samples(self) -> list[SysSample]:
         """The numeric ``$SYS`` values Mosquitto published since deploy."""
@@ -301,13 +388,18 @@ def _probe_version(binary: str, host: Host, workdir: Path) -> str:
     return match.group(1) if match else "unknown"
 
 
-def render_config(options: Options, address: str, port: int, workdir: Path) -> str:
-    """Return the full config text for one deploy (recorded verbatim in the metadata)."""
+def render_config(options: Options, address: str, port: int, workdir: Path, *,
+                  access: BrokerAccess | None = None, files: ListenerFiles | None = None,
+                  plain_port: int | None = None) -> str:
+    """Return the full config text for one deploy (recorded verbatim in the metadata).
+
+    ``access`` and ``files`` configure the listener (TLS, WebSocket, password file: see
+    :mod:`.access`); it holds paths, never a secret."""
+    access, files = access or BrokerAccess(), files or ListenerFiles()
     lines = [
         "# generated by mqttbed for one run; recorded in the run's metadata",
-        f"listener {port} {address}",
-        f"max_connections {options.max_connections}",
-        "allow_anonymous true",
+        *listener.listener_lines(access, port, address, files, options.max_connections),
+        *listener.security_lines(files),
         "persistence false",
         f"max_queued_messages {options.max_queued_messages}",
         f"max_inflight_messages {options.max_inflight_messages}",
@@ -317,11 +409,10 @@ def render_config(options: Options, address: str, port: int, workdir: Path) -> s
         "log_type warning",
         "log_type notice",
         f"sys_interval {options.sys_interval_s}",
+        *listener.plain_listener_lines(plain_port, address),
     ]
     if os.geteuid() == 0:
         # Started as root, Mosquitto drops to user `mosquitto`, which cannot write the
         # log into our private (0700, root-owned) directory; staying root keeps the log.
         lines.insert(1, "user root")
     return "\n".join(lines) + "\n"
-
-
