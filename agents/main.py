@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 
 import httpx
+from pydantic import ValidationError
 
 from mqttbed.agents.gpio import GpioUnavailable, open_gpio
 from mqttbed.agents.native import engine as native_engine
@@ -42,6 +43,23 @@ log = logging.getLogger("mqttbed.agent")
 EXIT_CONTROLLER_LOST = 5  # the controller stopped answering for the heartbeat timeout
 
 
+class CommandsUnreadable(RuntimeError):
+    """The controller's commands do not parse as this agent's protocol (a version skew)."""
+
+
+def parse_commands(content: bytes) -> Commands:
+    """The commands of one poll; raises CommandsUnreadable naming each bad field but never
+    a value: an assignment carries the run's password and client key."""
+    try:
+        return Commands.model_validate_json(content)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, error['loc'])) or 'commands'}: {error['msg']}"
+                             for error in exc.errors(include_url=False, include_input=False,
+                                                     include_context=False))
+        raise CommandsUnreadable(f"the controller's commands do not parse ({exc.error_count()} "
+                                 f"error(s)): {problems}") from None
+
+
 class Agent:
     """One agent's life: register, heartbeat, obey commands."""
 
@@ -62,9 +80,11 @@ class Agent:
         self._name = name
         self._gpio = open_gpio(gpio_backend, gpio_chip)  # fails here, before registering
         # build (or load) the native engine now, not while a run waits for its CONNACKs;
-        # where it cannot be, each run says why and runs the lean client
+        # where it cannot be, each run says why and runs the lean client (paho where the
+        # run needs TLS, WebSocket or MQTT 5, which the lean client does not speak)
         if (reason := native_engine.unavailable_reason()) is not None:
-            log.warning("%s; runs use the lean Python client", reason)
+            log.warning("%s; runs use the lean Python client (paho for TLS, WebSocket or "
+                        "MQTT 5)", reason)
         self._controller_boot_id: str | None = None
         self._stop = threading.Event()
         self._on_controller_lost = on_controller_lost
@@ -138,7 +158,7 @@ class Agent:
                 self._stop.wait(0.5)
                 continue
             self._last_answer_ns = monotonic_ns()
-            for command in Commands.model_validate_json(response.content).commands:
+            for command in parse_commands(response.content).commands:
                 self._obey(command)
         for runner in list(self._runners.values()):
             runner.abort("agent shutting down")

@@ -9,9 +9,12 @@ The native engine (``mqtt_client`` "native", the default) runs every client in C
 can (:mod:`mqttbed.agents.native_session`: mqtt-tcp, mqtt-udp or mqtt-sn-udp, virtual GPIO
 lines, a library that builds here); the session then hands every call over to it.
 Otherwise, and the generator report says why, the endpoint's transport picks the client:
-for ``mqtt-tcp`` mqttbed's lean client (:class:`~mqttbed.agents.mqtt_tcp.TcpMqttClient`)
-or paho (``mqtt_client`` "paho", for comparison; paho could do TLS, which no transport
-here asks for yet), or
+for ``mqtt-tcp`` mqttbed's lean client (:class:`~mqttbed.agents.mqtt_tcp.TcpMqttClient`:
+plain MQTT 3.1.1 over TCP, with a user name and password if the run has them) or paho
+(``mqtt_client`` "paho", the cross-check: TLS, WebSocket, MQTT 5, credentials; built by
+:mod:`mqttbed.agents.paho_client`); where the engine cannot run and the run needs what
+the lean client does not speak, paho runs in its place, and a run that asks for the lean
+client by name is refused, naming what it needs. For the UDP transports,
 :class:`~mqttbed.agents.mqtt_udp.UdpMqttClient` (one socket per client, one packet per
 datagram) for ``mqtt-udp``, the FPGA broker's transport, or
 :class:`~mqttbed.agents.mqtt_sn.MqttSnClient` for ``mqtt-sn-udp`` (MQTT-SN 1.2). All
@@ -19,6 +22,10 @@ offer the same driving surface (:class:`ClientConnection`), so the loop, the sch
 and the recorded events are the same code for every transport. The lean TCP client and
 the UDP ones stamp deliveries with the kernel's receive time where the socket gives one
 (``clock_source`` ``kernel``), and every delivery keeps the user-space time beside it.
+
+Clients connect one at a time, each after the one before holds its CONNACK, so every
+client's connection phases (:meth:`MqttSession.connect_phases`) are timed alone, not
+behind the next client's blocking TCP connect or TLS handshake.
 
 The lean client's publishes of one loop turn are written together after the turn's due
 messages were built (one ``send`` per socket), then their GPIO lines toggle.
@@ -30,19 +37,19 @@ import contextlib
 import heapq
 import selectors
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import paho.mqtt.client as mqtt
 
-if TYPE_CHECKING:
-    from paho.mqtt.client import SocketLike
-
+from mqttbed.agents import paho_client
+from mqttbed.agents.connect_times import ConnectTimes
 from mqttbed.agents.gpio import GpioLines
 from mqttbed.agents.mqtt_sn import MqttSnClient, SnMessage
-from mqttbed.agents.mqtt_tcp import TcpMqttClient
+from mqttbed.agents.mqtt_tcp import TcpMqttClient, connack_refusal
 from mqttbed.agents.mqtt_udp import UdpMqttClient
 from mqttbed.agents.native_session import EventColumns, NativeSession, unsupported_reason
 from mqttbed.agents.rx_timestamps import RealtimeToMonotonic
@@ -53,6 +60,12 @@ from mqttbed.agents.subscribe_order import (
     subscribers_in_order,
 )
 from mqttbed.core.binary_chunk import BinaryBatch
+from mqttbed.core.broker_access import (
+    ClientCredentials,
+    ConnectPhases,
+    EndpointTls,
+    MqttProtocol,
+)
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import (
     ClockSource,
@@ -79,11 +92,27 @@ _KERNEL = ClockSource.KERNEL.value
 KEEPALIVE_S = 30
 UDP_MAX_PAYLOAD = 65_507  # IPv4: 65,535 - 20 (IP header) - 8 (UDP header)
 SN_RECEIVE_BUFFER_BYTES = 1 << 20
+# reads of one TLS client's decrypted backlog per pump before select() is asked again
+MAX_PENDING_READS = 10_000
 
 
-def _set_nodelay(_client: mqtt.Client, _userdata: Any, sock: SocketLike) -> None:
-    if isinstance(sock, socket.socket):  # paho's WebSocket wrapper, unused here, is not one
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def lean_lacks(endpoints: list[Endpoint], protocol: MqttProtocol,
+               credentials: ClientCredentials | None) -> list[str]:
+    """What a run needs that the lean client (plain MQTT 3.1.1 over TCP) does not speak."""
+    lacks = []
+    for endpoint in dict.fromkeys(endpoints):  # each broker once, in order
+        if endpoint.transport != Transport.MQTT_TCP:
+            continue
+        address = f"{endpoint.scheme}://{endpoint.host}:{endpoint.port}"
+        if endpoint.tls is not None:
+            lacks.append(f"TLS ({address})")
+        if endpoint.websocket_path is not None:
+            lacks.append(f"WebSocket ({address}{endpoint.websocket_path})")
+    if protocol != "3.1.1":
+        lacks.append(f"MQTT {protocol} (workload.protocol)")
+    if credentials is not None and credentials.cert_pem is not None:
+        lacks.append("a TLS client certificate (broker.tls.cert_file)")
+    return lacks
 
 
 class ClientConnection(Protocol):
@@ -110,6 +139,9 @@ class _Client:
     acked: int = 0
     received: set[tuple[int, int]] = field(default_factory=set)
     failure: str | None = None
+    times: ConnectTimes = field(default_factory=ConnectTimes)
+    paho_error: paho_client.LastError | None = None  # what paho last logged as an error
+    tls: bool = False  # a paho client over TLS: decrypted bytes may wait unseen by select()
     lean: bool = False  # a TcpMqttClient: writes when the session flushes it
     first_intended_ns: int | None = None
     last_pub_ns: int = 0
@@ -170,14 +202,18 @@ class MqttSession:
     """Connects, subscribes, publishes and receives for one agent during one run.
 
     Each client talks to its own broker when the assignment names one
-    (``ClientAssignment.broker``, a backend that deploys several), else to ``endpoint``.
+    (``ClientAssignment.broker``, a backend that deploys several), else to ``endpoint``;
+    every client speaks ``protocol`` and proves itself with ``credentials`` (the
+    assignment's: secrets never leave this object in a message or a log).
     """
 
     def __init__(self, endpoint: Endpoint, clients: list[ClientAssignment], gpio: GpioLines,
                  record: Callable[[RawEvent], None], gpio_pulses: bool = False,
                  mqtt_client: str = "native", kernel_timestamps: bool = True,
                  record_columns: Callable[[EventColumns], None] | None = None,
-                 record_binary: Callable[[BinaryBatch], None] | None = None):
+                 record_binary: Callable[[BinaryBatch], None] | None = None, *,
+                 credentials: ClientCredentials | None = None,
+                 protocol: MqttProtocol = "3.1.1"):
         if mqtt_client not in MQTT_CLIENTS:
             raise ValueError(f"mqtt_client {mqtt_client!r} is not one of "
                              f"{', '.join(MQTT_CLIENTS)}")
@@ -185,6 +221,8 @@ class MqttSession:
             _check_transport(spec, spec.broker or endpoint)
         self._native: NativeSession | None = None
         self._client_reason = ""  # why the client that runs is not the one asked for
+        lacks = lean_lacks([spec.broker or endpoint for spec in clients] or [endpoint],
+                           protocol, credentials)
         if mqtt_client == "native":
             reason = unsupported_reason(endpoint, clients, gpio)
             if reason is None:
@@ -192,12 +230,24 @@ class MqttSession:
                                              gpio_pulses=gpio_pulses,
                                              record_columns=record_columns,
                                              kernel_timestamps=kernel_timestamps,
-                                             record_binary=record_binary)
+                                             record_binary=record_binary,
+                                             credentials=credentials, protocol=protocol)
                 self._clients: list[Any] = list(self._native._clients)
                 return
-            self._client_reason, mqtt_client = reason, "lean"
+            if lacks:
+                # the cross-check client speaks every layer the engine does
+                reason += (f"; the lean client speaks plain MQTT 3.1.1 over TCP and this "
+                           f"run needs {', '.join(lacks)}: paho runs")
+            self._client_reason, mqtt_client = reason, "paho" if lacks else "lean"
+        elif mqtt_client == "lean" and lacks:
+            raise ValueError(f"workload.client 'lean' speaks plain MQTT 3.1.1 over TCP; this "
+                             f"run needs {', '.join(lacks)}: set workload.client to 'native' "
+                             "or 'paho'")
         self._endpoint = endpoint
         self._mqtt_client = mqtt_client
+        self._protocol: MqttProtocol = protocol
+        self._credentials = credentials
+        self._tls_contexts: dict[EndpointTls, ssl.SSLContext] = {}
         # kernel receive stamps go onto CLOCK_MONOTONIC through this measured offset
         self._clock_map = RealtimeToMonotonic() if kernel_timestamps else None
         self._kernel_deliveries = 0
@@ -233,21 +283,48 @@ class MqttSession:
             return self._make_udp_client(spec)
         if self._mqtt_client == "lean":
             return self._make_lean_client(spec)
-        paho = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=spec.client_id,
-                           protocol=mqtt.MQTTv311, clean_session=True)
-        client = _Client(spec=spec, conn=paho, warmup_ranges=_warmup_ranges(spec))
-        paho.on_socket_open = _set_nodelay
+        return self._make_paho_client(spec)
+
+    def _tls_context(self, tls: EndpointTls) -> ssl.SSLContext:
+        """One context per TLS configuration (a CA loaded once for all its clients)."""
+        context = self._tls_contexts.get(tls)
+        if context is None:
+            context = self._tls_contexts[tls] = paho_client.tls_context(tls, self._credentials)
+        return context
+
+    def _make_paho_client(self, spec: ClientAssignment) -> _Client:
+        endpoint = self._endpoint_of(spec)
+        context = None if endpoint.tls is None else self._tls_context(endpoint.tls)
+        times = ConnectTimes()
+        paho = paho_client.make_client(spec.client_id, endpoint, self._protocol,
+                                       self._credentials, context, times)
+        client = _Client(spec=spec, conn=paho, warmup_ranges=_warmup_ranges(spec),
+                         times=times, tls=context is not None,
+                         paho_error=paho_client.keep_last_error(paho, spec.client_id))
+        broker = f"{endpoint.host}:{endpoint.port}"
+        protocol = self._protocol
         paho.on_connect = lambda _c, _u, _f, rc, _p: self._on_connect(
-            client, f"CONNACK refused: {rc}" if rc.is_failure else None)
+            client, f"CONNACK refused by {broker}: {paho_client.refusal(rc, protocol)}"
+            if rc.is_failure else None)
         paho.on_disconnect = lambda _c, _u, _f, rc, _p: self._on_disconnect(
-            client, f"connection lost: {rc}" if rc.is_failure else None)
+            client, f"connection to {broker} lost: {self._paho_cause(client, rc)}"
+            if rc.is_failure else None)
         if spec.role == Role.SUBSCRIBER:
             paho.on_subscribe = lambda _c, _u, _mid, codes, _p: self._on_suback(
-                client, [str(code) for code in codes if code.is_failure])
+                client, [paho_client.reason_name(code) for code in codes if code.is_failure])
             paho.on_message = lambda _c, _u, msg: self._on_message(client, msg)
         else:
-            paho.on_publish = lambda _c, _u, _mid, _rc, _p: self._on_puback(client)
+            paho.on_publish = lambda _c, _u, _mid, rc, _p: self._on_puback(
+                client, f"{broker} refused a publish: reason code {paho_client.reason_name(rc)}"
+                if rc.is_failure else None)
         return client
+
+    @staticmethod
+    def _paho_cause(client: _Client, code: object) -> str:
+        """Why paho dropped a connection: the error it logged, else its code."""
+        text = mqtt.error_string(code) if isinstance(code, mqtt.MQTTErrorCode) else str(code)
+        logged = None if client.paho_error is None else client.paho_error.message
+        return f"{text} ({logged})" if logged else text
 
     def _make_lean_client(self, spec: ClientAssignment) -> _Client:
         client: _Client
@@ -261,10 +338,16 @@ class MqttSession:
                        t_user: int, t_kernel: int | None) -> None:
             self._on_delivery(client, topic, data, start, end, qos, t_user, t_kernel)
 
+        credentials = self._credentials
+        endpoint = self._endpoint_of(spec)
+        broker = f"{endpoint.host}:{endpoint.port}"
         conn = TcpMqttClient(
             spec.client_id,
+            username=None if credentials is None else credentials.username,
+            password=None if credentials is None else credentials.password_bytes(),
             on_connack=lambda code: self._on_connect(
-                client, f"CONNACK refused: return code {code}" if code else None),
+                client, f"CONNACK refused by {broker}: {connack_refusal(code)}"
+                if code else None),
             on_suback=lambda codes: self._on_suback(
                 client, [f"return code {code:#04x}" for code in codes if code == 0x80]),
             on_publish=on_publish,
@@ -272,7 +355,8 @@ class MqttSession:
             on_failure=on_failure,
             on_backlog=lambda: self._backlogged.add(id(client)),
             clock=self._clock_map)
-        client = _Client(spec=spec, conn=conn, lean=True, warmup_ranges=_warmup_ranges(spec))
+        client = _Client(spec=spec, conn=conn, lean=True, warmup_ranges=_warmup_ranges(spec),
+                         times=conn.times)
         return client
 
     def _make_udp_client(self, spec: ClientAssignment) -> _Client:
@@ -281,7 +365,16 @@ class MqttSession:
         def on_failure(reason: str) -> None:
             client.failure = reason
 
-        sn = self._endpoint_of(spec).transport == Transport.MQTT_SN_UDP
+        transport = self._endpoint_of(spec).transport
+        if self._protocol != "3.1.1":
+            raise ValueError(f"transport {transport} speaks MQTT 3.1.1 framing (MQTT-SN 1.2 "
+                             f"on mqtt-sn-udp) here; {spec.client_id} is asked for MQTT "
+                             f"{self._protocol}: set workload.protocol to 3.1.1")
+        if self._credentials is not None and (self._credentials.username is not None
+                                              or self._credentials.password is not None):
+            raise ValueError(f"transport {transport} carries no user name or password here; "
+                             f"{spec.client_id} is given them: drop broker.auth")
+        sn = transport == Transport.MQTT_SN_UDP
         sn_options: dict[str, Any] = {} if not sn else {
             "publish_topic": spec.topic if spec.role == Role.PUBLISHER else None,
             "on_puback": lambda: self._on_puback(client),
@@ -318,17 +411,47 @@ class MqttSession:
         self.subscribe(timeout_s)
 
     def open(self, timeout_s: float) -> None:
-        """Connect every client; returns once each holds its CONNACK, raises otherwise."""
+        """Connect every client, each once the one before holds its CONNACK; returns once
+        all do, raises otherwise (naming the client, the broker's address and why)."""
         if self._native is not None:
             return self._native.open(timeout_s)
-        for client in self._clients:
-            endpoint = self._endpoint_of(client.spec)
-            client.conn.connect(endpoint.host, endpoint.port, KEEPALIVE_S)
-            self._selector.register(client.conn.socket(), selectors.EVENT_READ, client)
         deadline = monotonic_ns() + int(timeout_s * 1e9)
-        while not all(c.connected for c in self._clients):
-            check_handshakes(self._clients, deadline, "CONNACK", self._endpoint_of)
-            self.pump(0.05)
+        for done, client in enumerate(self._clients, start=1):
+            self._connect(client, deadline)
+            while not client.connected:
+                check_handshakes(self._clients[:done], deadline, "CONNACK", self._endpoint_of)
+                self.pump(0.05)
+
+    def _connect(self, client: _Client, deadline_ns: int) -> None:
+        """Open one client's connection (TCP, TLS, WebSocket as its endpoint says) and send
+        CONNECT; a failure raises RuntimeError naming the address and the cause."""
+        endpoint = self._endpoint_of(client.spec)
+        host, port = endpoint.host, endpoint.port
+        conn = client.conn
+        timeout_s = max(deadline_ns - monotonic_ns(), 1_000_000) / 1e9
+        options = {}
+        if isinstance(conn, mqtt.Client):
+            conn.connect_timeout = timeout_s  # paho's TCP connect, TLS and upgrade block
+            options = paho_client.connect_kwargs(self._protocol)
+        client.times.t_start_ns = monotonic_ns()
+        where = f"{client.spec.client_id}: cannot connect"
+        try:
+            code = conn.connect(host, port, KEEPALIVE_S, **options)
+        except (OSError, ValueError) as exc:  # ssl.SSLError and paho's WebSocket error too
+            context = (self._tls_context(endpoint.tls) if endpoint.tls is not None
+                       and isinstance(conn, mqtt.Client) else None)
+            reason = paho_client.connect_failure(exc, endpoint, host, port, context, timeout_s,
+                                                 client.times)
+            raise RuntimeError(f"{where}: {reason}") from None
+        if conn.socket() is None:
+            # paho closed it writing CONNECT (e.g. a TLS 1.3 server's alert after the
+            # handshake: a client certificate it refused) and returned a code only
+            raise RuntimeError(f"{where}: {endpoint.scheme}://{host}:{port}: the connection "
+                               f"closed as CONNECT was written: "
+                               f"{self._paho_cause(client, code)}")
+        if client.times.t_connect_sent_ns is None:  # UDP: CONNECT left within connect()
+            client.times.t_connect_sent_ns = monotonic_ns()
+        self._selector.register(conn.socket(), selectors.EVENT_READ, client)
 
     def subscriber_ranks(self) -> list[int]:
         """The subscribe ranks of this session's subscribers, lowest first."""
@@ -381,13 +504,17 @@ class MqttSession:
     # -- callbacks (run on the loop thread) ---------------------------------------------
 
     def _on_connect(self, client: _Client, refusal: str | None) -> None:
+        if client.times.t_connack_ns is None:
+            client.times.t_connack_ns = monotonic_ns()
         if refusal is not None:
             client.failure = refusal
         else:
             client.connected = True
 
     def _on_disconnect(self, client: _Client, failure: str | None) -> None:
-        if client.connected and failure is not None:
+        # before its CONNACK too: a broker that drops the connection (a TLS alert after the
+        # handshake) fails the wait at once; a refusing CONNACK's reason is kept first
+        if failure is not None and client.failure is None:
             client.failure = failure
         client.connected = False
 
@@ -431,7 +558,10 @@ class MqttSession:
                       topic, end - start, qos, seq < client.warmup_of(pub_index),
                       t_intended, t_pub, t_recv, source, t_user))
 
-    def _on_puback(self, client: _Client) -> None:
+    def _on_puback(self, client: _Client, refusal: str | None = None) -> None:
+        if refusal is not None:  # an MQTT 5 PUBACK/PUBREC reason code >= 0x80
+            client.failure = refusal
+            return
         client.acked += 1
         spec = client.spec
         if spec.closed_loop and self._due is not None and client.sent < spec.messages:
@@ -451,6 +581,8 @@ class MqttSession:
                 continue
             client = key.data
             client.conn.loop_read()
+            if client.tls:
+                self._read_pending(client)
             if client.lean and client.conn.dead:
                 # a closed connection stays readable (EOF): stop watching it
                 with contextlib.suppress(KeyError, ValueError):
@@ -461,6 +593,15 @@ class MqttSession:
                 client.conn.loop_write()
         if self._backlogged:
             self._flush_backlog()
+
+    def _read_pending(self, client: _Client) -> None:
+        """Read what TLS has decrypted but paho has not taken: a record may carry several
+        packets, and select() no longer sees bytes the TLS layer holds."""
+        for _ in range(MAX_PENDING_READS):
+            sock = client.conn.socket()
+            if sock is None or not sock.pending():
+                return
+            client.conn.loop_read()
 
     def _flush_backlog(self) -> None:
         """Write again what lean clients' sockets did not take at their last flush."""
@@ -586,6 +727,14 @@ class MqttSession:
                     and (idle_since_ns is None or client.last_delivery_ns >= idle_since_ns)):
                 return False
         return True
+
+    def connect_phases(self) -> list[ConnectPhases]:
+        """Each client's connection, phase by phase, as far as its client could see it
+        (for ``Done.connections``)."""
+        if self._native is not None:
+            return self._native.connect_phases()
+        return [c.times.phases(c.spec.client_id) for c in self._clients
+                if c.times.t_start_ns]
 
     def generator_report(self) -> GeneratorReport:
         """How the open-loop publishers kept their schedule, and which clock stamped the

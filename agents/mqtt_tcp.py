@@ -17,7 +17,11 @@ for half the interval, and a failure when its PINGRESP does not come within the 
 Kernel receive timestamps (SO_TIMESTAMPNS) when a clock map is given: see
 :mod:`mqttbed.agents.rx_timestamps` for how a read's stamp is given to its packets.
 
-No TLS, no reconnect, no MQTT 5: paho stays selectable for those (``workload.client``).
+A user name and password go in CONNECT when the run has them (3.1.1 section 3.1.3.4).
+Plain MQTT 3.1.1 over TCP only: no TLS, no WebSocket, no MQTT 5, no reconnect; a run that
+needs them runs the native engine or paho (``workload.client``), and the session refuses
+this client for it, naming what the run needs. The connection's phases (TCP connect,
+CONNECT written to CONNACK read) are timed on the monotonic clock (:attr:`times`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import struct
 from collections.abc import Callable
 
 from mqttbed.agents import rx_timestamps
+from mqttbed.agents.connect_times import ConnectTimes
 from mqttbed.agents.rx_timestamps import RealtimeToMonotonic
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.mqtt_codec import (
@@ -57,6 +62,18 @@ _PUBACK, _PUBREC, _PUBREL, _PUBCOMP = (int(PacketType.PUBACK), int(PacketType.PU
                                        int(PacketType.PUBREL), int(PacketType.PUBCOMP))
 _U16 = struct.Struct("!H")
 
+# MQTT 3.1.1 Table 3.1: what a refusing CONNACK's return code means
+CONNACK_REFUSALS = {1: "unacceptable protocol version", 2: "identifier rejected",
+                    3: "server unavailable", 4: "bad user name or password",
+                    5: "not authorized"}
+
+
+def connack_refusal(code: int) -> str:
+    """A refusing MQTT 3.1.1 CONNACK return code with its meaning, e.g. ``return code 4
+    (bad user name or password)``."""
+    return f"return code {code} ({CONNACK_REFUSALS.get(code, 'reserved')})"
+
+
 # on_publish(topic, buffer, payload start, payload end, qos, t_user_ns, t_kernel_ns)
 OnPublish = Callable[[str, bytearray, int, int, int, int, "int | None"], None]
 
@@ -72,8 +89,15 @@ class TcpMqttClient:
                  on_failure: Callable[[str], None],
                  on_backlog: Callable[[], None] | None = None,
                  clock: RealtimeToMonotonic | None = None,
-                 receive_buffer_bytes: int = RECEIVE_BUFFER_BYTES):
+                 receive_buffer_bytes: int = RECEIVE_BUFFER_BYTES,
+                 username: str | None = None, password: bytes | None = None):
+        if password is not None and username is None:
+            raise ValueError(f"{client_id}: a password without a user name cannot go in an "
+                             "MQTT 3.1.1 CONNECT (section 3.1.2.9): give the user name")
         self.client_id = client_id
+        self._username = username
+        self._password = password  # never printed: only encoded into CONNECT
+        self.times = ConnectTimes()
         self._on_connack = on_connack
         self._on_suback = on_suback
         self._on_publish = on_publish
@@ -103,16 +127,21 @@ class TcpMqttClient:
     # -- the surface MqttSession drives -------------------------------------------------
 
     def connect(self, host: str, port: int, keepalive: int = 60) -> None:
-        """Open the TCP connection (TCP_NODELAY, kernel stamps) and queue CONNECT."""
+        """Open the TCP connection (TCP_NODELAY, kernel stamps) and send CONNECT."""
+        times = self.times
+        times.t_start_ns = times.t_tcp_start_ns = monotonic_ns()
         sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+        times.t_tcp_done_ns = monotonic_ns()
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self._clock is not None:
             self.kernel_stamps = rx_timestamps.enable(sock)
         sock.setblocking(False)
         self._sock = sock
         self._keepalive_ns = keepalive * 1_000_000_000
-        self._out += encode(Connect(self.client_id, keepalive, True))
+        self._out += encode(Connect(self.client_id, keepalive, True,
+                                    username=self._username, password=self._password))
         self.flush()
+        times.t_connect_sent_ns = self._last_sent_ns
 
     def socket(self) -> socket.socket | None:
         """Return the client's socket (None before connect or after close)."""
@@ -337,6 +366,7 @@ class TcpMqttClient:
             return
         packet = decode_body(first, bytes(self._in[at:end]))
         if type(packet) is ConnAck:
+            self.times.t_connack_ns = monotonic_ns()
             self._on_connack(packet.return_code)
         elif type(packet) is SubAck:
             self._on_suback(packet.return_codes)

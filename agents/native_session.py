@@ -2,7 +2,8 @@
 
 :class:`~mqttbed.agents.mqtt_session.MqttSession` hands itself over to a
 :class:`NativeSession` when the run's clients can run on the engine (mqtt-tcp, mqtt-udp
-or mqtt-sn-udp, virtual GPIO lines or a GPIO character device, the engine builds here);
+or mqtt-sn-udp; over mqtt-tcp also TLS and WebSocket, as the endpoint says; virtual GPIO
+lines or a GPIO character device, the engine builds here);
 :func:`unsupported_reason` says why they cannot otherwise, and that reason goes into the
 generator report with the client that ran.
 
@@ -30,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mqttbed.agents.connect_times import ConnectTimes
 from mqttbed.agents.gpio import GpiodLines, GpioLines, GpioUnavailable, VirtualGpio
 from mqttbed.agents.native import engine as native
 from mqttbed.agents.schedule_report import PublisherProgress, schedule_fields
@@ -39,6 +41,7 @@ from mqttbed.agents.subscribe_order import (
     subscribers_in_order,
 )
 from mqttbed.core.binary_chunk import BinaryBatch, Coded, Const, Null, Raw
+from mqttbed.core.broker_access import ClientCredentials, ConnectPhases, MqttProtocol
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import ClockSource, EventKind, publisher_client_id
 from mqttbed.core.protocol import ClientAssignment, Endpoint, GeneratorReport, Role, Transport
@@ -69,6 +72,12 @@ def unsupported_reason(endpoint: Endpoint, clients: Sequence[ClientAssignment],
                     f"runs mqtt-tcp, mqtt-udp and mqtt-sn-udp only")
         if not 0 <= spec.gpio_pin < 65536:
             return f"gpio_pin {spec.gpio_pin} of {spec.client_id} is outside 0..65535"
+    # one SSL_CTX per engine: every TLS client trusts the same CAs with the same checks
+    trusts = {(tls.ca_pem, tls.verify) for spec in clients
+              if (tls := (spec.broker or endpoint).tls) is not None}
+    if len(trusts) > 1:
+        return (f"{len(trusts)} different TLS settings (CA, verify) among one agent's brokers: "
+                f"the native engine holds one per run")
     if not isinstance(gpio, (VirtualGpio, GpiodLines)):
         return (f"GPIO backend {gpio.backend!r}: the native engine drives virtual lines and "
                 f"GPIO character devices (agents.gpio: gpiod) only; {gpio.backend!r} lines "
@@ -159,13 +168,18 @@ class NativeSession:
                  record: Callable[[Any], None], gpio_pulses: bool = False,
                  record_columns: Callable[[EventColumns], None] | None = None,
                  kernel_timestamps: bool = True,
-                 record_binary: Callable[[BinaryBatch], None] | None = None):
+                 record_binary: Callable[[BinaryBatch], None] | None = None, *,
+                 credentials: ClientCredentials | None = None,
+                 protocol: MqttProtocol = "3.1.1"):
         self._endpoint = endpoint
+        self._credentials = credentials
+        self._protocol: MqttProtocol = protocol
         self._gpio = gpio
         self._record = record
         self._record_columns = record_columns
         self._record_binary = record_binary
         self._engine = native.Engine(kernel_stamps=kernel_timestamps, pulse_mode=gpio_pulses)
+        self._configure_tls(clients)
         ordered = sorted(clients, key=lambda c: (c.role != Role.SUBSCRIBER, c.subscribe_rank))
         self._clients = [self._add(spec) for spec in ordered]
         self.gpio_chip: str | None = None  # the chip the engine drives, None: virtual lines
@@ -190,6 +204,25 @@ class NativeSession:
         self._kernel_deliveries = 0
         self._user_deliveries = 0
         self._closed = False
+
+    def _configure_tls(self, clients: list[ClientAssignment]) -> None:
+        """The engine's TLS settings: the endpoints' CA and verify (one for all, as
+        :func:`unsupported_reason` checks) and the credentials' client certificate."""
+        tls = next((t for spec in clients if (t := self._endpoint_of(spec).tls) is not None),
+                   None)
+        if tls is None:
+            return
+        credentials = self._credentials
+        cert_pem = credentials.cert_pem if credentials else None
+        key = credentials.key_pem if credentials else None
+        try:
+            self._engine.configure_tls(
+                ca_pem=tls.ca_pem, verify=tls.verify, cert_pem=cert_pem,
+                key_pem=None if key is None else key.get_secret_value())
+        except ValueError:
+            self._engine.close()
+            self._closed = True
+            raise
 
     def _take_lines(self, gpio: GpiodLines, pins: list[int]) -> None:
         """Request ``pins`` on the backend's chip from the engine, or fail the run here,
@@ -222,6 +255,17 @@ class NativeSession:
             self._engine.set_udp(index)
         elif endpoint.transport == Transport.MQTT_SN_UDP:
             self._engine.set_mqttsn(index)
+        if endpoint.tls is not None:
+            self._engine.set_tls(index, endpoint.tls.server_name)
+        if endpoint.websocket_path is not None:
+            self._engine.set_websocket(index, endpoint.websocket_path)
+        credentials = self._credentials
+        if self._protocol != "3.1.1" or (credentials is not None and (
+                credentials.username is not None or credentials.password is not None)):
+            self._engine.set_session(
+                index, protocol_level=5 if self._protocol == "5" else 4,
+                username=credentials.username if credentials else None,
+                password=credentials.password_bytes() if credentials else None)
         for stream in spec.streams:
             self._engine.add_warmup_range(index, stream.first_publisher,
                                           stream.first_publisher + stream.publishers,
@@ -240,8 +284,58 @@ class NativeSession:
         self._engine.connect_all(KEEPALIVE_S, timeout_s)
         deadline = monotonic_ns() + int(timeout_s * 1e9)
         while not all(c.connected for c in self._clients):
-            check_handshakes(self._clients, deadline, "CONNACK", self._endpoint_of)
+            try:
+                check_handshakes(self._clients, deadline, "CONNACK", self._endpoint_of)
+            except RuntimeError as exc:
+                raise RuntimeError(f"{exc}{self._stuck_phases()}") from None
             self._poll(50_000_000)
+
+    def _stuck_phases(self) -> str:
+        """Where the first clients without a CONNACK stand (a TLS handshake, a WebSocket
+        upgrade, the CONNECT), for a time-out's message; "" when all have failed."""
+        stuck = []
+        for client in self._clients:
+            if client.connected or client.failure:
+                continue
+            endpoint = self._endpoint_of(client.spec)
+            times = self._engine.connect_phases(client.index)
+            if endpoint.tls is not None and times.t_tls_ns == native.NO_TIME:
+                where = "its TLS handshake did not finish (does the port speak TLS?)"
+            elif (endpoint.websocket_path is not None
+                  and times.t_websocket_ns == native.NO_TIME):
+                where = "no answer to its WebSocket upgrade"
+            else:
+                where = ("its CONNECT got no answer"
+                         + ("" if endpoint.tls or endpoint.websocket_path else
+                            " (a TLS or WebSocket port waits so on a plain MQTT client)"))
+            stuck.append(f"{client.spec.client_id}: {where}")
+        return f" ({'; '.join(stuck[:5])})" if stuck else ""
+
+    def connect_phases(self) -> list[ConnectPhases]:
+        """Each client's connection, phase by phase (for ``Done.connections``): TCP
+        connect, TLS handshake, WebSocket upgrade, CONNECT to CONNACK; a phase that did
+        not happen (or has not ended) is None. Clients that never called connect() are
+        left out."""
+        def seen(t: int) -> int | None:
+            return None if t == native.NO_TIME else t
+
+        phases = []
+        for client in self._clients:
+            t = self._engine.connect_phases(client.index)
+            if t.t_connect_ns == native.NO_TIME:
+                continue
+            phases.append(ConnectTimes(
+                t_start_ns=t.t_connect_ns, t_tcp_start_ns=t.t_connect_ns,
+                t_tcp_done_ns=seen(t.t_tcp_ns), t_tls_done_ns=seen(t.t_tls_ns),
+                t_websocket_done_ns=seen(t.t_websocket_ns),
+                t_connect_sent_ns=seen(t.t_mqtt_sent_ns), t_connack_ns=seen(t.t_connack_ns),
+            ).phases(client.spec.client_id))
+        return phases
+
+    def tls_sessions(self) -> dict[str, str]:
+        """Each TLS client's negotiated protocol and cipher ("TLSv1.3 TLS_AES_...")."""
+        return {client.spec.client_id: tls for client in self._clients
+                if (tls := self._engine.connect_phases(client.index).tls.decode())}
 
     def subscriber_ranks(self) -> list[int]:
         """The subscribe ranks of this session's subscribers, lowest first."""

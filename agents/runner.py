@@ -114,7 +114,9 @@ class AssignmentRunner:
                                                   uploader.record, gpio_pulses=a.gpio_pulses,
                                                   mqtt_client=a.mqtt_client,
                                                   record_columns=uploader.record_columns,
-                                                  record_binary=uploader.record_binary)
+                                                  record_binary=uploader.record_binary,
+                                                  credentials=a.credentials,
+                                                  protocol=a.protocol)
             toggle_ns = toggle_cost_ns(self._gpio, a.clients[0].gpio_pin) if a.clients else None
             uploader.start()
             session.open(timeout_s=a.connect_timeout_s)
@@ -164,13 +166,14 @@ class AssignmentRunner:
             if uploader.error is not None:
                 raise RuntimeError(uploader.error)
             published, received = session.counts()
+            connections = session.connect_phases()
             generator = session.generator_report().model_copy(
                 update={"nofile_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]})
             chunks = uploader.close()
             self._post(f"{base}/done", Done(run_id=a.run_id, agent_id=self._agent_id,
                                             chunks=chunks, published=published, received=received,
                                             upload_retries=uploader.retries,
-                                            generator=generator))
+                                            generator=generator, connections=connections))
         except Exception as exc:  # noqa: BLE001 - any failure is reported, with its reason
             # Flush first: the controller tears the run down as soon as it hears of this.
             reason = f"agent {self._agent_id}: {type(exc).__name__}: {exc}"

@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from mqttbed.analytics.connections import ConnectionFigures
 from mqttbed.core.sections import BackendSection, Distribution
 
 SCHEMA_VERSION = 2
@@ -30,7 +31,8 @@ Interval = tuple[float, float]
 _CI = ("95 % interval across the point's runs: bootstrap over runs (see methods); "
        "null with fewer than two runs with data")
 
-__all__ = ["Distribution", "BackendSection"]  # re-exported for readers of the results
+# re-exported for readers of the results
+__all__ = ["Distribution", "BackendSection", "ConnectionFigures"]
 
 
 class _Block(BaseModel):
@@ -231,6 +233,10 @@ class Figures(_Block, Generic[SectionsT]):
                           "publication throughput of the MQTT-ST paper")
     publication_msgs_per_s_std: float | None = Field(None, description="std over publishers")
     broker: BrokerResources = Field(default_factory=BrokerResources)
+    connections: ConnectionFigures | None = Field(
+        None, description="each phase of the clients' connections (TCP, TLS, WebSocket, "
+                          "CONNECT -> CONNACK), timed by the agents; null where none were "
+                          "timed (runs from before, or clients that do not time them)")
     scope: ScopeFigures | None = None
     time_sync: TimeSync | None = None
     fault: FaultRecovery | None = None

@@ -25,18 +25,25 @@ import types
 import typing
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.fields import FieldInfo
 
 from mqttbed.analytics.figures import POINT_LEVEL, RUN_LEVEL
 from mqttbed.analytics.results import SCHEMA_VERSION, CampaignStats, StreamFigures
 from mqttbed.core.errors import MqttbedError
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 STATS_JSON = "stats.json"
 STATS_PARQUET = "stats.parquet"
 STREAM_LEVEL_SUFFIX = "_stream"
 _LEADING = (("level", "string"), ("campaign_id", "string"), ("stream", "string"))
+_LEADING_DOCS = ("the row's level: point, run, point_stream or run_stream",
+                 "the campaign's id", "a message mix's stream (its rows' levels end in "
+                 "_stream); null on a point's or run's own row")
 # A level's streams are rows of their own, not a JSON column.
 _STREAMS_FIELD = "streams"
 # What a stream row repeats of its point or run, to be found by.
@@ -127,6 +134,12 @@ def _level_rows(level: str, campaign_id: str, entry: BaseModel) -> list[dict[str
 def read_stats_parquet(path: Path) -> list[dict[str, Any]]:
     """The rows of a ``stats.parquet`` file (for tests and exports), if it is of this
     schema version (else :class:`StaleResults`)."""
+    return read_stats_table(path).to_pylist()
+
+
+def read_stats_table(path: Path) -> pa.Table:
+    """A ``stats.parquet`` file as an Arrow table, if it is of this schema version (else
+    :class:`StaleResults`)."""
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
@@ -136,7 +149,7 @@ def read_stats_parquet(path: Path) -> list[dict[str, Any]]:
             if "campaign_id" in table.column_names else set()
         raise StaleResults(path, version, campaign_ids.pop() if len(campaign_ids) == 1
                            else None)
-    return table.to_pylist()
+    return table
 
 
 def _atomic_text(path: Path, text: str) -> None:
@@ -165,24 +178,63 @@ def _is_interval(annotation: Any) -> bool:
 
 def _columns(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, str]]:
     """(column, kind) of every leaf field of ``model``, in field order."""
+    for column, kind, _path, _field in _leaves(model, prefix):
+        yield column, kind
+
+
+def _leaves(model: type[BaseModel], prefix: str = "", path: str = ""
+            ) -> Iterator[tuple[str, str, str, FieldInfo]]:
+    """(column, kind, dotted path in the document, field) of every leaf of ``model``."""
     for name, field in model.model_fields.items():
         if name == _STREAMS_FIELD and not prefix:
             continue
         annotation = _unwrap(field.annotation)
-        column = prefix + name
+        column, dotted = prefix + name, f"{path}{name}"
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            yield from _columns(annotation, f"{column}_")
+            yield from _leaves(annotation, f"{column}_", f"{dotted}.")
         elif _is_interval(annotation):
-            yield f"{column}_lo", "float"
-            yield f"{column}_hi", "float"
+            yield f"{column}_lo", "float", f"{dotted}[0]", field
+            yield f"{column}_hi", "float", f"{dotted}[1]", field
         elif annotation is bool:
-            yield column, "bool"
+            yield column, "bool", dotted, field
         elif annotation is int:
-            yield column, "int"
+            yield column, "int", dotted, field
         elif annotation is float:
-            yield column, "float"
+            yield column, "float", dotted, field
         else:  # str, datetime, and mappings or lists as JSON text
-            yield column, "string"
+            yield column, "string", dotted, field
+
+
+class StatsColumn(NamedTuple):
+    """One column of ``stats.parquet``, for its reference page and readers."""
+
+    name: str
+    kind: str                    # string, int, float or bool
+    levels: tuple[str, ...]      # the row levels that fill it (point, run, point_stream ...)
+    path: str                    # where the value sits in stats.json's point, run or stream
+    description: str             # the field's own, or "" (its path then says what it is)
+
+
+def stats_columns(stats_type: type[CampaignStats]) -> list[StatsColumn]:
+    """Every column of a ``stats.parquet`` written from ``stats_type``, in file order."""
+    stream_levels = (POINT_LEVEL + STREAM_LEVEL_SUFFIX, RUN_LEVEL + STREAM_LEVEL_SUFFIX)
+    found: dict[str, StatsColumn] = {
+        name: StatsColumn(name, kind, (*(POINT_LEVEL, RUN_LEVEL), *stream_levels), name,
+                          doc)
+        for (name, kind), doc in zip(_LEADING, _LEADING_DOCS, strict=True)}
+    for model, levels in ((_item_type(stats_type, "points"), (POINT_LEVEL,)),
+                          (_item_type(stats_type, "runs"), (RUN_LEVEL,)),
+                          (StreamFigures, stream_levels)):
+        for name, kind, path, field in _leaves(model):
+            if name in found:
+                seen = found[name]
+                found[name] = seen._replace(levels=(*seen.levels, *levels))
+            else:
+                found[name] = StatsColumn(name, kind, levels, path, field.description or "")
+    for key in _STREAM_ROW_KEYS:   # a stream's rows repeat these of their point or run
+        if key in found:
+            found[key] = found[key]._replace(levels=(*found[key].levels, *stream_levels))
+    return list(found.values())
 
 
 def _flat(model: BaseModel | None, model_type: type[BaseModel] | None = None,

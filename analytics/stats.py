@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mqttbed.analytics.confidence import bootstrap_interval
+from mqttbed.analytics.connections import ConnectTimes, connection_figures
 from mqttbed.analytics.datasets import (
     EVENTS_DDL,
     SAMPLES_DDL,
@@ -132,6 +133,9 @@ class RunInfo:
     receive_clock: str = "kernel"
     # The agents' generator reports (Done.generator), pooled: see results.Generator.
     generator: dict[str, Any] | None = None
+    # Every connection its clients made, phase by phase (Done.connections, from the run's
+    # record: analytics.connections.connect_times); none for runs from before they were.
+    connections: tuple[ConnectTimes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -457,6 +461,8 @@ def _level_figures(inputs: _Inputs, level: LevelKey, runs: list[RunInfo],
         "throughput_msgs_per_s_std": item("throughput_msgs_per_s", "std"),
         "publication_msgs_per_s": item("publication_msgs_per_s"),
         "publication_msgs_per_s_std": item("publication_msgs_per_s", "std"),
+        "connections": connection_figures(
+            [connection for run in runs for connection in run.connections]),
         "broker": {
             "samples": int(item("samples", "sum") or 0),
             "cpu_percent_mean": item("cpu_percent_mean"),

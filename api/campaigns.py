@@ -12,7 +12,7 @@ from mqttbed.analytics.results_files import StaleResults
 from mqttbed.api.deps import ControllerDep, UserDep, WorkerDep
 from mqttbed.api.export import build_dataset_zip, stream_deliveries_csv
 from mqttbed.api.schemas import CampaignPublic, Progress, RunPublic, StatsPending
-from mqttbed.campaigns.spec import spec_from_bytes
+from mqttbed.campaigns.spec import check_remote_access_sources, spec_from_bytes
 from mqttbed.controller.analysis import load_results
 from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import CampaignRow, RunRow
@@ -88,6 +88,7 @@ async def create_campaign(request: Request, controller: ControllerDep) -> Campai
     """Create a campaign from a spec sent as JSON, or as YAML (``application/yaml``)."""
     try:
         spec = spec_from_bytes(await request.body(), "request body")
+        check_remote_access_sources(spec, controller.settings.broker_secrets_dir())
         # what only this controller can check: lab hosts named, cgroups for cpu_limit
         campaign_id = controller.engine.create_campaign(spec)
     except SpecError as exc:

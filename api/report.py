@@ -23,6 +23,7 @@ from mqttbed.analytics.results import (
     present_sections,
 )
 from mqttbed.analytics.results_files import StaleResults
+from mqttbed.api.report_connections import CONNECT_PHASES, connection_figure, connection_rows
 from mqttbed.api.report_search import VERDICT_COLOURS, search_figures
 from mqttbed.api.report_streams import stream_latency_cdf, stream_rows
 from mqttbed.controller.analysis import load_results
@@ -233,6 +234,8 @@ def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[
 
     if (broker_rates := sys_rate_figure(stats, run_label)) is not None:
         figures["plot-sys-rates"] = broker_rates   # beside latency over time
+    if (connects := connection_figure(points, labels)) is not None:
+        figures["plot-connections"] = connects
 
     names = [labels[p.point_index] for p in points]
     figures["plot-delivery"] = {"data": [
@@ -385,6 +388,9 @@ def report_context(controller: Controller, campaign_id: str) -> dict[str, Any]:
         "spec_yaml": yaml.safe_dump(campaign.spec, sort_keys=False),
         "points": [(point_label(p, show_backend), p) for p in points],
         "stream_rows": stream_rows([(point_label(p, show_backend), p) for p in points]),
+        "connection_rows": connection_rows([(point_label(p, show_backend), p)
+                                            for p in points]),
+        "connect_phases": [heading for heading, _ in CONNECT_PHASES],
         "figures": build_figures(stats, campaign.spec) if stats else {},
         "live": not (ended and stats),
         "search": stats.search if stats else None, "verdict_colours": VERDICT_COLOURS,

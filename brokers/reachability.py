@@ -1,13 +1,17 @@
 """Whether an MQTT broker answers at an address: the probes a backend runs around a run.
 
-- :func:`probe`: the broker answers its protocol: over TCP a CONNECT gets a CONNACK that
-  accepts it (MQTT 3.1.1); over UDP a PINGREQ gets its PINGRESP (MQTT or MQTT-SN).
+- :func:`probe`: the broker answers its protocol as the run speaks it: over TCP (and TLS,
+  and WebSocket, where the endpoint says so) a CONNECT in the run's MQTT version, with its
+  user name and password, gets a CONNACK that accepts it; over UDP a PINGREQ gets its
+  PINGRESP (MQTT or MQTT-SN).
 - :class:`Liveness`: the cheap check a backend's ``health()`` makes while a run measures.
 
 Failures raise :class:`Unreachable` whose ``reason`` names the OS error as the kernel
-gave it ("connection refused (ECONNREFUSED)"), or :class:`ConnectRefused` naming the
-CONNACK return code and its meaning ("5 not authorized"). The caller puts the address in
-front: it knows how the user wrote it.
+gave it ("connection refused (ECONNREFUSED)"), OpenSSL's reason ("TLS handshake failed:
+certificate verify failed: certificate has expired"), the HTTP status of a refused
+WebSocket upgrade, or :class:`ConnectRefused` naming the CONNACK code and its meaning
+("return code 5 not authorized", "reason code 0x86 Bad User Name or Password"). The
+caller puts the address in front: it knows how the user wrote it.
 """
 
 from __future__ import annotations
@@ -17,14 +21,30 @@ import errno
 import itertools
 import os
 import socket
+import ssl
 import time
 
 from mqttbed.core import mqttsn
-from mqttbed.core.mqtt_codec import ConnackCode, Disconnect, MalformedPacket, PingReq, PingResp
+from mqttbed.core.broker_access import ClientCredentials, MqttProtocol
+from mqttbed.core.client_tls import describe_tls_error
+from mqttbed.core.mqtt5_codec import ConnAck5, describe_reason
+from mqttbed.core.mqtt_codec import MalformedPacket, PingReq, PingResp
 from mqttbed.core.mqtt_codec import decode as decode_mqtt
 from mqttbed.core.mqtt_codec import encode as encode_mqtt
-from mqttbed.core.mqtt_stream import StreamClosed, open_session
+from mqttbed.core.mqtt_stream import (
+    ByteStream,
+    MqttSession,
+    StreamClosed,
+    connect,
+    describe_connack,
+    open_stream,
+)
 from mqttbed.core.protocol import Endpoint, Transport
+from mqttbed.core.websocket import WebSocketError
+
+__all__ = ["ConnectRefused", "Liveness", "Unreachable", "describe_connack",
+           "describe_os_error", "probe", "probe_mqtt_tcp", "probe_session",
+           "probe_tcp_connect", "probe_udp_ping"]
 
 _probe_ids = itertools.count(1)
 
@@ -46,18 +66,12 @@ class Unreachable(Exception):
 class ConnectRefused(Unreachable):
     """The broker answered CONNECT with a CONNACK refusing the connection."""
 
-    def __init__(self, code: int):
-        super().__init__(f"CONNECT refused with CONNACK return code {describe_connack(code)}")
+    def __init__(self, code: int, protocol: MqttProtocol = "3.1.1", detail: str = ""):
+        named = (f"reason code {describe_reason(code)}" if protocol == "5"
+                 else f"return code {describe_connack(code)}")
+        super().__init__(f"CONNECT refused with CONNACK {named}{detail}")
         self.code = code
-
-
-def describe_connack(code: int) -> str:
-    """A CONNACK return code with its meaning: ``5 not authorized`` (3.1.1 section 3.2.2.3)."""
-    try:
-        meaning = ConnackCode(code).name.lower().replace("_", " ")
-    except ValueError:
-        meaning = "reserved, not a 3.1.1 return code"
-    return f"{code} {meaning}"
+        self.protocol = protocol
 
 
 def describe_os_error(exc: OSError) -> str:
@@ -81,21 +95,79 @@ def probe_tcp_connect(host: str, port: int, timeout_s: float) -> None:
 
 
 def probe_mqtt_tcp(host: str, port: int, timeout_s: float) -> None:
-    """A CONNECT to ``host:port`` gets a CONNACK accepting it; then DISCONNECT."""
+    """A plain MQTT 3.1.1 CONNECT to ``host:port`` gets a CONNACK accepting it; then
+    DISCONNECT."""
+    probe_session(Endpoint(host=host, port=port), timeout_s)
+
+
+def probe_session(endpoint: Endpoint, timeout_s: float,
+                  credentials: ClientCredentials | None = None,
+                  protocol: MqttProtocol = "3.1.1") -> None:
+    """A CONNECT in ``protocol`` with ``credentials`` to ``endpoint`` (over its TLS and
+    WebSocket layers) gets a CONNACK accepting it; then DISCONNECT."""
     client_id = f"mqttbed-probe-{os.getpid()}-{next(_probe_ids)}"
     try:
-        sock, connack = open_session(host, port, client_id, timeout_s)
+        session = connect(endpoint, client_id, timeout_s, credentials=credentials,
+                          protocol=protocol)
     except StreamClosed:
-        raise Unreachable("the connection closed before a CONNACK came") from None
+        raise Unreachable(f"the connection closed before a CONNACK came"
+                          f"{_plain_at_tls_hint(endpoint)}") from None
     except MalformedPacket as exc:
-        raise Unreachable(f"the answer to CONNECT is not an MQTT 3.1.1 CONNACK: {exc}") from None
-    except OSError as exc:
-        raise Unreachable.from_os_error(exc) from None
-    with sock:
-        if connack.return_code != ConnackCode.ACCEPTED:
-            raise ConnectRefused(connack.return_code)
-        with contextlib.suppress(OSError):
-            sock.sendall(encode_mqtt(Disconnect()))
+        raise Unreachable(f"the answer to CONNECT is not an MQTT {protocol} CONNACK: "
+                          f"{exc}") from None
+    except (OSError, ValueError) as exc:
+        raise _opening_failed(endpoint, exc, credentials) from None
+    with contextlib.closing(session):
+        if not session.accepted:
+            user = None if credentials is None else credentials.username
+            raise _refused(session, f" (user {user!r})" if user is not None else
+                           " (anonymous: no broker.auth)")
+        session.disconnect()
+
+
+def _refused(session: MqttSession, detail: str) -> ConnectRefused:
+    connack = session.connack
+    if isinstance(connack, ConnAck5):
+        said = f" ({connack.reason_string})" if connack.reason_string else ""
+        return ConnectRefused(connack.reason_code, "5", said + detail)
+    return ConnectRefused(connack.return_code, "3.1.1", detail)
+
+
+def _opening_failed(endpoint: Endpoint, exc: OSError | ValueError,
+                    credentials: ClientCredentials | None = None) -> Unreachable:
+    """Why a stream to ``endpoint`` did not open (or CONNECT got no answer): the OS
+    error, OpenSSL's reason, the WebSocket upgrade's status."""
+    if isinstance(exc, WebSocketError):
+        return Unreachable(str(exc))
+    if isinstance(exc, ssl.SSLError):
+        if isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+            # what a broker wanting a client certificate does too (Mosquitto's
+            # require_certificate): it closes once the handshake is done
+            wants = ("" if credentials is not None and credentials.cert_pem is not None
+                     else "; or it requires a client certificate: give broker.tls.cert_file "
+                          "and key_file")
+            return Unreachable("TLS failed: the server closed the connection during or "
+                               f"right after the handshake: is the port a TLS one{wants}?")
+        return Unreachable(f"TLS handshake failed: {describe_tls_error(exc)}")
+    if isinstance(exc, ValueError):
+        return Unreachable(str(exc))
+    failure = Unreachable.from_os_error(exc)
+    if isinstance(exc, ConnectionResetError | TimeoutError) and endpoint.tls is None:
+        failure = Unreachable(failure.reason + _plain_at_tls_hint(endpoint), failure.timed_out)
+    elif isinstance(exc, ConnectionResetError) and endpoint.tls is not None:
+        failure = Unreachable(f"TLS handshake failed: {failure.reason}: is the port a "
+                              "TLS one?")
+    return failure
+
+
+def _plain_at_tls_hint(endpoint: Endpoint) -> str:
+    """What a plain client at a TLS listener sees: the broker closes on the CONNECT's
+    bytes (not a TLS record), or waits for a ClientHello that never comes."""
+    if endpoint.tls is not None:
+        return ""
+    secure = "wss" if endpoint.websocket_path is not None else "mqtts"
+    return (f" (the client spoke without TLS, as the url's scheme {endpoint.scheme} says; "
+            f"if this port is a TLS listener, use {secure}://)")
 
 
 def probe_udp_ping(endpoint: Endpoint, timeout_s: float) -> None:
@@ -120,26 +192,44 @@ def probe_udp_ping(endpoint: Endpoint, timeout_s: float) -> None:
         raise Unreachable(f"PINGREQ was answered with {type(answer).__name__}, not PINGRESP")
 
 
-def probe(endpoint: Endpoint, timeout_s: float) -> None:
-    """The broker at ``endpoint`` answers its transport's MQTT (see the module docstring)."""
+def probe(endpoint: Endpoint, timeout_s: float, credentials: ClientCredentials | None = None,
+          protocol: MqttProtocol = "3.1.1") -> None:
+    """The broker at ``endpoint`` answers its transport's MQTT as the run speaks it (see
+    the module docstring); ``credentials`` and ``protocol`` apply over TCP only."""
     if endpoint.transport == Transport.MQTT_TCP:
-        probe_mqtt_tcp(endpoint.host, endpoint.port, timeout_s)
+        probe_session(endpoint, timeout_s, credentials, protocol)
     else:
         probe_udp_ping(endpoint, timeout_s)
+
+
+def probe_stream(endpoint: Endpoint, timeout_s: float,
+                 credentials: ClientCredentials | None = None) -> None:
+    """A stream to ``endpoint`` opens through its layers (TCP, TLS handshake, WebSocket
+    upgrade) and is closed at once: no MQTT session."""
+    stream: ByteStream | None = None
+    try:
+        stream = open_stream(endpoint, timeout_s, credentials)
+    except (OSError, ValueError) as exc:
+        raise _opening_failed(endpoint, exc, credentials) from None
+    finally:
+        if stream is not None:
+            stream.close()
 
 
 class Liveness:
     """The health check of a broker mqttbed does not own: cheap, and not fooled by load.
 
-    Over TCP a connection opening is enough (no MQTT session: nothing the broker counts
-    as a client); over UDP a PINGREQ. The engine asks every few tens of milliseconds, so
+    Over TCP a connection opening through the endpoint's layers is enough (the TLS
+    handshake, the WebSocket upgrade; no MQTT session: nothing the broker counts as a
+    client); over UDP a PINGREQ. The engine asks every few tens of milliseconds, so
     the answer is kept for ``interval_s``. A refusal is final at once; a timeout (a busy
     broker's full backlog, a lost datagram) only after ``timeouts_allowed`` more in a row.
     """
 
     def __init__(self, endpoint: Endpoint, interval_s: float = 0.5, timeout_s: float = 1.0,
-                 timeouts_allowed: int = 2):
+                 timeouts_allowed: int = 2, credentials: ClientCredentials | None = None):
         self.endpoint = endpoint
+        self.credentials = credentials   # the client certificate a TLS listener may ask
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.timeouts_allowed = timeouts_allowed
@@ -154,10 +244,12 @@ class Liveness:
             return self._reason
         self._checked_at = now
         try:
-            if self.endpoint.transport == Transport.MQTT_TCP:
+            if self.endpoint.transport != Transport.MQTT_TCP:
+                probe_udp_ping(self.endpoint, self.timeout_s)
+            elif self.endpoint.tls is None and self.endpoint.websocket_path is None:
                 probe_tcp_connect(self.endpoint.host, self.endpoint.port, self.timeout_s)
             else:
-                probe_udp_ping(self.endpoint, self.timeout_s)
+                probe_stream(self.endpoint, self.timeout_s, self.credentials)
         except Unreachable as exc:
             self._timeouts = self._timeouts + 1 if exc.timed_out else 0
             if not exc.timed_out or self._timeouts > self.timeouts_allowed:

@@ -3,7 +3,8 @@
 A backend holds one :class:`SysMonitor`, starts it once its broker answers, stops it
 before the broker goes, returns its samples from ``sys_samples()`` and its
 :class:`SysTopicsRecord` in the deployment record. A broker that refuses the sampler
-(no anonymous clients, no ``$SYS``) costs the run nothing: the record says why.
+(a user without the right to read ``$SYS``, no ``$SYS``) costs the run nothing: the record
+says why.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mqttbed.core.broker_access import ClientCredentials, MqttProtocol
 from mqttbed.core.protocol import Endpoint, Transport
 from mqttbed.core.samples import SysSample
 from mqttbed.instruments.sys_topics import SysTopicsSampler, SysTopicsUnavailable
@@ -40,14 +42,18 @@ class SysMonitor:
         self._kept: list[SysSample] | None = None
         self.started = False
 
-    def start(self, endpoint: Endpoint) -> None:
-        """Subscribe to the broker's ``$SYS/#`` (MQTT over TCP only; else a noted no-op)."""
+    def start(self, endpoint: Endpoint, credentials: ClientCredentials | None = None,
+              protocol: MqttProtocol = "3.1.1") -> None:
+        """Subscribe to the broker's ``$SYS/#`` as the run's clients reach it: over the
+        endpoint's TLS and WebSocket, in ``protocol``, with ``credentials`` (MQTT over TCP
+        only; over UDP a noted no-op)."""
         self.started = True
         if endpoint.transport != Transport.MQTT_TCP:
             self._error = (f"not sampled: $SYS is read over MQTT/TCP, the broker speaks "
                            f"{endpoint.transport}")
             return
-        sampler = SysTopicsSampler(endpoint.host, endpoint.port)
+        sampler = SysTopicsSampler(endpoint.host, endpoint.port, endpoint=endpoint,
+                                   credentials=credentials, protocol=protocol)
         try:
             sampler.start()
         except SysTopicsUnavailable as exc:

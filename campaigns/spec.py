@@ -39,9 +39,19 @@ from mqttbed.campaigns.repetitions import (
 from mqttbed.campaigns.search import SearchSpec
 from mqttbed.core.bounded_yaml import MAX_BYTES as MAX_SPEC_BYTES
 from mqttbed.core.bounded_yaml import YamlBoundsError, load_bounded_yaml
+from mqttbed.core.broker_access import (
+    MQTT_PROTOCOLS,
+    AuthSettings,
+    ListenerTransport,
+    MqttProtocol,
+    TlsSettings,
+)
 from mqttbed.core.errors import SpecError
 from mqttbed.core.events import PAYLOAD_MIN_BYTES
 from mqttbed.core.ssh import SshTarget
+
+if typing.TYPE_CHECKING:
+    from mqttbed.core.backends import BrokerFeatures
 
 MQTT_MAX_PAYLOAD = 268_435_455 - 1024
 # Scenarios x the sweep's cross product x repetitions; past it a spec is refused before
@@ -70,6 +80,20 @@ class BrokerSection(BaseModel):
         None, description="cores each broker of the run may use (e.g. 0.25), enforced by a "
                           "cgroup CPU quota on the broker's processes, as on a small host "
                           "of its own; default: no limit")
+    transport: ListenerTransport | None = Field(
+        None, description="what the broker's listener speaks under MQTT: tcp, tls, ws or "
+                          "wss (a managed broker gets that listener); default: tcp, or, "
+                          "for a backend reached one way only (external: its url's "
+                          "scheme), that way")
+    tls: TlsSettings | None = Field(
+        None, description="how the clients verify the broker (ca_file, server_name, "
+                          "verify) and prove who they are (cert_file, key_file), with "
+                          "transport tls or wss; files are read on the controller when "
+                          "each run starts")
+    auth: AuthSettings | None = Field(
+        None, description="the user name every client sends in CONNECT and where its "
+                          "password is read when each run starts (password_file or "
+                          "password_env, on the controller); the spec never holds it")
 
     @field_validator("cpu_limit")
     @classmethod
@@ -113,6 +137,22 @@ class BrokerSection(BaseModel):
 
         return options_model(self.backend).model_validate(
             self.model_dump(exclude=set(COMMON_BROKER_FIELDS)))
+
+    def features(self) -> BrokerFeatures:
+        """What the backend's broker does with these options (its declared features)."""
+        from mqttbed.core.backends import declaration
+
+        return declaration(self.backend).features_for(self.options())
+
+    def resolved_transport(self) -> ListenerTransport:
+        """``transport``; else the one way the backend declares for these options (an
+        ``external`` url's scheme); else tcp."""
+        if self.transport is not None:
+            return self.transport
+        transports = self.features().transports
+        if len(transports) == 1:
+            return next(iter(transports))
+        return ListenerTransport.TCP
 
 
 # Fields of the broker section that every backend has (not the backend's options).
@@ -243,6 +283,9 @@ class Workload(_Strict):
                               "mqttbed's Python client (non-blocking, batched writes, kernel "
                               "receive timestamps); paho = paho-mqtt (for comparison; "
                               "user-space timestamps)")
+    protocol: MqttProtocol = Field(
+        "3.1.1", description="the MQTT version every client speaks: \"3.1.1\" or \"5\" "
+                             "(a backend declaring 3.1.1 only refuses 5 before the run)")
     placement: Literal["benchmark", "distributed", "locality"] | None = Field(
         None, description="how clients are spread over the brokers of a backend that "
                           "deploys several (mqtt-st): benchmark = one plain broker, "
@@ -253,6 +296,15 @@ class Workload(_Strict):
         None, min_length=1,
         description="a message mix: replaces publishers, topic, payload_bytes, rate_hz and "
                     "qos; every subscriber subscribes to every stream's topic")
+
+    @field_validator("protocol", mode="before")
+    @classmethod
+    def _protocol_as_text(cls, value: Any) -> Any:
+        # YAML reads `protocol: 5` as a number; the version is a name ("5", "3.1.1")
+        if isinstance(value, int | float) and not isinstance(value, bool) \
+                and str(value) in MQTT_PROTOCOLS:
+            return str(value)
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -626,6 +678,14 @@ class CampaignSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _access_fits_backend(self) -> CampaignSpec:
+        """A listener, MQTT version, TLS or users the backend does not declare is refused
+        here, before anything runs (the files they name are checked on the controller:
+        :func:`check_access_files`)."""
+        check_access(self.broker, self.workload.protocol)
+        return self
+
+    @model_validator(mode="after")
     def _search_alone(self) -> CampaignSpec:
         """A search chooses its own runs: no sweep, scenarios or repetitions beside it."""
         if self.search is None:
@@ -695,6 +755,117 @@ class CampaignSpec(_Strict):
                                      f"{impairment.group!r}: the workload has {count} "
                                      f"{'publishers' if role == 'pub' else 'subscribers'}")
         return self
+
+
+def check_access(broker: BrokerSection, protocol: MqttProtocol) -> None:
+    """Raise ValueError naming the field and its value when ``broker.transport``,
+    ``broker.tls``, ``broker.auth`` or ``workload.protocol`` asks what the backend's
+    declared features (for these options) lack, or what nothing would use."""
+    from mqttbed.core.backends import BrokerAccess, ConfiguresAccess, declaration
+
+    declared = declaration(broker.backend)
+    features = broker.features()
+    # Options that decide the features (an external url's scheme, a command's preset)
+    # are the reason; the features' note is about QoS and the like, not said here.
+    decided = (" with these options (they decide: e.g. a url's scheme, a preset)"
+               if features != declared.features else "")
+    if protocol not in features.protocols:
+        raise ValueError(f"workload.protocol {protocol!r}: backend {broker.backend} declares "
+                         f"MQTT {', '.join(sorted(features.protocols))} only{decided}")
+    transport = broker.resolved_transport()
+    if transport not in features.transports:
+        raise ValueError(f"broker.transport {transport.value!r}: backend {broker.backend} "
+                         f"declares {', '.join(sorted(features.transports))} only{decided}")
+    if broker.auth is not None and not features.auth:
+        raise ValueError(f"broker.auth (username {broker.auth.username!r}): backend "
+                         f"{broker.backend} declares no user names or passwords{decided}; "
+                         "leave broker.auth out")
+    if broker.tls is not None and not transport.tls:
+        source = ("broker.transport" if broker.transport is not None
+                  else f"the default of backend {broker.backend}{decided}")
+        raise ValueError(f"broker.tls: the clients reach the broker over {transport.value!r} "
+                         f"({source}), which is not TLS, so nothing would use broker.tls; "
+                         "set broker.transport to tls or wss (or give a url that says so), "
+                         "or leave broker.tls out")
+    # What only a backend that configures access can serve: checked last, as it imports
+    # the backend's class.
+    asked = BrokerAccess(transport=transport, tls=broker.tls, auth=broker.auth).to_configure()
+    if asked and not declared.supports(ConfiguresAccess):
+        raise ValueError(f"{', '.join(asked)}: backend {broker.backend} declares it but does "
+                         "not configure its broker's access (no configure_access); leave "
+                         f"{', '.join(asked)} out")
+
+
+def check_access_files(spec: CampaignSpec) -> None:
+    """Raise SpecError naming the field and the path (or variable) when a file of
+    ``broker.tls`` or ``broker.auth`` cannot be read here, or ``password_env`` is unset.
+
+    What the controller checks when it takes a campaign; each run reads them again when
+    it starts (a file may vanish in between). Nothing read is kept."""
+    from mqttbed.core.broker_access import (
+        SecretUnavailable,
+        read_public_file,
+        read_secret_file,
+    )
+
+    for broker in _access_sections(spec):
+        try:
+            if (tls := broker.tls) is not None:
+                for field, path in (("ca_file", tls.ca_file), ("cert_file", tls.cert_file)):
+                    if path is not None:
+                        read_public_file(path, f"broker.tls.{field}")
+                if tls.key_file is not None:
+                    read_secret_file(tls.key_file, "broker.tls.key_file")
+            if broker.auth is not None:
+                broker.auth.read_password()
+        except SecretUnavailable as exc:
+            raise SpecError(str(exc)) from None
+
+
+# A spec sent over REST may name only secrets here: files inside the controller's
+# secrets_dir, environment variables with this prefix.
+REMOTE_SECRET_ENV_PREFIX = "MQTTBED_SECRET_"
+
+
+def check_remote_access_sources(spec: CampaignSpec, secrets_dir: Path) -> None:
+    """Raise SpecError unless every file ``broker.tls`` and ``broker.auth`` name lies inside
+    ``secrets_dir`` and every ``password_env`` starts with MQTTBED_SECRET_.
+
+    For a spec that came over REST: the controller reads these when each run starts and
+    sends a password to the broker the spec names, so a caller who could name any file
+    (or any variable) would read the controller's own secrets out through a broker of
+    their choice. A spec run from the command line reads what its user can read anyway."""
+    root = secrets_dir.expanduser().resolve()
+    for broker in _access_sections(spec):
+        tls, auth = broker.tls, broker.auth
+        files = [] if tls is None else [(f"broker.tls.{field}", getattr(tls, field))
+                                        for field in ("ca_file", "cert_file", "key_file")]
+        if auth is not None:
+            files.append(("broker.auth.password_file", auth.password_file))
+        for field, path in files:
+            if path is not None and not Path(path).expanduser().resolve().is_relative_to(root):
+                raise SpecError(f"{field} {path!r}: a spec sent to the controller over REST "
+                                f"may name files inside its secrets directory {str(root)!r} "
+                                "only (setting secrets_dir, MQTTBED_SECRETS_DIR); put the "
+                                "file there, or run the campaign with `mqttbed run`")
+        if (auth is not None and auth.password_env is not None
+                and not auth.password_env.startswith(REMOTE_SECRET_ENV_PREFIX)):
+            raise SpecError(f"broker.auth.password_env {auth.password_env!r}: a spec sent to "
+                            "the controller over REST may name environment variables "
+                            f"starting with {REMOTE_SECRET_ENV_PREFIX} only")
+
+
+def _access_sections(spec: CampaignSpec) -> list[BrokerSection]:
+    """Each distinct (broker.tls, broker.auth) of the spec's points, as its broker section."""
+    sections = ([spec.broker] if spec.search is not None
+                else [point.spec.broker for point in expand_points(spec)])
+    seen: set[tuple[TlsSettings | None, AuthSettings | None]] = set()
+    distinct = []
+    for broker in sections:
+        if (broker.tls, broker.auth) not in seen:
+            seen.add((broker.tls, broker.auth))
+            distinct.append(broker)
+    return distinct
 
 
 def _check_override_path(path: str, what: str) -> None:

@@ -11,7 +11,17 @@ import logging
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, status
+from fastapi import (
+    APIRouter,
+    Depends,
+    FastAPI,
+    Header,
+    HTTPException,
+    Query,
+    Request,
+    Response,
+    status,
+)
 from pyarrow.lib import ArrowException
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
@@ -25,6 +35,7 @@ from mqttbed.controller.db import ChunkRow, RunRow
 from mqttbed.controller.storage import DataLayout, write_edges, write_event_chunk
 from mqttbed.controller.tokens import TokenRole
 from mqttbed.core.binary_chunk import CONTENT_TYPE, decode_chunk, edge_arrays, event_arrays
+from mqttbed.core.broker_access import reveal_secrets_context
 from mqttbed.core.clock import boot_id, monotonic_ns
 from mqttbed.core.clock_discipline import CachedDiscipline, realtime_minus_monotonic_ns
 from mqttbed.core.protocol import (
@@ -174,11 +185,14 @@ def agent_router(agent_registry: AgentRegistry, chunks: ChunkStore,
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown agent {agent_id!r}")
         return {"ok": True}
 
-    @router.get("/agents/{agent_id}/commands")
-    def commands(agent_id: str, wait_s: Annotated[float, Query(ge=0, le=30)] = 5.0) -> Commands:
+    @router.get("/agents/{agent_id}/commands", response_model=Commands)
+    def commands(agent_id: str, wait_s: Annotated[float, Query(ge=0, le=30)] = 5.0
+                 ) -> Response:
+        """The agent's next commands (long poll): the one route a secret travels on."""
         if agent_registry.agent(agent_id) is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown agent {agent_id!r}")
-        return Commands(commands=agent_registry.take_commands(agent_id, wait_s))
+        return commands_response(Commands(commands=agent_registry.take_commands(agent_id,
+                                                                                wait_s)))
 
     def deliver(message: Connected | Subscribed | Ready | Done | AgentFailure
                 ) -> dict[str, bool]:
@@ -233,6 +247,15 @@ def agent_router(agent_registry: AgentRegistry, chunks: ChunkStore,
         return {"stored": await run_in_threadpool(decode_and_store)}
 
     return router
+
+
+def commands_response(commands: Commands) -> Response:
+    """``commands`` as the agent reads them: with the values of the assignment's secrets
+    (its clients' password and key), which every other dump masks. FastAPI's own
+    serialization (the route's response_model) would send the mask, so it is bypassed
+    here, and here only."""
+    return Response(commands.model_dump_json(context=reveal_secrets_context()),
+                    media_type="application/json")
 
 
 def binary_result_chunk(body: bytes) -> ResultChunk:

@@ -156,6 +156,7 @@ def run_figures(layout: DataLayout, campaign: CampaignRow, rows: list[RunRow],
 def run_info(row: RunRow) -> RunInfo:
     """What the analytics are told of one run: its point and outcome, its spec's settings
     (defaults resolved by the spec model) and what the run recorded."""
+    from mqttbed.analytics.connections import connect_times
     from mqttbed.analytics.stats import RunInfo
 
     spec = CampaignSpec.model_validate(row.spec)
@@ -169,7 +170,8 @@ def run_info(row: RunRow) -> RunInfo:
                    mode=spec.workload.mode, scope=_scope_run(row.id, record),
                    streams=_streams(spec.workload), **_fault(record),
                    receive_clock=spec.measurement.receive_clock,
-                   generator=pooled_generators(record))
+                   generator=pooled_generators(record),
+                   connections=connect_times(record.connections))
 
 
 def sys_topic_series(layout: DataLayout, rows: list[RunRow]

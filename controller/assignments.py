@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mqttbed.campaigns.spec import CampaignSpec
+from mqttbed.core.broker_access import ClientCredentials
 from mqttbed.core.events import publisher_client_id, subscriber_client_id
 from mqttbed.core.protocol import (
     Assignment,
@@ -108,12 +109,14 @@ def _clients(spec: CampaignSpec) -> list[ClientAssignment]:
 def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint: Endpoint,
                      agent_ids: list[str],
                      broker_of: Callable[[ClientAssignment], Endpoint] | None = None,
-                     placement: ClientPlacement | None = None) -> dict[str, Assignment]:
+                     placement: ClientPlacement | None = None, *,
+                     credentials: ClientCredentials | None = None) -> dict[str, Assignment]:
     """Spread the run's clients round-robin over the agents (publishers first), or as
     ``placement`` says.
 
     ``broker_of`` gives each client its own broker (a backend that deploys several);
-    without it every client uses ``endpoint``, or its agent's in ``placement``.
+    without it every client uses ``endpoint``, or its agent's in ``placement``. Every
+    client speaks ``workload.protocol`` and proves itself with ``credentials``.
     """
     window_ns = run_window_ns(spec)
     per_agent: dict[str, list[ClientAssignment]] = {a: [] for a in agent_ids}
@@ -137,7 +140,8 @@ def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint
                               chunk_interval_s=spec.timing.upload_interval_s or (
                                   0.2 if spec.measurement.scope else 1.0),
                               gpio_pulses=spec.measurement.scope is not None,
-                              mqtt_client=spec.workload.client)
+                              mqtt_client=spec.workload.client,
+                              protocol=spec.workload.protocol, credentials=credentials)
             for agent, mine in per_agent.items() if mine}
 
 

@@ -18,20 +18,26 @@ if TYPE_CHECKING:
     from mqttbed.controller.controller import Controller
 
 
+# How every command that takes a campaign names it.
+CAMPAIGN_REF_HELP = ("campaign id, 'latest' (the newest in the data dir) or 'latest~N' (the "
+                     "N-th before it)")
+
+
 def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from mqttbed.campaigns.library import spec_path
     from mqttbed.campaigns.spec import load_spec
     from mqttbed.controller.controller import create_controller
     from mqttbed.controller.documents import CampaignUpdate, Document, ResultsReady, RunUpdate
     from mqttbed.controller.states import CAMPAIGN_ENDED, TERMINAL_STATES, CampaignStatus
-    from mqttbed.core.errors import MqttbedError
+    from mqttbed.core.errors import MqttbedError, SpecError
     from mqttbed.core.settings import Settings
 
     console = Console(stderr=True)
     try:
-        spec = load_spec(args.spec)
+        spec = load_spec(spec_path(args.spec))   # a file, or a built-in campaign's name
     except MqttbedError as exc:
         console.print(f"[red]invalid campaign spec {args.spec}:[/red] {exc}")
         return 2
@@ -69,7 +75,11 @@ def _run(args: argparse.Namespace) -> int:
                 results.append(document)
 
     with create_controller(settings, listeners=[show]) as controller:
-        campaign_id = controller.engine.create_campaign(spec)
+        try:   # what only the controller checks: files the spec names, lab hosts, cgroups
+            campaign_id = controller.engine.create_campaign(spec)
+        except SpecError as exc:
+            console.print(f"[red]invalid campaign spec {args.spec}:[/red] {exc}")
+            return 2
         with progress:
             status = controller.run_campaign(campaign_id)
     if not results:
@@ -241,19 +251,13 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _campaign_id(controller: Controller, wanted: str, command: str) -> str:
-    """``wanted``, or the newest campaign's id for ``latest``; exits if there is none."""
-    from mqttbed.controller.db import CampaignRow
+    """The id ``wanted`` names (an id, ``latest``, ``latest~N``); exits if there is none."""
+    from mqttbed.results import NoCampaign, resolve_campaign
 
-    with controller.sessions() as s:
-        if wanted == "latest":
-            row = s.query(CampaignRow).order_by(CampaignRow.created_at.desc()).first()
-        else:
-            row = s.get(CampaignRow, wanted)
-    if row is None:
-        raise SystemExit(f"mqttbed {command}: no campaign "
-                         f"{'' if wanted == 'latest' else repr(wanted) + ' '}"
-                         f"in {controller.layout.root}")
-    return row.id
+    try:
+        return resolve_campaign(controller.sessions, wanted, str(controller.layout.root))
+    except NoCampaign as exc:
+        raise SystemExit(f"mqttbed {command}: {exc}") from None
 
 
 def _analyze(args: argparse.Namespace) -> int:
@@ -284,12 +288,17 @@ def _compare(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from mqttbed.api.compare_page import NotComparable, comparison_of, render_comparison
-    from mqttbed.controller.storage import DataLayout
+    from mqttbed.controller.controller import create_controller
     from mqttbed.core.settings import Settings
 
-    layout = DataLayout(Settings.from_env(args.data_dir).data_dir)
+    controller = create_controller(Settings.from_env(args.data_dir), controller_url="")
+    try:   # latest, latest~N: ids from the database; the comparison reads stats.json
+        first, second = (_campaign_id(controller, ref, "compare")
+                         for ref in (args.first, args.second))
+    finally:
+        controller.close()
     try:
-        comparison = comparison_of(layout, args.first, args.second)
+        comparison = comparison_of(controller.layout, first, second)
     except NotComparable as exc:
         raise SystemExit(f"mqttbed compare: {exc}") from None
     table = Table(title=f"{comparison.first.id} vs {comparison.second.id} "
@@ -357,11 +366,15 @@ def standalone_backends() -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from mqttbed import __version__
+
     parser = argparse.ArgumentParser(prog="mqttbed", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"mqttbed {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run a campaign with an embedded controller")
-    run.add_argument("spec", type=Path, help="campaign spec (YAML or JSON)")
+    run.add_argument("spec", help="campaign spec (YAML or JSON), or a built-in campaign's "
+                                  "name (mqttbed validate NAME shows what it runs)")
     run.add_argument("--data-dir", help="where the database, dataset and stats go "
                                         "(default: MQTTBED_DATA_DIR or ./data)")
     run.add_argument("--spark-master", help="Spark master URL (default: MQTTBED_SPARK_MASTER "
@@ -371,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze = commands.add_parser(
         "analyze", help="recompute a campaign's results (stats.json, stats.parquet) from its "
                         "stored events, as at the end of its runs")
-    analyze.add_argument("id", help="campaign id, or 'latest'")
+    analyze.add_argument("id", help=CAMPAIGN_REF_HELP)
     analyze.add_argument("--data-dir", help="default: MQTTBED_DATA_DIR or ./data")
     analyze.add_argument("--spark-master", help="e.g. spark://HOST:7077 (default: "
                                                 "MQTTBED_SPARK_MASTER or local[*])")
@@ -408,15 +421,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = commands.add_parser("report", help="write a campaign's report as one "
                                                 "self-contained HTML file")
-    report.add_argument("id", help="campaign id, or 'latest'")
+    report.add_argument("id", help=CAMPAIGN_REF_HELP)
     report.add_argument("--out", type=Path, help="default: ID-report.html")
     report.add_argument("--data-dir")
     report.set_defaults(func=_report)
 
     compare = commands.add_parser("compare", help="two campaigns side by side per matching "
                                                   "sweep point, with 95 %% intervals")
-    compare.add_argument("first", help="campaign id")
-    compare.add_argument("second", help="campaign id, compared against the first")
+    compare.add_argument("first", help=CAMPAIGN_REF_HELP)
+    compare.add_argument("second", help="the campaign compared against the first (an id, "
+                                        "latest or latest~N)")
     compare.add_argument("--out", type=Path, help="also write the comparison as an HTML page")
     compare.add_argument("--data-dir")
     compare.set_defaults(func=_compare)
@@ -430,8 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
     from mqttbed.controller.cli_lab import add_commands as add_lab
     from mqttbed.controller.cli_remote import add_commands
     from mqttbed.controller.cli_simulate import add_commands as add_simulations
+    from mqttbed.controller.cli_validate import add_commands as add_validate
 
     add_commands(commands)
+    add_validate(commands)
     add_simulations(commands)
     add_lab(commands)
     add_compact(commands)

@@ -27,9 +27,11 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     group = commands.add_parser("campaigns", help="campaigns on a remote controller "
                                                   "(--url/--token or MQTTBED_URL/MQTTBED_TOKEN)")
     settings = ClientSettings.load()
-    group.add_argument("--url", default=settings.url,
+    # None until the command runs: `campaigns list` with no controller named lists the
+    # local data dir (controller/cli_local.py).
+    group.add_argument("--url", default=None,
                        help="the controller (default: MQTTBED_URL or http://127.0.0.1:8000)")
-    group.add_argument("--token", default=settings.token,
+    group.add_argument("--token", default=None,
                        help="a user token (default: MQTTBED_TOKEN)")
     add_ca_file_option(group, settings.ca_file)
     # The same options after the action (`campaigns list --url …`), overriding only if given.
@@ -43,7 +45,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     submit = actions.add_parser("submit", help="create a campaign from a spec and start it")
     submit.add_argument("spec", type=Path)
     submit.add_argument("--no-start", action="store_true", help="create it, do not start it")
-    actions.add_parser("list", help="every campaign with its status")
+    listing = actions.add_parser(
+        "list", help="every campaign with its status: a controller's, or with no controller "
+                     "named (--url, --token, MQTTBED_URL, MQTTBED_TOKEN) or with --data-dir, "
+                     "the local data dir's (id, name, status, created, runs)")
+    listing.add_argument("--data-dir", help="list this data dir's campaigns (default without a "
+                                            "controller: MQTTBED_DATA_DIR or ./data)")
     for name, text in (("status", "a campaign's status, progress and runs"),
                        ("stats", "a campaign's stats.json"),
                        ("cancel", "cancel a campaign")):
@@ -52,7 +59,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     export.add_argument("id")
     export.add_argument("--format", choices=("csv", "parquet"), default="parquet")
     export.add_argument("--out", type=Path, help="file to write (default: ID.csv / ID.zip)")
-    group.set_defaults(func=run)
+    group.set_defaults(func=run, client_settings=settings)
 
 
 def _parser_with(parent: argparse.ArgumentParser) -> type[argparse.ArgumentParser]:
@@ -89,6 +96,14 @@ def _check(response: httpx.Response) -> httpx.Response:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mqttbed.controller.cli_local import list_local, wants_local_list
+
+    settings: ClientSettings = args.client_settings
+    if args.action == "list" and wants_local_list(
+            args, controller_configured=bool({"url", "token"} & settings.model_fields_set)):
+        return list_local(args)
+    args.url = args.url if args.url is not None else settings.url
+    args.token = args.token if args.token is not None else settings.token
     try:
         return _run(args)
     except httpx.TransportError as exc:

@@ -24,7 +24,7 @@ from sqlalchemy.orm import sessionmaker
 from mqttbed.agents.deploy import AgentPool, Agents, Site, StartAgents
 from mqttbed.brokers.cpu_budget import CpuBudget, CpuBudgetError, cpu_budget_unavailable
 from mqttbed.brokers.cpu_budget import reap_stale as reap_cpu_budgets
-from mqttbed.campaigns.spec import CampaignSpec, SweepPoint, plan_runs
+from mqttbed.campaigns.spec import CampaignSpec, SweepPoint, check_access_files, plan_runs
 from mqttbed.controller.agent_registry import AgentRegistry, RunInbox
 from mqttbed.controller.agent_sites import AgentSites, open_sites
 from mqttbed.controller.assignments import (
@@ -51,6 +51,12 @@ from mqttbed.controller.db import (
 from mqttbed.controller.documents import CampaignUpdate, DocumentStream, RunUpdate
 from mqttbed.controller.impaired_links import ImpairedLinks, has_impaired_clients
 from mqttbed.controller.lab_hosts import lab_host_backends, resolve_named_hosts, target_of
+from mqttbed.controller.run_access import (
+    client_credentials,
+    conceal,
+    run_access,
+    secret_values,
+)
 from mqttbed.controller.scope_recorder import ScopeRecorder
 from mqttbed.controller.states import (
     ACTIVE_STATES,
@@ -68,6 +74,7 @@ from mqttbed.controller.storage import (
 )
 from mqttbed.core.backends import (
     BrokerBackend,
+    ConfiguresAccess,
     FaultSchedule,
     LocalProcesses,
     MultiBroker,
@@ -76,6 +83,7 @@ from mqttbed.core.backends import (
     create_backend,
     declaration,
 )
+from mqttbed.core.broker_access import SecretUnavailable
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.errors import RunFailed, SpecError
 from mqttbed.core.host import Host
@@ -140,6 +148,7 @@ class _LiveRun:
     broker_host: SshHost | None = None   # the lab host the broker runs on, if not here
     budget: CpuBudget | None = None      # the brokers' cgroup under broker.cpu_limit
     active: list[str] = field(default_factory=list)
+    secrets: list[str] = field(default_factory=list)   # masked in the run's reason
 
 
 @dataclass
@@ -204,6 +213,7 @@ class RunEngine:
     def create_campaign(self, spec: CampaignSpec) -> str:
         """Store the campaign and its planned runs (state queued); return the campaign id."""
         spec = resolve_named_hosts(spec, self.ctx.sessions)   # lab hosts named in the spec
+        check_access_files(spec)   # on this machine, where each run reads them again
         campaign_id = new_id("c")
         planned = plan_runs(spec)
         # a host without cgroups refuses broker.cpu_limit now, not at each run's deploy
@@ -566,9 +576,20 @@ class RunEngine:
     def _deploy(self, run: RunRow, live: _LiveRun) -> None:
         """Broker up, agents registered and assigned, every subscriber holding its SUBACK."""
         spec, agent_registry = live.spec, self.ctx.agent_registry
+        try:   # read now, before anything starts: a file may have gone since the spec came
+            access = run_access(spec)
+            credentials = client_credentials(access)
+        except SecretUnavailable as exc:
+            raise RunFailed(str(exc)) from None
+        live.secrets = secret_values(access, credentials)
         live.backend = backend = create_backend(spec.broker.backend)
         if isinstance(backend, MultiBroker):
             backend.prepare(spec.workload)
+        if isinstance(backend, ConfiguresAccess):
+            backend.configure_access(access)
+        elif asked := access.to_configure():
+            raise RunFailed(f"{', '.join(asked)}: backend {backend.name} does not configure "
+                            "its broker's access (no configure_access)")
         lab_host = self._broker_lab_host(spec, live)
         if lab_host is None:
             host: Host | SshHost = self.ctx.host
@@ -598,7 +619,7 @@ class RunEngine:
         agent_ids = self._await_agents(live.pool, spec, run.campaign_id)
         assignments = plan_assignments(spec, run.id, run.campaign_id, endpoint, agent_ids,
                                        backend.broker_of if isinstance(backend, MultiBroker)
-                                       else None, placement)
+                                       else None, placement, credentials=credentials)
         # An agent gives up on a controller silent as long as it gives up on an agent.
         assignments = {a: x.model_copy(update={"heartbeat_timeout_s":
                                                spec.timing.heartbeat_timeout_s})
@@ -748,6 +769,8 @@ class RunEngine:
         generators = {a: d.generator for a, d in inbox.done.items() if d.generator is not None}
         if generators:
             live.record.generators = generators
+        if connections := {a: d.connections for a, d in inbox.done.items() if d.connections}:
+            live.record.connections = connections
         if live.links is not None:
             live.record.network = live.links.metadata(with_proxy_stats=True)
         if live.recorder is not None:
@@ -861,11 +884,13 @@ class RunEngine:
 
     def _end_badly(self, run: RunRow, total: int, live: _LiveRun, state: RunState,
                    reason: str) -> None:
+        reason = conceal(reason, live.secrets)
         if live.backend is not None:
             try:
                 self._finish_run(run, live.backend, live.record, live.budget)
             except Exception as exc:  # noqa: BLE001 - keep the first reason
-                reason = f"{reason} (and saving broker data failed: {exc})"
+                reason = conceal(f"{reason} (and saving broker data failed: {exc})",
+                                 live.secrets)
         if RunState(run.state) in ACTIVE_STATES:
             self._transition(run, total, state, reason, record=live.record)
 

@@ -66,6 +66,8 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "rabbitmq": "mqttbed.brokers.command.named:RABBITMQ",
     "nats": "mqttbed.brokers.command.named:NATS",
     "amqtt": "mqttbed.brokers.command.named:AMQTT",
+    "activemq": "mqttbed.brokers.command.named:ACTIVEMQ",
+    "ejabberd": "mqttbed.brokers.command.named:EJABBERD",
 }
 
 
@@ -169,6 +171,16 @@ class BrokerAccess:
         """Anonymous MQTT 3.1.1 over plain TCP: what every backend speaks."""
         return (self.transport == ListenerTransport.TCP and self.protocol == "3.1.1"
                 and self.tls is None and self.auth is None)
+
+    def to_configure(self) -> list[str]:
+        """What a broker must be configured for (its listener, its users), named as the
+        spec names it; empty for a plain TCP listener open to anyone (the MQTT version
+        needs no configuring)."""
+        return [name for name, asked in (
+            (f"broker.transport {self.transport.value!r}",
+             self.transport != ListenerTransport.TCP),
+            ("broker.tls", self.tls is not None),
+            ("broker.auth", self.auth is not None)) if asked]
 
 
 @runtime_checkable

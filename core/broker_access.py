@@ -17,6 +17,7 @@ run starts.
 from __future__ import annotations
 
 import os
+import stat
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Literal
@@ -142,11 +143,24 @@ class AuthSettings(BaseModel):
         return None
 
 
+# A password, a key or a CA bundle is far smaller; a spec naming /dev/zero or a FIFO must
+# not make the controller read forever (the spec may come over REST).
+MAX_SECRET_FILE_BYTES = 1 << 20
+
+
 def read_secret_file(path: str, field: str) -> str:
     """The text of a secret's file; raises SecretUnavailable naming ``field`` and the path
     (never the content)."""
     try:
-        text = Path(path).expanduser().read_text(encoding="utf-8")
+        file = Path(path).expanduser()
+        info = file.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise SecretUnavailable(f"{field} {path!r} cannot be read: not a regular file")
+        if info.st_size > MAX_SECRET_FILE_BYTES:
+            raise SecretUnavailable(f"{field} {path!r} cannot be read: {info.st_size:,} "
+                                    f"bytes, more than the {MAX_SECRET_FILE_BYTES:,} a "
+                                    "password, key or certificate file may have")
+        text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise SecretUnavailable(f"{field} {path!r} cannot be read: {reason}") from None

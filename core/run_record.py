@@ -2,7 +2,8 @@
 
 The engine builds a run's record as the run goes (the broker's deployment and endpoint,
 where the agents ran and which clients each ran, their clocks and GPIO lines, the scope,
-the network, the start time, delivery counts, generator reports, faults, retries) and
+the network, the start time, delivery counts, generator reports, each client's connect
+phases, faults, retries) and
 writes it to the run's row (``RunRow.run_metadata``, JSON) at every transition, validated
 on the way in. Analytics, export and report read it back with :func:`run_record`, never
 a key of the JSON.
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mqttbed.core.backends import DeploymentRecord, Fault
+from mqttbed.core.broker_access import ConnectPhases
 from mqttbed.core.errors import MqttbedError
 from mqttbed.core.protocol import ClockEstimate, Endpoint, GeneratorReport
 
@@ -181,6 +183,10 @@ class RunRecord(BaseModel):
                                 "campaign's first run), or the run before was analysed")
     delivery_counts: dict[str, DeliveryCounts] = Field(default_factory=dict)
     generators: dict[str, GeneratorReport] = Field(default_factory=dict)
+    connections: dict[str, list[ConnectPhases]] = Field(
+        default_factory=dict, description="agent id -> each connection its clients made, "
+                                          "phase by phase (Done.connections); empty for a "
+                                          "run from before they were timed")
     faults: list[Fault] = Field(default_factory=list)
     retry_of: str | None = Field(None, description="the interrupted attempt this one retries")
     retried_as: str | None = Field(None, description="the attempt that retried this one")

@@ -87,6 +87,13 @@ class Settings(_Loadable):
     tls_cert: str | None = Field(None, description="PEM certificate (chain) `mqttbed serve` "
                                                    "serves HTTPS with")
     tls_key: str | None = Field(None, description="its private key (PEM)")
+    secrets_dir: Path | None = Field(None, description=(
+        "the only directory whose files a campaign spec sent over REST may name in "
+        "broker.tls and broker.auth (default: DATA_DIR/secrets)"))
+
+    def broker_secrets_dir(self) -> Path:
+        """Where REST campaigns' broker passwords, keys and certificates must be."""
+        return (self.secrets_dir or self.data_dir / "secrets").expanduser().resolve()
 
     @field_validator("data_dir")
     @classmethod

@@ -23,17 +23,11 @@ import os
 import socket
 import threading
 
+from mqttbed.core.broker_access import ClientCredentials, MqttProtocol
 from mqttbed.core.clock import monotonic_ns
-from mqttbed.core.mqtt_codec import (
-    ConnackCode,
-    Disconnect,
-    MalformedPacket,
-    Publish,
-    SubAck,
-    Subscribe,
-    encode,
-)
-from mqttbed.core.mqtt_stream import StreamClosed, open_session, read_packet
+from mqttbed.core.mqtt_codec import MalformedPacket, Publish, SubAck
+from mqttbed.core.mqtt_stream import MqttSession, StreamClosed, connect
+from mqttbed.core.protocol import Endpoint
 from mqttbed.core.samples import SysSample
 
 logger = logging.getLogger(__name__)
@@ -57,21 +51,27 @@ def numeric_value(payload: bytes) -> float | None:
 
 
 class SysTopicsSampler:
-    """Subscribes to a broker's ``$SYS/#`` over TCP and keeps what it publishes."""
+    """Subscribes to a broker's ``$SYS/#`` and keeps what it publishes (over the
+    ``endpoint``'s TLS and WebSocket if given, else plain TCP to ``host:port``; in
+    ``protocol`` with ``credentials``' user name and password)."""
 
     def __init__(self, host: str, port: int, *, max_samples: int = 100_000,
-                 timeout_s: float = 2.0):
+                 timeout_s: float = 2.0, endpoint: Endpoint | None = None,
+                 credentials: ClientCredentials | None = None,
+                 protocol: MqttProtocol = "3.1.1"):
         if max_samples < 1:
             raise ValueError(f"max_samples must be >= 1, got {max_samples!r}")
         self.host, self.port = host, port
         self.max_samples = max_samples
         self.timeout_s = timeout_s
+        self.endpoint = endpoint or Endpoint(host=host, port=port)
+        self.credentials, self.protocol = credentials, protocol
         self.dropped = 0
         self.error: str | None = None   # why reading ended early, if it did
         self._samples: list[SysSample] = []
         self._texts: dict[str, str] = {}
         self._lock = threading.Lock()
-        self._sock: socket.socket | None = None
+        self._sock: MqttSession | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
@@ -86,30 +86,30 @@ class SysTopicsSampler:
         where = f"{self.host}:{self.port}"
         try:
             # keep-alive 0: the broker never drops a client that only listens
-            sock, connack = open_session(self.host, self.port,
-                                         f"mqttbed-sys-{os.getpid()}-{id(self):x}",
-                                         self.timeout_s)
-        except (OSError, MalformedPacket) as exc:
+            sock = connect(self.endpoint, f"mqttbed-sys-{os.getpid()}-{id(self):x}",
+                           self.timeout_s, credentials=self.credentials,
+                           protocol=self.protocol)
+        except (OSError, ValueError) as exc:   # MalformedPacket is a ValueError
             raise SysTopicsUnavailable(f"cannot connect to {where}: {exc}") from None
         try:
-            if connack.return_code != ConnackCode.ACCEPTED:
-                raise SysTopicsUnavailable(f"{where} refused the connection: CONNACK "
-                                           f"return code {connack.return_code}")
-            sock.sendall(encode(Subscribe(1, ((SYS_FILTER, 0),))))
+            if not sock.accepted:
+                raise SysTopicsUnavailable(f"{where} refused the connection: "
+                                           f"{sock.refusal()}")
+            sock.subscribe(1, ((SYS_FILTER, 0),))
             self._await_suback(sock, where)
         except BaseException:
             sock.close()
             raise
-        sock.settimeout(None)   # stop() ends the blocking read by shutting the socket down
+        sock.stream.settimeout(None)   # stop() ends the blocking read by shutting the socket down
         self._sock = sock
         self._thread = threading.Thread(target=self._read, name=f"sys-topics-{where}",
                                         daemon=True)
         self._thread.start()
 
-    def _await_suback(self, sock: socket.socket, where: str) -> None:
+    def _await_suback(self, sock: MqttSession, where: str) -> None:
         """Wait for the SUBACK; retained ``$SYS`` messages may come before it: keep them."""
         try:
-            while not isinstance(packet := read_packet(sock), SubAck):
+            while not isinstance(packet := sock.read(), SubAck):
                 self._keep(packet)
         except (OSError, MalformedPacket) as exc:
             raise SysTopicsUnavailable(f"no SUBACK from {where}: {exc}") from None
@@ -122,7 +122,7 @@ class SysTopicsSampler:
         assert sock is not None
         try:
             while True:
-                self._keep(read_packet(sock))
+                self._keep(sock.read())
         except StreamClosed:
             if not self._stopping.is_set():
                 self.error = "the broker closed the connection"
@@ -169,10 +169,9 @@ class SysTopicsSampler:
         self._stopping.set()
         sock, self._sock = self._sock, None
         if sock is not None:
+            sock.disconnect()
             with contextlib.suppress(OSError):
-                sock.sendall(encode(Disconnect()))
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+                sock.stream.shutdown(socket.SHUT_RDWR)
             sock.close()
         if self._thread is not None:
             self._thread.join(timeout=self.timeout_s)

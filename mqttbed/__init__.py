@@ -4,4 +4,10 @@ The code lives in the top-level folders (core/, campaigns/, controller/, ...), e
 mapped into this namespace by setuptools ``package-dir``.
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+# The one version is pyproject.toml's, as the installed package's metadata carries it.
+try:
+    __version__ = version("mqttbed")
+except PackageNotFoundError:  # imported from a tree that was never installed
+    __version__ = "0+unknown"

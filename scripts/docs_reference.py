@@ -9,7 +9,10 @@ files, so nothing in Reference is written by hand and none of it can drift from 
 - ``reference/cli.md``: every ``mqttbed`` command from the argparse parser;
 - ``reference/rest-api.md`` (+ ``openapi.json``): the FastAPI app's OpenAPI document;
 - ``reference/results.md``: the results document (``stats.json``) from its JSON schema;
-- ``reference/settings.md``: the ``MQTTBED_*`` settings from ``core/settings.py``.
+- ``reference/settings.md``: the ``MQTTBED_*`` settings from ``core/settings.py``;
+- ``reference/event-columns.md``: the events dataset's columns (``core/events.py``, their
+  text in ``mqttbed/results.py``);
+- ``reference/stats-columns.md``: ``stats.parquet``'s columns, from the results model.
 
 ``python scripts/docs_reference.py OUT_DIR`` writes the same pages to a folder.
 """
@@ -375,6 +378,69 @@ def results_page() -> str:
     return "\n".join(out) + "\n"
 
 
+# ---------------------------------------------------------------------------------------
+# The columns of the Parquet files: the events dataset and stats.parquet
+
+# What a statistic's leaf name means, for stats.parquet columns whose field has no text.
+_STATISTICS = {"count": "values the statistics are taken over", "mean": "mean",
+               "std": "sample standard deviation (n - 1)", "p50": "median (50th percentile)",
+               "p90": "90th percentile", "p99": "99th percentile", "p999": "99.9th percentile",
+               "max": "maximum", "min": "minimum"}
+
+
+def event_columns_page() -> str:
+    """The events dataset's columns: names and types from core.events, text from
+    mqttbed.results (which a test holds to the same names)."""
+    from mqttbed.core.events import EVENT_FIELDS, PARTITION_COLUMNS
+    from mqttbed.results import EVENT_COLUMN_DOCS
+
+    lines = ["# Event columns", "", GENERATED_NOTE,
+             "Every run's events are one Parquet dataset, `DATA/events/campaign_id=C/"
+             "run_id=R/*.parquet` ([data layout](data-layout.md)): one row per publish, "
+             "delivery and subscription. `mqttbed.results.Results.events()` opens it as a "
+             "pyarrow dataset with both partition columns ([results in Python]"
+             "(../how-to/results-in-python.md)). Times are nanoseconds of the recording agent's "
+             "CLOCK_MONOTONIC, as recorded: `t - clock_offset_ns` puts one on the controller's "
+             "clock ([timing and clocks](../explanation/timing.md)).", "",
+             "| column | type | null | description |", "| --- | --- | --- | --- |"]
+    for name, kind, nullable in EVENT_FIELDS:
+        lines.append(f"| `{name}` | {kind} | {'yes' if nullable else ''} | "
+                     f"{_cell(EVENT_COLUMN_DOCS[name])} |")
+    for name in PARTITION_COLUMNS:
+        lines.append(f"| `{name}` | string (partition) | | {_cell(EVENT_COLUMN_DOCS[name])} |")
+    return "\n".join(lines) + "\n"
+
+
+def stats_columns_page() -> str:
+    """``stats.parquet``'s columns, from the results model (analytics.results_files)."""
+    from mqttbed.analytics.results_files import stats_columns
+    from mqttbed.controller.analysis import results_type
+
+    lines = ["# stats.parquet columns", "", GENERATED_NOTE,
+             "`DATA/campaigns/C/stats.parquet` is the [results document](results.md) "
+             "(`stats.json`) flattened: one row per sweep point and per run (column `level`), "
+             "and one per stream of a message mix (`point_stream`, `run_stream`). A nested "
+             "block's fields are joined with `_` (`latency_us.p99` is `latency_us_p99`), an "
+             "interval is two columns (`_lo`, `_hi`), mappings and lists are JSON text. The "
+             "columns and their types come from the model, so they are the same in every "
+             "campaign, filled or not. `mqttbed.results.Results.points()` and `.runs()` give "
+             "one level's rows as a pandas DataFrame ([results in Python]"
+             "(../how-to/results-in-python.md)); what each figure means: [metric "
+             "definitions](../explanation/metrics.md).", "",
+             "| column | type | levels | in stats.json | description |",
+             "| --- | --- | --- | --- | --- |"]
+    for column in stats_columns(results_type()):
+        leaf = column.path.rsplit(".", 1)[-1].split("[")[0]
+        text = column.description or _STATISTICS.get(leaf, "")
+        if column.path.endswith("[0]"):
+            text = f"lower end of the interval: {text}".rstrip(": ")
+        elif column.path.endswith("[1]"):
+            text = f"upper end of the interval: {text}".rstrip(": ")
+        lines.append(f"| `{column.name}` | {column.kind} | {', '.join(column.levels)} | "
+                     f"`{column.path}` | {_cell(text)} |")
+    return "\n".join(lines) + "\n"
+
+
 def pages() -> dict[str, str]:
     """Every generated file: its path under docs/ and its content."""
     document = openapi_document()
@@ -385,6 +451,8 @@ def pages() -> dict[str, str]:
         "reference/openapi.json": json.dumps(document, indent=2) + "\n",
         "reference/results.md": results_page(),
         "reference/settings.md": settings_page(),
+        "reference/event-columns.md": event_columns_page(),
+        "reference/stats-columns.md": stats_columns_page(),
     }
 
 

@@ -21,11 +21,12 @@ CODE_FOLDERS = ("core", "campaigns", "controller", "agents", "instruments", "bro
 
 
 def import_tree(where: Path) -> Path:
-    """Build ``where/mqttbed`` (the namespace's ``__init__`` plus a link per code folder)."""
+    """Build ``where/mqttbed`` (the namespace's own modules plus a link per code folder)."""
     package = where / "mqttbed"
     shutil.rmtree(where, ignore_errors=True)
     package.mkdir(parents=True)
-    shutil.copy(ROOT / "mqttbed" / "__init__.py", package / "__init__.py")
+    for module in (ROOT / "mqttbed").glob("*.py"):   # __init__ and the top-level modules
+        shutil.copy(module, package / module.name)
     for folder in CODE_FOLDERS:
         (package / folder).symlink_to(ROOT / folder, target_is_directory=True)
     return where

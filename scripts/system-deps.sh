@@ -11,6 +11,9 @@ command -v make >/dev/null 2>&1 || need+=(make)
 # The agents' native load engine (agents/native) is C too; its instructions per message
 # (bench/native_engine.py, P3b) are counted with callgrind.
 command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
+# The engine speaks TLS (and hashes the WebSocket handshake) through OpenSSL: its headers
+# and libssl/libcrypto to link (-lssl -lcrypto).
+[ -f /usr/include/openssl/ssl.h ] || need+=(libssl-dev)
 # The engine is also cross-built for the Pis (arm64, armhf) and its selftest run under qemu
 # user-mode emulation (`make -C agents/native cross`, tests/test_native_cross.py). The C
 # library's headers come in the libc6-dev-*-cross packages, which the compilers only
@@ -18,7 +21,16 @@ command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
 # against 63 MB and 379 MB, and as fast here. All five (40 packages): 16 s to download and
 # install from an empty cache (measured on this machine). On the Pis themselves the
 # engine is built natively and none of this is needed.
+# The cross builds link OpenSSL too: Debian's multiarch libssl-dev:arm64 and :armhf
+# (dpkg --add-architecture; Multi-Arch: same, so apt keeps them at the amd64 package's
+# version, upgrading it with them when needed). The qemu runs load their libssl.so.3
+# from /usr/lib/<triplet>. About 10 MB with the arm C libraries they pull in.
+foreign_archs=()
 if [ "$(uname -m)" = x86_64 ]; then
+    [ -f /usr/lib/aarch64-linux-gnu/libssl.so ] || { need+=(libssl-dev:arm64); foreign_archs+=(arm64); }
+    [ -f /usr/lib/arm-linux-gnueabihf/libssl.so ] || { need+=(libssl-dev:armhf); foreign_archs+=(armhf); }
+    # the amd64 headers with them: one apt call keeps the three at one version
+    [ ${#foreign_archs[@]} -eq 0 ] || [[ " ${need[*]} " == *" libssl-dev "* ]] || need+=(libssl-dev)
     command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need+=(gcc-aarch64-linux-gnu)
     [ -f /usr/aarch64-linux-gnu/include/stdio.h ] || need+=(libc6-dev-arm64-cross)
     command -v arm-linux-gnueabihf-gcc >/dev/null 2>&1 || need+=(gcc-arm-linux-gnueabihf)
@@ -60,6 +72,13 @@ command -v yosys >/dev/null 2>&1 || need+=(yosys)
 # instance per run: RabbitMQ with its MQTT plugin (Erlang comes with it) and NATS server.
 [ -x /usr/sbin/rabbitmq-server ] || need+=(rabbitmq-server)
 command -v nats-server >/dev/null 2>&1 || need+=(nats-server)
+# ActiveMQ 5.17 (a JVM; Java comes for Spark below): 73 packages, 28 MB to download, 39 MB
+# installed. Debian's package lacks the MQTT codec's library, which libmqtt-client-java
+# (with libhawtdispatch-java: 0.5 MB) brings. ejabberd 23.01 (Erlang comes with RabbitMQ):
+# 27 packages, 13 MB to download, 22 MB installed. Measured here: 40 s and 23 s.
+[ -f /usr/share/activemq/bin/activemq.jar ] || need+=(activemq)
+[ -f /usr/share/java/mqtt-client.jar ] || need+=(libmqtt-client-java)
+compgen -G "/usr/lib/*/ejabberd-*/ebin/mod_mqtt.beam" >/dev/null || need+=(ejabberd)
 # The controller's database on PostgreSQL (MQTTBED_DATABASE_URL) is tested against a private
 # cluster the tests start (tests/postgres_cluster.py: initdb and pg_ctl, run as the package's
 # `postgres` user since initdb refuses root); Debian keeps them in /usr/lib/postgresql/N/bin.
@@ -80,7 +99,9 @@ if [ ${#need[@]} -eq 0 ]; then
     echo "system packages: all present"
     exit 0
 fi
-cmd="apt-get update && apt-get install -y --no-install-recommends ${need[*]}"
+add_archs=""
+for arch in "${foreign_archs[@]}"; do add_archs+="dpkg --add-architecture $arch && "; done
+cmd="${add_archs}apt-get update && apt-get install -y --no-install-recommends ${need[*]}"
 if [ "$(id -u)" -ne 0 ]; then
     echo "mqttbed needs these system packages: ${need[*]}" >&2
     echo "run as root:  sudo sh -c '$cmd'" >&2
@@ -88,6 +109,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "installing system packages: ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
+for arch in "${foreign_archs[@]}"; do dpkg --add-architecture "$arch"; done
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${need[@]}"
 # clang itself was missing: its compiler-rt package is known only now.

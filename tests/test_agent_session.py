@@ -221,3 +221,43 @@ def test_an_idle_drain_ends_a_subscriber_that_waits_for_more_than_will_come(brok
     assert 300_000_000 <= idle_wait < 1_500_000_000 and idle_vs_deadline < -1_000_000_000
     # no idle time: it waited out the deadline
     assert full_vs_deadline >= 0 and full_wait >= 3_000_000_000
+
+
+@pytest.mark.integration  # Mosquitto
+@pytest.mark.parametrize("mqtt_client", ["lean", "paho"])
+def test_clients_connect_one_at_a_time_and_each_connection_is_timed(broker, mqtt_client):
+    session = MqttSession(broker, clients(2), VirtualGpio(), lambda _e: None,
+                          mqtt_client=mqtt_client)
+    try:
+        session.open(timeout_s=10)
+    finally:
+        session.close()
+    phases = session.connect_phases()
+    assert [p.client_id for p in phases] == ["sub-0", "sub-1", "pub-0"]
+    for p in phases:
+        # plain TCP: the TCP connect and CONNECT -> CONNACK, nothing made up for TLS or ws
+        assert p.tcp_ns > 0 and p.connack_ns > 0
+        assert (p.tls_ns, p.websocket_ns) == (None, None)
+    for before, after in zip(phases, phases[1:], strict=False):
+        # the next connect() began once the one before held its CONNACK
+        assert after.t_start_ns >= before.t_start_ns + before.tcp_ns + before.connack_ns
+
+
+@pytest.mark.integration  # Mosquitto, a controller, agents on threads
+def test_an_agents_done_carries_each_clients_connection_phases(inproc_controller):
+    from mqttbed.campaigns.spec import parse_spec
+    from mqttbed.controller.db import RunRow
+    from mqttbed.core.run_record import run_record
+
+    spec = parse_spec({"name": "phases", "workload": {
+        "publishers": 1, "subscribers": 2, "rate_hz": 100, "messages": 10,
+        "warmup_messages": 0, "client": "lean"}})
+    campaign_id = inproc_controller.engine.create_campaign(spec)
+    inproc_controller.engine.run_campaign(campaign_id)
+    with inproc_controller.sessions() as s:
+        (run,) = s.query(RunRow).filter_by(campaign_id=campaign_id).all()
+    assert run.state == "done", run.reason
+    record = run_record(run.run_metadata, run.id)
+    phases = [p for agent in record.connections.values() for p in agent]
+    assert sorted(p.client_id for p in phases) == ["pub-0", "sub-0", "sub-1"]
+    assert all(p.tcp_ns > 0 and p.connack_ns > 0 for p in phases)

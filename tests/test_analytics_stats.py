@@ -28,6 +28,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 pytest.importorskip("pyspark")
 
 from mqttbed.analytics.confidence import bootstrap_interval  # noqa: E402
+from mqttbed.analytics.connections import ConnectTimes  # noqa: E402
 from mqttbed.analytics.figures import SKETCH_LEVELS, QuantileSketch  # noqa: E402
 from mqttbed.analytics.results_files import write_stats  # noqa: E402
 from mqttbed.analytics.series import TIMELINE_BIN_S  # noqa: E402
@@ -63,9 +64,19 @@ SUBSCRIPTIONS = [("sub-0", "plant/line1/temp"), ("sub-1", "plant/+/temp"), ("sub
 STREAMS = (StreamInfo("line1", TOPICS["pub-0"], 100, ("pub-0",)),
            StreamInfo("line2", TOPICS["pub-1"], 65_536, ("pub-1",)))
 
+# Each run's connections, phase by phase (ns, Done.connections): r1's over TLS, r2's
+# plain, one of them without a CONNACK; r3's agents timed none; r4 failed after timing its.
+CONNECTS = {
+    "r1": tuple(ConnectTimes(tcp_ns=90_000 + 7_000 * i, tls_ns=1_100_000 + 50_000 * i,
+                             connack_ns=300_000 + 11_000 * i) for i in range(5)),
+    "r2": (ConnectTimes(tcp_ns=70_000, connack_ns=250_000), ConnectTimes(tcp_ns=75_000),
+           ConnectTimes(tcp_ns=80_000, connack_ns=900_000)),
+    "r4": (ConnectTimes(tcp_ns=60_000, connack_ns=5_000_000),),
+}
+
 RUNS = [
     RunInfo("r1", 0, {"qos": 1}, 0, "done", "mosquitto", warmup_messages=WARMUP,
-            streams=STREAMS),
+            streams=STREAMS, connections=CONNECTS["r1"]),
     # r2's second agent could not keep its publishers' rate
     RunInfo("r2", 0, {"qos": 1}, 1, "done", "mosquitto", warmup_messages=WARMUP,
             streams=STREAMS, generator=pooled_generators(RunRecord(generators={
@@ -77,11 +88,11 @@ RUNS = [
                     open_loop_publishers=1, requested_msgs_per_s=100, achieved_msgs_per_s=60,
                     send_lag_max_ns=90_000_000, publishers_behind=["pub-1"], rate_kept=False,
                     mqtt_client="lean", kernel_deliveries=2, user_deliveries=1,
-                    nofile_limit=4096)}))),
+                    nofile_limit=4096)})), connections=CONNECTS["r2"]),
     RunInfo("r3", 1, {"qos": 2}, 0, "done", "mosquitto", warmup_messages=WARMUP,
             streams=STREAMS),
     RunInfo("r4", 1, {"qos": 2}, 1, "failed", "mosquitto", reason="agent sub-1 lost",
-            warmup_messages=WARMUP, streams=STREAMS),
+            warmup_messages=WARMUP, streams=STREAMS, connections=CONNECTS["r4"]),
     RunInfo("r5", 2, {"qos": 0}, 0, "failed", "mosquitto", reason="broker did not start",
             streams=STREAMS),
 ]
@@ -557,6 +568,28 @@ def test_a_run_whose_generator_fell_behind_is_flagged_in_its_point_and_run(stats
         "receive_clock": "kernel", "nofile_limit": 1024}
 
 
+def test_connection_figures_pool_every_connection_of_a_points_done_runs(stats):
+    points = {p["point_index"]: p for p in stats["points"]}
+    runs = {r["run_id"]: r for r in stats["runs"]}
+    pooled = points[0]["connections"]
+    assert (pooled["connections"], pooled["without_connack"]) == (8, 1)
+    connack_us = [c.connack_ns / 1e3 for c in CONNECTS["r1"] + CONNECTS["r2"]
+                  if c.connack_ns is not None]
+    assert pooled["connack_us"]["count"] == 7
+    assert pooled["connack_us"]["p50"] == pytest.approx(float(np.percentile(connack_us, 50)))
+    assert pooled["connack_us"]["p99"] == pytest.approx(float(np.percentile(connack_us, 99)))
+    assert pooled["connack_us"]["max"] == 900.0
+    assert pooled["tls_handshake_us"]["count"] == 5   # r1's only: r2 spoke plain TCP
+    assert pooled["tcp_connect_us"]["count"] == 8
+    assert (runs["r1"]["connections"]["connections"], runs["r2"]["connections"]["connections"]) \
+        == (5, 3)
+    assert runs["r2"]["connections"]["tls_handshake_us"]["p50"] is None
+    # r3 timed none, r4 did not finish: r4 has its own figures, its point none
+    assert runs["r3"]["connections"] is None and points[1]["connections"] is None
+    assert runs["r4"]["connections"]["connack_us"]["max"] == 5_000.0
+    assert runs["r5"]["connections"] is None and points[2]["connections"] is None
+
+
 def test_points_pool_done_runs_only(stats, dataset):
     _, events, samples = dataset
     points = {point["point_index"]: point for point in stats["points"]}
@@ -920,6 +953,7 @@ def test_results_merged_from_run_partials_are_the_whole_analysis_to_the_bit(
                        for r in (results, merged))
     assert by_parts == whole
     assert by_parts["series"]["latency_timeline"], "the timelines were compared"
+    assert by_parts["points"][0]["connections"], "the connection figures were compared"
 
 
 def test_a_partial_gives_its_runs_own_figures_and_never_a_points(spark, dataset, results):

@@ -18,7 +18,9 @@ def test_every_backend_here_is_available_after_make_install():
         # the generic ones need nothing installed: each spec names its broker
         "external": None, "command": None,
         # make install installs rabbitmq-server and nats-server, the brokers extra amqtt
-        "rabbitmq": None, "nats": None, "amqtt": None}
+        "rabbitmq": None, "nats": None, "amqtt": None,
+        # and activemq with libmqtt-client-java, and ejabberd
+        "activemq": None, "ejabberd": None}
 
 
 def test_a_missing_third_party_broker_is_named_with_how_to_install_it(monkeypatch):

@@ -24,10 +24,12 @@ from pydantic import BaseModel
 from mqttbed.brokers.cpu_budget import CpuBudget, cpu_budget_unavailable
 from mqttbed.brokers.processes import processes_in_group
 from mqttbed.campaigns.spec import parse_spec
+from mqttbed.controller.run_access import run_access
 from mqttbed.controller.states import RunState
 from mqttbed.core.backends import (
     BackendDeclaration,
     BrokerBackend,
+    ConfiguresAccess,
     DeploymentRecord,
     LocalProcesses,
     MultiBroker,
@@ -108,6 +110,9 @@ def test_deploy_health_samples_record_and_teardown_twice_leave_nothing_running(n
         backend = declared.create()
         if isinstance(backend, MultiBroker):
             backend.prepare(spec.workload)
+        if isinstance(backend, ConfiguresAccess):
+            # as the engine does: an example may need a user (ejabberd's always does)
+            backend.configure_access(run_access(spec))
         try:
             endpoint = backend.deploy(spec.broker.options(), LocalHost())
             assert isinstance(endpoint, Endpoint)

@@ -34,7 +34,9 @@ from mqttbed.core.withholding import (
     probabilistic_sends,
 )
 
-REFERENCE_FIGURES = Path("/work/shared/reference-figures.yaml")
+# The papers' published figures live beside the checkout, in the workspace's shared/ (the
+# checkout's parent's), not in the repository: a clone elsewhere has none.
+REFERENCE_FIGURES = Path(__file__).resolve().parents[2] / "shared" / "reference-figures.yaml"
 # Fig. 8's per-policy figures only: the ordering needs no sweep.
 POLICIES_ONLY = dict(thresholds_l_s=(0.5,), query_periods_units=(1,))
 
@@ -254,8 +256,12 @@ def test_bad_simulation_arguments_name_the_keyword():
 
 def test_the_papers_reference_figures_are_the_shared_ones():
     yaml = pytest.importorskip("yaml")
-    if not REFERENCE_FIGURES.exists():
-        pytest.skip(f"{REFERENCE_FIGURES} is not on this machine")
+    if not REFERENCE_FIGURES.is_file():
+        # A skip, not a failure: the file is not part of the repository, so a clone without
+        # the shared/ folder beside it (a contributor's) cannot hold it. CI's clone has one
+        # beside it, so there it runs; the other tests here check the simulation anyway.
+        pytest.skip(f"the shared reference figures are not beside this checkout: no "
+                    f"{REFERENCE_FIGURES} (shared/ next to the checkout's folder)")
     paper = yaml.safe_load(REFERENCE_FIGURES.read_text())["cloud_edge_withholding"]
     simulation = paper["simulation"]
     scenario, link = CloudEdgeScenario(), LinkModel()

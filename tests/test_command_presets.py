@@ -32,10 +32,12 @@ PROGRAMS = {
     "rabbitmq": "/usr/lib/rabbitmq/bin/rabbitmq-server",
     "nats": "nats-server",
     "amqtt": str(Path(sys.executable).parent / "amqtt"),
+    "activemq": "/usr/share/activemq/bin/activemq.jar",
+    "ejabberd": "erl",
 }
 # What a broker can leave running when it is stopped carelessly: RabbitMQ's Erlang VM and
 # the epmd an Erlang VM puts in the background, the other two brokers themselves.
-LEFTOVER_NAMES = ("beam.smp", "epmd", "nats-server", "amqtt")
+LEFTOVER_NAMES = ("beam.smp", "epmd", "nats-server", "amqtt", "activemq.jar")
 MESSAGES = 1000
 
 
@@ -49,26 +51,30 @@ def rendered(name: str) -> tuple[list[str], dict[str, str], str]:
 
 # -- rendering ------------------------------------------------------------------------------
 
-def test_the_presets_are_rabbitmq_nats_and_amqtt_and_an_unknown_name_lists_them():
-    assert presets.preset_names() == ["amqtt", "nats", "rabbitmq"]
+def test_the_presets_are_the_five_named_brokers_and_an_unknown_name_lists_them():
+    assert presets.preset_names() == ["activemq", "amqtt", "ejabberd", "nats", "rabbitmq"]
     with pytest.raises(ValueError, match="unknown preset 'mosquito'; known presets: "
-                                         "amqtt, nats, rabbitmq"):
+                                         "activemq, amqtt, ejabberd, nats, rabbitmq"):
         presets.preset("mosquito")
 
 
-@pytest.mark.parametrize("name", ["rabbitmq", "nats", "amqtt"])
+ALL = ["rabbitmq", "nats", "amqtt", "activemq", "ejabberd"]
+
+
+@pytest.mark.parametrize("name", ALL)
 def test_each_preset_is_a_valid_command_broker_section(name):
     options = Options.model_validate({"preset": name})
     assert options.command == presets.preset(name).command
     assert options.broker_features() == presets.preset(name).features
 
 
-@pytest.mark.parametrize("name", ["rabbitmq", "nats", "amqtt"])
+@pytest.mark.parametrize("name", ALL)
 def test_a_rendered_preset_keeps_no_placeholder_and_listens_on_loopback_only(name):
     argv, env, config = rendered(name)
     for text in [*argv, *env.values(), config]:
         assert placeholders_in(text) == set(), text
-    assert f"127.0.0.1:{PORT}" in config
+    assert f"127.0.0.1:{PORT}" in config or (f"port: {PORT}" in config
+                                            and "ip: 127.0.0.1" in config)
     assert "0.0.0.0" not in config and "0.0.0.0" not in " ".join(argv)
 
 
@@ -90,10 +96,12 @@ def test_rabbitmq_keeps_its_node_data_logs_and_cookie_in_the_run_directory():
     assert presets.preset("rabbitmq").user == "rabbitmq"
 
 
-def test_rabbitmqs_launch_script_passes_shellcheck(tmp_path):
+@pytest.mark.parametrize("name", ["rabbitmq", "activemq", "ejabberd"])
+def test_each_launch_script_passes_shellcheck(tmp_path, name):
     shellcheck = Path(sys.executable).parent / "shellcheck"   # the dev extra's
     script = tmp_path / "launch.sh"
-    argv, _, _ = rendered("rabbitmq")
+    argv, _, _ = rendered(name)
+    assert argv[:2] == ["/bin/sh", "-c"]
     script.write_text("#!/bin/sh\n" + argv[2])
     checked = subprocess.run([str(shellcheck), str(script)], capture_output=True, text=True)
     assert (checked.returncode, checked.stdout) == (0, "")
@@ -119,6 +127,8 @@ def test_declared_features_are_the_measured_ones():
     assert presets.preset("rabbitmq").features.qos == {0, 1}
     assert presets.preset("nats").features.qos == {0, 1}
     assert presets.preset("amqtt").features.qos == {0, 1, 2}
+    assert presets.preset("activemq").features.qos == {0, 1, 2}
+    assert presets.preset("ejabberd").features.qos == {0, 1, 2}
     for name in presets.preset_names():
         features = presets.preset(name).features
         assert features.retained and features.wildcards and features.note
@@ -128,7 +138,7 @@ def test_declared_features_are_the_measured_ones():
 
 def installed(name: str) -> bool:
     program = PROGRAMS[name]
-    return shutil.which(program) is not None
+    return shutil.which(program) is not None or Path(program).is_file()
 
 
 def exchange(port: int, qos: int, count: int) -> Counter[int]:
@@ -179,7 +189,7 @@ def names_running(names: tuple[str, ...]) -> set[int]:
 @pytest.mark.integration  # RabbitMQ, NATS server, amqtt
 @pytest.mark.system
 @pytest.mark.timeout(120)  # RabbitMQ alone takes 7-12 s to answer
-@pytest.mark.parametrize("name", ["rabbitmq", "nats", "amqtt"])
+@pytest.mark.parametrize("name", ["rabbitmq", "nats", "amqtt", "activemq"])
 def test_each_installed_preset_carries_1000_qos0_and_1000_qos1_messages_and_leaves_nothing(name):
     if not installed(name):
         pytest.skip(f"{PROGRAMS[name]} is not installed (make install)")

@@ -153,19 +153,55 @@ def test_a_process_name_nothing_runs_under_is_an_error_naming_it():
 
 
 @pytest.mark.parametrize(("url", "named"), [
-    ("mqtts://broker.example:8883", "mqtts (MQTT over TLS) is not supported: mqttbed's "
-                                    "agents connect without TLS"),
-    ("http://127.0.0.1:1883", "the scheme must be one of mqtt, mqtt-udp, mqtt-sn-udp"),
+    ("http://127.0.0.1:1883", "the scheme must be one of mqtt, mqtts, ws, wss, mqtt-udp, "
+                              "mqtt-sn-udp"),
     ("mqtt://:1883", "names no host"),
     ("mqtt://127.0.0.1:99999", "the port must be a number from 1 to 65535"),
     ("mqtt-sn-udp://127.0.0.1", "give the port"),
-    ("mqtt://user:pw@127.0.0.1", "the agents connect anonymously"),
-    ("mqtt://127.0.0.1:1883/topic", "without a path"),
+    ("mqtt://user:pw@127.0.0.1", "a user name or password does not go in the url (the spec "
+                                 "is stored, and the password with it): give broker.auth"),
+    ("mqtts://user@127.0.0.1", "give broker.auth"),
+    ("mqtt://127.0.0.1:1883/topic", "without a path (a path is for ws:// and wss://)"),
+    ("mqtts://127.0.0.1/mqtt", "without a path"),
+    ("wss://127.0.0.1/mqtt?token=1", "no query or fragment"),
 ])
 def test_a_bad_url_is_refused_by_the_spec_naming_the_field(url, named):
     with pytest.raises(SpecError) as raised:
         parse_spec({"name": "x", "broker": {"backend": "external", "url": url}})
     assert "broker.url" in str(raised.value) and named in str(raised.value)
+
+
+def test_a_url_password_is_not_repeated_in_the_reason():
+    with pytest.raises(ValueError) as raised:
+        Options.model_validate({"url": "mqtts://alice:canary-pw-42@broker.example"})
+    reason = raised.value.errors()[0]["msg"]
+    assert "'mqtts://broker.example'" in reason and "canary-pw-42" not in reason
+
+
+@pytest.mark.parametrize(("url", "port", "tls", "path"), [
+    ("mqtt://h", 1883, False, None),
+    ("mqtts://h", 8883, True, None),
+    ("ws://h", 80, False, "/mqtt"),
+    ("wss://h", 443, True, "/mqtt"),
+    ("ws://h:8080/", 8080, False, "/"),
+    ("wss://h:8443/a/mqtt", 8443, True, "/a/mqtt"),
+])
+def test_stream_schemes_give_the_default_port_tls_and_websocket_path(url, port, tls, path):
+    endpoint = Options(url=url).broker_url().endpoint()
+    assert (endpoint.port, endpoint.tls is not None, endpoint.websocket_path) == (port, tls,
+                                                                                  path)
+    assert endpoint.scheme == url.split(":")[0]
+
+
+def test_features_follow_the_url_unless_declared():
+    wss = Options(url="wss://h").broker_features()
+    assert (wss.protocols, wss.transports, wss.auth) == ({"3.1.1", "5"}, {"wss"}, True)
+    udp = Options(url="mqtt-udp://h:1").broker_features()
+    assert (udp.protocols, udp.auth) == ({"3.1.1"}, False)
+    declared = Options(url="mqtts://h", features={"qos": [0, 1], "protocols": ["3.1.1"]})
+    features = declared.broker_features()
+    assert (features.qos, features.protocols, features.transports) == ({0, 1}, {"3.1.1"},
+                                                                       {"tls"})
 
 
 def test_urls_give_the_transport_and_the_default_port():

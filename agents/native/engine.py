@@ -25,8 +25,8 @@ LIBRARY_NAME = "libmqttbed-engine.so"
 PROJECT = make_build.MakeProject(
     name="the native load engine", source_dir=SOURCE_DIR, patterns=("Makefile", "src/*.[ch]"),
     cache_name="native-engine",
-    install_hint="install a C compiler and make (`apt-get install gcc make`); until then the "
-                 "agents run the lean Python client")
+    install_hint="install a C compiler, make and OpenSSL's headers (`apt-get install gcc make "
+                 "libssl-dev`); until then the agents run the lean Python client")
 
 # Tables and columns, as numbered in src/engine.h.
 T_PUBLISH, T_DELIVERY, T_SUBSCRIBE, T_TX, T_EDGE = range(5)
@@ -75,6 +75,18 @@ class ClientStats(ctypes.Structure):
             "connected", "subscribed", "failed", "fd")] + [("dropped", ctypes.c_int64)]
 
 
+NO_TIME = -(1 << 63)  # MQE_NO_TIME: a phase that did not happen or has not ended
+
+
+class ConnectPhaseTimes(ctypes.Structure):
+    """``mqe_connect_phases``: one client's connection, phase by phase (CLOCK_MONOTONIC ns,
+    :data:`NO_TIME` where a phase did not happen)."""
+
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "t_connect_ns", "t_tcp_ns", "t_tls_ns", "t_websocket_ns", "t_mqtt_sent_ns",
+        "t_connack_ns")] + [("tls", ctypes.c_char * 64)]
+
+
 def library_path() -> Path:
     """Where the built library is (or will be)."""
     return PROJECT.build_dir() / LIBRARY_NAME
@@ -107,8 +119,13 @@ def load() -> Any:
         "mqe_add_client": (i32, [p, cstr, cstr, i32, i32, cstr, i32, i32, u32, ctypes.c_int32,
                                  dbl, i64, i64, i64, i32]),
         "mqe_add_warmup_range": (i32, [p, i32, u32, u32, i64]),
+        "mqe_tls_configure": (i32, [p, cstr, cstr, cstr, i32]),
+        "mqe_set_tls": (i32, [p, i32, cstr]),
+        "mqe_set_websocket": (i32, [p, i32, cstr]),
+        "mqe_connect_phases_of": (i32, [p, i32, ctypes.POINTER(ConnectPhaseTimes)]),
         "mqe_set_udp": (i32, [p, i32]),
         "mqe_set_mqttsn": (i32, [p, i32]),
+        "mqe_set_session": (i32, [p, i32, i32, cstr, ctypes.c_char_p, ctypes.c_size_t]),
         "mqe_connect_all": (i32, [p, i32, i32]),
         "mqe_subscribe": (i32, [p, i32, cstr, i32]),
         "mqe_poll": (i32, [p, i64]),
@@ -149,6 +166,7 @@ class Engine:
         self._topics: list[str] = []
         self._clients = 0
         self._final: list[ClientStats] = []  # every client's stats when the engine closed
+        self._final_phases: list[ConnectPhaseTimes] = []
         self._lock = threading.Lock()  # wake() from other threads against close()
         self.realtime_gap_ns = int(self._lib.mqe_realtime_gap_ns(self._handle))
         # every column as a typed memoryview over the engine's memory (allocated once, at
@@ -198,6 +216,49 @@ class Engine:
         octets; ValueError names the client and what does not fit."""
         if self._lib.mqe_set_mqttsn(self._live(), client):
             raise ValueError(self.error)
+
+    def set_session(self, client: int, *, protocol_level: int, username: str | None = None,
+                    password: bytes | None = None) -> None:
+        """This client's CONNECT: MQTT 3.1.1 (``protocol_level`` 4) or MQTT 5 (5), with a user
+        name and password (the engine keeps a copy, wiped when it is closed). ValueError
+        names the client and what it cannot send, never the password."""
+        if self._lib.mqe_set_session(
+                self._live(), client, protocol_level,
+                None if username is None else username.encode(), password,
+                0 if password is None else len(password)):
+            raise ValueError(self.error)
+
+    def configure_tls(self, *, ca_pem: str | None, cert_pem: str | None = None,
+                      key_pem: str | None = None, verify: bool = True) -> None:
+        """The TLS settings of every client set with :meth:`set_tls` (TLS 1.2 or 1.3):
+        the CAs trusted (PEM; None: the system's), a client certificate and key (PEM),
+        whether the chain and name are verified. ValueError names what does not load."""
+        def text(pem: str | None) -> bytes | None:
+            return None if pem is None else pem.encode()
+
+        if self._lib.mqe_tls_configure(self._live(), text(ca_pem), text(cert_pem),
+                                       text(key_pem), int(verify)):
+            raise ValueError(self.error)
+
+    def set_tls(self, client: int, server_name: str | None = None) -> None:
+        """Speak TLS on this client (after :meth:`configure_tls`): ``server_name`` is
+        verified and sent as SNI (None: the client's host)."""
+        if self._lib.mqe_set_tls(self._live(), client,
+                                 None if server_name is None else server_name.encode()):
+            raise ValueError(self.error)
+
+    def set_websocket(self, client: int, path: str) -> None:
+        """Carry this client's MQTT in WebSocket frames (RFC 6455) upgraded at ``path``."""
+        if self._lib.mqe_set_websocket(self._live(), client, path.encode()):
+            raise ValueError(self.error)
+
+    def connect_phases(self, client: int) -> ConnectPhaseTimes:
+        """When each phase of one client's connection ended (kept after close)."""
+        if not self._handle:
+            return self._final_phases[client]
+        out = ConnectPhaseTimes()
+        self._lib.mqe_connect_phases_of(self._handle, client, ctypes.byref(out))
+        return out
 
     def add_warmup_range(self, client: int, first: int, end: int, warmup_messages: int) -> None:
         """Deliveries from publishers ``first``..``end - 1`` warm up for ``warmup_messages``."""
@@ -353,6 +414,7 @@ class Engine:
             return
         self._lib.mqe_disconnect_all(self._handle)
         self._final = [self.client_counters(i) for i in range(self._clients)]
+        self._final_phases = [self.connect_phases(i) for i in range(self._clients)]
         with self._lock:
             handle, self._handle = self._handle, None
         self._lib.mqe_destroy(handle)

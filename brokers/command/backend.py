@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from mqttbed.brokers.command.options import Options
 from mqttbed.brokers.command.templates import render, render_command
@@ -30,6 +30,7 @@ from mqttbed.brokers.processes import BrokerProcess, local_processes, processes_
 from mqttbed.brokers.reachability import ConnectRefused, Unreachable, probe
 from mqttbed.brokers.sys_monitor import SysMonitor, SysTopicsRecord
 from mqttbed.core.backends import DeploymentRecord
+from mqttbed.core.broker_access import ListenerTransport
 from mqttbed.core.errors import BackendError, MissingSystemDependency
 from mqttbed.core.host import Host, ProcessHandle, describe_exit, sha256_file
 from mqttbed.core.protocol import Endpoint, Transport
@@ -60,6 +61,21 @@ class CommandDeployment(DeploymentRecord):
     ready_after_s: float | None = Field(None, description="from start to its first answer")
     stop_grace_s: float | None = None
     sys_topics: SysTopicsRecord | None = None
+    access: AccessRecord | None = Field(None, description="the listener a named broker was "
+                                                          "configured for (no secret)")
+
+
+class AccessRecord(BaseModel):
+    """How a run's broker was reached, as its backend configured it (public)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    transport: ListenerTransport
+    protocol: str = Field(description="workload.protocol")
+    certificate_names: list[str] = Field(default_factory=list,
+                                         description="names in the server certificate")
+    ca_sha256: str | None = Field(None, description="SHA-256 of the run's CA (DER)")
+    username: str | None = Field(None, description="the one user configured")
+    websocket_path: str | None = None
 
 
 class CommandBackend:
@@ -104,7 +120,7 @@ class CommandBackend:
                 os.chown(proc.dir, account.pw_uid, account.pw_gid)
             endpoint = self._start(options, host, proc, account)
             proc.watch(_handle(proc), options.stats_interval_s)
-            if options.sys_topics:
+            if options.sys_topics and self._sys_topics_reachable():
                 self._sys.start(endpoint)
         except BaseException:
             # A failed deploy leaves nothing behind: no process, no directory.
@@ -116,14 +132,16 @@ class CommandBackend:
                account: pwd.struct_passwd | None) -> Endpoint:
         """Start the broker until it answers, on a new port after a lost port race."""
         assert options.command is not None  # the options' own check
+        template, env = self._config_template(options), self._env_template(options)
+        self._prepare(proc.dir, host.address, account)
         for attempt in range(1, PORT_ATTEMPTS + 1):
             port = host.free_port()
             values = {"port": str(port), "config": str(proc.dir / CONFIG_NAME),
                       "dir": str(proc.dir)}
             self._argv = render_command(options.command, values)
-            self._env = {name: render(value, values) for name, value in options.env.items()}
-            if options.config_template is not None:
-                self._config = render(options.config_template, values)
+            self._env = {name: render(value, values) for name, value in env.items()}
+            if template is not None:
+                self._config = render(template, values)
                 config = proc.dir / CONFIG_NAME
                 config.write_text(self._config)
                 if account is not None:
@@ -131,7 +149,7 @@ class CommandBackend:
             if attempt == 1:
                 self._identify(options, host, proc, values, account)
             self._port = port
-            endpoint = Endpoint(host=host.address, port=port, transport=options.transport)
+            endpoint = self._endpoint(host.address, port, options)
             started = time.monotonic()
             proc.handle = host.spawn(_as_user(self._argv, account), env=_env_for(self._env,
                                      account), log_path=proc.dir / LOG_NAME)
@@ -188,14 +206,48 @@ class CommandBackend:
                     f"{answer} from {address} within {options.ready_timeout_s:.1f} s (last "
                     f"try: {last}); its output ends:\n{proc.log_tail()}")
             try:
-                probe(endpoint, min(PROBE_TIMEOUT_S, remaining))
+                self._probe(endpoint, min(PROBE_TIMEOUT_S, remaining))
                 return None
             except ConnectRefused as exc:
-                raise BackendError(f"broker command on {address}: {exc.reason}; the agents "
-                                   "connect anonymously, without credentials") from None
+                raise BackendError(f"broker {self.name} on {address}: {exc.reason}; "
+                                   f"{self._clients_connect_as()}") from None
             except Unreachable as exc:
                 last = exc.reason
             time.sleep(POLL_INTERVAL_S)
+
+    # -- what a backend that configures its listener changes (named.py) ----------------
+
+    def _config_template(self, options: Options) -> str | None:
+        """The config template this deploy renders."""
+        return options.config_template
+
+    def _env_template(self, options: Options) -> dict[str, str]:
+        """The environment (with placeholders) this deploy gives the broker."""
+        return dict(options.env)
+
+    def _prepare(self, directory: Path, address: str,
+                 account: pwd.struct_passwd | None) -> None:
+        """Write the listener's files into the run's directory before the broker starts."""
+
+    def _endpoint(self, address: str, port: int, options: Options) -> Endpoint:
+        """Where and how clients reach the broker on ``port``."""
+        return Endpoint(host=address, port=port, transport=options.transport)
+
+    def _probe(self, endpoint: Endpoint, timeout_s: float) -> None:
+        """One readiness probe (raises Unreachable until the broker answers)."""
+        probe(endpoint, timeout_s)
+
+    def _clients_connect_as(self) -> str:
+        """Who the run's clients are, for an error about a refused CONNECT."""
+        return "the agents connect anonymously, without credentials"
+
+    def _sys_topics_reachable(self) -> bool:
+        """Whether mqttbed's $SYS sampler can connect (plain, anonymous MQTT)."""
+        return True
+
+    def _access_record(self) -> AccessRecord | None:
+        """The listener this deploy configured, for the deployment record."""
+        return None
 
     # -- while running ------------------------------------------------------------------
 
@@ -236,7 +288,7 @@ class CommandBackend:
             transport=Transport.MQTT_TCP if options is None else options.transport,
             ready_after_s=self._ready_after_s,
             stop_grace_s=None if options is None else options.stop_grace_s,
-            sys_topics=self._sys.record())
+            sys_topics=self._sys.record(), access=self._access_record())
 
     def section_records(self) -> SectionRecords:
         """Nothing beyond the common figures."""

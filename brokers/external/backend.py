@@ -1,10 +1,14 @@
 """A broker that is already running, at a URL: mqttbed measures it, never starts or stops it.
 
-Deploy checks, before the run starts, that the broker answers its protocol (a CONNECT
-gets an accepting CONNACK over TCP, a PINGREQ its PINGRESP over UDP) and fails within
-seconds naming the address and the OS error, or the CONNACK's refusal. While the run
+Deploy checks, before the run starts, that the broker answers its protocol as the run
+speaks it (a CONNECT in the run's MQTT version, with its user name and password, over the
+URL's TLS and WebSocket, gets an accepting CONNACK; a PINGREQ its PINGRESP over UDP) and
+fails within seconds naming the address and the OS error, OpenSSL's reason, the HTTP
+status of a refused upgrade, or the CONNACK's refusal. The run's ``broker.tls`` and
+``broker.auth`` come through :meth:`ExternalBackend.configure_access`; ``broker.tls``'s CA
+file is read then, and its text travels in the endpoint to the agents. While the run
 measures, ``health()`` relies on the ``$SYS`` sampler's session while it is up, else
-checks that a TCP connection still opens (a PINGREQ over UDP).
+checks that a connection still opens through the URL's layers (a PINGREQ over UDP).
 Optionally the broker's process tree is sampled for CPU, memory and I/O: on this machine
 (:meth:`ExternalBackend.deploy`), or on the lab host ``broker.host`` names
 (:meth:`ExternalBackend.deploy_on_lab_host`: looked up and sampled there over SSH, the
@@ -21,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from pydantic import Field, SecretStr
 
-from mqttbed.brokers.external.options import Options, ProcessToSample
+from mqttbed.brokers.external.options import BrokerUrl, Options, ProcessToSample
 from mqttbed.brokers.external.process import (
     SampledProcess,
     describe_process,
@@ -34,7 +39,15 @@ from mqttbed.brokers.external.process import (
 from mqttbed.brokers.reachability import Liveness, Unreachable, probe
 from mqttbed.brokers.remote_sampling import RemoteSampler
 from mqttbed.brokers.sys_monitor import SysMonitor, SysTopicsRecord
-from mqttbed.core.backends import DeploymentRecord
+from mqttbed.core.backends import BrokerAccess, DeploymentRecord
+from mqttbed.core.broker_access import (
+    ClientCredentials,
+    EndpointTls,
+    ListenerTransport,
+    SecretUnavailable,
+    read_public_file,
+    read_secret_file,
+)
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host, describe_exit
 from mqttbed.core.protocol import Endpoint, Transport
@@ -49,6 +62,9 @@ class ExternalDeployment(DeploymentRecord):
 
     url: str
     transport: Transport
+    tls_verified: bool | None = Field(
+        None, description="whether the broker's certificate was verified (None: no TLS)")
+    username: str | None = Field(None, description="the user name the clients sent")
     sampled_process: SampledProcess | None = None
     sys_topics: SysTopicsRecord | None = None
 
@@ -69,7 +85,13 @@ class ExternalBackend:
         self._remote_dir: Path | None = None        # here: what the remote sampler streams
         self._samples: list[BrokerResourceSample] | None = None   # kept once stopped
         self._sys = SysMonitor()
+        self._access = BrokerAccess()
         self._torn_down = False
+
+    def configure_access(self, access: BrokerAccess) -> None:
+        """Take the run's ``broker.tls``, ``broker.auth`` and ``workload.protocol``: how
+        the probe, the ``$SYS`` sampler and the agents reach the broker at its URL."""
+        self._access = access
 
     def deploy(self, spec: Options | Mapping[str, Any], host: Host) -> Endpoint:
         """Check the broker at ``spec.url`` answers; start the asked-for samplers.
@@ -94,18 +116,25 @@ class ExternalBackend:
                                "per run (mqttbed.core.backends.create_backend)")
         options = spec if isinstance(spec, Options) else Options.model_validate(spec)
         self._options = options
-        endpoint = options.broker_url().endpoint()
+        url = options.broker_url()
+        access = self._access
+        check_listener(access, url, options.url)
         try:
-            probe(endpoint, options.connect_timeout_s)
+            endpoint = url.endpoint(endpoint_tls(access, options.url))
+            credentials = client_credentials(access)
+        except SecretUnavailable as exc:
+            raise BackendError(f"external broker {options.url}: {exc}") from None
+        try:
+            probe(endpoint, options.connect_timeout_s, credentials, access.protocol)
         except Unreachable as exc:
             raise BackendError(f"external broker {options.url}: {exc.reason}") from None
         self._endpoint = endpoint
-        self._liveness = Liveness(endpoint)
+        self._liveness = Liveness(endpoint, credentials=credentials)
         try:
             if options.sample is not None:
                 watch(options.sample)
             if options.sys_topics:
-                self._sys.start(endpoint)
+                self._sys.start(endpoint, credentials, access.protocol)
         except BaseException:
             self.teardown()
             raise
@@ -193,6 +222,9 @@ class ExternalBackend:
             url="" if options is None else options.url,
             transport=(Transport.MQTT_TCP if self._endpoint is None
                        else self._endpoint.transport),
+            tls_verified=(None if self._endpoint is None or self._endpoint.tls is None
+                          else self._endpoint.tls.verify),
+            username=None if self._access.auth is None else self._access.auth.username,
             sampled_process=sampled, sys_topics=self._sys.record())
 
     def section_records(self) -> SectionRecords:
@@ -212,6 +244,55 @@ class ExternalBackend:
             self._samples = self._remote.stop()
         if self._remote_dir is not None:
             shutil.rmtree(self._remote_dir, ignore_errors=True)
+
+
+def endpoint_tls(access: BrokerAccess, url: str) -> EndpointTls | None:
+    """How the clients verify the broker, from ``broker.tls`` (its CA file read now);
+    None: the system's CAs, the URL's host. Raises SecretUnavailable naming the file."""
+    tls = access.tls
+    if tls is None:
+        return None
+    ca_pem = None if tls.ca_file is None else read_public_file(tls.ca_file, "broker.tls.ca_file")
+    if ca_pem is not None and "-----BEGIN CERTIFICATE-----" not in ca_pem:
+        raise SecretUnavailable(f"broker.tls.ca_file {tls.ca_file!r} holds no PEM "
+                                "certificate (-----BEGIN CERTIFICATE-----)")
+    return EndpointTls(ca_pem=ca_pem, server_name=tls.server_name, verify=tls.verify)
+
+
+def client_credentials(access: BrokerAccess) -> ClientCredentials | None:
+    """What mqttbed's own clients of the broker (probe, ``$SYS`` sampler) present: the
+    run's user name and password, its client certificate and key (read now)."""
+    username = None if access.auth is None else access.auth.username
+    cert_pem = key_pem = None
+    if access.tls is not None and access.tls.cert_file is not None:
+        assert access.tls.key_file is not None   # TlsSettings takes them together
+        cert_pem = read_public_file(access.tls.cert_file, "broker.tls.cert_file")
+        key_pem = SecretStr(read_secret_file(access.tls.key_file, "broker.tls.key_file"))
+    if username is None and cert_pem is None:
+        return None
+    return ClientCredentials(username=username, password=access.password, cert_pem=cert_pem,
+                             key_pem=key_pem)
+
+
+def check_listener(access: BrokerAccess, url: BrokerUrl, written: str) -> None:
+    """The URL decides the listener: a run asking for another (``broker.transport``), or
+    TLS settings for a listener without TLS, is an error naming both."""
+    listener = url.listener
+    if listener is None:
+        asked = access.to_configure() + ([f"workload.protocol {access.protocol!r}"]
+                                         if access.protocol != "3.1.1" else [])
+        if asked:
+            raise BackendError(f"external broker {written}: {', '.join(asked)} cannot apply "
+                               f"to {url.transport} (UDP: MQTT 3.1.1, anonymous, no TLS)")
+        return
+    if access.transport not in (listener, ListenerTransport.TCP):
+        raise BackendError(f"external broker {written}: broker.transport "
+                           f"{access.transport.value!r} does not match the url's scheme "
+                           f"({listener.value}); the url says how the broker is reached")
+    if access.tls is not None and not listener.tls:
+        secure = "wss" if listener.websocket else "mqtts"
+        raise BackendError(f"external broker {written}: broker.tls is given but the url's "
+                           f"scheme has no TLS; write {secure}://")
 
 
 def unavailable() -> str | None:

@@ -8,7 +8,8 @@ from typing import Any
 
 from mqttbed.brokers.external.backend import unavailable
 from mqttbed.brokers.external.options import Options
-from mqttbed.core.backends import BackendDeclaration
+from mqttbed.core.backends import BackendDeclaration, BrokerFeatures
+from mqttbed.core.broker_access import ListenerTransport
 
 
 @contextmanager
@@ -35,4 +36,8 @@ DECLARATION = BackendDeclaration(
     backend="mqttbed.brokers.external.backend:ExternalBackend",
     unavailable=unavailable,
     example_options=running_mosquitto,
+    # what a url can reach; the features of one spec are its url's (Options.broker_features)
+    features=BrokerFeatures(protocols=frozenset({"3.1.1", "5"}),
+                            transports=frozenset(ListenerTransport), auth=True,
+                            note="as the url and the declared features say"),
 )

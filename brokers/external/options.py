@@ -10,18 +10,39 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mqttbed.core.backends import BrokerFeatures
+from mqttbed.core.broker_access import (
+    DEFAULT_WEBSOCKET_PATH,
+    MQTT_PROTOCOLS,
+    EndpointTls,
+    ListenerTransport,
+)
 from mqttbed.core.protocol import Endpoint, Transport
 
 MQTT_DEFAULT_PORT = 1883
-# URL scheme -> the transport the agents speak to it.
-SCHEMES: dict[str, Transport] = {
-    "mqtt": Transport.MQTT_TCP,
-    "mqtt-udp": Transport.MQTT_UDP,
-    "mqtt-sn-udp": Transport.MQTT_SN_UDP,
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """What a URL scheme means: the transport, the listener's layers, its default port."""
+
+    transport: Transport
+    listener: ListenerTransport | None   # None: a UDP transport (no stream layers)
+    default_port: int | None             # None: no standard port, the URL must give one
+
+
+# URL scheme -> what the agents speak to it (IANA's ports for MQTT 1883/8883, HTTP 80/443).
+SCHEMES: dict[str, Scheme] = {
+    "mqtt": Scheme(Transport.MQTT_TCP, ListenerTransport.TCP, MQTT_DEFAULT_PORT),
+    "mqtts": Scheme(Transport.MQTT_TCP, ListenerTransport.TLS, 8883),
+    "ws": Scheme(Transport.MQTT_TCP, ListenerTransport.WS, 80),
+    "wss": Scheme(Transport.MQTT_TCP, ListenerTransport.WSS, 443),
+    "mqtt-udp": Scheme(Transport.MQTT_UDP, None, None),
+    "mqtt-sn-udp": Scheme(Transport.MQTT_SN_UDP, None, None),
 }
-NO_TLS = ("mqtts (MQTT over TLS) is not supported: mqttbed's agents connect without TLS "
-          "(their lean client has none, and the paho client is given no TLS settings); "
-          "point url at a plain listener of the broker (mqtt://HOST:PORT)")
+NO_CREDENTIALS_IN_URL = (
+    "a user name or password does not go in the url (the spec is stored, and the password "
+    "with it): give broker.auth: {username: NAME, password_file: PATH} (or password_env: "
+    "VARIABLE) beside url")
 
 
 @dataclass(frozen=True)
@@ -32,42 +53,59 @@ class BrokerUrl:
     host: str
     port: int
     transport: Transport
+    listener: ListenerTransport | None = None   # tcp, tls, ws, wss; None over UDP
+    websocket_path: str | None = None
 
-    def endpoint(self) -> Endpoint:
-        return Endpoint(host=self.host, port=self.port, transport=self.transport)
+    def endpoint(self, tls: EndpointTls | None = None) -> Endpoint:
+        """The endpoint the agents reach; ``tls`` says how a TLS listener is verified
+        (default: by the system's CAs, against the URL's host)."""
+        secure = self.listener is not None and self.listener.tls
+        return Endpoint(host=self.host, port=self.port, transport=self.transport,
+                        tls=(tls or EndpointTls()) if secure else None,
+                        websocket_path=self.websocket_path)
 
 
 def parse_broker_url(url: str) -> BrokerUrl:
-    """``mqtt://HOST[:PORT]``, ``mqtt-udp://HOST:PORT``, ``mqtt-sn-udp://HOST:PORT``.
+    """``mqtt://HOST[:PORT]``, ``mqtts://HOST[:PORT]``, ``ws://HOST[:PORT][/PATH]``,
+    ``wss://HOST[:PORT][/PATH]``, ``mqtt-udp://HOST:PORT``, ``mqtt-sn-udp://HOST:PORT``.
 
     Raises ValueError naming what is wrong with ``url`` and what would be right.
     """
     parts = urlsplit(url.strip())
-    scheme = parts.scheme.lower()
-    if scheme == "mqtts":
-        raise ValueError(f"{url!r}: {NO_TLS}")
-    if scheme not in SCHEMES:
+    scheme_name = parts.scheme.lower()
+    scheme = SCHEMES.get(scheme_name)
+    if scheme is None:
         raise ValueError(f"{url!r}: the scheme must be one of {', '.join(SCHEMES)} "
-                         "(e.g. mqtt://127.0.0.1:1883)")
-    if not parts.hostname:
-        raise ValueError(f"{url!r} names no host (e.g. {scheme}://127.0.0.1:1883)")
+                         "(e.g. mqtt://127.0.0.1:1883, mqtts://broker.example:8883, "
+                         "wss://broker.example/mqtt)")
     if parts.username is not None or parts.password is not None:
-        raise ValueError(f"{url!r}: user names and passwords are not supported: the agents "
-                         "connect anonymously; allow anonymous clients on the broker")
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise ValueError(f"{url!r}: a broker URL is {scheme}://HOST:PORT, without a path, "
-                         "query or fragment")
+        raise ValueError(f"{_without_credentials(url)!r}: {NO_CREDENTIALS_IN_URL}")
+    if not parts.hostname:
+        raise ValueError(f"{url!r} names no host (e.g. {scheme_name}://127.0.0.1:1883)")
+    websocket = scheme.listener is not None and scheme.listener.websocket
+    if parts.query or parts.fragment:
+        raise ValueError(f"{url!r}: a broker URL has no query or fragment")
+    if parts.path not in ("", "/") and not websocket:
+        raise ValueError(f"{url!r}: a broker URL is {scheme_name}://HOST:PORT, without a "
+                         "path (a path is for ws:// and wss://)")
     try:
         port = parts.port
     except ValueError:
         raise ValueError(f"{url!r}: the port must be a number from 1 to 65535") from None
     if port is None:
-        if scheme != "mqtt":
-            raise ValueError(f"{url!r}: give the port ({scheme} has no standard one)")
-        port = MQTT_DEFAULT_PORT
+        if scheme.default_port is None:
+            raise ValueError(f"{url!r}: give the port ({scheme_name} has no standard one)")
+        port = scheme.default_port
     if port == 0:
         raise ValueError(f"{url!r}: the port must be a number from 1 to 65535")
-    return BrokerUrl(url.strip(), parts.hostname, port, SCHEMES[scheme])
+    path = (parts.path or DEFAULT_WEBSOCKET_PATH) if websocket else None
+    return BrokerUrl(url.strip(), parts.hostname, port, scheme.transport, scheme.listener, path)
+
+
+def _without_credentials(url: str) -> str:
+    """``url`` with its user name and password left out (an error must not repeat it)."""
+    parts = urlsplit(url.strip())
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
 
 class ProcessToSample(BaseModel):
@@ -109,9 +147,12 @@ class Options(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     backend: Literal["external"] = "external"
     url: str = Field(description="where the running broker listens: mqtt://HOST[:PORT] "
-                                 "(TCP, port 1883 by default), mqtt-udp://HOST:PORT or "
-                                 "mqtt-sn-udp://HOST:PORT; mqtts is refused (the agents "
-                                 "have no TLS)")
+                                 "(TCP, port 1883 by default), mqtts://HOST[:PORT] (TLS, "
+                                 "8883), ws://HOST[:PORT][/PATH] (WebSocket, 80, path "
+                                 "/mqtt), wss://HOST[:PORT][/PATH] (WebSocket over TLS, "
+                                 "443), mqtt-udp://HOST:PORT or mqtt-sn-udp://HOST:PORT; "
+                                 "TLS verification and credentials go in broker.tls and "
+                                 "broker.auth")
     sample: ProcessToSample | None = Field(
         None, description="the broker's process, to sample its CPU, memory and I/O (on "
                           "broker.host, over SSH, if set); default: no resource samples")
@@ -121,8 +162,10 @@ class Options(BaseModel):
                                                                    "for the broker's answer")
     features: BrokerFeatures = Field(
         default_factory=BrokerFeatures,
-        description="what the broker delivers (QoS levels, retained, wildcards); a "
-                    "workload asking for more is refused before the run")
+        description="what the broker delivers (QoS levels, retained, wildcards, MQTT "
+                    "versions); a workload asking for more is refused before the run. "
+                    "Unless given here: MQTT 3.1.1 and 5, user names and passwords, the "
+                    "url's listener (over UDP: 3.1.1, anonymous)")
 
     @field_validator("url")
     @classmethod
@@ -131,8 +174,19 @@ class Options(BaseModel):
         return url.strip()
 
     def broker_features(self) -> BrokerFeatures:
-        """The features the user declared for the broker (all of them by default)."""
-        return self.features
+        """The features the user declared for the broker; those not declared: what a
+        broker at this URL is taken to speak (both MQTT versions and credentials over a
+        stream, the URL's listener)."""
+        url = self.broker_url()
+        stream = url.listener is not None
+        implied = {
+            "protocols": frozenset(MQTT_PROTOCOLS if stream else ("3.1.1",)),
+            "transports": frozenset({url.listener or ListenerTransport.TCP}),
+            "auth": stream,
+        }
+        declared = self.features.model_fields_set
+        return self.features.model_copy(
+            update={name: value for name, value in implied.items() if name not in declared})
 
     def broker_url(self) -> BrokerUrl:
         """The parsed ``url``."""

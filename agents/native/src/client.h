@@ -9,6 +9,7 @@
 #include "sn.h"
 #include "tables.h"
 #include "wire.h"
+#include "ws.h"
 
 #define MQE_FAILURE_CHARS 256
 #define MQE_MAX_BATCH 64            /* publishes per loop turn before writes and reads */
@@ -84,6 +85,38 @@ typedef struct {
     mqe_sn_topic *sn_topics;    /* the ids this client learnt (REGACK, SUBACK, REGISTER) */
     size_t n_sn_topics;
     int64_t dropped;            /* malformed or unexpected datagrams, dropped */
+    /* TLS and WebSocket under MQTT (layers.c, tls.c): `in` and `out` hold MQTT bytes; what
+     * goes on the socket waits in `wire` (TLS records, WebSocket frames, handshakes) */
+    int layered;                /* tls or ws: the socket's bytes are not MQTT's */
+    int tls, ws;
+    int stage;                  /* MQE_STAGE_*: the handshakes before MQTT */
+    void *ssl;                  /* SSL * (tls.c) */
+    char *server_name;          /* SNI and the name verified; NULL: the host */
+    char *ws_path;
+    char ws_key[MQE_WS_KEY_CHARS + 1];
+    uint64_t ws_mask_state;     /* each frame's mask (xorshift64*, seeded from getrandom) */
+    uint64_t ws_payload_left;   /* of the data frame being read: bytes still to come */
+    int ws_in_message;          /* a fragmented binary message is open */
+    uint8_t *ws_in;             /* WebSocket bytes not yet decoded: the upgrade answer, frames */
+    size_t ws_in_len, ws_in_cap;
+    uint8_t *wire;              /* bytes wire[wire_head .. wire_len) wait for the socket */
+    size_t wire_head, wire_len, wire_cap;
+    uint64_t wire_bytes;        /* bytes queued to the socket since connect: its TX stamp key */
+    size_t tx_mapped;           /* own publishes at the TX ring's head keyed by wire bytes */
+    int held;                   /* decoded bytes wait for a drain of the event tables */
+    int64_t rx_t_user, rx_t_kernel;  /* the read that brought the bytes being decoded */
+    char tls_description[64];   /* protocol and cipher, once the handshake is done */
+    /* the MQTT session (session.c, mqe_set_session): version and credentials of CONNECT */
+    int mqtt5;                  /* MQTT 5 (protocol level 5), else 3.1.1 */
+    char *username;             /* NULL: none */
+    size_t username_len;
+    uint8_t *password;          /* NULL: none; wiped before it is freed, never printed */
+    size_t password_len;
+    size_t packet_id_at;        /* MQTT 5, QoS > 0: the packet id's slot in `prefix`; 0:
+                                 * the id follows the prefix (3.1.1, MQTT-SN) */
+    mqe_connack_grants grants;  /* what an MQTT 5 CONNACK granted */
+    /* connection phases (mqe_connect_phases_of; MQE_NO_TIME: not reached) */
+    int64_t t_connect_ns, t_tcp_ns, t_tls_ns, t_ws_ns, t_mqtt_sent_ns, t_connack_ns;
     /* state and statistics */
     int connected, subscribed, dead, closing, in_batch;
     char failure[MQE_FAILURE_CHARS];
@@ -124,6 +157,10 @@ struct mqe_engine {
     int64_t last_publish_ns;    /* the last time PUBLISHes were written */
     int need_drain;
     int woken;                  /* mqe_wake was called: the step returns */
+    void *ssl_ctx;              /* SSL_CTX * for every TLS client (mqe_tls_configure) */
+    int tls_verify;
+    uint8_t *scratch;           /* a TLS client's ciphertext as read (one read at a time) */
+    size_t n_held;              /* clients with held bytes (layers.c) */
     char error[MQE_FAILURE_CHARS];
 };
 
@@ -142,8 +179,16 @@ int64_t mqe_gpio_write(mqe_engine *e, int pin, int level, int64_t t_edge_ns);
 void mqe_udp_control(mqe_engine *e, mqe_client *c, const uint8_t *packet, size_t len);
 void mqe_udp_resend(mqe_engine *e, int64_t now);
 /* flows.c: one packet from the broker */
-void mqe_handle_packet(mqe_engine *e, mqe_client *c, const mqe_packet *p, int64_t t_user,
+void mqe_handle_packet(mqe_engine *e, mqe_client *c, mqe_packet *p, int64_t t_user,
                        int64_t t_kernel);
+/* session.c: the client's CONNECT (with its version and credentials), the CONNACK taken
+ * (a refusal named, MQTT 5's grants applied), the credentials wiped */
+size_t mqe_session_connect_size(const mqe_client *c);
+size_t mqe_session_encode_connect(const mqe_client *c, uint8_t *to, uint16_t keepalive_s);
+void mqe_session_connack(mqe_engine *e, mqe_client *c, const mqe_packet *p,
+                         const mqe_connack_grants *grants);
+void mqe_session_free(mqe_client *c);
+static inline int mqe_level(const mqe_client *c) { return c->mqtt5 ? MQE_MQTT_5 : MQE_MQTT_311; }
 void mqe_heap_push(mqe_engine *e, int64_t due_ns, int32_t client, int64_t k);
 /* flows.c, shared with sn_flows.c: a delivery recorded, an own publish acknowledged
  * (type: the ack awaited), the pending SUBSCRIBE's SUBACK recorded */
@@ -157,5 +202,34 @@ void mqe_sn_handle(mqe_engine *e, mqe_client *c, const uint8_t *datagram, size_t
                    int64_t t_user, int64_t t_kernel);
 int mqe_sn_prepare(mqe_client *c, char *error);
 int64_t mqe_due_ns(const mqe_engine *e, const mqe_client *c, int64_t k);
+/* io.c, for layers.c */
+void mqe_watch_out(mqe_engine *e, mqe_client *c, int on);
+void mqe_frame(mqe_engine *e, mqe_client *c, int64_t t_user, int64_t t_kernel);
+int mqe_make_room(mqe_engine *e, mqe_client *c);
+/* MQTT bytes a read may add to `in` before the event tables need a drain (0: drain now) */
+size_t mqe_table_room_bytes(const mqe_engine *e);
+/* layers.c: TLS and WebSocket between the socket and the MQTT buffers */
+enum { MQE_STAGE_READY = 0, MQE_STAGE_TLS = 1, MQE_STAGE_UPGRADE = 2 };
+int mqe_layers_start(mqe_engine *e, mqe_client *c);       /* after TCP connect */
+/* Bytes from the socket (or fed): decoded into `in` and framed. may_hold: stop for a
+ * drain of the tables (held), else decode all. 0, or -1 once the client has failed. */
+int mqe_layers_receive(mqe_engine *e, mqe_client *c, const uint8_t *data, size_t len,
+                       int64_t t_user, int64_t t_kernel, int may_hold);
+int mqe_layers_resume(mqe_engine *e, mqe_client *c);     /* decode what was held */
+int64_t mqe_layers_flush(mqe_engine *e, mqe_client *c);
+void mqe_layers_closed(mqe_engine *e, mqe_client *c, const char *how);
+void mqe_layers_close(mqe_engine *e, mqe_client *c);     /* close_notify, best effort */
+void mqe_layers_free(mqe_client *c);
+/* tls.c */
+int mqe_tls_start(mqe_engine *e, mqe_client *c);
+int mqe_tls_handshake(mqe_engine *e, mqe_client *c);     /* 1 done, 0 more, -1 failed */
+long mqe_tls_read(mqe_engine *e, mqe_client *c, uint8_t *to, size_t cap);  /* 0: none */
+int mqe_tls_absorb(mqe_client *c, const uint8_t *data, size_t len);
+int mqe_tls_write(mqe_engine *e, mqe_client *c, const uint8_t *data, size_t len);
+int mqe_tls_shutdown(mqe_engine *e, mqe_client *c);
+void mqe_tls_free(mqe_client *c);
+void mqe_tls_free_context(mqe_engine *e);
+/* layers.c, for tls.c: room for `bytes` more in `wire`, and a record queued */
+int mqe_wire_reserve(mqe_engine *e, mqe_client *c, size_t bytes);
 
 #endif

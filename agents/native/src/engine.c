@@ -81,7 +81,8 @@ mqe_engine *mqe_create(uint32_t event_capacity, int kernel_stamps, int pulse_mod
     e->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
     e->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     e->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    if (failed || e->levels == NULL || e->line_bit == NULL || e->epoll_fd < 0 || e->wake_fd < 0 || e->timer_fd < 0) {
+    e->scratch = malloc(MQE_RECEIVE_BUFFER);
+    if (failed || e->scratch == NULL || e->levels == NULL || e->line_bit == NULL || e->epoll_fd < 0 || e->wake_fd < 0 || e->timer_fd < 0) {
         mqe_destroy(e);
         return NULL;
     }
@@ -96,6 +97,7 @@ mqe_engine *mqe_create(uint32_t event_capacity, int kernel_stamps, int pulse_mod
 }
 
 static void free_client(mqe_client *c) {
+    mqe_session_free(c);  /* the password and the buffers a CONNECT went through, wiped */
     if (c->fd >= 0)
         close(c->fd);
     free(c->client_id);
@@ -116,6 +118,7 @@ static void free_client(mqe_client *c) {
     free(c->tx_seq);
     free(c->tx_t_pub);
     free(c->tx_end);
+    mqe_layers_free(c);
 }
 
 void mqe_destroy(mqe_engine *e) {
@@ -134,6 +137,8 @@ void mqe_destroy(mqe_engine *e) {
     free(e->raised);
     free(e->batch);
     free(e->heap);
+    free(e->scratch);
+    mqe_tls_free_context(e);
     for (int fd = 0; fd < 3; fd++) {
         int which = fd == 0 ? e->epoll_fd : fd == 1 ? e->wake_fd : e->timer_fd;
         if (which >= 0)
@@ -199,13 +204,16 @@ int mqe_add_client(mqe_engine *e, const char *client_id, const char *host, int p
     c->start_offset_ns = start_offset_ns;
     c->closed_loop = closed_loop;
     c->in_cap = MQE_RECEIVE_BUFFER;
+    c->t_connect_ns = c->t_tcp_ns = c->t_tls_ns = c->t_ws_ns = c->t_mqtt_sent_ns
+        = c->t_connack_ns = MQE_NO_TIME;
     c->in = malloc(c->in_cap);
     c->topic_index = (int32_t)mqe_intern(&e->topics, topic, topic_len);
     if (role == 0) {
         size_t payload = payload_bytes > MQE_PAYLOAD_MIN ? (size_t)payload_bytes : MQE_PAYLOAD_MIN;
         c->prefix = malloc(topic_len + 8);
         if (c->prefix)
-            c->prefix_len = mqe_publish_prefix(c->prefix, topic, topic_len, qos, payload);
+            c->prefix_len = mqe_publish_prefix(c->prefix, topic, topic_len, qos, payload,
+                                               MQE_MQTT_311, NULL);  /* mqe_set_session: 5 */
         if (qos)
             c->inflight = calloc(65536, 1);
     }
@@ -227,6 +235,49 @@ int mqe_set_udp(mqe_engine *e, int client) {
 
 int mqe_set_mqttsn(mqe_engine *e, int client) {
     return mqe_sn_prepare(&e->clients[client], e->error);
+}
+
+int mqe_set_tls(mqe_engine *e, int client, const char *server_name) {
+    mqe_client *c = &e->clients[client];
+    if (c->udp || c->sn)
+        return set_error(e, -1, "client %s: TLS rides on mqtt-tcp only", c->client_id);
+    if (e->ssl_ctx == NULL)
+        return set_error(e, -1, "client %s: TLS is not configured (mqe_tls_configure first)",
+                         c->client_id);
+    if (server_name != NULL && (server_name[0] == 0 || strlen(server_name) > 253))
+        return set_error(e, -1, "client %s: server name of %zu characters is not 1..253",
+                         c->client_id, strlen(server_name));
+    free(c->server_name);
+    c->server_name = server_name ? strdup(server_name) : NULL;
+    if (server_name && c->server_name == NULL)
+        return set_error(e, -1, "out of memory for client %s", c->client_id);
+    c->tls = c->layered = 1;
+    return 0;
+}
+
+int mqe_set_websocket(mqe_engine *e, int client, const char *path) {
+    mqe_client *c = &e->clients[client];
+    if (c->udp || c->sn)
+        return set_error(e, -1, "client %s: WebSocket rides on mqtt-tcp only", c->client_id);
+    if (path[0] != '/' || strlen(path) > 512 || strpbrk(path, " \r\n\t") != NULL)
+        return set_error(e, -1, "client %s: WebSocket path '%.100s' must start with / and "
+                         "hold no blank (at most 512 characters)", c->client_id, path);
+    free(c->ws_path);
+    c->ws_path = strdup(path);
+    if (c->ws_path == NULL)
+        return set_error(e, -1, "out of memory for client %s", c->client_id);
+    c->ws = c->layered = 1;
+    return 0;
+}
+
+int mqe_connect_phases_of(const mqe_engine *e, int client, mqe_connect_phases *out) {
+    const mqe_client *c = &e->clients[client];
+    *out = (mqe_connect_phases){
+        .t_connect_ns = c->t_connect_ns, .t_tcp_ns = c->t_tcp_ns, .t_tls_ns = c->t_tls_ns,
+        .t_websocket_ns = c->t_ws_ns, .t_mqtt_sent_ns = c->t_mqtt_sent_ns,
+        .t_connack_ns = c->t_connack_ns};
+    snprintf(out->tls, sizeof out->tls, "%s", c->tls_description);
+    return 0;
 }
 
 int mqe_add_warmup_range(mqe_engine *e, int client, uint32_t first, uint32_t end,
@@ -257,6 +308,7 @@ static int open_socket(mqe_engine *e, mqe_client *c, int timeout_ms) {
             error = errno;
             continue;
         }
+        c->t_connect_ns = mqe_now_ns();
         if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
             error = errno;
             close(fd);
@@ -280,6 +332,7 @@ static int open_socket(mqe_engine *e, mqe_client *c, int timeout_ms) {
             close(fd);
             continue;
         }
+        c->t_tcp_ns = mqe_now_ns();
         c->fd = fd;
         break;
     }
@@ -318,7 +371,7 @@ int mqe_connect_all(mqe_engine *e, int keepalive_s, int timeout_ms) {
             return set_error(e, -errno, "epoll_ctl: %s", strerror(errno));
         c->keepalive_ns = (int64_t)keepalive_s * 1000000000;
         size_t id_len = strlen(c->client_id);
-        size_t size = c->sn ? mqe_sn_connect_size(id_len) : mqe_connect_size(id_len);
+        size_t size = c->sn ? mqe_sn_connect_size(id_len) : mqe_session_connect_size(c);
         uint8_t *connect = malloc(size);
         if (connect == NULL || mqe_out_reserve(e, c, size) != 0) {
             free(connect);
@@ -326,17 +379,25 @@ int mqe_connect_all(mqe_engine *e, int keepalive_s, int timeout_ms) {
         }
         size_t n = c->sn ? mqe_sn_encode_connect(connect, c->client_id, id_len,
                                                  (uint16_t)keepalive_s)
-                         : mqe_encode_connect(connect, c->client_id, id_len,
-                                              (uint16_t)keepalive_s);
+                         : mqe_session_encode_connect(c, connect, (uint16_t)keepalive_s);
         if (c->udp) {
             mqe_udp_control(e, c, connect, n);
         } else {
             memcpy(c->out + c->out_len, connect, n);
             c->out_len += n;
             c->stream_bytes += n;
-            mqe_flush(e, c);
+            if (c->layered) {  /* the CONNECT waits for the TLS and WebSocket handshakes */
+                if (mqe_layers_start(e, c) == 0)
+                    mqe_flush(e, c);
+            } else {
+                c->t_mqtt_sent_ns = mqe_flush(e, c);
+            }
         }
+        explicit_bzero(connect, size);  /* it may hold the password */
         free(connect);
+        /* what earlier clients' brokers answered (handshakes, CONNACKs) is handled while
+         * the rest connect, so that their phases are not timed waiting for the last */
+        mqe_handle_events(e, 0);
     }
     return 0;
 }
@@ -362,11 +423,12 @@ int mqe_subscribe(mqe_engine *e, int client, const char *topic, int qos) {
     if (c->sn && mqe_sn_subscribe_size(len) > MQE_SN_MAX_DATAGRAM)
         return set_error(e, -1, "client %s: topic filter of %zu octets does not fit an MQTT-SN "
                          "datagram", c->client_id, len);
-    size_t size = c->sn ? mqe_sn_subscribe_size(len) : mqe_subscribe_size(len);
+    size_t size = c->sn ? mqe_sn_subscribe_size(len) : mqe_subscribe_size(len, mqe_level(c));
     if (mqe_out_reserve(e, c, size) != 0)
         return set_error(e, -1, "out of memory");
     size_t n = c->sn ? mqe_sn_encode_subscribe(c->out + c->out_len, packet_id, topic, len, qos)
-                     : mqe_encode_subscribe(c->out + c->out_len, packet_id, topic, len, qos);
+                     : mqe_encode_subscribe(c->out + c->out_len, packet_id, topic, len, qos,
+                                            mqe_level(c));
     if (c->udp) {  /* sent again until its SUBACK */
         mqe_udp_control(e, c, c->out + c->out_len, n);
         return 0;
@@ -439,8 +501,11 @@ void mqe_disconnect_all(mqe_engine *e) {
         if (c->connected && !c->dead && mqe_out_reserve(e, c, 2) == 0) {
             memcpy(c->out + c->out_len, c->sn ? sn_disconnect : disconnect, 2);
             c->out_len += 2;
+            c->stream_bytes += 2;
             c->closing = 1;
             mqe_flush(e, c);
+            if (c->layered)  /* the WebSocket close and TLS close_notify after it */
+                mqe_layers_close(e, c);
         }
         c->closing = 1;
         epoll_ctl(e->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);

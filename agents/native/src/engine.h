@@ -57,6 +57,35 @@ int mqe_set_udp(mqe_engine *e, int client);
  * handling, QoS 0 or 1, a client id of 1..23 octets; a publisher REGISTERs its topic after
  * CONNACK and is connected once the REGACK gave the topic id (src/sn_flows.c). */
 int mqe_set_mqttsn(mqe_engine *e, int client);
+/* TLS for every client set with mqe_set_tls (one configuration per engine: a run's
+ * clients share its endpoint's), TLS 1.2 or 1.3 as the broker chooses. ca_pem: the CAs
+ * trusted (PEM text; NULL: the system's); cert_pem and key_pem: a client certificate and
+ * its key (PEM, both or neither); verify 0: neither the chain nor the name is checked (a
+ * lab broker). 0, or -1 (mqe_error names what does not load and OpenSSL's reason). */
+int mqe_tls_configure(mqe_engine *e, const char *ca_pem, const char *cert_pem,
+                      const char *key_pem, int verify);
+/* Speak TLS on this client (before connecting, after mqe_tls_configure): server_name is
+ * verified in the broker's certificate and sent as SNI unless it is an IP address; NULL:
+ * the client's host. The handshake runs non-blocking in the loop after the TCP connect. */
+int mqe_set_tls(mqe_engine *e, int client, const char *server_name);
+/* Carry this client's MQTT in WebSocket frames (RFC 6455; before connecting): the upgrade
+ * GET to path with the subprotocol mqtt, over TLS if mqe_set_tls was called too. */
+int mqe_set_websocket(mqe_engine *e, int client, const char *path);
+/* How a client's connection was made, on CLOCK_MONOTONIC (ns; MQE_NO_TIME, INT64_MIN: the
+ * phase did not happen on its transport, or has not ended): connect() called, TCP
+ * established, TLS handshake done, WebSocket 101 read, CONNECT written, CONNACK read. */
+typedef struct {
+    int64_t t_connect_ns, t_tcp_ns, t_tls_ns, t_websocket_ns, t_mqtt_sent_ns, t_connack_ns;
+    char tls[64];  /* the TLS protocol and cipher ("TLSv1.3 TLS_AES_256_GCM_SHA384"), or "" */
+} mqe_connect_phases;
+int mqe_connect_phases_of(const mqe_engine *e, int client, mqe_connect_phases *out);
+/* The MQTT version and credentials of this client's CONNECT (mqtt-tcp, before connecting):
+ * protocol_level 4 (MQTT 3.1.1, the default) or 5 (MQTT 5); username NULL: none; password
+ * (password_len bytes) NULL: none, and 3.1.1 sends one only with a user name. The password
+ * is copied, wiped (with every buffer that held a CONNECT) when the engine is destroyed,
+ * and never written into a message. 0, or -1 (mqe_error says why). */
+int mqe_set_session(mqe_engine *e, int client, int protocol_level, const char *username,
+                    const uint8_t *password, size_t password_len);
 /* A subscriber's warm-up for publishers first..end-1 (a message mix's stream). */
 int mqe_add_warmup_range(mqe_engine *e, int client, uint32_t first, uint32_t end,
                          int64_t warmup_messages);

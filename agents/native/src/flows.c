@@ -1,6 +1,8 @@
 /* What the engine does with each packet from the broker: CONNACK, SUBACK, PINGRESP,
  * deliveries (recorded, acknowledged: PUBACK, or PUBREC then PUBCOMP on PUBREL, a QoS 2
- * message delivered once) and the acknowledgements of its own publishes. */
+ * message delivered once) and the acknowledgements of its own publishes; in MQTT 5 also
+ * their reason codes (a failure named) and the broker's DISCONNECT (its reason named). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,8 +126,62 @@ void mqe_acknowledged(mqe_engine *e, mqe_client *c, int type, uint16_t packet_id
     }
 }
 
-void mqe_handle_packet(mqe_engine *e, mqe_client *c, const mqe_packet *p, int64_t t_user,
+/* MQTT 5: an acknowledgement of a failure (reason code 0x80 or more) fails the client,
+ * naming it; 1 if it did. */
+static int ack_refused(mqe_engine *e, mqe_client *c, const mqe_packet *p) {
+    if (p->return_code < 0x80)
+        return 0;
+    char said[MQE_ERROR_CHARS];
+    mqe_reason_string(p, said, sizeof said);
+    mqe_client_fail(e, c, "%s refused packet id %u: reason code 0x%02X %s%s",
+                    mqe_type_name(p->type), (unsigned)p->packet_id, p->return_code,
+                    mqe_reason_name(p->return_code, p->type), said);
+    return 1;
+}
+
+static void suback_received(mqe_engine *e, mqe_client *c, const mqe_packet *p) {
+    if (c->udp) {  /* only the pending SUBSCRIBE's first answer counts */
+        if (c->subscribed || p->packet_id != c->next_packet_id)
+            return;
+        c->resend_len = 0;
+    }
+    for (size_t i = 0; i < p->payload_len; i++) {
+        uint8_t code = p->payload[i];
+        if (code < 0x80)
+            continue;
+        const char *topic = mqe_topic(e, (uint32_t)c->subscribing_topic);
+        if (c->mqtt5) {
+            char said[MQE_ERROR_CHARS];
+            mqe_reason_string(p, said, sizeof said);
+            mqe_client_fail(e, c, "SUBACK refused '%s': reason code 0x%02X %s%s", topic, code,
+                            mqe_reason_name(code, MQE_SUBACK), said);
+        } else {
+            mqe_client_fail(e, c, "SUBACK refused '%s': return code 0x%02X", topic, code);
+        }
+        return;
+    }
+    c->subscribed = 1;
+    mqe_record_subscribed(e, c);
+}
+
+void mqe_handle_packet(mqe_engine *e, mqe_client *c, mqe_packet *p, int64_t t_user,
                        int64_t t_kernel) {
+    char error[MQE_ERROR_CHARS];
+    mqe_connack_grants grants;
+    if (c->mqtt5 && p->type == MQE_CONNACK && p->body_len == 2 && p->body[1] != 0) {
+        /* a broker that does not speak MQTT 5 refuses in 3.1.1's form (MQTT 5 section 3.1.4) */
+        mqe_client_fail(e, c, "CONNACK refused: return code %u %s, in MQTT 3.1.1's form: broker "
+                        "%s:%d does not take MQTT 5 (workload.protocol)", p->body[1],
+                        mqe_return_code_name(p->body[1]), c->host, c->port);
+        return;
+    }
+    /* the hot path: a 3.1.1 PUBLISH was read whole by mqe_parse, an MQTT 5 one without
+     * properties is read here; the rest is checked by its version's decoder */
+    int read_whole = p->type == MQE_PUBLISH && (!c->mqtt5 || mqe_publish5_plain(p));
+    if (!read_whole && mqe_decode(p, mqe_level(c), &grants, error) != 0) {
+        mqe_client_fail(e, c, "malformed packet from the broker: %s", error);
+        return;
+    }
     switch (p->type) {
     case MQE_PUBLISH:
         publish_received(e, c, p, t_user, t_kernel);
@@ -136,32 +192,23 @@ void mqe_handle_packet(mqe_engine *e, mqe_client *c, const mqe_packet *p, int64_
                 break;
             c->resend_len = 0;
         }
-        if (p->return_code)
-            mqe_client_fail(e, c, "CONNACK refused: return code %u", p->return_code);
-        else
-            c->connected = 1;
+        mqe_session_connack(e, c, p, &grants);
         break;
     case MQE_SUBACK:
-        if (c->udp) {  /* only the pending SUBSCRIBE's first answer counts */
-            if (c->subscribed || p->packet_id != c->next_packet_id)
-                break;
-            c->resend_len = 0;
-        }
-        for (size_t i = 0; i < p->payload_len; i++) {
-            if (p->payload[i] == 0x80) {
-                mqe_client_fail(e, c, "SUBACK refused '%s': return code 0x80",
-                                mqe_topic(e, (uint32_t)c->subscribing_topic));
-                return;
-            }
-        }
-        c->subscribed = 1;
-        mqe_record_subscribed(e, c);
+        suback_received(e, c, p);
         break;
     case MQE_PINGRESP:
         c->ping_sent_ns = 0;
         break;
+    case MQE_DISCONNECT: {  /* MQTT 5 only (3.1.1's decoding refuses it) */
+        mqe_reason_string(p, error, sizeof error);
+        mqe_client_fail(e, c, "broker %s:%d ended the session (DISCONNECT): reason code "
+                        "0x%02X %s%s", c->host, c->port, p->return_code,
+                        mqe_reason_name(p->return_code, MQE_DISCONNECT), error);
+        break;
+    }
     default:
-        mqe_acknowledged(e, c, p->type, p->packet_id);
+        if (!ack_refused(e, c, p))
+            mqe_acknowledged(e, c, p->type, p->packet_id);
     }
 }
-

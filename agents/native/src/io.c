@@ -33,6 +33,7 @@ void mqe_client_fail(mqe_engine *e, mqe_client *c, const char *fmt, ...) {
     c->dead = 1;
     c->connected = 0;
     c->out_head = c->out_len = 0;
+    c->wire_head = c->wire_len = 0;
     if (c->fd >= 0)
         epoll_ctl(e->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);  /* a closed socket stays readable */
     if (c->closing)
@@ -113,7 +114,7 @@ int mqe_out_reserve(mqe_engine *e, mqe_client *c, size_t bytes) {
     return 0;
 }
 
-static void watch_out(mqe_engine *e, mqe_client *c, int on) {
+void mqe_watch_out(mqe_engine *e, mqe_client *c, int on) {
     if (c->watching_out == on)
         return;
     struct epoll_event ev = {.events = EPOLLIN | (on ? EPOLLOUT : 0),
@@ -190,6 +191,8 @@ void mqe_udp_resend(mqe_engine *e, int64_t now) {
 }
 
 int64_t mqe_flush(mqe_engine *e, mqe_client *c) {
+    if (c->layered)
+        return mqe_layers_flush(e, c);
     if (c->out_len == 0 || c->fd < 0 || c->dead)
         return MQE_NO_TIME;
     if (c->udp)
@@ -207,18 +210,18 @@ int64_t mqe_flush(mqe_engine *e, mqe_client *c) {
     c->last_sent_ns = t_returned;
     if ((size_t)sent == waiting) {
         c->out_head = c->out_len = 0;
-        watch_out(e, c, 0);
+        mqe_watch_out(e, c, 0);
     } else {
         /* The rest stays where it is: moving it to the front after every partial send
          * cost a copy of the whole queue per send once the broker fell behind (memmove
          * was the engine's top symbol in P3); mqe_out_reserve moves it when it needs room. */
         c->out_head += (size_t)sent;
-        watch_out(e, c, 1);
+        mqe_watch_out(e, c, 1);
     }
     return t_returned;
 }
 
-static void frame(mqe_engine *e, mqe_client *c, int64_t t_user, int64_t t_kernel) {
+void mqe_frame(mqe_engine *e, mqe_client *c, int64_t t_user, int64_t t_kernel) {
     size_t pos = c->in_start;
     char error[MQE_ERROR_CHARS];
     while (pos < c->in_end && !c->dead) {
@@ -231,6 +234,8 @@ static void frame(mqe_engine *e, mqe_client *c, int64_t t_user, int64_t t_kernel
             return;
         }
         mqe_handle_packet(e, c, &packet, t_user, t_kernel);
+        if (packet.type == MQE_CONNACK && c->connected && c->t_connack_ns == MQE_NO_TIME)
+            c->t_connack_ns = t_user;
         pos += (size_t)n;
     }
     if (pos == c->in_end)
@@ -239,7 +244,7 @@ static void frame(mqe_engine *e, mqe_client *c, int64_t t_user, int64_t t_kernel
         c->in_start = pos;
 }
 
-static int make_room(mqe_engine *e, mqe_client *c) {
+int mqe_make_room(mqe_engine *e, mqe_client *c) {
     if (c->in_start) {
         memmove(c->in, c->in + c->in_start, c->in_end - c->in_start);
         c->in_end -= c->in_start;
@@ -255,6 +260,15 @@ static int make_room(mqe_engine *e, mqe_client *c) {
     c->in = in;
     c->in_cap *= 2;
     return 0;
+}
+
+size_t mqe_table_room_bytes(const mqe_engine *e) {
+    const mqe_table *dlv = &e->tables[MQE_T_DELIVERY], *edges = &e->tables[MQE_T_EDGE];
+    uint32_t rows = dlv->capacity - dlv->rows, edge_rows = (edges->capacity - edges->rows) / 2;
+    uint32_t free_rows = rows < edge_rows ? rows : edge_rows;
+    /* as client_read: every MIN_DELIVERY_BYTES may complete a delivery, plus one packet
+     * begun before */
+    return free_rows <= 1 ? 0 : (size_t)(free_rows - 1) * MIN_DELIVERY_BYTES;
 }
 
 static int64_t kernel_stamp(const mqe_engine *e, struct msghdr *msg) {
@@ -279,15 +293,19 @@ int mqe_feed(mqe_engine *e, int client, const uint8_t *data, size_t len) {
         mqe_gpio_settle(e);
         return c->failure[0] ? -1 : 0;
     }
+    if (c->layered) {  /* what the socket would have read: TLS records, WebSocket frames */
+        mqe_layers_receive(e, c, data, len, mqe_now_ns(), MQE_NO_TIME, 0);
+        len = 0;
+    }
     while (len && !c->dead) {
-        if (c->in_cap - c->in_end < MQE_COMPACT_BELOW && make_room(e, c) != 0)
+        if (c->in_cap - c->in_end < MQE_COMPACT_BELOW && mqe_make_room(e, c) != 0)
             break;
         size_t room = c->in_cap - c->in_end, take = len < room ? len : room;
         memcpy(c->in + c->in_end, data, take);
         c->in_end += take;
         data += take;
         len -= take;
-        frame(e, c, mqe_now_ns(), MQE_NO_TIME);
+        mqe_frame(e, c, mqe_now_ns(), MQE_NO_TIME);
     }
     mqe_gpio_settle(e);
     return c->failure[0] ? -1 : 0;
@@ -333,13 +351,52 @@ static void client_read_datagrams(mqe_engine *e, mqe_client *c) {
     }
 }
 
+/* TLS or WebSocket: each read decoded at once (layers.c), held while the tables are full. */
+static void client_read_layered(mqe_engine *e, mqe_client *c) {
+    if (c->held && mqe_layers_resume(e, c) != 0)
+        return;
+    while (!c->held && !c->dead) {
+        char control[CONTROL_BYTES];
+        struct iovec iov = {.iov_base = e->scratch, .iov_len = MQE_RECEIVE_BUFFER};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
+                             .msg_controllen = sizeof control};
+        ssize_t n = recvmsg(c->fd, &msg, MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                break;
+            if (errno == EINTR)
+                continue;
+            char how[96];
+            snprintf(how, sizeof how, "lost the connection: [Errno %d] %s", errno,
+                     strerror(errno));
+            mqe_layers_closed(e, c, how);
+            return;
+        }
+        int64_t t_user = mqe_now_ns();
+        if (n == 0) {
+            mqe_layers_closed(e, c, "closed the connection");
+            return;
+        }
+        int64_t t_kernel = msg.msg_controllen ? kernel_stamp(e, &msg) : MQE_NO_TIME;
+        if (mqe_layers_receive(e, c, e->scratch, (size_t)n, t_user, t_kernel, 1) != 0)
+            return;
+        if ((size_t)n < MQE_RECEIVE_BUFFER)
+            break;
+    }
+    mqe_flush(e, c);
+}
+
 static void client_read(mqe_engine *e, mqe_client *c) {
     if (c->udp) {
         client_read_datagrams(e, c);
         return;
     }
+    if (c->layered) {
+        client_read_layered(e, c);
+        return;
+    }
     for (;;) {
-        if (c->in_cap - c->in_end < MQE_COMPACT_BELOW && make_room(e, c) != 0)
+        if (c->in_cap - c->in_end < MQE_COMPACT_BELOW && mqe_make_room(e, c) != 0)
             return;
         size_t room = c->in_cap - c->in_end;
         /* every packet a read completes may be a delivery and an edge or two */
@@ -359,17 +416,27 @@ static void client_read(mqe_engine *e, mqe_client *c) {
                 break;
             if (errno == EINTR)
                 continue;
-            mqe_client_fail(e, c, "connection lost: [Errno %d] %s", errno, strerror(errno));
+            if (c->t_connack_ns == MQE_NO_TIME)  /* e.g. a TLS listener reset it */
+                mqe_client_fail(e, c, "connection lost before its CONNACK (%s:%d: does the "
+                                "port speak plain MQTT?): [Errno %d] %s", c->host, c->port,
+                                errno, strerror(errno));
+            else
+                mqe_client_fail(e, c, "connection lost: [Errno %d] %s", errno,
+                                strerror(errno));
             return;
         }
         int64_t t_user = mqe_now_ns();
         if (n == 0) {
-            mqe_client_fail(e, c, "broker closed the connection");
+            if (c->t_connack_ns == MQE_NO_TIME)  /* e.g. a TLS listener given plain MQTT */
+                mqe_client_fail(e, c, "broker closed the connection before its CONNACK "
+                                "(%s:%d: does the port speak plain MQTT?)", c->host, c->port);
+            else
+                mqe_client_fail(e, c, "broker closed the connection");
             return;
         }
         int64_t t_kernel = msg.msg_controllen ? kernel_stamp(e, &msg) : MQE_NO_TIME;
         c->in_end += (size_t)n;
-        frame(e, c, t_user, t_kernel);
+        mqe_frame(e, c, t_user, t_kernel);
         if (c->dead || (size_t)n < room)
             break;
     }
@@ -404,7 +471,9 @@ static void client_read_errqueue(mqe_engine *e, mqe_client *c) {
         }
         if (!have_key || t_kernel == MQE_NO_TIME)
             continue;
-        while (c->tx_count && (int32_t)((uint32_t)(c->tx_end[c->tx_head] - 1) - key) <= 0) {
+        /* a TLS or WebSocket client's publishes are keyed once they are in records */
+        while (c->tx_count && (!c->layered || c->tx_mapped)
+               && (int32_t)((uint32_t)(c->tx_end[c->tx_head] - 1) - key) <= 0) {
             if (tx->rows == tx->capacity) {
                 e->need_drain = 1;
                 break;
@@ -417,6 +486,8 @@ static void client_read_errqueue(mqe_engine *e, mqe_client *c) {
             MQE_I64(tx, TX_LAG)[row] = t_kernel - c->tx_t_pub[c->tx_head];
             c->tx_head = (c->tx_head + 1) % c->tx_cap;
             c->tx_count--;
+            if (c->layered)
+                c->tx_mapped--;
         }
     }
 }
@@ -431,6 +502,8 @@ void mqe_handle_events(mqe_engine *e, int64_t timeout_ns) {
         arm_timer(e, mqe_now_ns() + timeout_ns);
         timeout_ms = (int)(timeout_ns / 1000000) + 2;
     }
+    if (e->n_held)
+        timeout_ms = 0;  /* decoded bytes wait for this turn (layers.c) */
     int n = epoll_wait(e->epoll_fd, events, 256, timeout_ms);
     for (int i = 0; i < n; i++) {
         uint64_t tag = events[i].data.u64;
@@ -457,6 +530,13 @@ void mqe_handle_events(mqe_engine *e, int64_t timeout_ns) {
         }
         if ((events[i].events & EPOLLOUT) && !c->dead)
             mqe_flush(e, c);
+    }
+    for (size_t i = 0; e->n_held && i < e->n_clients; i++) {
+        mqe_client *c = &e->clients[i];
+        if (c->held) {
+            mqe_layers_resume(e, c);
+            mqe_flush(e, c);
+        }
     }
     mqe_gpio_settle(e);  /* pulses end once what arrived together is handled */
 }

@@ -139,8 +139,11 @@ static void publish(mqe_engine *e, mqe_client *c, int64_t k, int64_t t_intended)
         if (!packet_id)
             return;
         c->inflight[packet_id] = c->qos == 1 ? MQE_PUBACK : MQE_PUBREC;
-        to[n++] = (uint8_t)(packet_id >> 8);
-        to[n++] = (uint8_t)packet_id;
+        /* MQTT 5: the id's slot is inside the prefix, before the property length */
+        uint8_t *slot = c->packet_id_at ? to + c->packet_id_at : to + n;
+        slot[0] = (uint8_t)(packet_id >> 8);
+        slot[1] = (uint8_t)packet_id;
+        n += c->packet_id_at ? 0u : 2u;
     } else if (c->sn) {  /* an MQTT-SN PUBLISH has a msg id always: 0x0000 at QoS 0 */
         to[n++] = 0;
         to[n++] = 0;
@@ -244,6 +247,13 @@ int mqe_step(mqe_engine *e, int64_t slice_end_ns) {
             const mqe_client *next = &e->clients[e->heap[0].client];
             if (next->out_len - next->out_head >= OUT_HIGH_WATER && !next->udp) {
                 backed_up = 1;  /* until its socket is writable (EPOLLOUT) again */
+                break;
+            }
+            /* MQTT 5: no more QoS 1/2 publishes in flight than the broker's Receive
+             * Maximum; the next waits for an ack (a read wakes the loop) and leaves late */
+            if (next->grants.receive_maximum && next->qos
+                && next->sent - next->acked >= next->grants.receive_maximum) {
+                backed_up = 1;
                 break;
             }
             mqe_due due = heap_pop(e);

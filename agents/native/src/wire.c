@@ -1,4 +1,5 @@
-/* MQTT 3.1.1 framing for the engine (see wire.h). */
+/* MQTT 3.1.1 framing for the engine and the packets a client sends in both versions
+ * (see wire.h; MQTT 5's decoding is in wire5.c). */
 #include "wire.h"
 
 #include <stdio.h>
@@ -39,8 +40,10 @@ long mqe_parse(const uint8_t *buf, size_t len, mqe_packet *out, char *error) {
     int type = buf[0] >> 4, flags = buf[0] & 0x0F;
     memset(out, 0, sizeof *out);
     out->type = type;
-    switch (type) {
-    case MQE_PUBLISH: {
+    out->flags = flags;
+    out->body = body;
+    out->body_len = remaining;
+    if (type == MQE_PUBLISH) {  /* the same in both versions up to the packet id */
         out->qos = (flags >> 1) & 0x03;
         out->dup = flags >> 3;
         if (out->qos == 3)
@@ -62,45 +65,60 @@ long mqe_parse(const uint8_t *buf, size_t len, mqe_packet *out, char *error) {
         }
         out->payload = body + pos;
         out->payload_len = remaining - pos;
-        break;
     }
+    return (long)(at + remaining);
+}
+
+/* MQTT 3.1.1: everything but PUBLISH (framed already) is checked here. */
+static int decode_311(mqe_packet *p, char *error) {
+    const uint8_t *body = p->body;
+    size_t remaining = p->body_len;
+    int type = p->type, flags = p->flags;
+    switch (type) {
+    case MQE_PUBLISH:
+        break;
     case MQE_CONNACK:
         if (flags || remaining != 2)
-            return malformed(error, "CONNACK is not 2 bytes with flags 0 (section 3.2)");
+            return (int)malformed(error, "CONNACK is not 2 bytes with flags 0 (section 3.2)");
         if (body[0] & 0xFE)
-            return malformed(error, "CONNACK acknowledge flags reserved bits set (section 3.2.2.1)");
-        out->return_code = body[1];
+            return (int)malformed(error, "CONNACK acknowledge flags reserved bits set "
+                                  "(section 3.2.2.1)");
+        p->return_code = body[1];
         break;
     case MQE_PUBACK: case MQE_PUBREC: case MQE_PUBREL: case MQE_PUBCOMP:
         if (remaining != 2 || flags != (type == MQE_PUBREL ? 2 : 0))
-            return malformed(error, type == MQE_PUBREL
-                             ? "PUBREL is not 2 bytes with flags 2 (section 3.6.1)"
-                             : "acknowledgement is not 2 bytes with flags 0 (section 3.4)");
-        out->packet_id = (uint16_t)((body[0] << 8) | body[1]);
+            return (int)malformed(error, type == MQE_PUBREL
+                                  ? "PUBREL is not 2 bytes with flags 2 (section 3.6.1)"
+                                  : "acknowledgement is not 2 bytes with flags 0 (section 3.4)");
+        p->packet_id = (uint16_t)((body[0] << 8) | body[1]);
         break;
     case MQE_SUBACK:
         if (flags || remaining < 3)
-            return malformed(error, "SUBACK without a packet id and a return code (section 3.9)");
-        out->packet_id = (uint16_t)((body[0] << 8) | body[1]);
-        out->payload = body + 2;
-        out->payload_len = remaining - 2;
-        for (size_t i = 0; i < out->payload_len; i++) {
-            uint8_t code = out->payload[i];
+            return (int)malformed(error, "SUBACK without a packet id and a return code "
+                                  "(section 3.9)");
+        p->packet_id = (uint16_t)((body[0] << 8) | body[1]);
+        p->payload = body + 2;
+        p->payload_len = remaining - 2;
+        for (size_t i = 0; i < p->payload_len; i++) {
+            uint8_t code = p->payload[i];
             if (code > 2 && code != 0x80)
-                return malformed(error, "SUBACK return code not 0, 1, 2 or 0x80 (section 3.9.3)");
+                return (int)malformed(error, "SUBACK return code not 0, 1, 2 or 0x80 "
+                                      "(section 3.9.3)");
         }
         break;
     case MQE_PINGRESP:
         if (flags || remaining)
-            return malformed(error, "PINGRESP is not empty with flags 0 (section 3.13)");
+            return (int)malformed(error, "PINGRESP is not empty with flags 0 (section 3.13)");
         break;
-    default: {
-        char what[MQE_ERROR_CHARS];
-        snprintf(what, sizeof what, "unexpected %s from the broker", mqe_type_name(type));
-        return malformed(error, what);
+    default:
+        snprintf(error, MQE_ERROR_CHARS, "unexpected %s from the broker", mqe_type_name(type));
+        return -1;
     }
-    }
-    return (long)(at + remaining);
+    return 0;
+}
+
+int mqe_decode(mqe_packet *p, int level, mqe_connack_grants *grants, char *error) {
+    return level == MQE_MQTT_5 ? mqe_decode_5(p, grants, error) : decode_311(p, error);
 }
 
 size_t mqe_varint_size(size_t remaining) {
@@ -124,47 +142,77 @@ static size_t put_string(uint8_t *to, const char *text, size_t len) {
     return len + 2;
 }
 
-size_t mqe_connect_size(size_t client_id_len) {
-    size_t remaining = 10 + 2 + client_id_len;
+static size_t connect_remaining(const mqe_connect_fields *f) {
+    return 10 + (f->level == MQE_MQTT_5 ? 1u : 0u) + 2 + f->client_id_len
+           + (f->username ? 2 + f->username_len : 0) + (f->password ? 2 + f->password_len : 0);
+}
+
+size_t mqe_connect_size(const mqe_connect_fields *f) {
+    size_t remaining = connect_remaining(f);
     return 1 + mqe_varint_size(remaining) + remaining;
 }
 
-size_t mqe_encode_connect(uint8_t *to, const char *client_id, size_t client_id_len,
-                          uint16_t keepalive_s) {
-    static const uint8_t header[] = {0, 4, 'M', 'Q', 'T', 'T', 4, 0x02};
+size_t mqe_encode_connect(uint8_t *to, const mqe_connect_fields *f) {
+    static const uint8_t name[] = {0, 4, 'M', 'Q', 'T', 'T'};
     size_t n = 0;
     to[n++] = MQE_CONNECT << 4;
-    n += mqe_put_varint(to + n, 10 + 2 + client_id_len);
-    memcpy(to + n, header, sizeof header);
-    n += sizeof header;
-    to[n++] = (uint8_t)(keepalive_s >> 8);
-    to[n++] = (uint8_t)keepalive_s;
-    return n + put_string(to + n, client_id, client_id_len);
+    n += mqe_put_varint(to + n, connect_remaining(f));
+    memcpy(to + n, name, sizeof name);
+    n += sizeof name;
+    to[n++] = (uint8_t)f->level;
+    /* clean session (3.1.1) / clean start (5); the user name and password flags */
+    to[n++] = (uint8_t)(0x02 | (f->username ? 0x80 : 0) | (f->password ? 0x40 : 0));
+    to[n++] = (uint8_t)(f->keepalive_s >> 8);
+    to[n++] = (uint8_t)f->keepalive_s;
+    if (f->level == MQE_MQTT_5)
+        to[n++] = 0;  /* no property: every default is what a measurement wants */
+    n += put_string(to + n, f->client_id, f->client_id_len);
+    if (f->username)
+        n += put_string(to + n, f->username, f->username_len);
+    if (f->password)
+        n += put_string(to + n, (const char *)f->password, f->password_len);
+    return n;
 }
 
-size_t mqe_subscribe_size(size_t topic_len) {
-    size_t remaining = 2 + 2 + topic_len + 1;
+size_t mqe_subscribe_size(size_t topic_len, int level) {
+    size_t remaining = 2 + (level == MQE_MQTT_5 ? 1u : 0u) + 2 + topic_len + 1;
     return 1 + mqe_varint_size(remaining) + remaining;
 }
 
 size_t mqe_encode_subscribe(uint8_t *to, uint16_t packet_id, const char *topic,
-                            size_t topic_len, int qos) {
-    size_t n = 0;
+                            size_t topic_len, int qos, int level) {
+    size_t n = 0, v5 = level == MQE_MQTT_5;
     to[n++] = (MQE_SUBSCRIBE << 4) | 0x02;
-    n += mqe_put_varint(to + n, 2 + 2 + topic_len + 1);
+    n += mqe_put_varint(to + n, 2 + v5 + 2 + topic_len + 1);
     to[n++] = (uint8_t)(packet_id >> 8);
     to[n++] = (uint8_t)packet_id;
+    if (v5)
+        to[n++] = 0;  /* property length */
     n += put_string(to + n, topic, topic_len);
+    /* 3.1.1: the requested QoS; 5: the options byte, whose other fields (No Local, Retain
+     * As Published, Retain Handling) are 0 */
     to[n++] = (uint8_t)qos;
     return n;
 }
 
 size_t mqe_publish_prefix(uint8_t *to, const char *topic, size_t topic_len, int qos,
-                          size_t payload_len) {
-    size_t n = 0;
+                          size_t payload_len, int level, size_t *packet_id_at) {
+    size_t n = 0, id = qos ? 2u : 0u, v5 = level == MQE_MQTT_5;
     to[n++] = (uint8_t)((MQE_PUBLISH << 4) | (qos << 1));
-    n += mqe_put_varint(to + n, 2 + topic_len + (qos ? 2u : 0u) + payload_len);
-    return n + put_string(to + n, topic, topic_len);
+    n += mqe_put_varint(to + n, 2 + topic_len + id + v5 + payload_len);
+    n += put_string(to + n, topic, topic_len);
+    if (packet_id_at)
+        *packet_id_at = 0;
+    if (!v5)
+        return n;
+    if (id) {  /* the packet id goes before the properties: its slot is in the prefix */
+        if (packet_id_at)
+            *packet_id_at = n;
+        to[n++] = 0;
+        to[n++] = 0;
+    }
+    to[n++] = 0;  /* property length */
+    return n;
 }
 
 size_t mqe_encode_ack(uint8_t *to, int type, uint16_t packet_id) {

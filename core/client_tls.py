@@ -1,0 +1,86 @@
+"""TLS for mqttbed's Python clients of a broker: a context from the run's PEM texts.
+
+A run carries its TLS as text, never as paths (:class:`~mqttbed.core.broker_access.EndpointTls`
+and :class:`~mqttbed.core.broker_access.ClientCredentials`): the CA certificates trusted
+(or none: the system's) and, optionally, a client certificate and its key. OpenSSL loads
+a CA from memory (``cadata=``) but a certificate chain from files only, so the client's
+certificate and key are written into a private temporary directory (0700, the files 0600)
+and removed as soon as the context holds them.
+
+The server name is not part of the context: the caller wraps each socket with
+``server_hostname=`` :func:`server_name` (SNI and the name verified, both at once).
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import tempfile
+from pathlib import Path
+
+from mqttbed.core.broker_access import ClientCredentials, EndpointTls
+
+
+def ssl_context(tls: EndpointTls, credentials: ClientCredentials | None) -> ssl.SSLContext:
+    """A TLS client context (TLS 1.2 or later) verifying as ``tls`` says, presenting the
+    client certificate of ``credentials`` if it has one.
+
+    Raises ValueError naming the field whose text OpenSSL refused (never a key's content).
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if tls.ca_pem is not None:
+        try:
+            context.load_verify_locations(cadata=tls.ca_pem)
+        except (ssl.SSLError, ValueError) as exc:
+            raise ValueError(f"tls.ca_pem is not a PEM CA certificate: "
+                             f"{describe_tls_error(exc)}") from None
+    else:
+        context.load_default_certs()
+    if not tls.verify:   # broker.tls.verify: false, a lab broker (the run records it)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if credentials is not None and (credentials.cert_pem or credentials.key_pem):
+        load_client_certificate(context, credentials)
+    return context
+
+
+def server_name(tls: EndpointTls, host: str) -> str:
+    """The name sent as SNI and verified in the broker's certificate."""
+    return tls.server_name or host
+
+
+def load_client_certificate(context: ssl.SSLContext, credentials: ClientCredentials) -> None:
+    """Load the client certificate and key into ``context`` through files only this
+    process can read, gone again before this returns."""
+    if credentials.cert_pem is None or credentials.key_pem is None:
+        given = "cert_pem" if credentials.cert_pem is not None else "key_pem"
+        raise ValueError(f"credentials.{given} is given alone: a client certificate needs "
+                         "both cert_pem and key_pem")
+    with tempfile.TemporaryDirectory(prefix="mqttbed-client-tls-") as directory:
+        cert_file, key_file = Path(directory) / "client.crt", Path(directory) / "client.key"
+        for path, text in ((cert_file, credentials.cert_pem),
+                           (key_file, credentials.key_pem.get_secret_value())):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(text)
+        try:
+            context.load_cert_chain(cert_file, key_file)
+        except (ssl.SSLError, ValueError) as exc:
+            raise ValueError(f"credentials.cert_pem and key_pem are not a PEM certificate "
+                             f"and its private key: {describe_tls_error(exc)}") from None
+
+
+def describe_tls_error(exc: BaseException) -> str:
+    """OpenSSL's reason for a failed handshake, as a user can act on it:
+    ``certificate verify failed: certificate has expired``."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        message = exc.verify_message or exc.reason or str(exc)
+        return f"certificate verify failed: {message}"
+    if isinstance(exc, ssl.SSLError):
+        reason = exc.reason or exc.strerror or str(exc)
+        if reason == "WRONG_VERSION_NUMBER":
+            # what OpenSSL says when the bytes back are not TLS at all
+            return "the answer is not TLS (wrong version number): is the port a TLS one?"
+        return f"{reason} ({exc.library})" if exc.library else str(reason)
+    return str(exc) or type(exc).__name__
