@@ -761,7 +761,12 @@ def check_access(broker: BrokerSection, protocol: MqttProtocol) -> None:
     """Raise ValueError naming the field and its value when ``broker.transport``,
     ``broker.tls``, ``broker.auth`` or ``workload.protocol`` asks what the backend's
     declared features (for these options) lack, or what nothing would use."""
-    from mqttbed.core.backends import BrokerAccess, ConfiguresAccess, declaration
+    from mqttbed.core.backends import (
+        BrokerAccess,
+        ConfiguresAccess,
+        LocalProcesses,
+        declaration,
+    )
 
     declared = declaration(broker.backend)
     features = broker.features()
@@ -780,6 +785,11 @@ def check_access(broker: BrokerSection, protocol: MqttProtocol) -> None:
         raise ValueError(f"broker.auth (username {broker.auth.username!r}): backend "
                          f"{broker.backend} declares no user names or passwords{decided}; "
                          "leave broker.auth out")
+    if broker.auth is not None and broker.auth.generate_password and not declared.supports(
+            LocalProcesses):
+        raise ValueError(f"broker.auth.generate_password: backend {broker.backend} starts no "
+                         "broker, so nothing would configure the generated password on it; "
+                         "give password_file or password_env")
     if broker.tls is not None and not transport.tls:
         source = ("broker.transport" if broker.transport is not None
                   else f"the default of backend {broker.backend}{decided}")

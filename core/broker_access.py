@@ -17,6 +17,7 @@ run starts.
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 from enum import StrEnum
 from pathlib import Path
@@ -40,6 +41,8 @@ DEFAULT_WEBSOCKET_PATH = "/mqtt"
 # The serialization context under which a Secret's value is written (agent commands only).
 REVEAL_SECRETS = "mqttbed.reveal_secrets"
 MASK = "**********"
+# broker.auth.generate_password: 24 random bytes, 32 URL-safe characters
+GENERATED_PASSWORD_BYTES = 24
 
 
 def reveal_secrets_context() -> dict[str, bool]:
@@ -121,11 +124,19 @@ class AuthSettings(BaseModel):
     password_env: str | None = Field(
         None, min_length=1, description="an environment variable (of the controller) "
                                         "holding the password")
+    generate_password: bool = Field(
+        False, description="a random password made when each run starts, for a broker "
+                           "mqttbed starts (it configures the user): credentials are "
+                           "measured without a secret to keep")
 
     @model_validator(mode="after")
     def _one_source(self) -> AuthSettings:
-        if self.password_file is not None and self.password_env is not None:
-            raise ValueError("broker.auth: give password_file or password_env, not both")
+        sources = [name for name in ("password_file", "password_env") if getattr(self, name)]
+        if self.generate_password:
+            sources.append("generate_password")
+        if len(sources) > 1:
+            raise ValueError(f"broker.auth: give one of password_file, password_env and "
+                             f"generate_password, not {' and '.join(sources)}")
         return self
 
     def read_password(self) -> SecretStr | None:
@@ -140,6 +151,8 @@ class AuthSettings(BaseModel):
         if self.password_file is not None:
             text = read_secret_file(self.password_file, "broker.auth.password_file")
             return SecretStr(text.splitlines()[0])
+        if self.generate_password:
+            return SecretStr(secrets.token_urlsafe(GENERATED_PASSWORD_BYTES))
         return None
 
 

@@ -468,3 +468,20 @@ def test_a_spec_sent_over_rest_may_read_secrets_from_the_secrets_dir_only(tmp_pa
         assert CANARY not in refused.text
         assert post({"password_file": str(inside)}).status_code == 201
         assert post({"password_env": "MQTTBED_SECRET_BROKER"}).status_code == 201
+
+
+def test_a_generated_password_is_new_for_every_run_and_only_for_a_broker_mqttbed_starts():
+    spec = parse_spec(spec_of({"backend": "mosquitto", "auth": {
+        "username": "bench", "generate_password": True}}))
+    first, second = run_access(spec).password, run_access(spec).password
+    assert first is not None and second is not None
+    assert len(first.get_secret_value()) == 32
+    assert first.get_secret_value() != second.get_secret_value()
+    assert "generate_password" in spec.model_dump_json()   # the spec keeps the choice only
+    message = refusal(spec_of({"backend": "external", "url": "mqtt://127.0.0.1:1883",
+                               "auth": {"username": "u", "generate_password": True}}))
+    assert "broker.auth.generate_password: backend external starts no broker" in message
+    message = refusal(spec_of({"backend": "mosquitto", "auth": {
+        "username": "u", "generate_password": True, "password_env": "X"}}))
+    assert ("give one of password_file, password_env and generate_password, not "
+            "password_env and generate_password") in message

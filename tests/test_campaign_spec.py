@@ -149,7 +149,7 @@ def test_repetitions_are_interleaved_across_points():
     ("quickstart", 3, 3), ("sync-spread", 5, 20), ("scope-sync-spread", 5, 1),
     ("time-sync", 3, 3), ("cloud-edge", 5, 1), ("message-mix", 2, 1),
     ("impairment-demo", 4, 1), ("mqtt-st-networked", 12, 1), ("mqtt-st-budget", 4, 1),
-    ("mqtt-st-local", 24, 1), ("mqtt-st-local-budget", 24, 1)])
+    ("mqtt-st-local", 24, 1), ("mqtt-st-local-budget", 24, 1), ("transports", 22, 3)])
 def test_builtin_campaigns_load(name, points, repetitions):
     spec = load_spec(builtin_spec_path(name))
     assert len(expand_points(spec)) == points
