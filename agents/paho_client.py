@@ -5,14 +5,11 @@ engine takes. The session drives paho's sockets from its own selector loop (no p
 threads); this module builds each client and its TLS context, names a refusal, and times
 the connection's phases.
 
-TLS: one :class:`ssl.SSLContext` per session, made from the PEM texts the run carries (the
-CA certificates trusted, or the system's; a client certificate and key, which OpenSSL
-loads from files only: they are written into a private temporary directory, 0700 and
-0600, removed as soon as the context holds them). paho connects to the endpoint's host
-and would send it as SNI and check it in the certificate; :class:`_ServerNameContext`
-puts the endpoint's ``server_name`` in its place when one is given, so the name is both
-sent and verified by OpenSSL without turning any check off. The same wrapper times the
-handshake: it runs it right where paho hands over the established TCP socket.
+TLS: one context per session, :func:`mqttbed.core.client_tls.ssl_context` as every
+client of mqttbed makes it (the run's CA or the system's, the client certificate, and
+``server_name`` sent and verified in place of the host paho connected to), of a subclass
+that times the handshake: it runs it right where paho hands over the established TCP
+socket.
 
 Phases (:class:`~mqttbed.agents.connect_times.ConnectTimes`): paho calls ``on_pre_connect``
 before it opens the TCP connection, the context's ``wrap_socket`` once it is established,
@@ -27,8 +24,6 @@ import logging
 import os
 import socket
 import ssl
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import paho.mqtt.client as mqtt
@@ -37,8 +32,10 @@ from paho.mqtt.reasoncodes import ReasonCode
 from mqttbed.agents.connect_times import ConnectTimes
 from mqttbed.agents.mqtt_tcp import connack_refusal
 from mqttbed.core.broker_access import ClientCredentials, EndpointTls, MqttProtocol
+from mqttbed.core.client_tls import ServerNameContext, describe_tls_error, ssl_context
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.protocol import Endpoint
+from mqttbed.core.websocket import UpgradeRefused, WebSocketError, upgrade
 
 if TYPE_CHECKING:
     from paho.mqtt.client import SocketLike
@@ -47,14 +44,12 @@ if TYPE_CHECKING:
 _V311_CODE_OF_NAME = {"Unsupported protocol version": 1, "Client identifier not valid": 2,
                       "Server unavailable": 3, "Bad user name or password": 4,
                       "Not authorized": 5}
-STATUS_LINE_MAX_BYTES = 1024
 
 
-class _ServerNameContext(ssl.SSLContext):
-    """An SSLContext that sends and verifies ``server_name`` (when set) instead of the host
-    paho connected to, and times the handshake it runs at once."""
+class _TimedContext(ServerNameContext):
+    """The run's TLS context (:func:`~mqttbed.core.client_tls.ssl_context`) timing the
+    handshake, which it runs at once, right where paho hands over the TCP socket."""
 
-    server_name: str | None = None
     times: ConnectTimes | None = None  # of the connection being made (one at a time)
 
     def wrap_socket(self, sock: socket.socket, server_side: bool = False,
@@ -66,8 +61,8 @@ class _ServerNameContext(ssl.SSLContext):
             times.t_tcp_done_ns = monotonic_ns()
         wrapped = super().wrap_socket(
             sock, server_side=server_side, do_handshake_on_connect=False,
-            suppress_ragged_eofs=suppress_ragged_eofs,
-            server_hostname=self.server_name or server_hostname, session=session)
+            suppress_ragged_eofs=suppress_ragged_eofs, server_hostname=server_hostname,
+            session=session)
         try:
             wrapped.do_handshake()  # paho's own call after this one finds it done
         except BaseException:
@@ -81,54 +76,7 @@ class _ServerNameContext(ssl.SSLContext):
 def tls_context(tls: EndpointTls, credentials: ClientCredentials | None) -> ssl.SSLContext:
     """The TLS context every client of a session shares, from the run's PEM texts; raises
     ValueError naming the field whose text OpenSSL refused (never a key's content)."""
-    context = _ServerNameContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.server_name = tls.server_name
-    if tls.ca_pem is not None:
-        try:
-            context.load_verify_locations(cadata=tls.ca_pem)
-        except (ssl.SSLError, ValueError) as exc:
-            raise ValueError(f"endpoint tls.ca_pem is not a PEM CA certificate: "
-                             f"{_reason(exc)}") from None
-    else:
-        context.load_default_certs()
-    if not tls.verify:  # the spec's broker.tls.verify: false (the run records it)
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    if credentials is not None and (credentials.cert_pem or credentials.key_pem):
-        _load_client_certificate(context, credentials)
-    return context
-
-
-def _load_client_certificate(context: ssl.SSLContext, credentials: ClientCredentials) -> None:
-    """Load the client certificate and key through files only this process can read, gone
-    again before this returns."""
-    if credentials.cert_pem is None or credentials.key_pem is None:
-        given = "cert_pem" if credentials.cert_pem is not None else "key_pem"
-        raise ValueError(f"credentials.{given} is given alone: a client certificate needs "
-                         "both cert_pem and key_pem")
-    with tempfile.TemporaryDirectory(prefix="mqttbed-client-tls-") as directory:
-        os.chmod(directory, 0o700)  # mkdtemp's mode already; said here because it matters
-        cert_file, key_file = Path(directory) / "client.crt", Path(directory) / "client.key"
-        for path, text in ((cert_file, credentials.cert_pem),
-                           (key_file, credentials.key_pem.get_secret_value())):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(text)
-        try:
-            context.load_cert_chain(cert_file, key_file)
-        except (ssl.SSLError, ValueError) as exc:
-            raise ValueError(f"credentials.cert_pem and key_pem: not a PEM certificate and "
-                             f"its private key: {_reason(exc)}") from None
-
-
-def _reason(exc: BaseException) -> str:
-    """OpenSSL's reason of an SSLError (e.g. ``certificate verify failed: ...``), else the
-    exception's text."""
-    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
-        return f"certificate verify failed: {exc.verify_message}"
-    if isinstance(exc, ssl.SSLError) and exc.reason:
-        return f"{exc.reason} ({exc.library})" if exc.library else str(exc.reason)
-    return str(exc) or type(exc).__name__
+    return ssl_context(tls, credentials, _TimedContext)
 
 
 def make_client(client_id: str, endpoint: Endpoint, protocol: MqttProtocol,
@@ -160,7 +108,7 @@ def make_client(client_id: str, endpoint: Endpoint, protocol: MqttProtocol,
 
     def pre_connect(_client: mqtt.Client, _userdata: Any) -> None:
         times.t_tcp_start_ns = monotonic_ns()
-        if isinstance(context, _ServerNameContext):
+        if isinstance(context, _TimedContext):
             context.times = times
 
     def socket_open(_client: mqtt.Client, _userdata: Any, sock: SocketLike) -> None:
@@ -241,40 +189,34 @@ def connect_failure(exc: BaseException, endpoint: Endpoint, host: str, port: int
     where = f"{endpoint.scheme}://{host}:{port}{endpoint.websocket_path or ''}"
     if (context is not None and times.t_tcp_done_ns is not None
             and times.t_tls_done_ns is None):
-        return f"{where}: TLS handshake failed: {_reason(exc)}"
+        return f"{where}: TLS handshake failed: {describe_tls_error(exc)}"
     if isinstance(exc, mqtt.WebsocketConnectionError):
         status = upgrade_status(host, port, endpoint.websocket_path or "/", context, timeout_s)
         return (f"{where}: WebSocket upgrade refused: {status} (the status line of a second "
                 f"upgrade request; paho: {exc})")
     if isinstance(exc, TimeoutError):
-        return f"{where}: no answer within {timeout_s:g} s ({_reason(exc)})"
-    return f"{where}: {_reason(exc)}"
+        return f"{where}: no answer within {timeout_s:g} s ({describe_tls_error(exc)})"
+    return f"{where}: {describe_tls_error(exc)}"
 
 
 def upgrade_status(host: str, port: int, path: str, context: ssl.SSLContext | None,
                    timeout_s: float) -> str:
     """The status line a server answers a WebSocket upgrade request for ``path`` with (or
-    why none came)."""
-    request = (f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
-               "Connection: Upgrade\r\nSec-WebSocket-Key: bXF0dGJlZCBwcm9iZSBrZXk=\r\n"
-               "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n")
-    answer = b""
+    why none came), through :func:`mqttbed.core.websocket.upgrade`."""
     try:
         sock = socket.create_connection((host, port), timeout=timeout_s)
         try:
             if context is not None:
-                if isinstance(context, _ServerNameContext):
-                    context.times = None
+                if isinstance(context, _TimedContext):
+                    context.times = None   # this connection is no client's
                 sock = context.wrap_socket(sock, server_hostname=host)
-            sock.sendall(request.encode())
-            while b"\r\n" not in answer and len(answer) < STATUS_LINE_MAX_BYTES:
-                chunk = sock.recv(STATUS_LINE_MAX_BYTES)
-                if not chunk:
-                    break
-                answer += chunk
+            upgrade(sock, host, port, path)
         finally:
             sock.close()
+    except UpgradeRefused as exc:
+        return exc.status_line or "the server closed the connection without a status line"
+    except WebSocketError as exc:   # an answer, but not a valid 101
+        return str(exc)
     except OSError as exc:
-        return f"no status line ({_reason(exc)})"
-    line = answer.split(b"\r\n", 1)[0].decode("latin-1").strip()
-    return line or "the server closed the connection without a status line"
+        return f"no status line ({describe_tls_error(exc)})"
+    return "101 Switching Protocols (this second request was accepted)"

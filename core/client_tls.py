@@ -7,13 +7,17 @@ a CA from memory (``cadata=``) but a certificate chain from files only, so the c
 certificate and key are written into a private temporary directory (0700, the files 0600)
 and removed as soon as the context holds them.
 
-The server name is not part of the context: the caller wraps each socket with
-``server_hostname=`` :func:`server_name` (SNI and the name verified, both at once).
+Every client of mqttbed (the deploy probes, the ``$SYS`` sampler, the agents' paho
+clients) takes its context from :func:`ssl_context`. The context is a
+:class:`ServerNameContext`: it puts ``broker.tls.server_name`` in place of the host the
+client connected to, so that name is both sent as SNI and verified by OpenSSL, whatever
+``server_hostname`` the client library passes (paho passes the host it connected to).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import ssl
 import tempfile
 from pathlib import Path
@@ -21,19 +25,40 @@ from pathlib import Path
 from mqttbed.core.broker_access import ClientCredentials, EndpointTls
 
 
-def ssl_context(tls: EndpointTls, credentials: ClientCredentials | None) -> ssl.SSLContext:
-    """A TLS client context (TLS 1.2 or later) verifying as ``tls`` says, presenting the
-    client certificate of ``credentials`` if it has one.
+class ServerNameContext(ssl.SSLContext):
+    """An SSLContext that sends and verifies ``server_name`` (when set) instead of the
+    ``server_hostname`` a caller wraps a socket with; no check is turned off for it."""
 
-    Raises ValueError naming the field whose text OpenSSL refused (never a key's content).
+    server_name: str | None = None
+
+    def wrap_socket(self, sock: socket.socket, server_side: bool = False,
+                    do_handshake_on_connect: bool = True, suppress_ragged_eofs: bool = True,
+                    server_hostname: str | bytes | None = None,
+                    session: ssl.SSLSession | None = None) -> ssl.SSLSocket:
+        return super().wrap_socket(
+            sock, server_side=server_side, do_handshake_on_connect=do_handshake_on_connect,
+            suppress_ragged_eofs=suppress_ragged_eofs,
+            server_hostname=self.server_name or server_hostname, session=session)
+
+
+def ssl_context(tls: EndpointTls, credentials: ClientCredentials | None,
+                context_class: type[ServerNameContext] = ServerNameContext
+                ) -> ServerNameContext:
+    """A TLS client context (TLS 1.2 or later) verifying as ``tls`` says (its CA, its
+    server name), presenting the client certificate of ``credentials`` if it has one.
+
+    ``context_class`` is for a client that does more in ``wrap_socket`` (paho's times the
+    handshake). Raises ValueError naming the field whose text OpenSSL refused (never a
+    key's content).
     """
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context = context_class(ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.server_name = tls.server_name
     if tls.ca_pem is not None:
         try:
             context.load_verify_locations(cadata=tls.ca_pem)
         except (ssl.SSLError, ValueError) as exc:
-            raise ValueError(f"tls.ca_pem is not a PEM CA certificate: "
+            raise ValueError(f"endpoint tls.ca_pem is not a PEM CA certificate: "
                              f"{describe_tls_error(exc)}") from None
     else:
         context.load_default_certs()
@@ -45,11 +70,6 @@ def ssl_context(tls: EndpointTls, credentials: ClientCredentials | None) -> ssl.
     return context
 
 
-def server_name(tls: EndpointTls, host: str) -> str:
-    """The name sent as SNI and verified in the broker's certificate."""
-    return tls.server_name or host
-
-
 def load_client_certificate(context: ssl.SSLContext, credentials: ClientCredentials) -> None:
     """Load the client certificate and key into ``context`` through files only this
     process can read, gone again before this returns."""
@@ -57,6 +77,7 @@ def load_client_certificate(context: ssl.SSLContext, credentials: ClientCredenti
         given = "cert_pem" if credentials.cert_pem is not None else "key_pem"
         raise ValueError(f"credentials.{given} is given alone: a client certificate needs "
                          "both cert_pem and key_pem")
+    # (mkdtemp makes the directory 0700: no other user can list or open what is in it)
     with tempfile.TemporaryDirectory(prefix="mqttbed-client-tls-") as directory:
         cert_file, key_file = Path(directory) / "client.crt", Path(directory) / "client.key"
         for path, text in ((cert_file, credentials.cert_pem),
@@ -73,7 +94,7 @@ def load_client_certificate(context: ssl.SSLContext, credentials: ClientCredenti
 
 def describe_tls_error(exc: BaseException) -> str:
     """OpenSSL's reason for a failed handshake, as a user can act on it:
-    ``certificate verify failed: certificate has expired``."""
+    ``certificate verify failed: certificate has expired``; any other exception's text."""
     if isinstance(exc, ssl.SSLCertVerificationError):
         message = exc.verify_message or exc.reason or str(exc)
         return f"certificate verify failed: {message}"

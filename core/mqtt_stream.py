@@ -17,7 +17,7 @@ from typing import Protocol
 
 from mqttbed.core import mqtt5_codec
 from mqttbed.core.broker_access import ClientCredentials, MqttProtocol
-from mqttbed.core.client_tls import server_name, ssl_context
+from mqttbed.core.client_tls import ssl_context
 from mqttbed.core.mqtt_codec import (
     ConnAck,
     ConnackCode,
@@ -194,9 +194,9 @@ def open_stream(endpoint: Endpoint, timeout_s: float,
     stream: ByteStream = sock
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if context is not None and endpoint.tls is not None:
-            sock = context.wrap_socket(sock, server_hostname=server_name(endpoint.tls,
-                                                                         endpoint.host))
+        if context is not None:
+            # (the context sends and verifies broker.tls.server_name in the host's place)
+            sock = context.wrap_socket(sock, server_hostname=endpoint.host)
             stream = sock
         if endpoint.websocket_path is not None:
             stream = upgrade(sock, endpoint.host, endpoint.port, endpoint.websocket_path)

@@ -22,6 +22,10 @@ from mqttbed.results import (
 )
 from tests.results_campaigns import FIRST, Campaigns, two_campaigns
 
+# The first test to use the campaigns makes them (runs, and an analysis each; the first
+# analysis in a process starts Spark): up to a few minutes on a loaded 2-core machine.
+pytestmark = pytest.mark.timeout(480)
+
 ROOT = Path(__file__).resolve().parents[1]
 HOW_TO = ROOT / "docs" / "how-to" / "results-in-python.md"
 
