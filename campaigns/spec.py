@@ -40,6 +40,7 @@ from mqttbed.campaigns.search import SearchSpec
 from mqttbed.core.bounded_yaml import MAX_BYTES as MAX_SPEC_BYTES
 from mqttbed.core.bounded_yaml import YamlBoundsError, load_bounded_yaml
 from mqttbed.core.broker_access import (
+    MASK,
     MQTT_PROTOCOLS,
     AuthSettings,
     ListenerTransport,
@@ -1008,22 +1009,45 @@ def _unoptional_model(annotation: Any) -> Any:
     return annotation
 
 
+# A URL's scheme; what follows up to an "@" is its user-info (user:password, RFC 3986
+# section 3.2.1), which an error never repeats: the spec is stored, and so are its errors.
+_URL_START = r"[A-Za-z][A-Za-z0-9+.-]*://"
+# in a value: through the last "@" (a password may hold "/", "#" or a space)
+_VALUE_USERINFO = re.compile(f"({_URL_START}).*@", re.DOTALL)
+# in a message, which quotes the values it names: through the last "@" inside the quotes
+_MESSAGE_USERINFO = re.compile(f"({_URL_START})[^'\"]*@")
+
+
+def _without_userinfo(value: Any) -> Any:
+    """``value`` (as a spec gave it) with the user-info of every URL in it masked."""
+    if isinstance(value, str):
+        return _VALUE_USERINFO.sub(lambda m: f"{m[1]}{MASK}@", value)
+    if isinstance(value, dict):
+        return {key: _without_userinfo(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_without_userinfo(item) for item in value]
+    return value
+
+
 def _format_errors(exc: ValidationError, prefix: str = "") -> str:
+    """Each error as ``field: what is wrong``, echoing the bad value, never a URL's
+    user-info (``mqtt://user:password@host`` is shown as ``mqtt://**********@host``)."""
     lines = []
     for err in exc.errors():
         loc = prefix + ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        msg = _MESSAGE_USERINFO.sub(lambda m: f"{m[1]}{MASK}@",
+                                    err["msg"].removeprefix("Value error, "))
         if not loc:  # a check across sections names its fields in its message
-            lines.append(err["msg"].removeprefix("Value error, "))
+            lines.append(msg)
         elif err["type"] == "value_error" and _names_a_section(err["loc"]):
             # a check across a section's fields names them (and their values) itself
-            lines.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
+            lines.append(f"{loc}: {msg}")
         elif err["type"] == "extra_forbidden":
-            lines.append(f"{loc}: unknown key (value {err['input']!r})")
+            lines.append(f"{loc}: unknown key (value {_without_userinfo(err['input'])!r})")
         elif err["type"] == "missing":
             lines.append(f"{loc}: required field is missing")
         else:
-            msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"{loc}: bad value {err['input']!r}: {msg}")
+            lines.append(f"{loc}: bad value {_without_userinfo(err['input'])!r}: {msg}")
     return "; ".join(lines)
 
 

@@ -51,12 +51,7 @@ from mqttbed.controller.db import (
 from mqttbed.controller.documents import CampaignUpdate, DocumentStream, RunUpdate
 from mqttbed.controller.impaired_links import ImpairedLinks, has_impaired_clients
 from mqttbed.controller.lab_hosts import lab_host_backends, resolve_named_hosts, target_of
-from mqttbed.controller.run_access import (
-    client_credentials,
-    conceal,
-    run_access,
-    secret_values,
-)
+from mqttbed.controller.run_access import conceal, run_access, secret_values
 from mqttbed.controller.scope_recorder import ScopeRecorder
 from mqttbed.controller.states import (
     ACTIVE_STATES,
@@ -578,7 +573,7 @@ class RunEngine:
         spec, agent_registry = live.spec, self.ctx.agent_registry
         try:   # read now, before anything starts: a file may have gone since the spec came
             access = run_access(spec)
-            credentials = client_credentials(access)
+            credentials = access.client_credentials()
         except SecretUnavailable as exc:
             raise RunFailed(str(exc)) from None
         live.secrets = secret_values(access, credentials)

@@ -5,21 +5,16 @@ The spec names where secrets are (``broker.auth.password_file`` / ``password_env
 changed between runs is the one used, and a file that vanished fails the run naming its
 path. What is read lives in the :class:`BrokerAccess` handed to the backend and in the
 assignments' :class:`ClientCredentials`, whose secrets are masked in every dump but the
-agent protocol's commands (:func:`mqttbed.core.broker_access.reveal_secrets_context`).
+agent protocol's commands (:func:`mqttbed.core.broker_access.reveal_secrets_context`);
+the credentials are read by :meth:`BrokerAccess.client_credentials`, as the backends'
+own probes read them.
 """
 
 from __future__ import annotations
 
-from pydantic import SecretStr
-
 from mqttbed.campaigns.spec import CampaignSpec
 from mqttbed.core.backends import BrokerAccess
-from mqttbed.core.broker_access import (
-    MASK,
-    ClientCredentials,
-    read_public_file,
-    read_secret_file,
-)
+from mqttbed.core.broker_access import MASK, ClientCredentials
 
 
 def run_access(spec: CampaignSpec) -> BrokerAccess:
@@ -31,24 +26,6 @@ def run_access(spec: CampaignSpec) -> BrokerAccess:
     return BrokerAccess(transport=broker.resolved_transport(), protocol=spec.workload.protocol,
                         tls=broker.tls, auth=broker.auth,
                         password=None if broker.auth is None else broker.auth.read_password())
-
-
-def client_credentials(access: BrokerAccess) -> ClientCredentials | None:
-    """What every client proves itself with (user name, password, client certificate and
-    key, read now), or None for anonymous clients without a certificate.
-
-    Raises :class:`~mqttbed.core.broker_access.SecretUnavailable` naming the file."""
-    username = access.auth.username if access.auth is not None else None
-    cert_pem: str | None = None
-    key_pem: SecretStr | None = None
-    if access.tls is not None and access.tls.cert_file is not None:
-        assert access.tls.key_file is not None   # TlsSettings takes them together
-        cert_pem = read_public_file(access.tls.cert_file, "broker.tls.cert_file")
-        key_pem = SecretStr(read_secret_file(access.tls.key_file, "broker.tls.key_file"))
-    if username is None and cert_pem is None:
-        return None
-    return ClientCredentials(username=username, password=access.password, cert_pem=cert_pem,
-                             key_pem=key_pem)
 
 
 # A shorter secret is left as it is: masking every "ab" in a reason would garble it, and

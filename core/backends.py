@@ -39,9 +39,11 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from mqttbed.core.broker_access import (
     AuthSettings,
+    ClientCredentials,
     ListenerTransport,
     MqttProtocol,
     TlsSettings,
+    read_client_credentials,
 )
 from mqttbed.core.host import Host
 from mqttbed.core.protocol import ClientAssignment, Endpoint
@@ -171,6 +173,12 @@ class BrokerAccess:
         """Anonymous MQTT 3.1.1 over plain TCP: what every backend speaks."""
         return (self.transport == ListenerTransport.TCP and self.protocol == "3.1.1"
                 and self.tls is None and self.auth is None)
+
+    def client_credentials(self) -> ClientCredentials | None:
+        """What every client of the run presents: the user name and password, and
+        ``broker.tls``'s client certificate and key, read now (None: anonymous, no
+        certificate); raises SecretUnavailable naming the file."""
+        return read_client_credentials(self.auth, self.password, self.tls)
 
     def to_configure(self) -> list[str]:
         """What a broker must be configured for (its listener, its users), named as the

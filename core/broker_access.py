@@ -213,6 +213,27 @@ class ClientCredentials(BaseModel):
         return None if self.password is None else self.password.get_secret_value().encode()
 
 
+def read_client_credentials(auth: AuthSettings | None, password: SecretStr | None,
+                            tls: TlsSettings | None) -> ClientCredentials | None:
+    """What every client of a run proves itself with: ``auth``'s user name and the
+    ``password`` read for it, ``tls``'s client certificate and key (read now); None for
+    anonymous clients without a certificate.
+
+    The controller gives it to the agents; a backend's own clients (deploy probe, ``$SYS``
+    sampler) present it too. Raises SecretUnavailable naming the file."""
+    username = None if auth is None else auth.username
+    cert_pem: str | None = None
+    key_pem: SecretStr | None = None
+    if tls is not None and tls.cert_file is not None:
+        assert tls.key_file is not None   # TlsSettings takes them together
+        cert_pem = read_public_file(tls.cert_file, "broker.tls.cert_file")
+        key_pem = SecretStr(read_secret_file(tls.key_file, "broker.tls.key_file"))
+    if username is None and cert_pem is None:
+        return None
+    return ClientCredentials(username=username, password=password, cert_pem=cert_pem,
+                             key_pem=key_pem)
+
+
 class ConnectPhases(BaseModel):
     """How one client's connection was made, each phase timed on the agent's monotonic
     clock (ns; None: the phase did not happen on this transport, or did not end)."""

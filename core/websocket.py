@@ -1,7 +1,8 @@
 """A minimal blocking WebSocket client (RFC 6455) carrying MQTT: the upgrade and frames.
 
-For mqttbed's own small clients of a broker on a ``ws``/``wss`` listener (the readiness
-probe, the ``$SYS`` sampler), not for the agents' hot path. :func:`upgrade` runs the
+For mqttbed's own small clients of a broker on a ``ws``/``wss`` listener (the deploy and
+readiness probes, the ``$SYS`` sampler; the paho client asks it the HTTP status of an
+upgrade paho saw refused), not for the agents' hot path. :func:`upgrade` runs the
 client handshake on a connected socket (plain or TLS): a GET asking for the subprotocol
 ``mqtt``, a ``101`` whose ``Sec-WebSocket-Accept`` matches the key sent and which chose
 ``mqtt``. The :class:`WebSocketStream` it returns looks like a socket to the MQTT code

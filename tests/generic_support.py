@@ -1,23 +1,31 @@
-"""Helpers for the generic backends' tests: a Mosquitto the test owns, a broker that
-refuses every CONNECT, and one small campaign's delivery accounting."""
+"""Helpers for the tests of brokers as deployed and of the generic backends: a Mosquitto
+(or another server) the test owns, started with a config of its own (TLS listeners, a
+password file made by ``mosquitto_passwd``), a broker that refuses every CONNECT, and one
+small campaign's delivery accounting."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pyarrow.dataset as ds
 
+from mqttbed.brokers.certificates import ServerTls
 from mqttbed.brokers.reachability import probe_mqtt_tcp
 from mqttbed.core.mqtt_codec import ConnAck, encode
 from tests.conftest import eventually
 
 MOSQUITTO = "/usr/sbin/mosquitto"
+MOSQUITTO_PASSWD = "/usr/bin/mosquitto_passwd"
+SERVER_START_TIMEOUT_S = 10.0
 
 # The config a command template renders: every placeholder the backend fills.
 MOSQUITTO_TEMPLATE = """\
@@ -49,17 +57,82 @@ def own_mosquitto(directory: Path, binary: str = MOSQUITTO
                   ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """A Mosquitto this test starts and stops itself (never mqttbed): process and port."""
     port = free_port()
-    conf = directory / "own-mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\nsys_interval 1\n"
-                    "persistence false\n")
-    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
+    with mosquitto_running(directory, [f"listener {port} 127.0.0.1", "allow_anonymous true",
+                                       "sys_interval 1", "persistence false"], [port],
+                           binary=binary, name="own-mosquitto") as proc:
         assert eventually(lambda: answers_mqtt(port), 5), "the test's Mosquitto did not start"
         yield proc, port
+
+
+def write_password_file(path: Path, users: Mapping[str, str]) -> Path:
+    """A Mosquitto password file for ``users`` (name -> password), made by the real
+    ``mosquitto_passwd -b``: a maker independent of mqttbed's own hashing."""
+    for n, (user, password) in enumerate(users.items()):
+        subprocess.run([MOSQUITTO_PASSWD, *(["-c"] if n == 0 else []), "-b", str(path), user,
+                        password], check=True, capture_output=True, timeout=10)
+    return path
+
+
+def tls_lines(tls: ServerTls, *, require_certificate: bool = False) -> list[str]:
+    """A Mosquitto listener's lines serving ``tls``'s certificate (its ``cafile``: the CA
+    a required client certificate is checked against)."""
+    return [f"cafile {tls.ca_file}", f"certfile {tls.cert_file}", f"keyfile {tls.key_file}",
+            *(["require_certificate true"] if require_certificate else [])]
+
+
+@contextmanager
+def mosquitto_running(directory: Path, lines: Sequence[str], ports: Sequence[int], *,
+                      binary: str = MOSQUITTO, name: str = "mosquitto"
+                      ) -> Iterator[subprocess.Popen[bytes]]:
+    """A Mosquitto the test starts with the config ``lines`` (written to ``name``.conf in
+    ``directory``), once it listens on every one of ``ports``; stopped at the end.
+
+    Started as root, Mosquitto would become user ``mosquitto``, who cannot read the test's
+    private files: it is told to stay root (``user root``)."""
+    conf = directory / f"{name}.conf"
+    conf.write_text("\n".join([*(["user root"] if os.geteuid() == 0 else []), *lines, ""]))
+    with server_running([binary, "-c", str(conf)], ports, directory / f"{name}.out") as proc:
+        yield proc
+
+
+@contextmanager
+def server_running(command: Sequence[str], ports: Sequence[int], output: Path
+                   ) -> Iterator[subprocess.Popen[bytes]]:
+    """A server process (a broker) the test starts, once it listens on every one of
+    ``ports``; its output goes to ``output``, named if it exits or does not listen within
+    SERVER_START_TIMEOUT_S. Stopped at the end (terminated, killed if it lingers)."""
+    with output.open("wb") as out:
+        proc = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while not set(ports) <= listening_ports(proc.pid):
+            if proc.poll() is not None:
+                raise RuntimeError(f"{command[0]} exited ({proc.returncode}) before it listened "
+                                   f"on {sorted(ports)}: {output.read_text(errors='replace')}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{command[0]} does not listen on {sorted(ports)} after "
+                                   f"{SERVER_START_TIMEOUT_S:g} s: "
+                                   f"{output.read_text(errors='replace')}")
+            time.sleep(0.02)
+        yield proc
     finally:
-        proc.kill()
-        proc.wait(5)
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` and its children listen on (none once it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+        return {c.laddr.port for p in processes for c in p.net_connections("tcp")
+                if c.status == psutil.CONN_LISTEN}
+    except psutil.Error:
+        return set()
 
 
 @contextmanager

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 from mqttbed.campaigns.spec import check_access_files, parse_spec, spec_from_text
 from mqttbed.controller.assignments import plan_assignments
 from mqttbed.controller.db import RunRow
-from mqttbed.controller.run_access import client_credentials, run_access
+from mqttbed.controller.run_access import run_access
 from mqttbed.controller.tokens import TokenRole, create_token
 from mqttbed.core import backends
 from mqttbed.core.backends import (
@@ -160,7 +160,7 @@ def test_defaults_are_plain_anonymous_mqtt_311_over_tcp():
     assert spec.workload.protocol == "3.1.1"
     access = run_access(spec)
     assert access.plain and access.to_configure() == [] and access.password is None
-    assert client_credentials(access) is None
+    assert access.client_credentials() is None
 
 
 def test_protocol_5_written_as_a_yaml_number_is_the_version_5():
@@ -232,7 +232,8 @@ def test_access_a_backend_declares_but_cannot_configure_is_refused():
 def test_half_a_client_certificate_and_two_password_sources_are_refused():
     assert "broker.tls.cert_file is given alone" in refusal(
         spec_of({"backend": PROBE, "transport": "tls", "tls": {"cert_file": "/c.pem"}}))
-    assert "give password_file or password_env, not both" in refusal(
+    assert ("give one of password_file, password_env and generate_password, not "
+            "password_file and password_env") in refusal(
         spec_of({"backend": PROBE, "auth": {"username": "u", "password_file": "/p",
                                             "password_env": "P"}}))
 
@@ -287,9 +288,9 @@ def test_an_unreadable_key_file_is_named_by_its_path(tmp_path):
                                         "such file or directory$"):
         check_access_files(spec)
     with pytest.raises(SecretUnavailable, match=f"broker.tls.key_file '{key}'"):
-        client_credentials(run_access(spec))
+        run_access(spec).client_credentials()
     key.write_text("-----BEGIN PRIVATE KEY-----\nsecret-key\n")
-    credentials = client_credentials(run_access(spec))
+    credentials = run_access(spec).client_credentials()
     assert credentials is not None and credentials.username is None
     assert credentials.cert_pem == cert.read_text()
     assert credentials.key_pem is not None
@@ -317,7 +318,7 @@ def test_every_assignment_carries_the_protocol_and_the_credentials(password_file
     spec = parse_spec(spec_of({"backend": PROBE, "auth": {
         "username": "bench", "password_file": str(password_file)}},
         {"protocol": "5", "publishers": 2, "subscribers": 3}))
-    credentials = client_credentials(run_access(spec))
+    credentials = run_access(spec).client_credentials()
     assert credentials is not None
     assignments = plan_assignments(spec, "r1", "c1", Endpoint(host="127.0.0.1", port=1883),
                                    ["agent-1", "agent-2"], credentials=credentials)

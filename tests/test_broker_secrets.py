@@ -34,10 +34,14 @@ from mqttbed.campaigns.spec import spec_from_text
 from mqttbed.controller.db import RunRow
 from mqttbed.core.backends import declaration
 from mqttbed.core.mqtt_codec import Connect, encode
-from tests.conftest import Served, eventually
-from tests.generic_support import MOSQUITTO, delivery_counts, free_port
+from tests.conftest import Served
+from tests.generic_support import (
+    delivery_counts,
+    free_port,
+    mosquitto_running,
+    write_password_file,
+)
 
-MOSQUITTO_PASSWD = "/usr/bin/mosquitto_passwd"
 PASSWORD_ENV = "MQTTBED_TEST_BROKER_PASSWORD"
 FILE_USER, ENV_USER = "bench-file", "bench-env"
 CONNACK_ACCEPTED, CONNACK_NOT_AUTHORIZED = b"\x20\x02\x00\x00", b"\x20\x02\x00\x05"
@@ -80,26 +84,13 @@ def mosquitto_with_passwords(directory: Path, users: dict[str, str]
                              ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """A Mosquitto this test starts and stops, refusing anonymous clients, knowing
     ``users`` (name -> password) from a password file: its process and port."""
-    passwords = directory / "broker-users"
-    for n, (user, password) in enumerate(users.items()):
-        subprocess.run([MOSQUITTO_PASSWD, *(["-c"] if n == 0 else []), "-b", str(passwords),
-                        user, password], check=True, capture_output=True, timeout=10)
+    passwords = write_password_file(directory / "broker-users", users)
     port = free_port()
-    conf = directory / "secured-mosquitto.conf"
-    # started as root, Mosquitto becomes user mosquitto unless told: that user cannot
-    # read the test's private directory (ignored when not started as root)
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous false\n"
-                    f"password_file {passwords}\nsys_interval 1\npersistence false\n"
-                    "user root\n")
-    proc = subprocess.Popen([MOSQUITTO, "-c", str(conf)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        assert eventually(lambda: connack(port, None, None) is not None, 5), \
-            "the test's Mosquitto did not start"
+    with mosquitto_running(directory, [f"listener {port} 127.0.0.1", "allow_anonymous false",
+                                       f"password_file {passwords}", "sys_interval 1",
+                                       "persistence false"], [port],
+                           name="secured-mosquitto") as proc:
         yield proc, port
-    finally:
-        proc.kill()
-        proc.wait(5)
 
 
 def connack(port: int, user: str | None, password: str | None) -> bytes | None:

@@ -51,7 +51,7 @@ from mqttbed.core.websocket import (
 )
 from tests.conftest import eventually
 from tests.fuzzing import FUZZ, datagrams
-from tests.generic_support import MOSQUITTO, free_port
+from tests.generic_support import free_port, mosquitto_running, write_password_file
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -82,38 +82,23 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         files[f"{name}.crt"], files[f"{name}.key"] = cert, key
     for name, text in files.items():
         (directory / name).write_text(text)
-    subprocess.run(["mosquitto_passwd", "-c", "-b", str(directory / "passwd"), USER,
-                    PASSWORD], check=True, capture_output=True)
+    passwd = write_password_file(directory / "passwd", {USER: PASSWORD})
     ports = {name: free_port() for name in LISTENERS}
     d = directory
-    server = f"certfile {d}/server.crt\nkeyfile {d}/server.key\n"
-    # root keeps its rights ("user root"): Mosquitto would drop to its own user, which
-    # cannot read the test's files
-    (d / "m.conf").write_text(
-        f"user root\nallow_anonymous false\npassword_file {d}/passwd\nsys_interval 1\n"
-        f"persistence false\nlog_dest file {d}/mosquitto.log\n"
-        f"listener {ports['plain']} 127.0.0.1\n"
-        f"listener {ports['tls']} 127.0.0.1\n{server}"
-        f"listener {ports['expired']} 127.0.0.1\n"
-        f"certfile {d}/expired.crt\nkeyfile {d}/expired.key\n"
-        f"listener {ports['mtls']} 127.0.0.1\n{server}cafile {d}/ca.crt\n"
-        "require_certificate true\n"
-        f"listener {ports['ws']} 127.0.0.1\nprotocol websockets\n"
-        f"listener {ports['wss']} 127.0.0.1\nprotocol websockets\n{server}")
-    proc = subprocess.Popen([MOSQUITTO, "-c", str(d / "m.conf")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        assert eventually(lambda: len(_listening(proc.pid)) == len(LISTENERS), 5), \
-            "the test's Mosquitto did not open its listeners"
+    server = [f"certfile {d}/server.crt", f"keyfile {d}/server.key"]
+    with mosquitto_running(directory, [
+            "allow_anonymous false", f"password_file {passwd}", "sys_interval 1",
+            "persistence false", f"log_dest file {d}/mosquitto.log",
+            f"listener {ports['plain']} 127.0.0.1",
+            f"listener {ports['tls']} 127.0.0.1", *server,
+            f"listener {ports['expired']} 127.0.0.1",
+            f"certfile {d}/expired.crt", f"keyfile {d}/expired.key",
+            f"listener {ports['mtls']} 127.0.0.1", *server, f"cafile {d}/ca.crt",
+            "require_certificate true",
+            f"listener {ports['ws']} 127.0.0.1", "protocol websockets",
+            f"listener {ports['wss']} 127.0.0.1", "protocol websockets", *server],
+            list(ports.values())) as proc:
         yield Secured(proc, ports, directory)
-    finally:
-        proc.kill()
-        proc.wait(5)
-
-
-def _listening(pid: int) -> list[Any]:
-    return [c for c in psutil.Process(pid).net_connections("tcp")
-            if c.status == psutil.CONN_LISTEN]
 
 
 def _established(pid: int) -> list[Any]:
@@ -341,6 +326,24 @@ def test_mqtt5_of_a_broker_declaring_3_1_1_only_is_refused_before_anything_runs(
         parse_spec({"name": "x", "workload": {"protocol": "5"},
                     "broker": {"backend": "external", "url": "mqtts://broker.example",
                                "features": {"protocols": ["3.1.1"]}}})
+
+
+@pytest.mark.parametrize(("broker", "shown"), [
+    ({"url": "mqtts://alice:canary-pw-42@broker.example"},
+     "broker.url: bad value 'mqtts://**********@broker.example': "),
+    # not user-info to urlsplit (a "/" and a space in the password): masked all the same,
+    # in the value and where the backend's message quotes it
+    ({"url": "mqtt://alice:canary/pw 42@broker.example"},
+     "broker.url: bad value 'mqtt://**********@broker.example': 'mqtt://**********@"),
+    ({"url": "mqtt://broker.example", "extra": ["ws://bob:canary-pw-42@h"]},
+     "broker.extra: unknown key (value ['ws://**********@h'])"),
+])
+def test_the_spec_s_errors_never_repeat_the_user_info_of_a_url(broker, shown):
+    with pytest.raises(SpecError) as raised:
+        parse_spec({"name": "x", "broker": {"backend": "external", **broker}})
+    reason = str(raised.value)
+    assert shown in reason
+    assert "canary" not in reason and "alice" not in reason and "bob" not in reason
 
 
 @pytest.mark.integration

@@ -22,13 +22,21 @@ from mqttbed.brokers.mosquitto import access as listener
 from mqttbed.brokers.mosquitto.backend import MosquittoBackend, Options
 from mqttbed.brokers.mosquitto.declaration import DECLARATION
 from mqttbed.core.backends import BrokerAccess, ConfiguresAccess
-from mqttbed.core.broker_access import AuthSettings, ListenerTransport, TlsSettings
+from mqttbed.core.broker_access import (
+    AuthSettings,
+    ClientCredentials,
+    EndpointTls,
+    ListenerTransport,
+    TlsSettings,
+)
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import LocalHost
 from mqttbed.core.mqtt_codec import ConnAck, Connect, encode
 from mqttbed.core.mqtt_stream import read_packet
 from mqttbed.core.protocol import Endpoint
 from mqttbed.core.ssh import SshHost, SshTarget
+from tests.conftest import eventually
+from tests.generic_support import refusing_broker
 from tests.sshd import LocalSshd
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]   # a real Mosquitto
@@ -49,7 +57,8 @@ def deploy(asked: BrokerAccess, **options: object) -> tuple[MosquittoBackend, En
     backend = MosquittoBackend()
     backend.configure_access(asked)
     try:
-        return backend, backend.deploy(Options(sys_topics=False, **options), LocalHost())
+        return backend, backend.deploy(Options(**{"sys_topics": False, **options}),
+                                       LocalHost())
     except BaseException:
         backend.teardown()
         raise
@@ -57,14 +66,14 @@ def deploy(asked: BrokerAccess, **options: object) -> tuple[MosquittoBackend, En
 
 @pytest.fixture(scope="module")
 def tls_broker() -> Iterator[tuple[MosquittoBackend, Endpoint]]:
-    backend, endpoint = deploy(access(ListenerTransport.TLS))
+    backend, endpoint = deploy(access(ListenerTransport.TLS), sys_topics=True)
     yield backend, endpoint
     backend.teardown()
 
 
 @pytest.fixture(scope="module")
 def wss_broker() -> Iterator[tuple[MosquittoBackend, Endpoint]]:
-    backend, endpoint = deploy(access(ListenerTransport.WSS))
+    backend, endpoint = deploy(access(ListenerTransport.WSS), sys_topics=True)
     yield backend, endpoint
     backend.teardown()
 
@@ -216,6 +225,35 @@ def test_websocket_over_tls_upgrades_to_mqtt_and_relays_mqtt5(wss_broker):
     assert relay_one_message(endpoint) == [b"over wss"]
     record = backend.deployment().access
     assert record is not None and record.plain_port is not None
+
+
+def test_the_sys_sampler_logs_in_as_the_run_over_tls_and_beside_a_wss_listener(
+        tls_broker, wss_broker):
+    # the password file refuses anonymous clients: samples mean the sampler sent the
+    # run's user and password (over TLS, in MQTT 5; at the plain listener beside wss)
+    for backend, _ in (tls_broker, wss_broker):
+        assert eventually(lambda b=backend: len(b.sys_samples()) > 0, 4)
+        record = backend.deployment().sys_topics
+        assert record is not None and record.error is None and record.samples > 0
+
+
+def test_the_deploy_probe_names_the_address_and_openssl_s_reason(tls_broker):
+    _, endpoint = tls_broker
+    stranger = EndpointTls(ca_pem=CertificateAuthority.create("another CA").cert_pem)
+    with pytest.raises(BackendError) as refused:
+        listener.probe(endpoint.model_copy(update={"tls": stranger}), "5",
+                       ClientCredentials(username=USER, password=PASSWORD))
+    assert str(refused.value).startswith(
+        f"mosquitto at mqtts://127.0.0.1:{endpoint.port}: TLS handshake failed: certificate "
+        "verify failed: ")
+
+
+def test_the_deploy_probe_names_the_connack_code_and_the_user_never_the_password():
+    with refusing_broker(5) as port, pytest.raises(BackendError) as refused:
+        listener.probe(Endpoint(host="127.0.0.1", port=port), "3.1.1",
+                       ClientCredentials(username=USER, password=PASSWORD))
+    assert str(refused.value) == (f"mosquitto at mqtt://127.0.0.1:{port}: CONNECT refused "
+                                  "with CONNACK return code 5 not authorized (user 'bench')")
 
 
 def test_plain_websocket_relays_mqtt_311():

@@ -4,12 +4,10 @@ WebSocket listeners, each started by this module with a config of its own."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
 import socketserver
-import subprocess
 import sys
 import tempfile
 import threading
@@ -27,8 +25,15 @@ from mqttbed.brokers.certificates import CertificateAuthority, write_server_tls
 from mqttbed.core.broker_access import ClientCredentials, EndpointTls, MqttProtocol
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.protocol import ClientAssignment, Done, Endpoint, Role
+from tests.generic_support import (
+    MOSQUITTO,
+    free_port,
+    mosquitto_running,
+    server_running,
+    tls_lines,
+    write_password_file,
+)
 
-MOSQUITTO = "/usr/sbin/mosquitto"
 AMQTT = Path(sys.executable).parent / "amqtt"
 USER = "agent-user"
 CANARY = "canary-Pw-5f1e0c2b"  # the password: searched for in everything a run leaves
@@ -38,40 +43,6 @@ RATE_HZ = 400
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not Path(MOSQUITTO).exists(), reason="needs Mosquitto")]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = monotonic_ns() + 30_000_000_000
-    while monotonic_ns() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the broker exited ({proc.returncode}): {log.read_text()}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        threading.Event().wait(0.05)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after 30 s")
-
-
-@contextlib.contextmanager
-def running(command: list[str], ports: list[int], log: Path) -> Iterator[None]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        for port in ports:
-            wait_for_port(port, proc, log)
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 @dataclass(frozen=True)
@@ -96,23 +67,15 @@ def secured(tmp_path_factory) -> Iterator[SecuredBroker]:
     directory = tmp_path_factory.mktemp("secured-mosquitto")
     ca = CertificateAuthority.create()
     files = write_server_tls(directory, ["127.0.0.1", SERVER_NAME], ca)
-    passwords = directory / "passwords"
-    subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwords), USER, CANARY],
-                   check=True, capture_output=True)
+    passwords = write_password_file(directory / "passwords", {USER: CANARY})
     plain, tls, client_cert_tls = free_port(), free_port(), free_port()
-    tls_lines = [f"cafile {files.ca_file}", f"certfile {files.cert_file}",
-                 f"keyfile {files.key_file}"]
-    config = directory / "mosquitto.conf"
-    config.write_text("\n".join([
-        *(["user root"] if os.geteuid() == 0 else []),
-        "per_listener_settings false", "allow_anonymous false",
-        f"password_file {passwords}", "persistence false",
-        f"listener {plain} 127.0.0.1",
-        f"listener {tls} 127.0.0.1", *tls_lines,
-        f"listener {client_cert_tls} 127.0.0.1", *tls_lines, "require_certificate true",
-        ""]))
-    with running([MOSQUITTO, "-c", str(config)], [plain, tls, client_cert_tls],
-                 directory / "mosquitto.log"):
+    with mosquitto_running(directory, [
+            "per_listener_settings false", "allow_anonymous false",
+            f"password_file {passwords}", "persistence false",
+            f"listener {plain} 127.0.0.1",
+            f"listener {tls} 127.0.0.1", *tls_lines(files),
+            f"listener {client_cert_tls} 127.0.0.1",
+            *tls_lines(files, require_certificate=True)], [plain, tls, client_cert_tls]):
         yield SecuredBroker(ca, plain, tls, client_cert_tls)
 
 
@@ -148,7 +111,7 @@ plugins:
   amqtt.plugins.authentication.AnonymousAuthPlugin:
     allow_anonymous: true
 """)
-    with running([str(AMQTT), "-c", str(config)], [ws, wss], directory / "amqtt.log"):
+    with server_running([str(AMQTT), "-c", str(config)], [ws, wss], directory / "amqtt.log"):
         yield WebSocketBroker(files.ca_pem, ws, wss)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from pydantic import Field, SecretStr
+from pydantic import Field
 
 from mqttbed.brokers.external.options import BrokerUrl, Options, ProcessToSample
 from mqttbed.brokers.external.process import (
@@ -41,12 +41,10 @@ from mqttbed.brokers.remote_sampling import RemoteSampler
 from mqttbed.brokers.sys_monitor import SysMonitor, SysTopicsRecord
 from mqttbed.core.backends import BrokerAccess, DeploymentRecord
 from mqttbed.core.broker_access import (
-    ClientCredentials,
     EndpointTls,
     ListenerTransport,
     SecretUnavailable,
     read_public_file,
-    read_secret_file,
 )
 from mqttbed.core.errors import BackendError
 from mqttbed.core.host import Host, describe_exit
@@ -121,7 +119,7 @@ class ExternalBackend:
         check_listener(access, url, options.url)
         try:
             endpoint = url.endpoint(endpoint_tls(access, options.url))
-            credentials = client_credentials(access)
+            credentials = access.client_credentials()
         except SecretUnavailable as exc:
             raise BackendError(f"external broker {options.url}: {exc}") from None
         try:
@@ -257,21 +255,6 @@ def endpoint_tls(access: BrokerAccess, url: str) -> EndpointTls | None:
         raise SecretUnavailable(f"broker.tls.ca_file {tls.ca_file!r} holds no PEM "
                                 "certificate (-----BEGIN CERTIFICATE-----)")
     return EndpointTls(ca_pem=ca_pem, server_name=tls.server_name, verify=tls.verify)
-
-
-def client_credentials(access: BrokerAccess) -> ClientCredentials | None:
-    """What mqttbed's own clients of the broker (probe, ``$SYS`` sampler) present: the
-    run's user name and password, its client certificate and key (read now)."""
-    username = None if access.auth is None else access.auth.username
-    cert_pem = key_pem = None
-    if access.tls is not None and access.tls.cert_file is not None:
-        assert access.tls.key_file is not None   # TlsSettings takes them together
-        cert_pem = read_public_file(access.tls.cert_file, "broker.tls.cert_file")
-        key_pem = SecretStr(read_secret_file(access.tls.key_file, "broker.tls.key_file"))
-    if username is None and cert_pem is None:
-        return None
-    return ClientCredentials(username=username, password=access.password, cert_pem=cert_pem,
-                             key_pem=key_pem)
 
 
 def check_listener(access: BrokerAccess, url: BrokerUrl, written: str) -> None:

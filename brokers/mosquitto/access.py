@@ -12,21 +12,20 @@ and files in its private directory, made per deploy and removed with it:
   command line (``mosquitto_passwd -b`` would put it in ``/proc/PID/cmdline``, readable
   by every user) nor a file in clear.
 - ``ws``/``wss``: ``protocol websockets`` on the measured listener, if the binary has
-  WebSocket support (:func:`websockets_support`), plus a plain MQTT listener on the same
+  WebSocket support (:func:`websockets_verdict`), plus a plain MQTT listener on the same
   address: Mosquitto 2.0.11 exits ("Unable to start any listening sockets") when its only
-  listener is a WebSocket one; mqttbed's ``$SYS`` sampler and deploy probe use it.
+  listener is a WebSocket one; mqttbed's ``$SYS`` sampler uses it.
+- the deploy probe (:func:`probe`) reaches the measured listener as the agents will:
+  through its TLS and WebSocket, in the run's MQTT version, as the run's user.
 - MQTT 5: nothing to configure; Mosquitto 2.0 speaks 3.1.1 and 5 on every listener.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import os
-import socket
-import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
@@ -34,26 +33,19 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from mqttbed.brokers import reachability
 from mqttbed.brokers.certificates import CertificateAuthority
-from mqttbed.brokers.reachability import describe_connack, describe_os_error
+from mqttbed.brokers.reachability import Unreachable
 from mqttbed.core.backends import BrokerAccess
 from mqttbed.core.broker_access import (
     DEFAULT_WEBSOCKET_PATH,
     ClientCredentials,
     EndpointTls,
     ListenerTransport,
+    MqttProtocol,
     read_public_file,
 )
 from mqttbed.core.errors import BackendError
-from mqttbed.core.mqtt_codec import (
-    ConnAck,
-    ConnackCode,
-    Connect,
-    Disconnect,
-    MalformedPacket,
-    encode,
-)
-from mqttbed.core.mqtt_stream import StreamClosed, read_packet
 from mqttbed.core.protocol import Endpoint
 
 # Mosquitto 2.0's password hash: PBKDF2-HMAC-SHA512, its default iterations and salt size
@@ -84,7 +76,7 @@ class AccessRecord(BaseModel):
     client_certificates: bool = Field(False, description="the listener required one")
     username: str | None = Field(None, description="the one user of the password file")
     plain_port: int | None = Field(None, description="the plain MQTT listener beside a "
-                                                     "WebSocket one ($SYS, deploy probe)")
+                                                     "WebSocket one (the $SYS sampler's)")
 
 
 @dataclass(frozen=True)
@@ -220,7 +212,7 @@ def plain_listener_lines(plain_port: int | None, address: str) -> list[str]:
     if plain_port is None:
         return []
     return ["# plain MQTT beside the WebSocket listener: Mosquitto 2.0.11 starts none "
-            "with WebSocket listeners alone; mqttbed's $SYS sampler and probe use it",
+            "with WebSocket listeners alone; mqttbed's $SYS sampler uses it",
             f"listener {plain_port} {address}"]
 
 
@@ -237,13 +229,6 @@ def endpoint_tls(access: BrokerAccess, files: ListenerFiles) -> EndpointTls | No
 def websocket_path(access: BrokerAccess) -> str | None:
     """The endpoint's WebSocket path (Mosquitto serves MQTT at any path)."""
     return DEFAULT_WEBSOCKET_PATH if access.transport.websocket else None
-
-
-def probe_credentials(access: BrokerAccess) -> ClientCredentials | None:
-    """What mqttbed's own clients of the broker ($SYS sampler, probe) present."""
-    if access.auth is None:
-        return None
-    return ClientCredentials(username=access.auth.username, password=access.password)
 
 
 def websockets_verdict(printed: str, binary: str, version: str) -> str | None:
@@ -274,94 +259,16 @@ def record(access: BrokerAccess, address: str, files: ListenerFiles,
         plain_port=plain_port)
 
 
-
-def probe(endpoint: Endpoint, own: Endpoint, access: BrokerAccess,
+def probe(endpoint: Endpoint, protocol: MqttProtocol, credentials: ClientCredentials | None,
           timeout_s: float = PROBE_TIMEOUT_S) -> None:
-    """The listener answers as the run asks: a WebSocket upgrade to ``mqtt`` (ws, wss),
-    and a CONNECT with the run's user, over TLS where it is, accepted at ``own`` (the
-    listener itself, or the plain one beside a WebSocket one). Raises BackendError naming
-    the address and the reason (OpenSSL's, the HTTP status, the CONNACK code)."""
-    if endpoint.websocket_path is not None:
-        _probe_upgrade(endpoint, access, timeout_s)
-    address = f"{own.scheme}://{own.host}:{own.port}"
-    client_id = f"mqttbed-probe-{os.getpid()}"
-    auth = access.auth
-    connect = Connect(client_id, keepalive_s=0, username=None if auth is None else auth.username,
-                      password=None if access.password is None
-                      else access.password.get_secret_value().encode())
+    """The listener answers as the run's clients will reach it
+    (:func:`mqttbed.brokers.reachability.probe`): the TLS handshake verified with the run's
+    CA (presenting the client certificate, if any), the WebSocket upgrade to ``mqtt``, and
+    a CONNECT in ``protocol`` with the run's user, accepted. Raises BackendError naming the
+    address and the reason (OpenSSL's, the HTTP status, the CONNACK code and the user)."""
     try:
-        with _open(own, access, timeout_s) as sock:
-            sock.sendall(encode(connect))
-            answer = read_packet(sock)
-            if not isinstance(answer, ConnAck):
-                raise BackendError(f"mosquitto at {address} answered CONNECT with "
-                                   f"{type(answer).__name__}, not CONNACK")
-            if answer.return_code != ConnackCode.ACCEPTED:
-                raise BackendError(f"mosquitto at {address} refused mqttbed's CONNECT (user "
-                                   f"{None if auth is None else auth.username!r}) with "
-                                   f"CONNACK return code {describe_connack(answer.return_code)}")
-            sock.sendall(encode(Disconnect()))
-    except ssl.SSLError as exc:
-        raise BackendError(f"mosquitto at {address}: TLS failed: "
-                           f"{exc.reason or exc}") from None
-    except (OSError, StreamClosed, MalformedPacket) as exc:
-        raise BackendError(f"mosquitto at {address} did not answer CONNECT: "
-                           f"{describe_os_error(exc) if isinstance(exc, OSError) else exc}"
-                           ) from None
-
-
-def client_context(tls: EndpointTls, access: BrokerAccess) -> ssl.SSLContext:
-    """A TLS client context as the agents make one: the endpoint's CA alone, the run's
-    client certificate if it has one."""
-    context = ssl.create_default_context(cadata=tls.ca_pem)
-    if not tls.verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    if access.tls is not None and access.tls.cert_file is not None:
-        assert access.tls.key_file is not None   # TlsSettings takes them together
-        context.load_cert_chain(access.tls.cert_file, access.tls.key_file)
-    return context
-
-
-@contextlib.contextmanager
-def _open(endpoint: Endpoint, access: BrokerAccess, timeout_s: float) -> Iterator[socket.socket]:
-    """A connection to ``endpoint``, TLS-wrapped (and verified) where it says so."""
-    sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s)
-    try:
-        if endpoint.tls is not None:
-            name = endpoint.tls.server_name or endpoint.host
-            sock = client_context(endpoint.tls, access).wrap_socket(sock, server_hostname=name)
-        yield sock
-    finally:
-        sock.close()
-
-
-def _probe_upgrade(endpoint: Endpoint, access: BrokerAccess, timeout_s: float) -> None:
-    """The WebSocket listener switches protocols to ``mqtt`` (RFC 6455 section 4.1)."""
-    address = f"{endpoint.scheme}://{endpoint.host}:{endpoint.port}{endpoint.websocket_path}"
-    key = base64.b64encode(os.urandom(16)).decode()
-    request = (f"GET {endpoint.websocket_path} HTTP/1.1\r\nHost: {endpoint.host}:"
-               f"{endpoint.port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-               f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
-               "Sec-WebSocket-Protocol: mqtt\r\n\r\n")
-    try:
-        with _open(endpoint, access, timeout_s) as sock:
-            sock.sendall(request.encode())
-            head = b""
-            while b"\r\n\r\n" not in head and len(head) < 8192:
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                head += chunk
-    except ssl.SSLError as exc:
-        raise BackendError(f"mosquitto at {address}: TLS failed: "
-                           f"{exc.reason or exc}") from None
-    except OSError as exc:
-        raise BackendError(f"mosquitto at {address}: the WebSocket upgrade got no answer: "
-                           f"{describe_os_error(exc)}") from None
-    status, _, rest = head.decode("latin-1").partition("\r\n")
-    if status.split()[1:2] != ["101"]:
-        raise BackendError(f"mosquitto at {address} refused the WebSocket upgrade: "
-                           f"{status.strip() or 'the connection closed'}")
-    if "sec-websocket-protocol: mqtt" not in rest.lower():
-        raise BackendError(f"mosquitto at {address} upgraded without the subprotocol mqtt")
+        reachability.probe(endpoint, timeout_s, credentials, protocol)
+    except Unreachable as exc:
+        address = (f"{endpoint.scheme}://{endpoint.host}:{endpoint.port}"
+                   f"{endpoint.websocket_path or ''}")
+        raise BackendError(f"mosquitto at {address}: {exc.reason}") from None

@@ -31,6 +31,7 @@ from mqttbed.brokers.processes import (
 from mqttbed.brokers.remote import RemoteBrokerProcess
 from mqttbed.brokers.sys_monitor import SysMonitor, SysTopicsRecord
 from mqttbed.core.backends import BrokerAccess, DeploymentRecord
+from mqttbed.core.broker_access import ClientCredentials, SecretUnavailable
 from mqttbed.core.errors import BackendError, MissingSystemDependency
 from mqttbed.core.host import Host, ProcessHandle, raise_nofile_limit, sha256_file
 from mqttbed.core.protocol import Endpoint, Transport
@@ -117,6 +118,7 @@ class MosquittoBackend:
         self._access = BrokerAccess()
         self._access_record: AccessRecord | None = None
         self._plain_port: int | None = None
+        self._credentials: ClientCredentials | None = None
 
     def configure_access(self, access: BrokerAccess) -> None:
         """Take the run's listener, MQTT version and user (checked at deploy)."""
@@ -142,6 +144,7 @@ class MosquittoBackend:
             binary = self._binary
             self._version = _probe_version(binary, host, proc.dir)
             listener.check_access(self._access, lambda: self._websockets_here(host, proc))
+            self._credentials = self._own_credentials()
             files = self._write_files(proc.dir, host.address, proc.dir, None)
 
             def launch(port: int) -> ProcessHandle:
@@ -174,6 +177,7 @@ class MosquittoBackend:
         try:
             binary = self._binary
             listener.check_access(self._access, lambda: self._websockets_there(host, proc))
+            self._credentials = self._own_credentials()
             remote_dir = PurePosixPath(str(proc.remote_dir))
             files = self._write_files(proc.dir, host.address, remote_dir, host)
 
@@ -199,6 +203,15 @@ class MosquittoBackend:
         options = spec if isinstance(spec, Options) else Options.model_validate(spec)
         self._options = options
         return options
+
+    def _own_credentials(self) -> ClientCredentials | None:
+        """What mqttbed's own clients (deploy probe, ``$SYS`` sampler) present: what the
+        agents present, the client certificate's files read now (before the broker starts:
+        a missing key fails the deploy naming its path)."""
+        try:
+            return self._access.client_credentials()
+        except SecretUnavailable as exc:
+            raise BackendError(f"mosquitto: {exc}") from None
 
     def _write_files(self, local_dir: Path, address: str, broker_dir: PurePath,
                      remote: SshHost | None) -> ListenerFiles:
@@ -252,14 +265,13 @@ class MosquittoBackend:
         endpoint = Endpoint(host=address, port=port, transport=Transport.MQTT_TCP,
                             tls=listener.endpoint_tls(access, files),
                             websocket_path=listener.websocket_path(access))
-        # mqttbed's own clients reach a WebSocket broker at its plain listener
-        own = (endpoint if self._plain_port is None
-               else Endpoint(host=address, port=self._plain_port))
-        listener.probe(endpoint, own, access)
+        listener.probe(endpoint, access.protocol, self._credentials)
         if options.sys_topics and options.sys_interval_s > 0:
-            # (the sampler presents no user nor TLS yet: with auth or tls its record says
-            # it was refused; SysMonitor.start's credentials and protocol go here)
-            self._sys.start(own)
+            # the sampler reaches a WebSocket broker at its plain listener (no TLS there;
+            # the password file is the broker's, so it logs in there too)
+            own = (endpoint if self._plain_port is None
+                   else Endpoint(host=address, port=self._plain_port))
+            self._sys.start(own, credentials=self._credentials, protocol=access.protocol)
         return endpoint
 
     def _websockets_here(self, host: Host, proc: BrokerProcess) -> str | None:
