@@ -125,14 +125,15 @@ def resolve_campaign(sessions: sessionmaker, ref: str, where: str) -> str:
         ids = [i for (i,) in s.query(CampaignRow.id).order_by(
             CampaignRow.created_at.desc(), CampaignRow.id.desc()).limit(back + 1)]
     if len(ids) <= back:
-        held = ("no campaign" if not ids else f"{len(ids)} campaign"
-                + ("s" if len(ids) > 1 else "") + f" (latest ... latest~{len(ids) - 1})")
+        held = ("no campaign" if not ids else "1 campaign (latest)" if len(ids) == 1
+                else f"{len(ids)} campaigns (latest ... latest~{len(ids) - 1})")
         raise NoCampaign(f"campaign {ref!r}: {where} holds {held}")
     return ids[back]
 
 
 class Results:
-    """The campaigns of one data dir and their results, read-only.
+    """The campaigns of one data dir and their results (read, never changed; opening the
+    database brings its schema up to date, as every mqttbed command does).
 
     ``data_dir`` defaults to ``MQTTBED_DATA_DIR``, else ``./data``; the campaigns are
     listed from the controller's database (SQLite in the data dir, or

@@ -110,8 +110,29 @@ fi
 echo "installing system packages: ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
 for arch in "${foreign_archs[@]}"; do dpkg --add-architecture "$arch"; done
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${need[@]}"
+# A mirror caught mid-sync fails one index (seen here: bookworm-security's armhf Packages,
+# "File has unexpected size ... Mirror sync in progress?") and apt-get update exits 100;
+# what it could read is enough to install from, and a package that is truly missing still
+# fails the install below, naming it.
+apt-get update -qq || echo "apt-get update: an index failed to download (above); " \
+    "installing from the indexes that did" >&2
+install_flags=()
+if [ ${#foreign_archs[@]} -gt 0 ]; then
+    # libssl-dev is Multi-Arch: same, so its amd64, arm64 and armhf packages must be one
+    # version; when an index failed they can differ (security's for one architecture,
+    # main's for another). Take the oldest candidate of the three for all of them.
+    ssl_version=$(for p in libssl-dev libssl-dev:arm64 libssl-dev:armhf; do
+                      apt-cache policy "$p" | awk '/Candidate:/ {print $2}'
+                  done | sort -V | head -n 1)
+    for i in "${!need[@]}"; do
+        case "${need[$i]}" in
+            libssl-dev|libssl-dev:arm64|libssl-dev:armhf) need[i]="${need[$i]}=$ssl_version" ;;
+        esac
+    done
+    need+=("libssl3=$ssl_version" "libssl3:arm64=$ssl_version" "libssl3:armhf=$ssl_version")
+    install_flags+=(--allow-downgrades)
+fi
+apt-get install -y -qq --no-install-recommends "${install_flags[@]}" "${need[@]}"
 # clang itself was missing: its compiler-rt package is known only now.
 rt_package=$(fuzzer_runtime)
 [ -z "$rt_package" ] || apt-get install -y -qq --no-install-recommends "$rt_package"
