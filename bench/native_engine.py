@@ -52,6 +52,7 @@ from publish_capacity import measure, paho_publisher, timed_publishers  # noqa: 
 
 from mqttbed.brokers.mosquitto.backend import MosquittoBackend, Options  # noqa: E402
 from mqttbed.core.host import LocalHost  # noqa: E402
+from mqttbed.core.protocol import Endpoint  # noqa: E402
 
 PAYLOAD_BYTES = 100
 HERE = Path(__file__).resolve()
@@ -85,14 +86,15 @@ def native_publisher(host: str, port: int, seconds: float, publishers: int,
 
 # -- P3b: one measured process under callgrind -----------------------------------------
 
-def measured_process(client: str, side: str, messages: int, port: int) -> None:
+def measured_process(client: str, side: str, messages: int, endpoint_json: str,
+                     protocol: str = "3.1.1") -> None:
     """Connect, say "ready", wait for "go" (instrumentation on), run ``messages``, say
     "ran" and wait (instrumentation off) before closing: connecting, closing and the
     interpreter's exit are not the hot path."""
     from mqttbed.agents.gpio import VirtualGpio
     from mqttbed.agents.mqtt_session import MqttSession
     from mqttbed.core.clock import monotonic_ns
-    from mqttbed.core.protocol import ClientAssignment, Endpoint, Role, Transport
+    from mqttbed.core.protocol import ClientAssignment, Role
 
     rate = 5000.0
     clients = [ClientAssignment(client_id="pub-0", role=Role.PUBLISHER, topic="cg/x", qos=0,
@@ -102,9 +104,9 @@ def measured_process(client: str, side: str, messages: int, port: int) -> None:
         clients.append(ClientAssignment(client_id="sub-0", role=Role.SUBSCRIBER, topic="cg/x",
                                         qos=0, gpio_pin=3, expected_messages=messages))
     events: list = []
-    session = MqttSession(Endpoint(host="127.0.0.1", port=port, transport=Transport.MQTT_TCP),
-                          clients, VirtualGpio(), events.append, mqtt_client=client,
-                          record_columns=events.append)
+    session = MqttSession(Endpoint.model_validate_json(endpoint_json), clients, VirtualGpio(),
+                          events.append, mqtt_client=client, record_columns=events.append,
+                          protocol="5" if protocol == "5" else "3.1.1")
     session.connect(timeout_s=60)
     print("ready", flush=True)
     sys.stdin.readline()
@@ -117,13 +119,15 @@ def measured_process(client: str, side: str, messages: int, port: int) -> None:
     print(json.dumps({"counts": counts}), flush=True)
 
 
-def callgrind_instructions(client: str, side: str, messages: int, port: int) -> tuple[int, list]:
-    """Instructions the measured process ran from "go" to "ran" (its run)."""
+def callgrind_instructions(client: str, side: str, messages: int, endpoint: Endpoint,
+                           protocol: str = "3.1.1") -> tuple[int, list]:
+    """Instructions the measured process ran from "go" to "ran" (its run); the endpoint
+    (with its TLS and WebSocket path, all public) travels as JSON on the command line."""
     with tempfile.TemporaryDirectory() as tmp:
         out_file = Path(tmp) / "callgrind.out"
         argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                 f"--callgrind-out-file={out_file}", sys.executable, str(HERE), "--measured",
-                client, side, str(messages), str(port)]
+                client, side, str(messages), endpoint.model_dump_json(), protocol]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         assert proc.stdout is not None and proc.stdin is not None
@@ -152,9 +156,11 @@ def callgrind_instructions(client: str, side: str, messages: int, port: int) -> 
         return int(re.split(r"\s+", totals[-1])[1]), counts
 
 
-def per_message(client: str, side: str, small: int, large: int, port: int) -> dict:
-    few, few_counts = callgrind_instructions(client, side, small, port)
-    many, many_counts = callgrind_instructions(client, side, large, port)
+def per_message(client: str, side: str, small: int, large: int, endpoint: Endpoint,
+                protocol: str = "3.1.1") -> dict:
+    """Instructions per message: two run lengths differenced (start-up and close cancel)."""
+    few, few_counts = callgrind_instructions(client, side, small, endpoint, protocol)
+    many, many_counts = callgrind_instructions(client, side, large, endpoint, protocol)
     return {"instructions_per_message": (many - few) / (large - small),
             "counts": [few_counts, many_counts]}
 
@@ -165,8 +171,8 @@ def p3b(small: int, large: int) -> dict:
     try:
         figures = {}
         for client in ("native", "lean"):
-            publisher = per_message(client, "publisher", small, large, endpoint.port)
-            both = per_message(client, "both", small, large, endpoint.port)
+            publisher = per_message(client, "publisher", small, large, endpoint)
+            both = per_message(client, "both", small, large, endpoint)
             figures[client] = {
                 "publisher": publisher["instructions_per_message"],
                 "subscriber": both["instructions_per_message"]
@@ -275,7 +281,7 @@ def shown(value: float | None) -> str:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--measured":
-        measured_process(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        measured_process(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6])
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)

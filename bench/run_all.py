@@ -21,6 +21,8 @@ BENCHES = [
     ("publish_capacity.py", "P3: >= 2.5x a paho publish() loop; Mosquitto saturates first"),
     ("native_engine.py", "P3: native >= 10x a paho publish() loop, Mosquitto >= 90 %, "
                          "engine <= 50 %; P3b: <= 0.15x the lean client's instructions"),
+    ("native_tls.py", "issue 40: native over TLS >= 5x a paho TLS publish() loop, Mosquitto "
+                      ">= 90 %, engine <= 50 %; P3b over TLS beside plain"),
     ("drain_profile.py", "issue 27: the native drain's CPU per event (cProfile), edges as bytes"),
     ("scale.py", "P4: 1,000 + 1,000 clients, no loss, no process left"),
     ("chunk_upload.py", "an agent's chunk upload: same bytes, less CPU than json.dumps"),

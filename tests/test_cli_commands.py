@@ -130,24 +130,6 @@ def test_run_capacity_search_by_name_starts_its_first_probe(tmp_path):
     assert processes_tagged(str(tmp_path)) == set()
 
 
-@pytest.mark.integration
-@pytest.mark.system  # the whole search: ~12 probes of 10-30 s, then Spark (minutes)
-@pytest.mark.timeout(1200)
-def test_run_capacity_search_by_name_finds_a_capacity(tmp_path):
-    import json
-
-    done = mqttbed("run", "capacity-search", "--data-dir", str(tmp_path / "data"),
-                   timeout_s=1150)
-    assert done.returncode == 0, done.stderr[-3000:]
-    stats_path = Path(next(line for line in done.stdout.splitlines()
-                           if line.startswith("stats:")).split(":", 1)[1].strip())
-    search = json.loads(stats_path.read_text())["search"]
-    assert search["parameter"] == "workload.rate_hz" and search["probes"]
-    assert search["stop_reason"] in ("resolution", "high-accepted", "low-rejected",
-                                     "generator-limited", "max-probes")
-    assert search["conclusion"]
-
-
 # --- campaigns list, latest and latest~N: on two real campaigns -------------------------
 
 @pytest.mark.integration
