@@ -40,7 +40,7 @@ from mqttbed.core.mqtt_stream import (
     open_stream,
 )
 from mqttbed.core.protocol import Endpoint, Transport
-from mqttbed.core.websocket import WebSocketError
+from mqttbed.core.websocket import UpgradeRefused, WebSocketError
 
 __all__ = ["ConnectRefused", "Liveness", "Unreachable", "describe_connack",
            "describe_os_error", "probe", "probe_mqtt_tcp", "probe_session",
@@ -52,10 +52,13 @@ _probe_ids = itertools.count(1)
 class Unreachable(Exception):
     """The broker did not answer as an MQTT broker; ``reason`` says what happened."""
 
-    def __init__(self, reason: str, timed_out: bool = False):
+    def __init__(self, reason: str, timed_out: bool = False, lasting: bool = False):
         super().__init__(reason)
         self.reason = reason
         self.timed_out = timed_out  # nothing came back in time (as opposed to a refusal)
+        # the broker is up but answers otherwise than the run asks (a certificate that
+        # does not verify, an upgrade refused): a readiness poll stops at once on it
+        self.lasting = lasting
 
     @classmethod
     def from_os_error(cls, exc: OSError) -> Unreachable:
@@ -69,7 +72,7 @@ class ConnectRefused(Unreachable):
     def __init__(self, code: int, protocol: MqttProtocol = "3.1.1", detail: str = ""):
         named = (f"reason code {describe_reason(code)}" if protocol == "5"
                  else f"return code {describe_connack(code)}")
-        super().__init__(f"CONNECT refused with CONNACK {named}{detail}")
+        super().__init__(f"CONNECT refused with CONNACK {named}{detail}", lasting=True)
         self.code = code
         self.protocol = protocol
 
@@ -138,7 +141,7 @@ def _opening_failed(endpoint: Endpoint, exc: OSError | ValueError,
     """Why a stream to ``endpoint`` did not open (or CONNECT got no answer): the OS
     error, OpenSSL's reason, the WebSocket upgrade's status."""
     if isinstance(exc, WebSocketError):
-        return Unreachable(str(exc))
+        return Unreachable(str(exc), lasting=isinstance(exc, UpgradeRefused))
     if isinstance(exc, ssl.SSLError):
         if isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError):
             # what a broker wanting a client certificate does too (Mosquitto's
@@ -148,7 +151,8 @@ def _opening_failed(endpoint: Endpoint, exc: OSError | ValueError,
                           "and key_file")
             return Unreachable("TLS failed: the server closed the connection during or "
                                f"right after the handshake: is the port a TLS one{wants}?")
-        return Unreachable(f"TLS handshake failed: {describe_tls_error(exc)}")
+        return Unreachable(f"TLS handshake failed: {describe_tls_error(exc)}",
+                           lasting=isinstance(exc, ssl.SSLCertVerificationError))
     if isinstance(exc, ValueError):
         return Unreachable(str(exc))
     failure = Unreachable.from_os_error(exc)

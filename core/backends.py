@@ -27,7 +27,9 @@ installing a package. Modules are imported only when a backend is asked for.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import ssl
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -91,6 +93,37 @@ class DeploymentRecord(BaseModel):
     pid: int | None = Field(None, description="the broker's (root) process, where known")
     exit_code: int | None = None
     log_tail: str | None = Field(None, description="the broker's last log lines")
+
+
+class AccessRecord(BaseModel):
+    """How clients reached a run's broker, as its backend configured the listener (no
+    secret: the user's name, never its password; the CA's fingerprint, never a key)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    transport: ListenerTransport
+    protocol: str = Field(description="workload.protocol")
+    certificate_names: list[str] = Field(default_factory=list,
+                                         description="names in the server certificate")
+    ca_sha256: str | None = Field(None, description="SHA-256 of the run's CA (DER)")
+    client_certificates: bool = Field(False, description="the listener required one")
+    username: str | None = Field(None, description="the one user configured")
+    websocket_path: str | None = None
+    plain_port: int | None = Field(None, description="a plain MQTT listener beside the "
+                                                     "measured one (mqttbed's $SYS sampler's)")
+
+    @classmethod
+    def of(cls, access: BrokerAccess, *, ca_pem: str | None = None,
+           certificate_names: Sequence[str] = (), websocket_path: str | None = None,
+           client_certificates: bool = False, plain_port: int | None = None) -> AccessRecord:
+        """The record of a listener configured for ``access``, whose server certificate
+        (if any) the CA ``ca_pem`` signed for ``certificate_names``."""
+        ca_sha256 = (None if ca_pem is None else
+                     hashlib.sha256(ssl.PEM_cert_to_DER_cert(ca_pem)).hexdigest())
+        return cls(transport=access.transport, protocol=access.protocol,
+                   certificate_names=list(certificate_names), ca_sha256=ca_sha256,
+                   client_certificates=client_certificates,
+                   username=None if access.auth is None else access.auth.username,
+                   websocket_path=websocket_path, plain_port=plain_port)
 
 
 class Fault(BaseModel):

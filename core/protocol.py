@@ -68,6 +68,12 @@ class Endpoint(BaseModel):
             return "wss" if self.tls else "ws"
         return "mqtts" if self.tls else "mqtt"
 
+    @property
+    def url(self) -> str:
+        """The endpoint as a user would write it: ``wss://127.0.0.1:8443/mqtt``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}{self.websocket_path or ''}"
+
 
 # Bounds of what the controller stores (its database columns and 32-bit integers):
 # anything outside is a malformed message (422), not a server error.

@@ -1,31 +1,37 @@
 """Helpers for the tests of brokers as deployed and of the generic backends: a Mosquitto
 (or another server) the test owns, started with a config of its own (TLS listeners, a
-password file made by ``mosquitto_passwd``), a broker that refuses every CONNECT, and one
-small campaign's delivery accounting."""
+password file made by ``mosquitto_passwd``), amqtt's WebSocket listeners, a broker that
+refuses every CONNECT, and one small campaign's delivery accounting."""
 
 from __future__ import annotations
 
 import os
 import socket
+import socketserver
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import pyarrow.dataset as ds
+import pytest
 
-from mqttbed.brokers.certificates import ServerTls
+from mqttbed.brokers.certificates import ServerTls, write_server_tls
 from mqttbed.brokers.reachability import probe_mqtt_tcp
 from mqttbed.core.mqtt_codec import ConnAck, encode
 from tests.conftest import eventually
 
 MOSQUITTO = "/usr/sbin/mosquitto"
 MOSQUITTO_PASSWD = "/usr/bin/mosquitto_passwd"
+AMQTT = Path(sys.executable).parent / "amqtt"
 SERVER_START_TIMEOUT_S = 10.0
+AMQTT_START_TIMEOUT_S = 30.0
 
 # The config a command template renders: every placeholder the backend fills.
 MOSQUITTO_TEMPLATE = """\
@@ -82,36 +88,43 @@ def tls_lines(tls: ServerTls, *, require_certificate: bool = False) -> list[str]
 
 @contextmanager
 def mosquitto_running(directory: Path, lines: Sequence[str], ports: Sequence[int], *,
-                      binary: str = MOSQUITTO, name: str = "mosquitto"
+                      binary: str = MOSQUITTO, name: str = "mosquitto",
+                      env: Mapping[str, str] | None = None
                       ) -> Iterator[subprocess.Popen[bytes]]:
     """A Mosquitto the test starts with the config ``lines`` (written to ``name``.conf in
-    ``directory``), once it listens on every one of ``ports``; stopped at the end.
+    ``directory``; ``env`` added to its environment), once it listens on every one of
+    ``ports``; stopped at the end.
 
     Started as root, Mosquitto would become user ``mosquitto``, who cannot read the test's
     private files: it is told to stay root (``user root``)."""
     conf = directory / f"{name}.conf"
     conf.write_text("\n".join([*(["user root"] if os.geteuid() == 0 else []), *lines, ""]))
-    with server_running([binary, "-c", str(conf)], ports, directory / f"{name}.out") as proc:
+    with server_running([binary, "-c", str(conf)], ports, directory / f"{name}.out",
+                        env=env) as proc:
         yield proc
 
 
 @contextmanager
-def server_running(command: Sequence[str], ports: Sequence[int], output: Path
+def server_running(command: Sequence[str], ports: Sequence[int], output: Path, *,
+                   env: Mapping[str, str] | None = None,
+                   timeout_s: float = SERVER_START_TIMEOUT_S
                    ) -> Iterator[subprocess.Popen[bytes]]:
-    """A server process (a broker) the test starts, once it listens on every one of
-    ``ports``; its output goes to ``output``, named if it exits or does not listen within
-    SERVER_START_TIMEOUT_S. Stopped at the end (terminated, killed if it lingers)."""
+    """A server process (a broker) the test starts (``env`` added to its environment),
+    once it listens on every one of ``ports``; its output goes to ``output``, named if it
+    exits or does not listen within ``timeout_s``. Stopped at the end (terminated, killed
+    if it lingers)."""
     with output.open("wb") as out:
-        proc = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT,
+                                env=None if env is None else {**os.environ, **env})
     try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         while not set(ports) <= listening_ports(proc.pid):
             if proc.poll() is not None:
                 raise RuntimeError(f"{command[0]} exited ({proc.returncode}) before it listened "
                                    f"on {sorted(ports)}: {output.read_text(errors='replace')}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{command[0]} does not listen on {sorted(ports)} after "
-                                   f"{SERVER_START_TIMEOUT_S:g} s: "
+                                   f"{timeout_s:g} s: "
                                    f"{output.read_text(errors='replace')}")
             time.sleep(0.02)
         yield proc
@@ -122,6 +135,46 @@ def server_running(command: Sequence[str], ports: Sequence[int], output: Path
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+@dataclass(frozen=True)
+class WebSocketBroker:
+    """amqtt with a ws and a wss listener (anonymous), and the CA of its certificate."""
+
+    ca_pem: str
+    ws: int
+    wss: int
+
+
+@contextmanager
+def amqtt_websockets(directory: Path) -> Iterator[WebSocketBroker]:
+    """amqtt serving MQTT over ws and wss (Debian's Mosquitto has no WebSocket), a
+    throwaway CA's certificate on the wss one; stopped at the end. Skips the test where
+    amqtt (the brokers extra) is not installed."""
+    if not AMQTT.exists():
+        pytest.skip("needs amqtt (the brokers extra)")
+    files = write_server_tls(directory, ["127.0.0.1"])
+    ws, wss = free_port(), free_port()
+    config = directory / "amqtt.yaml"
+    config.write_text(f"""\
+listeners:
+  default:
+    type: ws
+    bind: 127.0.0.1:{ws}
+  secure:
+    type: ws
+    bind: 127.0.0.1:{wss}
+    ssl: true
+    certfile: {files.cert_file}
+    keyfile: {files.key_file}
+plugins:
+  amqtt.plugins.authentication.AnonymousAuthPlugin:
+    allow_anonymous: true
+""")
+    # a Python broker: slower to start than Mosquitto on a loaded machine
+    with server_running([str(AMQTT), "-c", str(config)], [ws, wss], directory / "amqtt.log",
+                        timeout_s=AMQTT_START_TIMEOUT_S):
+        yield WebSocketBroker(files.ca_pem, ws, wss)
 
 
 def listening_ports(pid: int) -> set[int]:
@@ -161,6 +214,29 @@ def refusing_broker(return_code: int) -> Iterator[int]:
         stop.set()
         thread.join(2)
         server.close()
+
+
+@contextmanager
+def refusing_upgrade(status_line: str = "HTTP/1.1 403 Forbidden") -> Iterator[int]:
+    """A TCP server answering every request (a WebSocket upgrade) with ``status_line``
+    and no body: its port."""
+
+    class Refuse(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            while self.rfile.readline() not in (b"\r\n", b""):
+                pass   # the request's headers, up to the blank line
+            self.wfile.write(f"{status_line}\r\nContent-Length: 0\r\n"
+                             "Connection: close\r\n\r\n".encode("latin-1"))
+
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), Refuse) as server:
+        server.daemon_threads = True
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield server.server_address[1]
+        finally:
+            server.shutdown()
+            thread.join(2)
 
 
 def delivery_counts(events_path: Path) -> tuple[int, Counter[str], set[int]]:

@@ -17,14 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
-from mqttbed.brokers.certificates import CertificateAuthority
+from mqttbed.brokers.certificates import CertificateAuthority, write_server_tls
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.db import RunRow
-from tests.conftest import eventually
-from tests.generic_support import MOSQUITTO, delivery_counts, free_port
+from tests.generic_support import (
+    delivery_counts,
+    free_port,
+    mosquitto_running,
+    tls_lines,
+    write_password_file,
+)
 
 USER = "bench"
 LISTENERS = ("mqtts", "ws", "wss")
@@ -48,38 +52,20 @@ class DeployedBroker:
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DeployedBroker]:
     directory = tmp_path_factory.mktemp("as-deployed")
-    ca = CertificateAuthority.create("the broker operator's CA")
-    cert, key = ca.issue(["127.0.0.1", "localhost"])
-    for name, text in {"ca.crt": ca.cert_pem, "server.crt": cert, "server.key": key}.items():
-        (directory / name).write_text(text)
+    tls = write_server_tls(directory, ["127.0.0.1", "localhost"],
+                           CertificateAuthority.create("the broker operator's CA"))
     password = "as-deployed-password"
     password_file = directory / "bench-password"   # what the spec names (mqttbed reads it)
     password_file.write_text(password + "\n")
-    subprocess.run(["mosquitto_passwd", "-c", "-b", str(directory / "passwd"), USER, password],
-                   check=True, capture_output=True)
+    passwd = write_password_file(directory / "passwd", {USER: password})
     ports = {name: free_port() for name in LISTENERS}
-    d = directory
-    tls = f"certfile {d}/server.crt\nkeyfile {d}/server.key\n"
-    # root keeps its rights: Mosquitto would drop to its own user, who cannot read these
-    (d / "mosquitto.conf").write_text(
-        f"user root\nallow_anonymous false\npassword_file {d}/passwd\npersistence false\n"
-        f"max_inflight_messages 0\nmax_queued_messages 0\n"
-        f"listener {ports['mqtts']} 127.0.0.1\n{tls}"
-        f"listener {ports['ws']} 127.0.0.1\nprotocol websockets\n"
-        f"listener {ports['wss']} 127.0.0.1\nprotocol websockets\n{tls}")
-    proc = subprocess.Popen([MOSQUITTO, "-c", str(d / "mosquitto.conf")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        assert eventually(lambda: _listening(proc.pid) >= len(LISTENERS), 5), \
-            "the test's Mosquitto did not open its listeners"
-        yield DeployedBroker(proc, ports, directory / "ca.crt", password_file)
-    finally:
-        proc.kill()
-        proc.wait(5)
-
-
-def _listening(pid: int) -> int:
-    return sum(c.status == psutil.CONN_LISTEN for c in psutil.Process(pid).net_connections("tcp"))
+    lines = ["allow_anonymous false", f"password_file {passwd}", "persistence false",
+             "max_inflight_messages 0", "max_queued_messages 0",
+             f"listener {ports['mqtts']} 127.0.0.1", *tls_lines(tls),
+             f"listener {ports['ws']} 127.0.0.1", "protocol websockets",
+             f"listener {ports['wss']} 127.0.0.1", "protocol websockets", *tls_lines(tls)]
+    with mosquitto_running(directory, lines, list(ports.values())) as proc:
+        yield DeployedBroker(proc, ports, tls.ca_file, password_file)
 
 
 def campaign(broker: DeployedBroker, name: str, url: str, **more: Any) -> dict[str, Any]:

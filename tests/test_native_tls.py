@@ -6,16 +6,10 @@ connection can be wrong, each named within seconds."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
-import socket
-import socketserver
 import subprocess
-import sys
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -31,9 +25,16 @@ from mqttbed.core.broker_access import ClientCredentials, EndpointTls
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import encode_payload
 from mqttbed.core.protocol import ClientAssignment, Endpoint, Role
+from tests.generic_support import (
+    MOSQUITTO,
+    WebSocketBroker,
+    amqtt_websockets,
+    free_port,
+    mosquitto_running,
+    refusing_upgrade,
+    tls_lines,
+)
 
-MOSQUITTO = "/usr/sbin/mosquitto"
-AMQTT = Path(sys.executable).parent / "amqtt"
 SERVER_NAME = "broker.mqttbed.test"  # in the server certificate beside 127.0.0.1
 MESSAGES = 60
 RATE_HZ = 400
@@ -43,41 +44,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60),
               pytest.mark.skipif(not Path(MOSQUITTO).exists(), reason="needs Mosquitto"),
               pytest.mark.skipif(native.unavailable_reason() is not None,
                                  reason=f"no native engine: {native.unavailable_reason()}")]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def running(command: list[str], ports: list[int], log: Path,
-            env: dict[str, str] | None = None) -> Iterator[None]:
-    """``command`` running until the block ends, once every port accepts."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                env=None if env is None else {**os.environ, **env})
-    try:
-        deadline = monotonic_ns() + 30_000_000_000
-        for port in ports:
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{command[0]} exited ({proc.returncode}): "
-                                       f"{log.read_text()}")
-                with contextlib.suppress(OSError), \
-                        socket.create_connection(("127.0.0.1", port), 0.2):
-                    break
-                assert monotonic_ns() < deadline, f"nothing listens on {port} after 30 s"
-                threading.Event().wait(0.05)
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 @dataclass(frozen=True)
@@ -105,76 +71,33 @@ def mosquitto(tmp_path_factory) -> Iterator[TlsMosquitto]:
     expired_cert, expired_key = ca.issue(["127.0.0.1"], expired=True)
     (directory / "expired.crt").write_text(expired_cert)
     (directory / "expired.key").write_text(expired_key)
-    ports = [free_port() for _ in range(5)]
-    plain, tls12, tls13, client_cert, expired = ports
-
-    def tls(cert: Path = good.cert_file, key: Path = good.key_file) -> list[str]:
-        return [f"cafile {good.ca_file}", f"certfile {cert}", f"keyfile {key}"]
-
-    def config(name: str, *listeners: str) -> Path:
-        path = directory / f"{name}.conf"
-        path.write_text("\n".join([
-            *(["user root"] if os.geteuid() == 0 else []),
-            "per_listener_settings false", "allow_anonymous true", "persistence false",
-            # past 20 unacknowledged QoS 1/2 messages Mosquitto acknowledges and drops:
-            # the broker's count to report, not the engine's to lose
-            "max_inflight_messages 0", *listeners, ""]))
-        return path
-
-    main = config(
-        "mosquitto",
-        f"listener {plain} 127.0.0.1",
-        f"listener {tls13} 127.0.0.1", *tls(), "tls_version tlsv1.3",
-        f"listener {client_cert} 127.0.0.1", *tls(), "require_certificate true",
-        f"listener {expired} 127.0.0.1",
-        *tls(directory / "expired.crt", directory / "expired.key"))
+    expired_tls = replace(good, cert_file=directory / "expired.crt",
+                          key_file=directory / "expired.key")
+    plain, tls12, tls13, client_cert, expired = (free_port() for _ in range(5))
+    common = ["per_listener_settings false", "allow_anonymous true", "persistence false",
+                # past 20 unacknowledged QoS 1/2 messages Mosquitto acknowledges and
+                # drops: the broker's count to report, not the engine's to lose
+                "max_inflight_messages 0"]
+    main = [*common, f"listener {plain} 127.0.0.1",
+            f"listener {tls13} 127.0.0.1", *tls_lines(good), "tls_version tlsv1.3",
+            f"listener {client_cert} 127.0.0.1", *tls_lines(good, require_certificate=True),
+            f"listener {expired} 127.0.0.1", *tls_lines(expired_tls)]
     # Mosquitto's tls_version tlsv1.2 means "1.2 or later": TLS 1.2 alone takes OpenSSL's
     # MaxProtocol, which applies to a whole process, hence a second Mosquitto
-    only_tls12 = config("mosquitto-tls12", f"listener {tls12} 127.0.0.1", *tls())
+    only_tls12 = [*common, f"listener {tls12} 127.0.0.1", *tls_lines(good)]
     openssl_conf = directory / "openssl-tls12.cnf"
     openssl_conf.write_text("openssl_conf = mqttbed\n[mqttbed]\nssl_conf = ssl\n"
                             "[ssl]\nsystem_default = tls12\n[tls12]\nMaxProtocol = TLSv1.2\n")
-    with running([MOSQUITTO, "-c", str(main)], [plain, tls13, client_cert, expired],
-                 directory / "mosquitto.log"), \
-            running([MOSQUITTO, "-c", str(only_tls12)], [tls12],
-                    directory / "mosquitto-tls12.log", env={"OPENSSL_CONF": str(openssl_conf)}):
+    with mosquitto_running(directory, main, [plain, tls13, client_cert, expired]), \
+            mosquitto_running(directory, only_tls12, [tls12], name="mosquitto-tls12",
+                              env={"OPENSSL_CONF": str(openssl_conf)}):
         yield TlsMosquitto(ca, plain, tls12, tls13, client_cert, expired)
-
-
-@dataclass(frozen=True)
-class WebSocketBroker:
-    """amqtt with a ws and a wss listener (anonymous)."""
-
-    ca_pem: str
-    ws: int
-    wss: int
 
 
 @pytest.fixture(scope="module")
 def amqtt(tmp_path_factory) -> Iterator[WebSocketBroker]:
-    if not AMQTT.exists():
-        pytest.skip("needs amqtt (the brokers extra)")
-    directory = tmp_path_factory.mktemp("amqtt-ws")
-    files = write_server_tls(directory, ["127.0.0.1"])
-    ws, wss = free_port(), free_port()
-    config = directory / "amqtt.yaml"
-    config.write_text(f"""\
-listeners:
-  default:
-    type: ws
-    bind: 127.0.0.1:{ws}
-  secure:
-    type: ws
-    bind: 127.0.0.1:{wss}
-    ssl: true
-    certfile: {files.cert_file}
-    keyfile: {files.key_file}
-plugins:
-  amqtt.plugins.authentication.AnonymousAuthPlugin:
-    allow_anonymous: true
-""")
-    with running([str(AMQTT), "-c", str(config)], [ws, wss], directory / "amqtt.log"):
-        yield WebSocketBroker(files.ca_pem, ws, wss)
+    with amqtt_websockets(tmp_path_factory.mktemp("amqtt-ws")) as broker:
+        yield broker
 
 
 def fan_out(qos: int, subscribers: int = 3, topic: str = "n/tls") -> list[ClientAssignment]:
@@ -404,22 +327,10 @@ def test_a_websocket_run_over_tls_delivers_every_message_once(amqtt):
         assert phase.tcp_ns and phase.tls_ns and phase.websocket_ns and phase.connack_ns
 
 
-class _Refuses(socketserver.StreamRequestHandler):
-    def handle(self) -> None:
-        while self.rfile.readline() not in (b"\r\n", b""):
-            pass
-        self.wfile.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
-
-
 def test_a_refused_websocket_upgrade_names_the_http_status():
-    with socketserver.TCPServer(("127.0.0.1", 0), _Refuses) as server:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        try:
-            port = server.server_address[1]
-            message = connect_failure(Endpoint(host="127.0.0.1", port=port,
-                                               websocket_path="/mqtt"))
-        finally:
-            server.shutdown()
+    with refusing_upgrade() as port:
+        message = connect_failure(Endpoint(host="127.0.0.1", port=port,
+                                           websocket_path="/mqtt"))
     assert (f'pub-0: WebSocket upgrade to broker 127.0.0.1:{port}/mqtt: the WebSocket '
             f'upgrade was refused: "HTTP/1.1 403 Forbidden"') in message
 

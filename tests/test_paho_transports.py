@@ -7,10 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-import socketserver
-import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,14 +24,15 @@ from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.protocol import ClientAssignment, Done, Endpoint, Role
 from tests.generic_support import (
     MOSQUITTO,
+    WebSocketBroker,
+    amqtt_websockets,
     free_port,
     mosquitto_running,
-    server_running,
+    refusing_upgrade,
     tls_lines,
     write_password_file,
 )
 
-AMQTT = Path(sys.executable).parent / "amqtt"
 USER = "agent-user"
 CANARY = "canary-Pw-5f1e0c2b"  # the password: searched for in everything a run leaves
 SERVER_NAME = "broker.mqttbed.test"  # in the server certificate beside 127.0.0.1
@@ -79,40 +77,10 @@ def secured(tmp_path_factory) -> Iterator[SecuredBroker]:
         yield SecuredBroker(ca, plain, tls, client_cert_tls)
 
 
-@dataclass(frozen=True)
-class WebSocketBroker:
-    """amqtt with a ws and a wss listener (anonymous)."""
-
-    ca_pem: str
-    ws: int
-    wss: int
-
-
 @pytest.fixture(scope="module")
 def websocket_broker(tmp_path_factory) -> Iterator[WebSocketBroker]:
-    if not AMQTT.exists():
-        pytest.skip("needs amqtt (the brokers extra)")
-    directory = tmp_path_factory.mktemp("amqtt-ws")
-    files = write_server_tls(directory, ["127.0.0.1"])
-    ws, wss = free_port(), free_port()
-    config = directory / "amqtt.yaml"
-    config.write_text(f"""\
-listeners:
-  default:
-    type: ws
-    bind: 127.0.0.1:{ws}
-  secure:
-    type: ws
-    bind: 127.0.0.1:{wss}
-    ssl: true
-    certfile: {files.cert_file}
-    keyfile: {files.key_file}
-plugins:
-  amqtt.plugins.authentication.AnonymousAuthPlugin:
-    allow_anonymous: true
-""")
-    with server_running([str(AMQTT), "-c", str(config)], [ws, wss], directory / "amqtt.log"):
-        yield WebSocketBroker(files.ca_pem, ws, wss)
+    with amqtt_websockets(tmp_path_factory.mktemp("amqtt-ws")) as broker:
+        yield broker
 
 
 def fan_out(qos: int, subscribers: int = 2, topic: str = "t/secured") -> list[ClientAssignment]:
@@ -408,25 +376,10 @@ def _nodelay(sock) -> int:
         return duplicate.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
 
 
-class _Forbidding(socketserver.StreamRequestHandler):
-    def handle(self) -> None:
-        while self.rfile.readline() not in (b"\r\n", b""):
-            pass
-        self.wfile.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n"
-                         b"Connection: close\r\n\r\n")
-
-
 def test_a_refused_websocket_upgrade_names_the_http_status():
-    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Forbidding) as server:
-        server.daemon_threads = True
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            port = server.server_address[1]
-            reason = connect_failure(Endpoint(host="127.0.0.1", port=port,
-                                              websocket_path="/mqtt"))
-        finally:
-            server.shutdown()
+    with refusing_upgrade() as port:
+        reason = connect_failure(Endpoint(host="127.0.0.1", port=port,
+                                          websocket_path="/mqtt"))
     assert (f"pub-0: cannot connect: ws://127.0.0.1:{port}/mqtt: WebSocket upgrade "
             f"refused: HTTP/1.1 403 Forbidden") in reason
 

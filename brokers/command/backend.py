@@ -22,15 +22,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from mqttbed.brokers.command.options import Options
+from mqttbed.brokers.command.ready import probe_ready
 from mqttbed.brokers.command.templates import render, render_command
 from mqttbed.brokers.processes import BrokerProcess, local_processes, processes_in_group
-from mqttbed.brokers.reachability import ConnectRefused, Unreachable, probe
+from mqttbed.brokers.reachability import ConnectRefused, Unreachable
 from mqttbed.brokers.sys_monitor import SysMonitor, SysTopicsRecord
-from mqttbed.core.backends import DeploymentRecord
-from mqttbed.core.broker_access import ListenerTransport
+from mqttbed.core.backends import AccessRecord, DeploymentRecord
+from mqttbed.core.broker_access import ClientCredentials, MqttProtocol
 from mqttbed.core.errors import BackendError, MissingSystemDependency
 from mqttbed.core.host import Host, ProcessHandle, describe_exit, sha256_file
 from mqttbed.core.protocol import Endpoint, Transport
@@ -63,19 +64,6 @@ class CommandDeployment(DeploymentRecord):
     sys_topics: SysTopicsRecord | None = None
     access: AccessRecord | None = Field(None, description="the listener a named broker was "
                                                           "configured for (no secret)")
-
-
-class AccessRecord(BaseModel):
-    """How a run's broker was reached, as its backend configured it (public)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    transport: ListenerTransport
-    protocol: str = Field(description="workload.protocol")
-    certificate_names: list[str] = Field(default_factory=list,
-                                         description="names in the server certificate")
-    ca_sha256: str | None = Field(None, description="SHA-256 of the run's CA (DER)")
-    username: str | None = Field(None, description="the one user configured")
-    websocket_path: str | None = None
 
 
 class CommandBackend:
@@ -235,7 +223,15 @@ class CommandBackend:
 
     def _probe(self, endpoint: Endpoint, timeout_s: float) -> None:
         """One readiness probe (raises Unreachable until the broker answers)."""
-        probe(endpoint, timeout_s)
+        probe_ready(self.name, endpoint, timeout_s, self._credentials(), self._protocol())
+
+    def _credentials(self) -> ClientCredentials | None:
+        """What the run's clients present (None: anonymous, no client certificate)."""
+        return None
+
+    def _protocol(self) -> MqttProtocol:
+        """The MQTT version the run's clients speak."""
+        return "3.1.1"
 
     def _clients_connect_as(self) -> str:
         """Who the run's clients are, for an error about a refused CONNECT."""

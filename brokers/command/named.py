@@ -9,7 +9,6 @@ backend may still be given, and overrides the preset's.
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 import pwd
 import secrets
@@ -20,12 +19,10 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from cryptography import x509
-from cryptography.hazmat.primitives.serialization import Encoding
 from pydantic import model_validator
 
 from mqttbed.brokers.certificates import write_server_tls
-from mqttbed.brokers.command.backend import AccessRecord, CommandBackend
+from mqttbed.brokers.command.backend import CommandBackend
 from mqttbed.brokers.command.backend import unavailable as command_unavailable
 from mqttbed.brokers.command.listeners import (
     CERTIFICATE_NAMES,
@@ -35,9 +32,8 @@ from mqttbed.brokers.command.listeners import (
 )
 from mqttbed.brokers.command.options import Options
 from mqttbed.brokers.command.presets import ACTIVEMQ_CLASSPATH, EJABBERD_LIBS, preset
-from mqttbed.brokers.command.ready import ListenerMismatch, probe_listener
-from mqttbed.core.backends import BackendDeclaration, BrokerAccess
-from mqttbed.core.broker_access import ClientCredentials, EndpointTls
+from mqttbed.core.backends import AccessRecord, BackendDeclaration, BrokerAccess
+from mqttbed.core.broker_access import ClientCredentials, EndpointTls, MqttProtocol
 from mqttbed.core.errors import BackendError
 from mqttbed.core.protocol import Endpoint
 
@@ -101,6 +97,7 @@ class AccessBackend(CommandBackend):
         self._plan: ListenerPlan | None = None
         self._ca_pem: str | None = None
         self._certificate_names: list[str] = []
+        self._client_credentials: ClientCredentials | None = None
 
     def configure_access(self, access: BrokerAccess) -> None:
         """Take the run's listener, MQTT version and user (before deploy)."""
@@ -162,19 +159,13 @@ class AccessBackend(CommandBackend):
                         websocket_path=self._listener.websocket_path(access))
 
     def _credentials(self) -> ClientCredentials | None:
-        auth = self._access.auth
-        return None if auth is None else ClientCredentials(username=auth.username,
-                                                           password=self._access.password)
+        # read once per deploy, not at every readiness try
+        if self._client_credentials is None:
+            self._client_credentials = self._access.client_credentials()
+        return self._client_credentials
 
-    def _probe(self, endpoint: Endpoint, timeout_s: float) -> None:
-        if self._plan is None:
-            super()._probe(endpoint, timeout_s)
-            return
-        try:
-            probe_listener(endpoint, self._credentials(), timeout_s)
-        except ListenerMismatch as exc:
-            raise BackendError(f"broker {self.name} at {endpoint.scheme}://{endpoint.host}:"
-                               f"{endpoint.port}: {exc}") from None
+    def _protocol(self) -> MqttProtocol:
+        return self._access.protocol
 
     def _clients_connect_as(self) -> str:
         auth = self._access.auth
@@ -190,17 +181,9 @@ class AccessBackend(CommandBackend):
     def _access_record(self) -> AccessRecord | None:
         if self._plan is None:
             return None
-        ca_sha256 = None
-        if self._ca_pem is not None:
-            der = x509.load_pem_x509_certificate(self._ca_pem.encode()).public_bytes(
-                Encoding.DER)
-            ca_sha256 = hashlib.sha256(der).hexdigest()
-        access = self._access
-        return AccessRecord(
-            transport=access.transport, protocol=access.protocol,
-            certificate_names=self._certificate_names, ca_sha256=ca_sha256,
-            username=None if access.auth is None else access.auth.username,
-            websocket_path=self._listener.websocket_path(access))
+        return AccessRecord.of(self._access, ca_pem=self._ca_pem,
+                               certificate_names=self._certificate_names,
+                               websocket_path=self._listener.websocket_path(self._access))
 
 
 def _write_private(path: Path, data: bytes) -> Path:

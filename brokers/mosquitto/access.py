@@ -31,17 +31,16 @@ from pathlib import Path, PurePath
 
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import SecretStr
 
 from mqttbed.brokers import reachability
 from mqttbed.brokers.certificates import CertificateAuthority
 from mqttbed.brokers.reachability import Unreachable
-from mqttbed.core.backends import BrokerAccess
+from mqttbed.core.backends import AccessRecord, BrokerAccess
 from mqttbed.core.broker_access import (
     DEFAULT_WEBSOCKET_PATH,
     ClientCredentials,
     EndpointTls,
-    ListenerTransport,
     MqttProtocol,
     read_public_file,
 )
@@ -62,21 +61,6 @@ WEBSOCKETS_PRESENT = 'Unknown configuration variable "mqttbed_websockets_probe"'
 # names the server certificate always carries beside the listen address
 CERTIFICATE_NAMES = ("localhost",)
 PROBE_TIMEOUT_S = 3.0
-
-
-class AccessRecord(BaseModel):
-    """How a run's Mosquitto was reached (public: no secret in it)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    transport: ListenerTransport
-    protocol: str = Field(description="workload.protocol (Mosquitto speaks 3.1.1 and 5)")
-    certificate_names: list[str] = Field(default_factory=list,
-                                         description="names in the server certificate")
-    ca_sha256: str | None = Field(None, description="SHA-256 of the run's CA (DER)")
-    client_certificates: bool = Field(False, description="the listener required one")
-    username: str | None = Field(None, description="the one user of the password file")
-    plain_port: int | None = Field(None, description="the plain MQTT listener beside a "
-                                                     "WebSocket one (the $SYS sampler's)")
 
 
 @dataclass(frozen=True)
@@ -247,15 +231,10 @@ def websockets_verdict(printed: str, binary: str, version: str) -> str | None:
 def record(access: BrokerAccess, address: str, files: ListenerFiles,
            plain_port: int | None) -> AccessRecord:
     """What the deployment record says of the listener (no secret)."""
-    ca_sha256 = None
-    if files.ca_pem is not None:
-        der = x509.load_pem_x509_certificate(files.ca_pem.encode()).public_bytes(Encoding.DER)
-        ca_sha256 = hashlib.sha256(der).hexdigest()
-    return AccessRecord(
-        transport=access.transport, protocol=access.protocol,
-        certificate_names=certificate_names(access, address) if files.ca_pem else [],
-        ca_sha256=ca_sha256, client_certificates=files.require_certificate,
-        username=None if access.auth is None else access.auth.username,
+    return AccessRecord.of(
+        access, ca_pem=files.ca_pem,
+        certificate_names=certificate_names(access, address) if files.ca_pem else (),
+        websocket_path=websocket_path(access), client_certificates=files.require_certificate,
         plain_port=plain_port)
 
 
@@ -269,6 +248,4 @@ def probe(endpoint: Endpoint, protocol: MqttProtocol, credentials: ClientCredent
     try:
         reachability.probe(endpoint, timeout_s, credentials, protocol)
     except Unreachable as exc:
-        address = (f"{endpoint.scheme}://{endpoint.host}:{endpoint.port}"
-                   f"{endpoint.websocket_path or ''}")
-        raise BackendError(f"mosquitto at {address}: {exc.reason}") from None
+        raise BackendError(f"mosquitto at {endpoint.url}: {exc.reason}") from None
