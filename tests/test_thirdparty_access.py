@@ -230,7 +230,7 @@ def both_ways(endpoint: Endpoint, qos: int, protocol: int = mqtt.MQTTv311) -> di
         while sum(c.total() for c in arrived.values()) < 2 * MESSAGES and \
                 time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.1)   # a late duplicate would show up within it
+        time.sleep(0.1)   # window: a late duplicate would show up within it
     finally:
         for client in clients.values():
             client.disconnect()
