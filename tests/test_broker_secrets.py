@@ -32,7 +32,6 @@ import sqlalchemy as sa
 
 from mqttbed.campaigns.spec import spec_from_text
 from mqttbed.controller.db import RunRow
-from mqttbed.core.backends import declaration
 from mqttbed.core.mqtt_codec import Connect, encode
 from tests.conftest import Served
 from tests.generic_support import (
@@ -45,9 +44,8 @@ from tests.generic_support import (
 PASSWORD_ENV = "MQTTBED_TEST_BROKER_PASSWORD"
 FILE_USER, ENV_USER = "bench-file", "bench-env"
 CONNACK_ACCEPTED, CONNACK_NOT_AUTHORIZED = b"\x20\x02\x00\x00", b"\x20\x02\x00\x05"
-# The agents' client that sends credentials today (the native engine's are on their way:
-# switch this to native once it sends them).
-CLIENT = "paho"
+# The agents' client: the native engine, which sends the credentials in CONNECT itself.
+CLIENT = "native"
 
 
 def canary() -> str:
@@ -102,14 +100,6 @@ def connack(port: int, user: str | None, password: str | None) -> bytes | None:
             return sock.recv(4)
     except OSError:
         return None
-
-
-def external_takes_auth() -> bool:
-    """Whether the external backend declares broker.auth (it will: then drop this check)."""
-    from mqttbed.brokers.external.options import Options
-
-    options = Options(url="mqtt://127.0.0.1:1883")
-    return declaration("external").features_for(options).auth
 
 
 def spec_yaml(port: int, pid: int, password_file: Path, brokers: list[str]) -> str:
@@ -203,8 +193,6 @@ def broker_and_secrets(tmp_path, monkeypatch) -> Iterator[tuple[int, int, Path,
 @pytest.mark.parametrize("broker", ["external", "mosquitto"])
 def test_the_password_reaches_the_broker_and_no_file_row_or_log_of_the_runs(
         broker, broker_and_secrets, controller, updates, caplog):
-    if broker == "external" and not external_takes_auth():
-        pytest.skip("the external backend does not take broker.auth yet")
     caplog.set_level(logging.DEBUG)
     port, pid, password_file, canaries = broker_and_secrets
     spec = spec_from_text(spec_yaml(port, pid, password_file, [broker]))
@@ -234,8 +222,7 @@ def test_no_secret_in_the_results_report_api_views_or_exports(broker_and_secrets
                                                               caplog):
     caplog.set_level(logging.DEBUG)
     port, pid, password_file, canaries = broker_and_secrets
-    # the test's own Mosquitto too, once the external backend takes broker.auth
-    brokers = ["external", "mosquitto"] if external_takes_auth() else ["mosquitto"]
+    brokers = ["external", "mosquitto"]   # the test's own Mosquitto, and one mqttbed starts
     served = Served(tmp_path / "served")
     with served.server:
         campaign_id = served.start_yaml_campaign(spec_yaml(port, pid, password_file, brokers))
