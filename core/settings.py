@@ -11,6 +11,7 @@ to :meth:`Settings.load` (a command-line option) wins over both. A bad value is 
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from pathlib import Path
 from typing import Any, Self
@@ -89,11 +90,13 @@ class Settings(_Loadable):
     tls_key: str | None = Field(None, description="its private key (PEM)")
     secrets_dir: Path | None = Field(None, description=(
         "the only directory whose files a campaign spec sent over REST may name in "
-        "broker.tls and broker.auth (default: DATA_DIR/secrets)"))
+        "broker.tls and broker.auth (default: ~/.config/mqttbed/secrets, outside the data "
+        "dir, which is copied and shared with its results)"))
 
     def broker_secrets_dir(self) -> Path:
         """Where REST campaigns' broker passwords, keys and certificates must be."""
-        return (self.secrets_dir or self.data_dir / "secrets").expanduser().resolve()
+        default = Path(os.environ.get("XDG_CONFIG_HOME") or "~/.config") / "mqttbed/secrets"
+        return (self.secrets_dir or default).expanduser().resolve()
 
     @field_validator("data_dir")
     @classmethod

@@ -312,7 +312,7 @@ def run_tagged(argv: list[str], tag: str, *, timeout_s: float = 300,
 class Served:
     """A running ``mqttbed serve`` equivalent: the full app on a real socket."""
 
-    def __init__(self, data_dir, run_campaigns: bool = True):
+    def __init__(self, data_dir, run_campaigns: bool = True, secrets_dir=None):
         from mqttbed.api.app import create_app
         from mqttbed.controller.embedded import BackgroundServer, bind_socket
         from mqttbed.controller.tokens import TokenRole, create_token
@@ -323,7 +323,8 @@ class Served:
         self.updates = UpdateLog()  # every document its controller emits
         # Tests present wrong tokens on purpose, all from 127.0.0.1, to one session-wide
         # server: the per-address limit (its own tests: test_tokens.py) must not trip here.
-        settings = Settings(data_dir=data_dir, auth_failures_per_minute=100_000)
+        settings = Settings(data_dir=data_dir, auth_failures_per_minute=100_000,
+                            secrets_dir=secrets_dir)
         self.controller = create_controller(settings, controller_url=self.url,
                                             listeners=[self.updates.append])
         self.app = create_app(self.controller, run_campaigns=run_campaigns)

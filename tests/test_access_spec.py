@@ -440,10 +440,10 @@ def test_a_spec_sent_over_rest_may_read_secrets_from_the_secrets_dir_only(tmp_pa
     """Over REST, a caller naming any file (or variable) as a password would have the
     controller send it to a broker of their choice: only the secrets directory and
     MQTTBED_SECRET_* variables are taken."""
-    served = Served(tmp_path / "data", run_campaigns=False)
-    secrets = served.controller.settings.broker_secrets_dir()
-    assert secrets == (tmp_path / "data" / "secrets").resolve()
-    secrets.mkdir(parents=True)
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    served = Served(tmp_path / "data", run_campaigns=False, secrets_dir=secrets)
+    assert served.controller.settings.broker_secrets_dir() == secrets.resolve()
     inside = secrets / "broker-password"
     inside.write_text(CANARY + "\n")
     outside = tmp_path / "elsewhere-password"

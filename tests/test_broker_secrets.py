@@ -41,7 +41,8 @@ from tests.generic_support import (
     write_password_file,
 )
 
-PASSWORD_ENV = "MQTTBED_TEST_BROKER_PASSWORD"
+# REST takes MQTTBED_SECRET_* variables only
+PASSWORD_ENV = "MQTTBED_SECRET_TEST_BROKER_PASSWORD"
 FILE_USER, ENV_USER = "bench-file", "bench-env"
 CONNACK_ACCEPTED, CONNACK_NOT_AUTHORIZED = b"\x20\x02\x00\x00", b"\x20\x02\x00\x05"
 # The agents' client: the native engine, which sends the credentials in CONNECT itself.
@@ -223,9 +224,15 @@ def test_no_secret_in_the_results_report_api_views_or_exports(broker_and_secrets
     caplog.set_level(logging.DEBUG)
     port, pid, password_file, canaries = broker_and_secrets
     brokers = ["external", "mosquitto"]   # the test's own Mosquitto, and one mqttbed starts
-    served = Served(tmp_path / "served")
+    # a spec sent over REST names files in the controller's secrets directory only
+    secrets_dir = tmp_path / "controller-secrets"
+    secrets_dir.mkdir()
+    served = Served(tmp_path / "served", secrets_dir=secrets_dir)
+    served_password_file = secrets_dir / password_file.name
+    served_password_file.write_bytes(password_file.read_bytes())
     with served.server:
-        campaign_id = served.start_yaml_campaign(spec_yaml(port, pid, password_file, brokers))
+        campaign_id = served.start_yaml_campaign(
+            spec_yaml(port, pid, served_password_file, brokers))
         served.wait_for_status(campaign_id, ("done",), 420)
         with served.client() as http:
             views = {path: http.get(path) for path in (
