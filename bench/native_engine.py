@@ -87,7 +87,7 @@ def native_publisher(host: str, port: int, seconds: float, publishers: int,
 # -- P3b: one measured process under callgrind -----------------------------------------
 
 def measured_process(client: str, side: str, messages: int, endpoint_json: str,
-                     protocol: str = "3.1.1") -> None:
+                     protocol: str = "3.1.1", rate_hz: float = 5000.0) -> None:
     """Connect, say "ready", wait for "go" (instrumentation on), run ``messages``, say
     "ran" and wait (instrumentation off) before closing: connecting, closing and the
     interpreter's exit are not the hot path."""
@@ -96,9 +96,8 @@ def measured_process(client: str, side: str, messages: int, endpoint_json: str,
     from mqttbed.core.clock import monotonic_ns
     from mqttbed.core.protocol import ClientAssignment, Role
 
-    rate = 5000.0
     clients = [ClientAssignment(client_id="pub-0", role=Role.PUBLISHER, topic="cg/x", qos=0,
-                                gpio_pin=2, payload_bytes=PAYLOAD_BYTES, rate_hz=rate,
+                                gpio_pin=2, payload_bytes=PAYLOAD_BYTES, rate_hz=rate_hz,
                                 messages=messages)]
     if side == "both":
         clients.append(ClientAssignment(client_id="sub-0", role=Role.SUBSCRIBER, topic="cg/x",
@@ -120,14 +119,19 @@ def measured_process(client: str, side: str, messages: int, endpoint_json: str,
 
 
 def callgrind_instructions(client: str, side: str, messages: int, endpoint: Endpoint,
-                           protocol: str = "3.1.1") -> tuple[int, list]:
-    """Instructions the measured process ran from "go" to "ran" (its run); the endpoint
-    (with its TLS and WebSocket path, all public) travels as JSON on the command line."""
+                           protocol: str = "3.1.1", rate_hz: float = 5000.0,
+                           calls_of: tuple[str, ...] = ()
+                           ) -> tuple[int, list, dict[str, tuple[int, int]]]:
+    """Instructions the measured process ran from "go" to "ran" (its run), its counts, and
+    the calls to each function of ``calls_of`` meanwhile with their inclusive instructions;
+    the endpoint (with its TLS and WebSocket path, all public) travels as JSON on the
+    command line."""
     with tempfile.TemporaryDirectory() as tmp:
         out_file = Path(tmp) / "callgrind.out"
         argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                 f"--callgrind-out-file={out_file}", sys.executable, str(HERE), "--measured",
-                client, side, str(messages), endpoint.model_dump_json(), protocol]
+                client, side, str(messages), endpoint.model_dump_json(), protocol,
+                str(rate_hz)]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         assert proc.stdout is not None and proc.stdin is not None
@@ -151,17 +155,49 @@ def callgrind_instructions(client: str, side: str, messages: int, endpoint: Endp
         counts = json.loads(out.strip().splitlines()[-1])["counts"]
         # "totals:" is the count; the header's "summary:" reads 0 when instrumentation
         # started switched off
-        totals = [line for line in out_file.read_text().splitlines()
-                  if line.startswith("totals:")]
-        return int(re.split(r"\s+", totals[-1])[1]), counts
+        lines = out_file.read_text().splitlines()
+        totals = [line for line in lines if line.startswith("totals:")]
+        return int(re.split(r"\s+", totals[-1])[1]), counts, calls_to(lines, calls_of)
+
+
+def calls_to(lines: list[str], names: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """Calls to each of ``names`` in a callgrind output and their inclusive instructions:
+    the ``calls=`` line after each ``cfn=`` naming it, and the cost line after that (names
+    are compressed: ``(id) name`` once, ``(id)`` after)."""
+    ids: dict[str, str] = {}
+    calls = dict.fromkeys(names, (0, 0))
+    callee: str | None = None
+    lines_iter = iter(lines)
+    for line in lines_iter:
+        if line.startswith(("fn=", "cfn=")):
+            key, _, name = line.split("=", 1)[1].partition(" ")
+            if name:
+                ids[key] = name
+            callee = ids.get(key) if line.startswith("cfn=") else None
+        elif line.startswith("calls=") and callee in calls:
+            count, inclusive = calls[callee]
+            # the next line: the call's position, then its cost (events: Ir alone)
+            cost = next(lines_iter).split()[-1]
+            calls[callee] = (count + int(line[6:].split()[0]), inclusive + int(cost))
+            callee = None
+    return calls
 
 
 def per_message(client: str, side: str, small: int, large: int, endpoint: Endpoint,
-                protocol: str = "3.1.1") -> dict:
-    """Instructions per message: two run lengths differenced (start-up and close cancel)."""
-    few, few_counts = callgrind_instructions(client, side, small, endpoint, protocol)
-    many, many_counts = callgrind_instructions(client, side, large, endpoint, protocol)
+                protocol: str = "3.1.1", rate_hz: float = 5000.0,
+                calls_of: tuple[str, ...] = ()) -> dict:
+    """Instructions (and calls of ``calls_of``) per message: two run lengths differenced
+    (start-up and close cancel)."""
+    few, few_counts, few_calls = callgrind_instructions(client, side, small, endpoint,
+                                                        protocol, rate_hz, calls_of)
+    many, many_counts, many_calls = callgrind_instructions(client, side, large, endpoint,
+                                                           protocol, rate_hz, calls_of)
     return {"instructions_per_message": (many - few) / (large - small),
+            # per message: (calls, their inclusive instructions)
+            "calls_per_message": {name: tuple((many_calls[name][i] - few_calls[name][i])
+                                              / (large - small) for i in (0, 1))
+                                  for name in calls_of},
+            "calls": [few_calls, many_calls],
             "counts": [few_counts, many_counts]}
 
 
@@ -281,7 +317,8 @@ def shown(value: float | None) -> str:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--measured":
-        measured_process(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6])
+        measured_process(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6],
+                         float(sys.argv[7]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
