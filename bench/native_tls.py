@@ -43,6 +43,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, load_average, ratio  # noqa: E402
 from native_engine import per_message  # noqa: E402
+from publish_capacity import PAYLOAD_BYTES, paho_publish_loop  # noqa: E402
 
 from mqttbed.brokers.mosquitto.backend import MosquittoBackend, Options  # noqa: E402
 from mqttbed.core.backends import BrokerAccess  # noqa: E402
@@ -50,7 +51,6 @@ from mqttbed.core.broker_access import ListenerTransport  # noqa: E402
 from mqttbed.core.host import LocalHost  # noqa: E402
 from mqttbed.core.protocol import Endpoint  # noqa: E402
 
-PAYLOAD_BYTES = 100
 # a publisher's rate no loop keeps: the engine sends as fast as the socket takes
 OPEN_LOOP_HZ = 10_000_000.0
 
@@ -91,8 +91,6 @@ def paho_tls_publisher(endpoint_json: str, protocol: str, seconds: float,
     import paho.mqtt.client as mqtt
 
     from mqttbed.core.client_tls import ssl_context
-    from mqttbed.core.clock import monotonic_ns
-    from mqttbed.core.events import encode_payload
 
     endpoint = Endpoint.model_validate_json(endpoint_json)
     assert endpoint.tls is not None and protocol == "3.1.1"
@@ -105,18 +103,10 @@ def paho_tls_publisher(endpoint_json: str, protocol: str, seconds: float,
     # ssl.SSLSocket: what the handshake settled on, printed beside the engine's
     negotiated = f"{sock.version()} {sock.cipher()[0]}"
     out.put("publishing")
-    sent, start = 0, monotonic_ns()
-    end = start + int(seconds * 1e9)
-    cpu0 = time.process_time()
-    while (now := monotonic_ns()) < end:
-        client.publish("cap/paho", encode_payload(sent, 0, now, now, PAYLOAD_BYTES), qos=0)
-        sent += 1
-    elapsed = (monotonic_ns() - start) / 1e9
-    cpu = time.process_time() - cpu0
+    figures = paho_publish_loop(client, seconds)
     client.loop_stop()
     client.disconnect()
-    out.put({"sent": sent, "seconds": elapsed, "cpu_percent": 100 * cpu / elapsed,
-             "tls": negotiated})
+    out.put({**figures, "tls": negotiated})
 
 
 def engine_publisher(endpoint_json: str, protocol: str, seconds: float, publishers: int,

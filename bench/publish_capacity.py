@@ -39,13 +39,23 @@ PAYLOAD_BYTES = 100
 def paho_publisher(host: str, port: int, seconds: float, out: mp.Queue) -> None:
     import paho.mqtt.client as mqtt
 
-    from mqttbed.core.clock import monotonic_ns
-    from mqttbed.core.events import encode_payload
-
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="cap-paho")
     client.connect(host, port)
     client.loop_start()
     time.sleep(0.3)
+    figures = paho_publish_loop(client, seconds)
+    client.loop_stop()
+    client.disconnect()
+    out.put(figures)
+
+
+def paho_publish_loop(client: Any, seconds: float) -> dict[str, float]:
+    """QoS 0 ``publish()`` calls from this thread for ``seconds``, mqttbed's payload built
+    per message, on a connected paho client whose network thread runs: what was sent in
+    how long, and this process's CPU over it."""
+    from mqttbed.core.clock import monotonic_ns
+    from mqttbed.core.events import encode_payload
+
     sent, start = 0, monotonic_ns()
     end = start + int(seconds * 1e9)
     cpu0 = time.process_time()
@@ -54,9 +64,7 @@ def paho_publisher(host: str, port: int, seconds: float, out: mp.Queue) -> None:
         sent += 1
     elapsed = (monotonic_ns() - start) / 1e9
     cpu = time.process_time() - cpu0
-    client.loop_stop()
-    client.disconnect()
-    out.put({"sent": sent, "seconds": elapsed, "cpu_percent": 100 * cpu / elapsed})
+    return {"sent": sent, "seconds": elapsed, "cpu_percent": 100 * cpu / elapsed}
 
 
 def timed_publishers(host: str, port: int, seconds: float, publishers: int, rate: float,
