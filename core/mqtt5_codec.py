@@ -28,7 +28,7 @@ from mqttbed.core.mqtt_codec import (
     Publish,
     SubAck,
     UnsubAck,
-    encode_binary,
+    connect_flags_and_payload,
     encode_packet,
     encode_remaining_length,
     encode_string,
@@ -133,19 +133,7 @@ def encode_varint(value: int) -> bytes:
 def encode_connect(packet: Connect) -> bytes:
     """An MQTT 5 CONNECT of ``packet``'s fields (no properties; ``clean_session`` is Clean
     Start; a will goes without will properties)."""
-    flags = packet.clean_session << 1
-    payload = encode_string(packet.client_id)
-    if packet.will is not None:
-        flags |= 0x04 | (packet.will.qos << 3) | (packet.will.retain << 5)
-        payload += (encode_varint(0) + encode_string(packet.will.topic)
-                    + encode_binary(packet.will.message))
-    if packet.username is not None:
-        flags |= 0x80
-        payload += encode_string(packet.username)
-    if packet.password is not None:
-        # MQTT 5 allows a password without a user name (section 3.1.2.9), unlike 3.1.1
-        flags |= 0x40
-        payload += encode_binary(packet.password)
+    flags, payload = connect_flags_and_payload(packet, will_properties=encode_varint(0))
     variable = (encode_string("MQTT") + bytes((PROTOCOL_LEVEL, flags))
                 + _U16.pack(packet.keepalive_s) + encode_varint(0))
     return encode_packet(PacketType.CONNECT << 4, variable + payload)

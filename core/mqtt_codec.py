@@ -199,6 +199,27 @@ def encode_publish(topic: str, payload: bytes, qos: int = 0, retain: bool = Fals
     return encode_packet(first, variable + payload)
 
 
+def connect_flags_and_payload(packet: Connect, will_properties: bytes = b"") -> tuple[int, bytes]:
+    """A CONNECT's flags byte and its payload (client id, will, user name, password), the
+    same in MQTT 3.1.1 and 5 but for the will's properties, which MQTT 5 puts before its
+    topic (``will_properties``: their encoded length and bytes)."""
+    flags = packet.clean_session << 1
+    payload = encode_string(packet.client_id)
+    if packet.will is not None:
+        flags |= 0x04 | (packet.will.qos << 3) | (packet.will.retain << 5)
+        payload += (will_properties + encode_string(packet.will.topic)
+                    + encode_binary(packet.will.message))
+    if packet.username is not None:
+        flags |= 0x80
+        payload += encode_string(packet.username)
+    if packet.password is not None:
+        # MQTT 5 allows a password without a user name (section 3.1.2.9), 3.1.1 does not:
+        # the caller's packet decides
+        flags |= 0x40
+        payload += encode_binary(packet.password)
+    return flags, payload
+
+
 def encode(packet: Packet) -> bytes:
     """Return the bytes of ``packet``."""
     match packet:
@@ -206,17 +227,7 @@ def encode(packet: Packet) -> bytes:
             return encode_publish(packet.topic, packet.payload, packet.qos, packet.retain,
                                   packet.dup, packet.packet_id)
         case Connect():
-            flags = (packet.clean_session << 1)
-            payload = encode_string(packet.client_id)
-            if packet.will is not None:
-                flags |= 0x04 | (packet.will.qos << 3) | (packet.will.retain << 5)
-                payload += encode_string(packet.will.topic) + encode_binary(packet.will.message)
-            if packet.username is not None:
-                flags |= 0x80
-                payload += encode_string(packet.username)
-            if packet.password is not None:
-                flags |= 0x40
-                payload += encode_binary(packet.password)
+            flags, payload = connect_flags_and_payload(packet)
             variable = (encode_string(packet.protocol_name) + bytes((packet.protocol_level, flags))
                         + _U16.pack(packet.keepalive_s))
             return encode_packet(PacketType.CONNECT << 4, variable + payload)
