@@ -103,5 +103,9 @@ def describe_tls_error(exc: BaseException) -> str:
         if reason == "WRONG_VERSION_NUMBER":
             # what OpenSSL says when the bytes back are not TLS at all
             return "the answer is not TLS (wrong version number): is the port a TLS one?"
+        if reason == "TLSV13_ALERT_CERTIFICATE_REQUIRED":
+            # TLS 1.3's alert 116, sent by a listener that wants a client certificate
+            return ("the server requires a client certificate (TLS alert "
+                    "certificate_required): give broker.tls.cert_file and key_file")
         return f"{reason} ({exc.library})" if exc.library else str(reason)
     return str(exc) or type(exc).__name__

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,8 @@ from mqttbed.core.samples import BrokerResourceSample, SysSample
 from mqttbed.core.sections import SectionRecords
 from mqttbed.core.ssh import SshError, SshHost
 from mqttbed.instruments.resources import ProcessTreeSampler
+
+REMOTE_EXIT_MARGIN_S = 1.0   # the ssh round trip and the sampler's exit, with room
 
 
 class ExternalDeployment(DeploymentRecord):
@@ -182,8 +185,21 @@ class ExternalBackend:
             # would be a line or two in the broker's log, twice a second).
             return None
         if (reason := self._liveness.check()) is not None:
+            if self._remote is not None and (code := self._remote_exit()) is not None:
+                # the broker's port closed because its process ended: the sampler on the
+                # lab host says so a moment later (its interval plus the ssh round trip)
+                return self._remote_ended(code)
             return f"external broker {self._options.url}: {reason}"
         return None
+
+    def _remote_exit(self) -> int | None:
+        """The lab host's sampler's exit code, waited for up to two of its intervals and
+        an ssh round trip's margin (None: it still samples a live process)."""
+        assert self._remote is not None and self._sampled is not None
+        deadline = time.monotonic() + 2 * self._sampled.interval_s + REMOTE_EXIT_MARGIN_S
+        while (code := self._remote.exit_code()) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return code
 
     def _remote_ended(self, code: int) -> str:
         """Why the run cannot go on, once the sampler on the lab host ended by itself."""
