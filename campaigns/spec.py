@@ -37,6 +37,16 @@ from mqttbed.campaigns.repetitions import (
     most_repetitions,
 )
 from mqttbed.campaigns.search import SearchSpec
+from mqttbed.campaigns.shapes import (
+    SHAPES,
+    ConnectStorm,
+    PersistentSessions,
+    ReconnectStorm,
+    Retained,
+    SharedSubscription,
+    TopicTree,
+    check_shape_features,
+)
 from mqttbed.core.bounded_yaml import MAX_BYTES as MAX_SPEC_BYTES
 from mqttbed.core.bounded_yaml import YamlBoundsError, load_bounded_yaml
 from mqttbed.core.broker_access import (
@@ -249,9 +259,12 @@ class Workload(_Strict):
     # time-sync: the publisher is a time server (seed 000, section 4.2, MQTT-TS): each
     # PUBLISH carries its clock, each subscriber sets its clock from it on receipt, and the
     # stats report every subscriber's error against the reference clock.
-    mode: Literal["pubsub", "time-sync"] = Field(
+    # connect: a connection storm (workload.connect): clients connect, hold and leave, and
+    # no message is published.
+    mode: Literal["pubsub", "time-sync", "connect"] = Field(
         "pubsub", description="time-sync: the publisher is a time server (MQTT-TS) and the "
-                              "stats give each subscriber's clock error")
+                              "stats give each subscriber's clock error; connect: a "
+                              "connection storm (workload.connect), no messages")
     publishers: int = Field(1, ge=0, le=10_000, description="publisher clients")
     subscribers: int = Field(1, ge=0, le=10_000, description="subscriber clients")
     topic: PublishTopic = Field("bench/sync", description="the topic published to (a name, "
@@ -297,6 +310,22 @@ class Workload(_Strict):
         None, min_length=1,
         description="a message mix: replaces publishers, topic, payload_bytes, rate_hz and "
                     "qos; every subscriber subscribes to every stream's topic")
+
+    # traffic shapes (campaigns.shapes): at most one on a pub/sub workload
+    connect: ConnectStorm | None = Field(
+        None, description="mode connect: how many clients connect, how fast, for how long")
+    shared: SharedSubscription | None = Field(
+        None, description="subscribers share the stream in $share groups (MQTT 5, or "
+                          "Mosquitto's 3.1.1 form)")
+    topic_tree: TopicTree | None = Field(
+        None, description="publishers spread over a tree of topics, subscribers hold "
+                          "wildcard filters")
+    retained: Retained | None = Field(
+        None, description="retained values set first; subscribers arrive afterwards")
+    sessions: PersistentSessions | None = Field(
+        None, description="subscribers with persistent sessions go away mid-run and return")
+    reconnect: ReconnectStorm | None = Field(
+        None, description="the broker is restarted mid-run; clients reconnect with backoff")
 
     @field_validator("protocol", mode="before")
     @classmethod
@@ -372,6 +401,45 @@ class Workload(_Strict):
             raise ValueError("pacing 'closed-loop' needs min_window_s > 0: the time the "
                              "publishers are given (they stop then, or when all is sent)")
         return self
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> Workload:
+        given = [name for name in SHAPES if getattr(self, name) is not None]
+        if self.mode == "connect":
+            if self.connect is None:
+                raise ValueError("mode 'connect' needs workload.connect (clients, rate_hz, "
+                                 "hold_s)")
+            extra = [name for name in ("publishers", "subscribers", "streams", *given)
+                     if name in self.model_fields_set]
+            if extra:
+                raise ValueError(f"mode 'connect' opens connections only: leave "
+                                 f"{', '.join(extra)} out")
+            return self
+        if self.connect is not None:
+            raise ValueError(f"workload.connect is for mode 'connect', not {self.mode!r}: "
+                             "set mode: connect")
+        if len(given) > 1:
+            raise ValueError(f"workload.{given[0]} and workload.{given[1]} together: one "
+                             "traffic shape per workload")
+        if given and (self.mode != "pubsub" or self.streams):
+            raise ValueError(f"workload.{given[0]} shapes one pub/sub stream: leave "
+                             f"{'streams' if self.streams else 'mode'} out")
+        if given and self.topics == "per-publisher":
+            raise ValueError(f"workload.{given[0]} sets the topics itself: leave topics out")
+        if self.shared is not None and self.subscribers < self.shared.groups:
+            raise ValueError(f"workload.shared.groups ({self.shared.groups}) is more than "
+                             f"subscribers ({self.subscribers}): each group needs a member")
+        if self.sessions is not None and self.sessions.offline > self.subscribers:
+            raise ValueError(f"workload.sessions.offline ({self.sessions.offline}) is more "
+                             f"than subscribers ({self.subscribers})")
+        return self
+
+    def shape(self) -> str | None:
+        """The traffic shape on this workload's stream (a name of campaigns.shapes.SHAPES),
+        "connect" for a connection storm, or None for a plain stream."""
+        if self.mode == "connect":
+            return "connect"
+        return next((name for name in SHAPES if getattr(self, name) is not None), None)
 
     def resolved_streams(self) -> list[ResolvedStream]:
         """Every stream with its defaults filled in: ``streams``, or the single stream of
@@ -675,7 +743,14 @@ class CampaignSpec(_Strict):
                              f"{self.broker.backend} deploys one broker; placements are for "
                              f"backends that deploy several (mqtt-st)")
         qos = [stream.qos for stream in self.workload.streams or ()] or [self.workload.qos]
-        check_features(declared.features_for(self.broker.options()), self.broker.backend, qos)
+        features = declared.features_for(self.broker.options())
+        if self.workload.mode != "connect":
+            check_features(features, self.broker.backend, qos)
+        shape = self.workload.shape()
+        if shape == "reconnect" and self.workload.reconnect is not None \
+                and self.workload.reconnect.persistent:
+            shape = "sessions"   # its need: sessions kept across the restart
+        check_shape_features(features, self.broker.backend, shape, self.workload.protocol)
         return self
 
     @model_validator(mode="after")

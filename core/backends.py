@@ -305,6 +305,12 @@ class BrokerFeatures(BaseModel):
         description="listeners the backend configures (broker.transport): tcp, tls, ws, wss")
     auth: bool = Field(False, description="the backend configures user names and passwords "
                                           "(broker.auth)")
+    shared_subscriptions: frozenset[MqttProtocol] = Field(
+        frozenset(), description="MQTT versions at which it shares $share/GROUP/FILTER "
+                                 "subscriptions over their members (workload.shared)")
+    persistent_sessions: bool = Field(True, description="keeps a session (subscriptions, "
+                                                        "QoS 1/2 messages) across a client's "
+                                                        "absence (clean session 0)")
     note: str = Field("", description="where these limits come from")
 
 
@@ -441,7 +447,7 @@ def section_types() -> tuple[type[BackendSection], ...]:
 
 def check_features(features: BrokerFeatures, backend: str, qos: Sequence[int]) -> None:
     """Raise ValueError naming ``workload.qos`` when the workload needs a QoS level the
-    broker does not deliver (the workloads use no retained messages or wildcards yet)."""
+    broker does not deliver (a traffic shape's needs: campaigns.shapes.check_shape_features)."""
     missing = sorted(set(qos) - features.qos)
     if missing:
         why = f" ({features.note})" if features.note else ""

@@ -9,7 +9,7 @@ DECLARATION = BackendDeclaration(
     options=Options,
     backend="mqttbed.brokers.forkpipe.backend:ForkPipeBackend",
     unavailable=unavailable,
-    features=BrokerFeatures(retained=False,
+    features=BrokerFeatures(persistent_sessions=False, retained=False,
                             note="QoS 1 and 2 publishes complete their flows; every "
                                  "subscription is granted QoS 0"),
 )

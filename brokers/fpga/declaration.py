@@ -11,7 +11,7 @@ DECLARATION = BackendDeclaration(
     backend="mqttbed.brokers.fpga.backend:FpgaBackend",
     unavailable=unavailable,
     results_section=FpgaPipelineLatency,
-    features=BrokerFeatures(qos=frozenset({0}), retained=False,
+    features=BrokerFeatures(persistent_sessions=False, qos=frozenset({0}), retained=False,
                             note="the hardware has QoS 0 only and ignores retain"),
     standalone=ServerCommand("mqttbed.brokers.fpga.server:main"),
 )

@@ -16,7 +16,7 @@ DECLARATION = BackendDeclaration(
     features=BrokerFeatures(
         protocols=frozenset({"3.1.1", "5"}),
         transports=frozenset(ListenerTransport),
-        auth=True,
+        auth=True, shared_subscriptions=frozenset({"3.1.1", "5"}),
         note="Mosquitto 2.0 speaks MQTT 3.1.1 and 5 on every listener; ws and wss need a "
              "binary built with WebSockets (Debian 12's 2.0.11 is), checked at deploy"),
 )

@@ -11,7 +11,7 @@ DECLARATION = BackendDeclaration(
     backend="mqttbed.brokers.mqttsn.backend:MqttSnBackend",
     unavailable=unavailable,
     results_section=Packets,
-    features=BrokerFeatures(qos=frozenset({0, 1}), retained=False,
+    features=BrokerFeatures(persistent_sessions=False, qos=frozenset({0, 1}), retained=False,
                             note="the gateway carries QoS -1, 0 and 1"),
     standalone=ServerCommand("mqttbed.brokers.mqttsn.server:main"),
 )

@@ -11,6 +11,6 @@ DECLARATION = BackendDeclaration(
     backend="mqttbed.brokers.p4.backend:P4Backend",
     unavailable=unavailable,
     results_section=Packets,
-    features=BrokerFeatures(qos=frozenset({0, 1}), retained=False,
+    features=BrokerFeatures(persistent_sessions=False, qos=frozenset({0, 1}), retained=False,
                             note="MQTT-SN through the gateway: QoS -1, 0 and 1"),
 )
