@@ -77,7 +77,14 @@ from mqttbed.core.events import (
 from mqttbed.core.mqtt_codec import Publish, encode_publish
 from mqttbed.core.mqttsn import Publish as SnPublish
 from mqttbed.core.mqttsn import encode as encode_sn
-from mqttbed.core.protocol import ClientAssignment, Endpoint, GeneratorReport, Role, Transport
+from mqttbed.core.protocol import (
+    ClientAssignment,
+    ClientReconnects,
+    Endpoint,
+    GeneratorReport,
+    Role,
+    Transport,
+)
 
 # (kind, publisher, seq, receiver, topic, payload_bytes, qos, warmup,
 #  t_intended_ns, t_pub_ns, t_recv_ns, clock_source, t_recv_user_ns): the tuple is cheap
@@ -243,6 +250,28 @@ class MqttSession:
             raise ValueError(f"workload.client 'lean' speaks plain MQTT 3.1.1 over TCP; this "
                              f"run needs {', '.join(lacks)}: set workload.client to 'native' "
                              "or 'paho'")
+        trees = [spec.client_id for spec in clients if spec.topic_tree is not None]
+        if trees:  # the Python clients publish each client's one topic
+            raise ValueError(f"workload.topic_tree: publisher {trees[0]} sends a topic per "
+                             f"message, which only the native engine does, and the "
+                             f"{mqtt_client} client runs here"
+                             f"{f' ({self._client_reason})' if self._client_reason else ''}: "
+                             "set workload.client to 'native' where the engine builds")
+        retained = [spec.client_id for spec in clients if spec.retained is not None]
+        if retained:  # the RETAIN flag and a SUBSCRIBE during the run are the engine's
+            raise ValueError(f"workload.retained: client {retained[0]} sets or subscribes to "
+                             f"retained state during the run, which only the native engine "
+                             f"does, and the {mqtt_client} client runs here"
+                             f"{f' ({self._client_reason})' if self._client_reason else ''}: "
+                             "set workload.client to 'native' where the engine builds")
+        away = [spec.client_id for spec in clients
+                if spec.session is not None or spec.reconnect is not None]
+        if away:  # absences and reconnects are the engine's (src/reconnect.c)
+            raise ValueError(f"workload.sessions / workload.reconnect: client {away[0]} goes "
+                             f"away and comes back, which only the native engine does, and "
+                             f"the {mqtt_client} client runs here"
+                             f"{f' ({self._client_reason})' if self._client_reason else ''}: "
+                             "set workload.client to 'native' where the engine builds")
         self._endpoint = endpoint
         self._mqtt_client = mqtt_client
         self._protocol: MqttProtocol = protocol
@@ -735,6 +764,11 @@ class MqttSession:
             return self._native.connect_phases()
         return [c.times.phases(c.spec.client_id) for c in self._clients
                 if c.times.t_start_ns]
+
+    def reconnects(self) -> list[ClientReconnects]:
+        """Each persistent or reconnecting client's absences and returns (for
+        ``Done.reconnects``; only the native engine has such clients)."""
+        return self._native.reconnects() if self._native is not None else []
 
     def generator_report(self) -> GeneratorReport:
         """How the open-loop publishers kept their schedule, and which clock stamped the

@@ -44,7 +44,15 @@ from mqttbed.core.binary_chunk import BinaryBatch, Coded, Const, Null, Raw
 from mqttbed.core.broker_access import ClientCredentials, ConnectPhases, MqttProtocol
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import ClockSource, EventKind, publisher_client_id
-from mqttbed.core.protocol import ClientAssignment, Endpoint, GeneratorReport, Role, Transport
+from mqttbed.core.protocol import (
+    ClientAssignment,
+    ClientReconnects,
+    Endpoint,
+    GeneratorReport,
+    Reconnect,
+    Role,
+    Transport,
+)
 
 SLICE_NS = 50_000_000        # the run hands back this often: events drained, abort checked
 KEEPALIVE_S = 30
@@ -193,9 +201,14 @@ class NativeSession:
         # dictionaries of the binary batches' codes (tuples: a chunk lists each once).
         self._ids = tuple(c.spec.client_id for c in self._clients)
         self._receivers = (*self._ids, None)          # index -1: no receiver
-        self._topics_of = tuple(c.spec.topic for c in self._clients)
         self._sizes = tuple(c.spec.payload_bytes for c in self._clients)
         self._qos = tuple(c.spec.qos for c in self._clients)
+        # workload.retained: publishers' values carry the RETAIN flag; subscribers subscribe
+        # during the run (their subscribe rows then say when the SUBSCRIBE was due, written)
+        self._retains = tuple(c.spec.retained is not None and c.spec.role == Role.PUBLISHER
+                              for c in self._clients)
+        self._late = any(c.spec.retained is not None and c.spec.role == Role.SUBSCRIBER
+                         for c in self._clients)
         self._publisher_names: tuple[str, ...] = ()   # by publisher index, grown on demand
         self._engine_topics: tuple[str, ...] = ()
         self._send_to_kernel_ns = array("q")          # per publish: kernel TX - user send
@@ -259,6 +272,12 @@ class NativeSession:
             self._engine.set_tls(index, endpoint.tls.server_name)
         if endpoint.websocket_path is not None:
             self._engine.set_websocket(index, endpoint.websocket_path)
+        if spec.topic_tree is not None:  # after set_udp / set_mqttsn: MQTT-SN is refused
+            tree = spec.topic_tree
+            self._engine.set_topic_tree(index, tree.levels, tree.fanout, tree.first)
+        if (plan := spec.retained) is not None and publisher and plan.count:
+            self._engine.set_retained(index, topics=plan.topics, first=plan.first,
+                                      stride=plan.stride, count=plan.count)
         credentials = self._credentials
         if self._protocol != "3.1.1" or (credentials is not None and (
                 credentials.username is not None or credentials.password is not None)):
@@ -266,6 +285,15 @@ class NativeSession:
                 index, protocol_level=5 if self._protocol == "5" else 4,
                 username=credentials.username if credentials else None,
                 password=credentials.password_bytes() if credentials else None)
+        if (session := spec.session) is not None and session.persistent:
+            self._engine.set_persistent(index, session.session_expiry_s)
+        if session is not None and session.away_at_ns is not None \
+                and session.away_for_ns is not None:
+            self._engine.set_absence(index, at_ns=session.away_at_ns,
+                                     for_ns=session.away_for_ns, drop=session.leave == "drop")
+        if (reconnect := spec.reconnect) is not None:
+            self._engine.set_reconnect(index, backoff_initial_ns=reconnect.backoff_initial_ns,
+                                       backoff_max_ns=reconnect.backoff_max_ns)
         for stream in spec.streams:
             self._engine.add_warmup_range(index, stream.first_publisher,
                                           stream.first_publisher + stream.publishers,
@@ -332,6 +360,43 @@ class NativeSession:
             ).phases(client.spec.client_id))
         return phases
 
+    def reconnects(self) -> list[ClientReconnects]:
+        """Each persistent or reconnecting client's first CONNACK flag and absences, with
+        the phases of each way back (for ``Done.reconnects``; src/reconnect.c)."""
+        def seen(t: int) -> int | None:
+            return None if t == native.NO_TIME else t
+
+        def took(start: int, end: int) -> int | None:
+            return None if native.NO_TIME in (start, end) else end - start
+
+        found = []
+        for client in self._clients:
+            spec = client.spec
+            if spec.session is None and spec.reconnect is None:
+                continue
+            records = []
+            for r in self._engine.reconnects(client.index):
+                tcp_start = r.t_connect_ns
+                records.append(Reconnect(
+                    t_lost_ns=r.t_lost_ns, scheduled=bool(r.scheduled),
+                    reason=r.reason.decode(errors="replace"), attempts=r.attempts,
+                    t_connect_ns=seen(tcp_start), tcp_ns=took(tcp_start, r.t_tcp_ns),
+                    tls_ns=took(r.t_tcp_ns, r.t_tls_ns),
+                    websocket_ns=took(r.t_tls_ns if r.t_tls_ns != native.NO_TIME
+                                      else r.t_tcp_ns, r.t_websocket_ns),
+                    connack_ns=took(r.t_mqtt_sent_ns, r.t_connack_ns),
+                    t_connack_ns=seen(r.t_connack_ns),
+                    session_present=None if r.session_present < 0
+                    else bool(r.session_present),
+                    t_subscribed_ns=seen(r.t_subscribed_ns), publishes_skipped=r.skipped,
+                    publishes_abandoned=r.abandoned))
+            present = self._engine.session_present(client.index)
+            found.append(ClientReconnects(
+                client_id=spec.client_id, role=spec.role, qos=spec.qos,
+                persistent=spec.session is not None and spec.session.persistent,
+                session_present=None if present < 0 else bool(present), reconnects=records))
+        return found
+
     def tls_sessions(self) -> dict[str, str]:
         """Each TLS client's negotiated protocol and cipher ("TLSv1.3 TLS_AES_...")."""
         return {client.spec.client_id: tls for client in self._clients
@@ -346,6 +411,12 @@ class NativeSession:
         each SUBSCRIBE after the SUBACK before it."""
         deadline = monotonic_ns() + int(timeout_s * 1e9)
         for client in subscribers_in_order(self._clients, ranks):
+            if (plan := client.spec.retained) is not None:  # subscribes during the run
+                self._engine.subscribe_later(
+                    client.index, client.spec.topic, client.spec.qos,
+                    after_start_ns=plan.subscribe_after_start_ns,
+                    after_publishers_ns=plan.subscribe_after_publishers_ns)
+                continue
             for topic, qos in client.spec.subscriptions():
                 self._engine.subscribe(client.index, topic, qos)
                 while not client.subscribed:
@@ -454,12 +525,14 @@ class NativeSession:
         return BinaryBatch(rows, {
             "kind": _PUBLISH, "publisher": Coded(client, self._ids),
             "seq": Raw("int64", table["seq"]), "receiver": _NULL,
-            "topic": Coded(client, self._topics_of),
+            # the topic each message went to (a tree publisher's changes per message)
+            "topic": Coded(table["topic"], self._topics_snapshot()),
             "payload_bytes": Coded(client, self._sizes),
             "qos": Coded(client, self._qos), "warmup": Raw("bool", table["warmup"]),
             "t_intended_ns": Raw("int64", table["t_intended"]),
             "t_pub_ns": Raw("int64", table["t_pub"]), "t_recv_ns": _NULL,
-            "clock_source": _USER_CLOCK, "t_recv_user_ns": _NULL})
+            "clock_source": _USER_CLOCK, "t_recv_user_ns": _NULL,
+            "retain": Coded(client, self._retains)})
 
     def _delivery_batch(self, rows: int, table: dict[str, bytes]) -> BinaryBatch | None:
         """None when a publisher index is foreign (>= _MANY_PUBLISHERS): no dictionary."""
@@ -479,7 +552,8 @@ class NativeSession:
             "t_intended_ns": Raw("int64", table["t_intended"]),
             "t_pub_ns": Raw("int64", table["t_pub"]), "t_recv_ns": Raw("int64", table["t_recv"]),
             "clock_source": Coded(table["kernel"], _CLOCKS, "uint8"),
-            "t_recv_user_ns": Raw("int64", table["t_recv_user"])})
+            "t_recv_user_ns": Raw("int64", table["t_recv_user"]),
+            "retain": Raw("bool", table["retain"])})
 
     def _subscribe_batch(self, rows: int, table: dict[str, bytes]) -> BinaryBatch:
         return BinaryBatch(rows, {
@@ -487,7 +561,10 @@ class NativeSession:
             "receiver": Coded(table["client"], self._receivers),
             "topic": Coded(table["topic"], self._topics_snapshot()),
             "payload_bytes": Const(0), "qos": Raw("uint8", table["qos"]),
-            "warmup": Const(False), "t_intended_ns": _NULL, "t_pub_ns": _NULL,
+            "warmup": Const(False),
+            # a subscription made during the run: when its SUBSCRIBE was due, and written
+            "t_intended_ns": Raw("int64", table["t_intended"]) if self._late else _NULL,
+            "t_pub_ns": Raw("int64", table["t_sent"]) if self._late else _NULL,
             "t_recv_ns": Raw("int64", table["t_suback"]), "clock_source": _USER_CLOCK,
             "t_recv_user_ns": Raw("int64", table["t_suback"])})
 
@@ -514,12 +591,12 @@ class NativeSession:
         return {"kind": [EventKind.PUBLISH.value] * rows,
                 "publisher": _lookup(self._ids, client),
                 "seq": table["seq"], "receiver": nothing,
-                "topic": _lookup(self._topics_of, client),
+                "topic": _lookup(self._engine.topics(), table["topic"]),
                 "payload_bytes": _lookup(self._sizes, client),
                 "qos": _lookup(self._qos, client), "warmup": table["warmup"],
                 "t_intended_ns": table["t_intended"], "t_pub_ns": table["t_pub"],
                 "t_recv_ns": nothing, "clock_source": [_CLOCKS[0]] * rows,
-                "t_recv_user_ns": nothing}
+                "t_recv_user_ns": nothing, "retain": _lookup(self._retains, client)}
 
     def _publisher_names_of(self, indexes: list[int]) -> list[str]:
         """The publishers' client ids of a delivery column's publisher indexes."""
@@ -556,7 +633,7 @@ class NativeSession:
                 "t_intended_ns": table["t_intended"], "t_pub_ns": table["t_pub"],
                 "t_recv_ns": table["t_recv"],
                 "clock_source": _lookup(_CLOCKS, table["kernel"]),
-                "t_recv_user_ns": table["t_recv_user"]}
+                "t_recv_user_ns": table["t_recv_user"], "retain": table["retain"]}
 
     def _subscribe_columns(self, table: dict[str, list[int]]) -> EventColumns | None:
         rows = len(table["client"])
@@ -569,8 +646,11 @@ class NativeSession:
                                                      table["client"])),
                 "topic": list(map(topics.__getitem__, table["topic"])),
                 "payload_bytes": [0] * rows, "qos": table["qos"], "warmup": [False] * rows,
-                "t_intended_ns": nothing, "t_pub_ns": nothing, "t_recv_ns": table["t_suback"],
-                "clock_source": [_CLOCKS[0]] * rows, "t_recv_user_ns": table["t_suback"]}
+                "t_intended_ns": table["t_intended"] if self._late else nothing,
+                "t_pub_ns": table["t_sent"] if self._late else nothing,
+                "t_recv_ns": table["t_suback"],
+                "clock_source": [_CLOCKS[0]] * rows, "t_recv_user_ns": table["t_suback"],
+                "retain": nothing}
 
     # -- reports --------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import httpx
 
 from mqttbed.agents.clock_sync import TRACKING_PROBES, ClockTracker, estimate_offset
+from mqttbed.agents.connect_storm import ConnectStormSession
 from mqttbed.agents.gpio import GpioLines, toggle_cost_ns
 from mqttbed.agents.mqtt_session import MqttSession
 from mqttbed.agents.uploader import ChunkUploader
@@ -28,6 +29,7 @@ from mqttbed.core.protocol import (
     ClockEstimate,
     Connected,
     Done,
+    GeneratorReport,
     Ready,
     Subscribe,
     Subscribed,
@@ -49,7 +51,7 @@ class AssignmentRunner:
         self._clock = ClockEstimate(offset_ns=0, uncertainty_ns=0, method="unknown")
         self._gpio = gpio
         self._on_finished = on_finished
-        self._session: MqttSession | None = None
+        self._session: MqttSession | ConnectStormSession | None = None
         self._to_subscribe: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
         self._may_subscribe = threading.Event()  # set while ranks wait in _to_subscribe
         self._start_ns: int | None = None
@@ -104,6 +106,9 @@ class AssignmentRunner:
         try:
             self._clock = estimate_offset(self._http, self._controller_boot_id,
                                           a.force_clock_probe)
+            if a.storm is not None:  # workload.mode connect: no messages, no uploads
+                self._run_storm(base)
+                return
             uploader = ChunkUploader(
                 self._http, run_id=a.run_id, agent_id=self._agent_id,
                 static_columns={"agent_id": self._agent_id,
@@ -173,7 +178,8 @@ class AssignmentRunner:
             self._post(f"{base}/done", Done(run_id=a.run_id, agent_id=self._agent_id,
                                             chunks=chunks, published=published, received=received,
                                             upload_retries=uploader.retries,
-                                            generator=generator, connections=connections))
+                                            generator=generator, connections=connections,
+                                            reconnects=session.reconnects()))
         except Exception as exc:  # noqa: BLE001 - any failure is reported, with its reason
             # Flush first: the controller tears the run down as soon as it hears of this.
             reason = f"agent {self._agent_id}: {type(exc).__name__}: {exc}"
@@ -196,6 +202,33 @@ class AssignmentRunner:
             if session is not None:
                 session.close()
             self._on_finished()
+
+    def _run_storm(self, base: str) -> None:
+        """A connection storm (agents/connect_storm.py): the barriers as a run's, then the
+        storm from the start time; every connect's outcome goes with ``Done.storm``."""
+        a = self.assignment
+        assert a.storm is not None
+        storm = ConnectStormSession(a.broker, a.storm, protocol=a.protocol,
+                                    credentials=a.credentials)
+        self._session = storm  # woken as a run's session is (wake())
+        try:
+            self._post(f"{base}/connected", Connected(run_id=a.run_id, agent_id=self._agent_id,
+                                                      clients=[], clock=self._clock))
+            self._post(f"{base}/ready", Ready(run_id=a.run_id, agent_id=self._agent_id,
+                                              clients=[], clock=self._clock,
+                                              gpio_backend=self._gpio.backend,
+                                              gpio_driver="native"))
+            self._started.wait()
+            if self._aborted.is_set() or self._start_ns is None:
+                return
+            storm.run(self._start_ns, self._deadline_ns(self._start_ns),
+                      abort=self._aborted.is_set)
+            generator = GeneratorReport(mqtt_client="native", nofile_limit=storm.nofile_limit)
+            self._post(f"{base}/done", Done(run_id=a.run_id, agent_id=self._agent_id, chunks=0,
+                                            published=0, received=0, generator=generator,
+                                            storm=storm.outcomes()))
+        finally:
+            storm.close()
 
     def _deadline_ns(self, start_ns: int) -> int:
         """End of the run's publishing window plus the drain time for late deliveries."""

@@ -46,6 +46,13 @@ from mqttbed.analytics.passes import (
     literal_map,
     lookup,
 )
+from mqttbed.analytics.shared_subscriptions import (
+    group_of_receiver,
+    grouped_subscriptions,
+    shared_deliveries,
+    shared_rows,
+)
+from mqttbed.analytics.topic_tree import filters_of, tree_rows
 from mqttbed.analytics.topics import is_wildcard, topic_filter_regex
 from mqttbed.core.events import EventKind
 
@@ -136,22 +143,32 @@ def delivery_rows(events: DataFrame, subscriptions: Sequence[dict[str, Any]]) ->
     time), all null if it never arrived; ``received``; ``expected`` (a subscription of
     the receiver matches); ``copies`` (rows received, duplicates included) and
     ``reordered_copies`` (of those, rows that came after a higher seq of the same
-    publisher at that receiver).
+    publisher at that receiver); ``member``: the client whose copy arrived first.
+
+    The receiver of a shared subscription (``$share/G/F``) is its group ``$share/G``
+    (:mod:`mqttbed.analytics.shared_subscriptions`): a message is due once per group, and
+    a copy at a second member is a duplicate; ``member`` says which member took it.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     publishes, deliveries = _split_events(events)
-    pairs = (_expected_pairs(publishes, subscriptions).distinct()
+    group = group_of_receiver(subscriptions)
+    pairs = (_expected_pairs(publishes, grouped_subscriptions(subscriptions)).distinct()
              .withColumn("expected", F.lit(True)))
     # A row is reordered if an earlier arrival on its stream carried a higher seq.
     stream = (Window.partitionBy("run_id", "receiver", "publisher").orderBy("t_recv_ns", "seq")
               .rowsBetween(Window.unboundedPreceding, -1))
     reordered = F.coalesce(F.col("seq") < F.max("seq").over(stream), F.lit(False))
-    first = (deliveries.withColumn("reordered", reordered)
+    # a member's own stream is what reorders; its group is what receives
+    deliveries = deliveries.withColumn("reordered", reordered).withColumn(
+        "member", F.col("receiver"))
+    if group is not None:
+        deliveries = deliveries.withColumn("receiver", F.coalesce(group, F.col("receiver")))
+    first = (deliveries
              .groupBy(*_DELIVERY_KEY)
              .agg(F.min(F.struct("t_recv_ns", "recv_offset_ns", "t_pub_ns",
-                                 "t_intended_ns")).alias("d"),
+                                 "t_intended_ns", "member")).alias("d"),
                   F.count("*").alias("copies"),
                   F.count(F.when(F.col("reordered"), 1)).alias("reordered_copies"))
              .select(*_DELIVERY_KEY, "d.*", "copies", "reordered_copies"))
@@ -175,13 +192,15 @@ def delivery_rows(events: DataFrame, subscriptions: Sequence[dict[str, Any]]) ->
                     F.col("t_recv_ns").isNotNull().alias("received"),
                     F.coalesce(F.col("expected"), F.lit(False)).alias("expected"),
                     F.coalesce(F.col("copies"), F.lit(0)).alias("copies"),
-                    F.coalesce(F.col("reordered_copies"), F.lit(0)).alias("reordered_copies")))
+                    F.coalesce(F.col("reordered_copies"), F.lit(0)).alias("reordered_copies"),
+                    "member"))
 
 
 def level_figure_rows(events: DataFrame, deliveries: DataFrame, samples: DataFrame,
                       levels: Levels, subscriptions: Sequence[dict[str, Any]],
                       faults: dict[str, int] | None = None,
-                      streams: PublisherStreams | None = None) -> list[DataFrame]:
+                      streams: PublisherStreams | None = None,
+                      tree_runs: Sequence[str] = ()) -> list[DataFrame]:
     """The figure rows (:mod:`mqttbed.analytics.passes`) of every count, distribution
     and item of every level, for :func:`read_level_figures` once aggregated.
 
@@ -191,7 +210,9 @@ def level_figure_rows(events: DataFrame, deliveries: DataFrame, samples: DataFra
     fault_ns, on the controller's clock) are the runs in which a backend caused a fault
     on purpose, for the recovery figures (:func:`_fault_rows`). ``streams`` name the
     stream of a message mix each publisher of a run belongs to; their figures come out
-    per stream too.
+    per stream too. ``tree_runs`` are the runs of a topic tree, whose figures come out
+    per filter too (:mod:`mqttbed.analytics.topic_tree`); the groups of shared
+    subscriptions have theirs in any run (:mod:`mqttbed.analytics.shared_subscriptions`).
     """
     from pyspark.sql import functions as F
 
@@ -215,10 +236,14 @@ def level_figure_rows(events: DataFrame, deliveries: DataFrame, samples: DataFra
     level, figure = F.col("level"), F.col("figure")
     sketched = (((level == RUN_LEVEL) & figure.isin(list(SKETCHED_FIGURES)))
                 | ((level == POINT_LEVEL) & (figure == CDF_FIGURE)))
+    tree = tree_rows(deliveries, publishes, filters_of(subscriptions, tree_runs),
+                     lambda frame: _per_level(frame, levels))
     return [
         figure_rows(_per_level(counted, levels), "count", sub="stream"),
         figure_rows(_per_level(values, levels), "distribution", sub="stream", full=sketched),
         figure_rows(_per_level(_item_rows(unique, samples, publishes), levels), "item"),
+        shared_rows(_per_level(shared_deliveries(deliveries), levels)),
+        *([] if tree is None else [tree]),
     ]
 
 
@@ -233,8 +258,8 @@ def distribution_value_rows(events: DataFrame, deliveries: DataFrame,
     the collected :func:`subscription_rows`.
     """
     publishes, _ = _split_events(events)
-    return _distribution_rows(deliveries.where("received"), subscription_ends(subscriptions),
-                              publishes)
+    return _distribution_rows(deliveries.where("received"),
+                              subscription_ends(grouped_subscriptions(subscriptions)), publishes)
 
 
 def read_level_figures(groups: dict[GroupKey, Aggregate]) -> LevelFigures:
@@ -312,10 +337,12 @@ def _per_level(frame: DataFrame, levels: Levels, only: str | None = None) -> Dat
 
 def _measured(events: DataFrame) -> DataFrame:
     """The events without warm-up messages (subscribe rows stay: a subscription is not
-    a message)."""
+    a message) and without retained values (``retain``: set to be retained, or delivered
+    as retained state; their latency means nothing: analytics.retained accounts for them)."""
     from pyspark.sql import functions as F
 
-    return events.where(~F.col("warmup") | (F.col("kind") == EventKind.SUBSCRIBE.value))
+    return events.where((~F.col("warmup") | (F.col("kind") == EventKind.SUBSCRIBE.value))
+                        & ~F.coalesce(F.col("retain"), F.lit(False)))
 
 
 def _split_events(events: DataFrame) -> tuple[DataFrame, DataFrame]:

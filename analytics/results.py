@@ -18,7 +18,13 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from mqttbed.analytics.connect_storm import ConnectStormFigures
 from mqttbed.analytics.connections import ConnectionFigures
+from mqttbed.analytics.reconnect import ReconnectFigures
+from mqttbed.analytics.retained import RetainedFigures
+from mqttbed.analytics.sessions import SessionFigures
+from mqttbed.analytics.shared_subscriptions import SharedSubscriptionFigures
+from mqttbed.analytics.topic_tree import TopicTreeFigures
 from mqttbed.core.sections import BackendSection, Distribution
 
 SCHEMA_VERSION = 2
@@ -243,6 +249,31 @@ class Figures(_Block, Generic[SectionsT]):
     streams: dict[str, StreamFigures] = Field(
         default_factory=dict, description="per stream of a message mix, by stream name in "
                                           "the spec's order; empty without workload.streams")
+    shared: SharedSubscriptionFigures | None = Field(
+        None, description="shared subscriptions ($share/GROUP/FILTER): per group, each "
+                          "message delivered once, lost or duplicated; per member its share "
+                          "and latency; null without a shared subscription")
+    topic_tree: TopicTreeFigures | None = Field(
+        None, description="a topic tree (workload.topic_tree): per filter, deliveries "
+                          "against what it matches, and latency; null for other workloads")
+    retained: RetainedFigures | None = Field(
+        None, description="retained state (workload.retained): what the late subscribers "
+                          "held (latest values, stale, missing, duplicated) and how soon; "
+                          "these deliveries are left out of the latency and delivery "
+                          "figures; null for other workloads")
+    sessions: SessionFigures | None = Field(
+        None, description="persistent sessions (workload.sessions): what the subscribers "
+                          "that went away got of what was sent while they were away "
+                          "(late, lost, duplicated) and how soon; null for other workloads")
+    reconnect: ReconnectFigures | None = Field(
+        None, description="a reconnect storm (workload.reconnect): the broker restarted, "
+                          "every client back (when, attempts), the stream again, and what "
+                          "each kind of subscriber lost of the outage; null for others")
+    connect_storm: ConnectStormFigures | None = Field(
+        None, description="a connection storm (workload.mode connect): connects made and "
+                          "failed by reason, each timed from its intended time, the rate "
+                          "achieved against the one asked, the broker's memory per held "
+                          "connection; null for other workloads")
     sections: SectionsT
 
 

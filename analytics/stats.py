@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mqttbed.analytics.confidence import bootstrap_interval
+from mqttbed.analytics.connect_storm import StormRun, connect_storm_figures
 from mqttbed.analytics.connections import ConnectTimes, connection_figures
 from mqttbed.analytics.datasets import (
     EVENTS_DDL,
@@ -59,7 +60,16 @@ from mqttbed.analytics.passes import (
     collect_facts,
     shuffle_partitions,
 )
+from mqttbed.analytics.reconnect import Restart, reconnect_figures
 from mqttbed.analytics.results import CampaignStats, ScopeRun, results_model
+from mqttbed.analytics.retained import (
+    RETAINED_SHAPE,
+    RetainedFacts,
+    retained_facts,
+    retained_figures,
+    retained_rows,
+    retained_sample_rows,
+)
 from mqttbed.analytics.scope import (
     agent_clocks,
     clock_rows,
@@ -78,6 +88,18 @@ from mqttbed.analytics.sections import (
     section_rows,
 )
 from mqttbed.analytics.series import read_series, series_rows, start_rows
+from mqttbed.analytics.sessions import (
+    AWAY_SHAPES,
+    RECONNECT_SHAPE,
+    SESSIONS_SHAPE,
+    AwayWindow,
+    away_facts,
+    away_rows,
+    session_figures,
+)
+from mqttbed.analytics.shared_subscriptions import members as shared_members
+from mqttbed.analytics.shared_subscriptions import shared_figures
+from mqttbed.analytics.topic_tree import filters_of, topic_tree_figures
 from mqttbed.core.sections import BackendSection
 
 if TYPE_CHECKING:
@@ -136,6 +158,16 @@ class RunInfo:
     # Every connection its clients made, phase by phase (Done.connections, from the run's
     # record: analytics.connections.connect_times); none for runs from before they were.
     connections: tuple[ConnectTimes, ...] = ()
+    # The traffic shape of its workload (campaigns.shapes: "shared", "topic_tree", ...;
+    # None for a plain stream): a topic tree's figures come out per filter.
+    shape: str | None = None
+    # workload.sessions / workload.reconnect: each client's absences and returns
+    # (analytics.sessions.away_windows), and the broker's restarts (stop, listening again)
+    away: tuple[AwayWindow, ...] = ()
+    restarts: tuple[Restart, ...] = ()
+    # workload.mode connect: every storm client's connect and the broker's RSS samples
+    # (analytics.connect_storm.storm_run, from the run's connect_storm.json)
+    connect_storm: StormRun | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +181,14 @@ class _Inputs:
     agent_clocks: dict[str, dict[str, dict[str, Any]]]
     sections: SectionStats
     section_types: tuple[type[BackendSection], ...]
+    # the runs' subscriptions (pass 1's), which the shapes' sections name their members
+    # and filters from; the topic tree's runs
+    subscriptions: tuple[dict[str, Any], ...] = ()
+    tree_runs: tuple[str, ...] = ()
+    groups: Mapping[GroupKey, Aggregate] = field(default_factory=dict)
+    retained: RetainedFacts | None = None   # pass 1's rows of the retained-state runs
+    # pass 1's rows of the subscribers that went away (analytics.sessions), by (run, id)
+    away: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
 
 
 def compute_campaign_stats(spark: SparkSession, *, events_path: Path, samples_path: Path,
@@ -263,8 +303,16 @@ def _groups(runs: list[RunInfo], levels: Levels, timeline_runs: list[str] | None
     # Pass 1 (one action, small result): the subscriptions, which the topic matching of
     # pass 2 needs on the driver, the clocks and where each run's timeline starts. It
     # also fills the held events.
+    # (and the retained-state runs' rows per subscriber: analytics.retained)
+    retained = [run.run_id for run in runs if run.shape == RETAINED_SHAPE]
+    # (and the rows of the subscribers that went away: analytics.sessions)
+    away = {run.run_id: run.away for run in runs if run.shape in AWAY_SHAPES and run.away}
     facts = collect_facts({"subscriptions": subscription_rows(events),
-                           "clocks": clock_rows(events), "starts": start_rows(events)})
+                           "clocks": clock_rows(events), "starts": start_rows(events),
+                           **({"retained": retained_rows(events, retained),
+                               "retained_samples": retained_sample_rows(samples, retained)}
+                              if retained else {}),
+                           **({"away": away_rows(events, away)} if away else {})})
     subscriptions = facts["subscriptions"]
     # Pass 2: the per-delivery rows every figure starts from, materialised (its lineage
     # cut, so that pass 3's plan stays small; Spark's cleaner frees the blocks once the
@@ -272,7 +320,7 @@ def _groups(runs: list[RunInfo], levels: Levels, timeline_runs: list[str] | None
     deliveries = delivery_rows(events, subscriptions).localCheckpoint(storageLevel=on_disk)
     # Pass 3 (one action): every grouped figure, series and section at once.
     frames = [*level_figure_rows(events, deliveries, samples, levels, subscriptions,
-                                 faults, streams),
+                                 faults, streams, tree_runs=_tree_runs(runs)),
               scope_rows(scope_events, levels),
               *series_rows(deliveries, facts["starts"], timeline_runs)]
     if any(run.mode == "time-sync" for run in runs):
@@ -294,7 +342,11 @@ def _document(campaign: dict[str, Any], runs: list[RunInfo],
         uncertainty=clock_uncertainty_us(facts["clocks"]),
         agent_clocks=agent_clocks(facts["clocks"]),
         sections=read_section_statistics(groups) if with_sections else {},
-        section_types=section_types)
+        section_types=section_types,
+        subscriptions=tuple(facts["subscriptions"]), tree_runs=_tree_runs(runs),
+        groups=groups,
+        retained=retained_facts(facts.get("retained", []), facts.get("retained_samples", [])),
+        away=away_facts(facts.get("away", [])))
     series = read_series(groups)
     ordered = sorted(runs, key=lambda run: (run.point_index, run.repetition, run.run_id))
     by_point: dict[int, list[RunInfo]] = {}
@@ -463,6 +515,8 @@ def _level_figures(inputs: _Inputs, level: LevelKey, runs: list[RunInfo],
         "publication_msgs_per_s_std": item("publication_msgs_per_s", "std"),
         "connections": connection_figures(
             [connection for run in runs for connection in run.connections]),
+        "connect_storm": connect_storm_figures(
+            [run.connect_storm for run in runs if run.connect_storm is not None]),
         "broker": {
             "samples": int(item("samples", "sum") or 0),
             "cpu_percent_mean": item("cpu_percent_mean"),
@@ -484,8 +538,36 @@ def _level_figures(inputs: _Inputs, level: LevelKey, runs: list[RunInfo],
                               distribution("delivery_resumed_s")),
         "sections": build_sections(inputs.sections, level, inputs.section_types),
         "streams": {stream.name: _stream_entry(figures, level, stream) for stream in streams},
+        **_shape_entries(inputs, level, runs),
+        "retained": None if inputs.retained is None else retained_figures(
+            inputs.retained, [run.run_id for run in runs]),
+        "sessions": session_figures(inputs.away, {
+            run.run_id: run.away for run in runs if run.shape == SESSIONS_SHAPE}),
+        "reconnect": reconnect_figures(
+            inputs.away, {run.run_id: run.away for run in runs if run.shape == RECONNECT_SHAPE},
+            {run.run_id: run.restarts for run in runs if run.shape == RECONNECT_SHAPE}),
     }
     return entry
+
+
+def _tree_runs(runs: Sequence[RunInfo]) -> tuple[str, ...]:
+    return tuple(run.run_id for run in runs if run.shape == "topic_tree")
+
+
+def _shape_entries(inputs: _Inputs, level: LevelKey, runs: list[RunInfo]) -> dict[str, Any]:
+    """The traffic shapes' sections of one level: shared subscriptions' groups (wherever
+    its runs subscribed to one) and a topic tree's filters."""
+    run_ids = {run.run_id for run in runs}
+    level_members: dict[str, set[str]] = {}
+    for run_id, groups in shared_members(inputs.subscriptions).items():
+        if run_id in run_ids:
+            for group, of in groups.items():
+                level_members.setdefault(group, set()).update(of)
+    tree_runs = [run_id for run_id in inputs.tree_runs if run_id in run_ids]
+    return {"shared": shared_figures(inputs.groups, level, level_members),
+            "topic_tree": topic_tree_figures(inputs.groups, level,
+                                             filters_of(inputs.subscriptions, tree_runs),
+                                             tree_runs)}
 
 
 def _delivery_counts(counts: dict[str, int]) -> dict[str, int]:

@@ -23,9 +23,13 @@ from mqttbed.analytics.results import (
     present_sections,
 )
 from mqttbed.analytics.results_files import StaleResults
+from mqttbed.api.report_connect_storm import connect_storm_figures, connect_storm_tables
 from mqttbed.api.report_connections import CONNECT_PHASES, connection_figure, connection_rows
+from mqttbed.api.report_retained import retained_report_figures
 from mqttbed.api.report_search import VERDICT_COLOURS, search_figures
+from mqttbed.api.report_sessions import away_figures, away_tables
 from mqttbed.api.report_streams import stream_latency_cdf, stream_rows
+from mqttbed.api.report_subscriptions import subscription_figures
 from mqttbed.controller.analysis import load_results
 from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import CampaignRow, RunRow
@@ -236,6 +240,10 @@ def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[
         figures["plot-sys-rates"] = broker_rates   # beside latency over time
     if (connects := connection_figure(points, labels)) is not None:
         figures["plot-connections"] = connects
+    figures.update(connect_storm_figures(points, labels))  # workload.mode connect
+    figures.update(subscription_figures(points, labels))  # shared groups, topic trees
+    figures.update(retained_report_figures(points, labels))  # late subscribers' state
+    figures.update(away_figures(points, labels))  # persistent sessions, reconnect storms
 
     names = [labels[p.point_index] for p in points]
     figures["plot-delivery"] = {"data": [
@@ -375,7 +383,9 @@ def report_context(controller: Controller, campaign_id: str) -> dict[str, Any]:
         "agent_clocks": [(r.run_id, agent_id, clock) for r in stats.runs
                          for agent_id, clock in r.clock.agents.items()
                          if clock.method != "same-clock"] if stats else [],
-        "section_tables": section_tables(points, show_backend),
+        "section_tables": section_tables(points, show_backend) + connect_storm_tables(
+            [(point_label(p, show_backend), p) for p in points]) + away_tables(
+            [(point_label(p, show_backend), p) for p in points]),
         "broker_ranking": broker_ranking(points),
         "scope_errors": [f"{r.run_id}: {r.error}" for p in points if p.scope
                          for r in p.scope.runs if r.error],

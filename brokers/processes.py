@@ -148,6 +148,14 @@ class BrokerProcess:
         self._sampler = ProcessTreeSampler(handle.pid, interval_s, io_counters)
         self._sampler.start()
 
+    def rewatch(self, handle: ProcessHandle, interval_s: float) -> None:
+        """Take ``handle`` as the broker from now on (the same broker started again, a
+        restart): the samples so far are kept, the new process sampled after them."""
+        if self._sampler is not None:
+            self._samples.extend(self._sampler.stop())
+            self._sampler = None
+        self.watch(handle, interval_s)
+
     def log_tail(self) -> str:
         """The broker's last log lines (kept from :meth:`remove` on)."""
         return self._log_tail if self._log_tail is not None else tail_of(self._log_paths)
@@ -162,7 +170,7 @@ class BrokerProcess:
     def samples(self) -> list[BrokerResourceSample]:
         """The resource samples taken so far (all of them once stopped)."""
         if self._sampler is not None and not self.stopped:
-            return self._sampler.samples
+            return [*self._samples, *self._sampler.samples]  # (before a restart, then now)
         return list(self._samples)
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -171,7 +179,7 @@ class BrokerProcess:
             return
         self.stopped = True
         if self._sampler is not None:
-            self._samples = self._sampler.stop()
+            self._samples.extend(self._sampler.stop())
         if self.handle is not None:
             # A code already set means the broker died on its own before teardown.
             self.exit_code = self.handle.poll()

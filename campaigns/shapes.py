@@ -19,6 +19,7 @@ capability; :func:`check_shape_features` refuses a shape the broker lacks, namin
 
 from __future__ import annotations
 
+import math
 import typing
 from typing import Annotated, Literal
 
@@ -215,3 +216,59 @@ def check_shape_features(features: BrokerFeatures, backend: str, shape: str | No
     if shape == "sessions" and not features.persistent_sessions:
         raise ValueError(f"workload.sessions: broker {backend} keeps no persistent sessions "
                          f"(clean session 0){why}")
+
+
+def tree_filter_levels(tree: TopicTree, topic_filter: str) -> list[int | None] | None:
+    """What a relative filter asks of each of the tree's levels: a digit, or None for any;
+    None when it matches none of the tree's topics (too few or too many levels, or a name
+    that is no level of the tree: levels are ``0 .. fanout-1`` in decimal)."""
+    levels = topic_filter.split("/")
+    multi = levels[-1] == "#"
+    if multi:
+        levels = levels[:-1]
+    if len(levels) > tree.levels or (not multi and len(levels) != tree.levels):
+        return None
+    wanted: list[int | None] = []
+    for level in levels:
+        if level == "+":
+            wanted.append(None)
+        elif level.isdigit() and level == str(int(level)) and int(level) < tree.fanout:
+            wanted.append(int(level))
+        else:
+            return None
+    return wanted + [None] * (tree.levels - len(wanted))
+
+
+def tree_messages_matching(tree: TopicTree, topic_filter: str, first: int,
+                           messages: int) -> int:
+    """How many of a publisher's ``messages`` (message k to tree topic ``(first + k) mod
+    topics``) match ``topic_filter`` (relative to the tree's root): a subscriber's exact
+    expectation, counted digit by digit (no walk over the topics)."""
+    wanted = tree_filter_levels(tree, topic_filter)
+    if wanted is None or messages <= 0:
+        return 0
+    options = [tree.fanout if digit is None else 1 for digit in wanted]
+
+    def below(n: int) -> int:
+        """Matching topic indexes in [0, n) (the first level most significant)."""
+        if n >= tree.topics:
+            return math.prod(options)
+        digits = []
+        for _ in wanted:
+            n, digit = divmod(n, tree.fanout)
+            digits.append(digit)
+        count = 0
+        for position, (digit, want) in enumerate(zip(reversed(digits), wanted, strict=True)):
+            smaller = digit if want is None else int(want < digit)
+            count += smaller * math.prod(options[position + 1:])
+            if want is not None and want != digit:
+                break
+        return count
+
+    total = tree.topics
+    cycles, left = divmod(messages, total)
+    start = first % total
+    matched = cycles * below(total)
+    if start + left <= total:
+        return matched + below(start + left) - below(start)
+    return matched + below(total) - below(start) + below(start + left - total)

@@ -409,8 +409,12 @@ class Workload(_Strict):
             if self.connect is None:
                 raise ValueError("mode 'connect' needs workload.connect (clients, rate_hz, "
                                  "hold_s)")
+            # (a sweep point's workload is its dump validated again: every field is set
+            # there, the defaults among them, so a field counts only if it is not its default)
             extra = [name for name in ("publishers", "subscribers", "streams", *given)
-                     if name in self.model_fields_set]
+                     if name in self.model_fields_set
+                     and getattr(self, name) != type(self).model_fields[name].get_default(
+                         call_default_factory=True)]
             if extra:
                 raise ValueError(f"mode 'connect' opens connections only: leave "
                                  f"{', '.join(extra)} out")
@@ -426,6 +430,15 @@ class Workload(_Strict):
                              f"{'streams' if self.streams else 'mode'} out")
         if given and self.topics == "per-publisher":
             raise ValueError(f"workload.{given[0]} sets the topics itself: leave topics out")
+        if self.topic_tree is not None and self.client != "native":
+            raise ValueError(f"workload.topic_tree sends a topic per message, which only the "
+                             f"native engine does; workload.client {self.client!r} publishes "
+                             "one topic: leave workload.client out (native)")
+        if self.retained is not None and self.client != "native":
+            raise ValueError(f"workload.retained sets values with the RETAIN flag and "
+                             f"subscribes during the run, which only the native engine does; "
+                             f"workload.client {self.client!r} does neither: leave "
+                             "workload.client out (native)")
         if self.shared is not None and self.subscribers < self.shared.groups:
             raise ValueError(f"workload.shared.groups ({self.shared.groups}) is more than "
                              f"subscribers ({self.subscribers}): each group needs a member")

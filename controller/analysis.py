@@ -37,6 +37,7 @@ from mqttbed.core.run_record import RunRecord, run_record
 from mqttbed.core.settings import Settings
 
 if TYPE_CHECKING:
+    from mqttbed.analytics.connect_storm import StormRun
     from mqttbed.analytics.partials import RunPartial
     from mqttbed.analytics.stats import RunInfo, StreamInfo
 
@@ -102,7 +103,8 @@ def analyze_runs(layout: DataLayout, campaign: CampaignRow, rows: list[RunRow],
         get_spark(settings), events_path=layout.events, samples_path=layout.broker_samples,
         records_path=layout.backend_records, section_types=section_types(),
         campaign={"id": campaign.id, "name": campaign.name, "spec": campaign.spec},
-        runs=[run_info(r) for r in rows], partials=run_partials(layout, campaign.id, rows))
+        runs=[run_info(r, layout) for r in rows],
+        partials=run_partials(layout, campaign.id, rows))
 
 
 def partial_path(layout: DataLayout, campaign_id: str, run_id: str) -> Path:
@@ -120,7 +122,7 @@ def store_run_partial(layout: DataLayout, row: RunRow, settings: Settings | None
     partial = compute_run_partial(
         get_spark(settings), events_path=layout.events, samples_path=layout.broker_samples,
         records_path=layout.backend_records, section_types=section_types(),
-        campaign_id=row.campaign_id, run=run_info(row))
+        campaign_id=row.campaign_id, run=run_info(row, layout))
     path = partial_path(layout, row.campaign_id, row.id)
     write_json(path, partial.to_json(), indent=None)
     return path
@@ -153,10 +155,12 @@ def run_figures(layout: DataLayout, campaign: CampaignRow, rows: list[RunRow],
     return {run.run_id: run for run in analyze_runs(layout, campaign, rows, settings).runs}
 
 
-def run_info(row: RunRow) -> RunInfo:
+def run_info(row: RunRow, layout: DataLayout | None = None) -> RunInfo:
     """What the analytics are told of one run: its point and outcome, its spec's settings
-    (defaults resolved by the spec model) and what the run recorded."""
+    (defaults resolved by the spec model) and what the run recorded (with ``layout``, the
+    files it kept beside its record too: a storm's outcomes)."""
     from mqttbed.analytics.connections import connect_times
+    from mqttbed.analytics.sessions import away_windows
     from mqttbed.analytics.stats import RunInfo
 
     spec = CampaignSpec.model_validate(row.spec)
@@ -171,7 +175,34 @@ def run_info(row: RunRow) -> RunInfo:
                    streams=_streams(spec.workload), **_fault(record),
                    receive_clock=spec.measurement.receive_clock,
                    generator=pooled_generators(record),
-                   connections=connect_times(record.connections))
+                   connections=connect_times(record.connections),
+                   shape=spec.workload.shape(),
+                   away=away_windows(record.reconnects, record.agent_clocks),
+                   restarts=tuple((f.at_ns, f.until_ns) for f in record.faults
+                                  if f.until_ns is not None),
+                   connect_storm=None if layout is None else _connect_storm(
+                       layout, row, spec, record))
+
+
+def _connect_storm(layout: DataLayout, row: RunRow, spec: CampaignSpec, record: RunRecord
+                   ) -> StormRun | None:
+    """A storm run's outcomes (its connect_storm.json) with the broker's RSS samples."""
+    from mqttbed.analytics.connect_storm import read_storm_outcomes, storm_run
+
+    storm = spec.workload.connect
+    if storm is None:
+        return None
+    outcomes = read_storm_outcomes(layout.run_dir(row.campaign_id, row.id))
+    samples = layout.run_samples(row.campaign_id, row.id) / "samples.parquet"
+    rss: list[tuple[int, int]] = []
+    if samples.exists():
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(samples, columns=["t_ns", "rss_bytes"]).to_pydict()
+        rss = list(zip(table["t_ns"], table["rss_bytes"], strict=True))
+    return storm_run(outcomes, {a: c.offset_ns for a, c in record.agent_clocks.items()},
+                     requested_clients=storm.clients, requested_rate_hz=storm.rate_hz,
+                     rss=rss)
 
 
 def sys_topic_series(layout: DataLayout, rows: list[RunRow]

@@ -5,14 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from mqttbed.campaigns.shapes import shared_filter, tree_messages_matching
 from mqttbed.campaigns.spec import CampaignSpec
+from mqttbed.core.backends import check_restarts
 from mqttbed.core.broker_access import ClientCredentials
 from mqttbed.core.events import publisher_client_id, subscriber_client_id
 from mqttbed.core.protocol import (
     Assignment,
     ClientAssignment,
     Endpoint,
+    PublishedTree,
+    ReconnectPlan,
+    RetainedPlan,
     Role,
+    SessionPlan,
+    StormPlan,
     SubscribedStream,
 )
 
@@ -35,7 +42,14 @@ class ClientPlacement:
 def run_window_ns(spec: CampaignSpec) -> int:
     """The run's measured window from the start time: sending time, or min_window_s."""
     w = spec.workload
+    if w.connect is not None:  # a storm: its schedule, every connect's timeout, the hold
+        storm = w.connect
+        span_s = (storm.clients - 1) / storm.rate_hz if storm.rate_hz else 0.0
+        return int((span_s + STORM_CONNECT_TIMEOUT_S + storm.hold_s) * 1e9)
     sending_ns = 0
+    if w.retained is not None:  # the values set, then the wait before the subscribes
+        return max(retained_sending_ns(spec) + int(w.retained.subscribe_after_s * 1e9),
+                   int(w.min_window_s * 1e9))
     if w.pacing == "closed-loop":
         return int(w.min_window_s * 1e9)  # as fast as acknowledged, for this long
     for stream in (s for s in w.resolved_streams() if s.publishers):
@@ -50,6 +64,8 @@ def run_window_ns(spec: CampaignSpec) -> int:
 def agents_needed(spec: CampaignSpec) -> int:
     """How many agent processes the run needs (none when it has no clients)."""
     clients = spec.workload.total_publishers() + spec.workload.subscribers
+    if spec.workload.connect is not None:  # a storm's clients only
+        clients = spec.workload.connect.clients
     return min(spec.agents.resolved_count(), clients)
 
 
@@ -76,6 +92,8 @@ def _clients(spec: CampaignSpec) -> list[ClientAssignment]:
     message of every stream: topics are names, never filters, so the count is exact.
     """
     w = spec.workload
+    if w.mode == "connect":  # a storm's clients are dealt as StormPlans (storm_plans)
+        return []
     streams = w.resolved_streams()
     clients: list[ClientAssignment] = []
     # per-publisher topics: publisher i on topic/i, subscriber j on topic/(j mod publishers)
@@ -103,7 +121,96 @@ def _clients(spec: CampaignSpec) -> list[ClientAssignment]:
             expected_messages=streams[0].messages if paired
             else sum(s.publishers * s.messages for s in streams),
             subscribe_rank=j, streams=subscribed))
-    return clients
+    return _away(spec, _retained(spec, _shaped(spec, clients)))
+
+
+def retained_topic_counts(topics: int, publishers: int) -> list[int]:
+    """How many of ``topics`` retained topics each publisher sets: publisher n takes
+    topics n, n + publishers, n + 2 * publishers, ..."""
+    return [len(range(n, topics, publishers)) for n in range(publishers)]
+
+
+def retained_sending_ns(spec: CampaignSpec) -> int:
+    """How long a retained-state run's publishers take to set every value on their
+    schedule (closed loop: min_window_s)."""
+    w = spec.workload
+    if w.retained is None:
+        raise ValueError("retained_sending_ns: the workload has no workload.retained")
+    if w.pacing == "closed-loop" or not w.publishers:
+        return int(w.min_window_s * 1e9)
+    period_ns = 1e9 / w.rate_hz
+    most = max(retained_topic_counts(w.retained.topics, w.publishers)) * w.retained.updates
+    # the last publisher starts up to one period late (staggered start)
+    return int((w.publishers - 1) * period_ns / w.publishers) + int(most * period_ns)
+
+
+def _retained(spec: CampaignSpec, clients: list[ClientAssignment]) -> list[ClientAssignment]:
+    """The clients as a retained-state workload has them (``workload.retained``).
+
+    Publisher n sets ``updates`` values on each of its topics n, n + P, ... of
+    ``{topic}/{i}`` in turn (RETAIN flag; the last value of each topic is its state) and
+    sends nothing else; every subscriber subscribes to ``{topic}/#`` once the window's
+    sending time and ``subscribe_after_s`` have passed (and its agent's publishers are
+    done), expecting each topic's one latest value. Warm-up does not apply: every value
+    set is state."""
+    w = spec.workload
+    retained = w.retained
+    if retained is None:
+        return clients
+    counts = retained_topic_counts(retained.topics, w.publishers)
+    after_ns = int(retained.subscribe_after_s * 1e9)
+    subscribe_ns = retained_sending_ns(spec) + after_ns
+    shaped = []
+    for client in clients:
+        if client.role == Role.PUBLISHER:
+            n = client.publisher_index
+            shaped.append(client.model_copy(update={
+                "messages": counts[n] * retained.updates, "warmup_messages": 0,
+                "retained": RetainedPlan(topics=retained.topics, first=n, stride=w.publishers,
+                                         count=counts[n])}))
+        else:
+            shaped.append(client.model_copy(update={
+                "topic": f"{client.topic}/#", "expected_messages": retained.topics,
+                "warmup_messages": 0,
+                "retained": RetainedPlan(topics=retained.topics,
+                                         subscribe_after_start_ns=subscribe_ns,
+                                         subscribe_after_publishers_ns=after_ns)}))
+    return shaped
+
+
+def _shaped(spec: CampaignSpec, clients: list[ClientAssignment]) -> list[ClientAssignment]:
+    """The clients as a shared-subscription or topic-tree workload has them.
+
+    ``workload.shared``: subscriber j subscribes to ``$share/{group}-{j mod groups}/{topic}``
+    and may receive any of the stream (a member's share is not known before the run: it
+    waits out the drain, or timing.drain_idle_s). ``workload.topic_tree``: publisher i
+    spreads its messages over the tree from topic ``i * topics // publishers``, and
+    subscriber j holds ``{topic}/{filters[j mod len]}``, expecting exactly the messages
+    its filter matches."""
+    w = spec.workload
+    if w.shared is not None:
+        shared = w.shared
+        return [client if client.role != Role.SUBSCRIBER else client.model_copy(update={
+            "topic": shared_filter(shared, client.subscribe_rank, client.topic)})
+            for client in clients]
+    tree = w.topic_tree
+    if tree is None:
+        return clients
+    publishers = [c for c in clients if c.role == Role.PUBLISHER]
+    firsts = {c.client_id: n * tree.topics // len(publishers) for n, c in enumerate(publishers)}
+    shaped = []
+    for client in clients:
+        if client.role == Role.PUBLISHER:
+            shaped.append(client.model_copy(update={"topic_tree": PublishedTree(
+                levels=tree.levels, fanout=tree.fanout, first=firsts[client.client_id])}))
+            continue
+        topic_filter = tree.filters[client.subscribe_rank % len(tree.filters)]
+        shaped.append(client.model_copy(update={
+            "topic": f"{client.topic}/{topic_filter}",
+            "expected_messages": sum(
+                tree_messages_matching(tree, topic_filter, firsts[p.client_id], p.messages)
+                for p in publishers)}))
+    return shaped
 
 
 def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint: Endpoint,
@@ -119,6 +226,7 @@ def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint
     client speaks ``workload.protocol`` and proves itself with ``credentials``.
     """
     window_ns = run_window_ns(spec)
+    storms = dict(zip(agent_ids, storm_plans(spec, len(agent_ids)), strict=False))
     per_agent: dict[str, list[ClientAssignment]] = {a: [] for a in agent_ids}
     broker = dict.fromkeys(agent_ids, endpoint)
     if placement is not None:
@@ -141,8 +249,27 @@ def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint
                                   0.2 if spec.measurement.scope else 1.0),
                               gpio_pulses=spec.measurement.scope is not None,
                               mqtt_client=spec.workload.client,
-                              protocol=spec.workload.protocol, credentials=credentials)
-            for agent, mine in per_agent.items() if mine}
+                              protocol=spec.workload.protocol, credentials=credentials,
+                              storm=storms.get(agent))
+            for agent, mine in per_agent.items() if mine or agent in storms}
+
+
+# A storm client's connect not done this long after its connect() is a timeout.
+STORM_CONNECT_TIMEOUT_S = 10.0
+
+
+def storm_plans(spec: CampaignSpec, agents: int) -> list[StormPlan]:
+    """A connection storm's clients dealt round-robin over ``agents`` (storm client k to
+    agent k mod agents, intended at k / rate_hz over all of them); none without a storm."""
+    storm = spec.workload.connect
+    if storm is None:
+        return []
+    return [StormPlan(client_id_prefix="storm-", first=i, step=agents,
+                      count=len(range(i, storm.clients, agents)), total=storm.clients,
+                      rate_hz=storm.rate_hz, hold_s=storm.hold_s,
+                      clean_session=storm.clean_session,
+                      connect_timeout_s=STORM_CONNECT_TIMEOUT_S)
+            for i in range(min(agents, storm.clients))]
 
 
 def subscribe_turns(assignments: dict[str, Assignment]) -> list[tuple[str, list[int]]]:
@@ -157,3 +284,44 @@ def subscribe_turns(assignments: dict[str, Assignment]) -> list[tuple[str, list[
         else:
             turns.append((owner[rank], [rank]))
     return turns
+
+
+def _away(spec: CampaignSpec, clients: list[ClientAssignment]) -> list[ClientAssignment]:
+    """The clients as persistent sessions and reconnect storms have them.
+
+    ``workload.sessions``: the first ``offline`` subscribers keep a persistent session and
+    go away ``offline_at_s`` into the run for ``offline_for_s``. ``workload.reconnect``:
+    every client connects again when the restart takes its connection, and with
+    ``persistent`` every subscriber keeps a persistent session across it."""
+    w = spec.workload
+    if (sessions := w.sessions) is not None:
+        plan = SessionPlan(session_expiry_s=sessions.session_expiry_s,
+                           away_at_ns=int(sessions.offline_at_s * 1e9),
+                           away_for_ns=int(sessions.offline_for_s * 1e9), leave=sessions.leave)
+        return [c.model_copy(update={"session": plan})
+                if c.role == Role.SUBSCRIBER and c.subscribe_rank < sessions.offline else c
+                for c in clients]
+    if (storm := w.reconnect) is not None:
+        again = ReconnectPlan(backoff_initial_ns=int(storm.backoff_initial_s * 1e9),
+                              backoff_max_ns=int(storm.backoff_max_s * 1e9))
+        kept = SessionPlan() if storm.persistent else None
+        return [c.model_copy(update={"reconnect": again, "session": kept
+                                     if c.role == Role.SUBSCRIBER else None})
+                for c in clients]
+    return clients
+
+
+def check_away_shapes(spec: CampaignSpec) -> None:
+    """Raise ValueError when the run asks persistent sessions or a reconnect storm of what
+    cannot give them: a backend that cannot restart its broker (naming it), or a Python
+    client (only the native engine goes away and comes back)."""
+    w = spec.workload
+    shape = w.shape()
+    if shape not in ("sessions", "reconnect"):
+        return
+    if shape == "reconnect":
+        check_restarts(spec.broker.backend)
+    if w.client != "native":
+        raise ValueError(f"workload.{shape} needs the native engine (its clients go away and "
+                         f"come back in C): workload.client {w.client!r} cannot; set "
+                         "workload.client to 'native'")

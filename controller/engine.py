@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import sessionmaker
 
 from mqttbed.agents.deploy import AgentPool, Agents, Site, StartAgents
+from mqttbed.analytics.connect_storm import write_storm_outcomes
 from mqttbed.brokers.cpu_budget import CpuBudget, CpuBudgetError, cpu_budget_unavailable
 from mqttbed.brokers.cpu_budget import reap_stale as reap_cpu_budgets
 from mqttbed.campaigns.spec import CampaignSpec, SweepPoint, check_access_files, plan_runs
@@ -31,6 +32,7 @@ from mqttbed.controller.assignments import (
     ClientPlacement,
     agent_roles,
     agents_needed,
+    check_away_shapes,
     plan_assignments,
     run_window_ns,
     subscribe_turns,
@@ -74,6 +76,7 @@ from mqttbed.core.backends import (
     LocalProcesses,
     MultiBroker,
     OwnNetwork,
+    RestartsBroker,
     RunsOnLabHost,
     create_backend,
     declaration,
@@ -215,6 +218,11 @@ class RunEngine:
         if (any(run.point.spec.broker.cpu_limit is not None for run in planned)
                 and (why := cpu_budget_unavailable()) is not None):
             raise SpecError(why)
+        for run in planned:   # sessions and restarts the backend or client cannot give
+            try:
+                check_away_shapes(run.point.spec)
+            except ValueError as exc:
+                raise SpecError(str(exc)) from None
         with self.ctx.sessions() as s:
             s.add(CampaignRow(id=campaign_id, name=spec.name, spec=spec.model_dump(mode="json"),
                               status=CampaignStatus.CREATED))
@@ -580,6 +588,11 @@ class RunEngine:
         live.backend = backend = create_backend(spec.broker.backend)
         if isinstance(backend, MultiBroker):
             backend.prepare(spec.workload)
+        if (storm := spec.workload.reconnect) is not None:   # workload.reconnect
+            if not isinstance(backend, RestartsBroker):
+                raise RunFailed(f"workload.reconnect: backend {backend.name} cannot restart "
+                                "its broker mid-run (no RestartsBroker capability)")
+            backend.keep_sessions(storm.persistent)
         if isinstance(backend, ConfiguresAccess):
             backend.configure_access(access)
         elif asked := access.to_configure():
@@ -732,9 +745,13 @@ class RunEngine:
             live.recorder.start(t_start)
         if isinstance(live.backend, FaultSchedule):
             live.backend.started(t_start)  # e.g. arms a fault at a time of the run
+        if (storm := spec.workload.reconnect) is not None \
+                and isinstance(live.backend, RestartsBroker):
+            live.backend.restart_at(t_start + int(storm.restart_at_s * 1e9), storm.down_s)
         window_ns = run_window_ns(spec)
         # closed loop: the window is what publishers are given, not a schedule to wait out
         closed_loop = spec.workload.pacing == "closed-loop"
+        closed_loop |= spec.workload.mode == "connect"  # a storm's window is its longest
         self._wait(live, until=lambda: len(live.inbox.done) == len(live.active)
                    and (closed_loop or monotonic_ns() >= t_start + window_ns),
                    timeout_s=spec.timing.start_lead_s + window_ns / 1e9 + spec.timing.drain_s
@@ -766,6 +783,10 @@ class RunEngine:
             live.record.generators = generators
         if connections := {a: d.connections for a, d in inbox.done.items() if d.connections}:
             live.record.connections = connections
+        if storms := {a: d.storm for a, d in inbox.done.items() if d.storm is not None}:
+            write_storm_outcomes(self.ctx.layout.run_dir(run.campaign_id, run.id), storms)
+        if reconnects := {a: d.reconnects for a, d in inbox.done.items() if d.reconnects}:
+            live.record.reconnects = reconnects   # workload.sessions / workload.reconnect
         if live.links is not None:
             live.record.network = live.links.metadata(with_proxy_stats=True)
         if live.recorder is not None:

@@ -132,6 +132,9 @@ class Fault(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     at_ns: int = Field(description="when, on CLOCK_MONOTONIC of the controller's machine")
     what: str = Field(description="e.g. 'killed broker 2 (the root)'")
+    until_ns: int | None = Field(None, description="when it was over (a restarted broker "
+                                                   "listening again), on the same clock; "
+                                                   "None: it lasted")
 
 
 @dataclass(frozen=True)
@@ -246,6 +249,23 @@ class FaultSchedule(Protocol):
 
     def faults(self) -> list[Fault]:
         """After teardown: what was done, and when."""
+        ...
+
+
+@runtime_checkable
+class RestartsBroker(Protocol):
+    """Stops its broker mid-run and starts it again on the same listeners
+    (``workload.reconnect``); each restart is one of its faults (:class:`FaultSchedule`:
+    when it stopped, and ``until_ns``, when it listened again)."""
+
+    def keep_sessions(self, persistent: bool) -> None:
+        """Called once before ``deploy``: whether the broker keeps its clients' sessions
+        across a restart (persistence), as persistent sessions need."""
+        ...
+
+    def restart_at(self, at_ns: int, down_s: float) -> None:
+        """Stop the broker at ``at_ns`` (CLOCK_MONOTONIC) and start it again ``down_s``
+        later; returns at once (the restart runs on its own thread)."""
         ...
 
 
@@ -499,3 +519,12 @@ class ServerCommand:
         main: Callable[[list[str]], int] = getattr(importlib.import_module(module_name),
                                                    function)
         return main(argv)
+
+
+def check_restarts(backend: str) -> None:
+    """Raise ValueError naming ``workload.reconnect`` and the backend when its broker cannot
+    be restarted mid-run (no :class:`RestartsBroker`)."""
+    if not declaration(backend).supports(RestartsBroker):
+        raise ValueError(f"workload.reconnect: backend {backend} cannot restart its broker "
+                         "mid-run (no RestartsBroker capability); run the reconnect storm on "
+                         "a backend that can, e.g. mosquitto")

@@ -14,6 +14,11 @@ files. Three kinds of rows share the schema:
 stamp, mapped onto CLOCK_MONOTONIC) or ``user`` (read in the receive loop); a delivery
 also keeps the user-space time in ``t_recv_user_ns`` whatever its source, so figures can
 be computed from either clock (``measurement.receive_clock``).
+
+``retain`` is the PUBLISH's RETAIN flag (MQTT 3.1.1 section 3.3.1.3): on a publish row, the
+value was sent to be retained (``workload.retained``); on a delivery row, the broker sent
+it as retained state when the receiver subscribed. Null where the writer did not record it
+(the lean and paho clients, files from before), which reads as not retained.
 """
 
 from __future__ import annotations
@@ -55,9 +60,10 @@ EVENT_FIELDS: tuple[tuple[str, str, bool], ...] = (
     ("clock_offset_ns", "int64", False),
     ("clock_offset_uncertainty_ns", "int64", False),
     ("t_recv_user_ns", "int64", True),
+    ("retain", "bool", True),
 )
 # Columns a chunk may leave out (null): added after writers that do not know them existed.
-OPTIONAL_EVENT_COLUMNS: frozenset[str] = frozenset({"t_recv_user_ns"})
+OPTIONAL_EVENT_COLUMNS: frozenset[str] = frozenset({"t_recv_user_ns", "retain"})
 EVENT_COLUMNS: tuple[str, ...] = tuple(name for name, _, _ in EVENT_FIELDS)
 PARTITION_COLUMNS: tuple[str, str] = ("campaign_id", "run_id")
 

@@ -150,6 +150,57 @@ class SubscribedStream(BaseModel):
     warmup_messages: int
 
 
+class PublishedTree(BaseModel):
+    """A publisher's messages spread over a tree of topics (``workload.topic_tree``):
+    message k goes to the tree's topic ``(first + k) mod fanout ** levels`` under the
+    client's topic (:func:`mqttbed.campaigns.shapes.tree_topic` names it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    levels: int = Field(ge=1, le=8)
+    fanout: int = Field(ge=1)
+    first: int = Field(0, ge=0, description="the tree topic of the publisher's message 0")
+
+
+class RetainedPlan(BaseModel):
+    """A client of a retained-state run (``workload.retained``): a publisher sets retained
+    values, message k (RETAIN flag) on topic ``first + (k mod count) * stride`` of
+    ``{topic}/{i}``, i < topics; a subscriber subscribes to its ``topic`` during the run,
+    ``subscribe_after_start_ns`` after the start and no earlier than
+    ``subscribe_after_publishers_ns`` after its agent's publishers are done."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    topics: int = Field(ge=1)
+    first: int = Field(0, ge=0)
+    stride: int = Field(1, ge=1)
+    count: int = Field(0, ge=0, description="a publisher's topics (0: a subscriber)")
+    subscribe_after_start_ns: int = Field(0, ge=0)
+    subscribe_after_publishers_ns: int = Field(0, ge=0)
+
+
+class SessionPlan(BaseModel):
+    """A client's persistent session (``workload.sessions``, ``workload.reconnect``):
+    clean session 0 (3.1.1; MQTT 5: clean start 0 with ``session_expiry_s``), and for the
+    subscribers that go away, when (``away_at_ns`` after the run's start), for how long,
+    and how they leave (``disconnect``: DISCONNECT first; ``drop``: the socket closed)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    persistent: bool = True
+    session_expiry_s: int = Field(3600, ge=1, le=4_294_967_294)
+    away_at_ns: int | None = Field(None, ge=0)
+    away_for_ns: int | None = Field(None, gt=0)
+    leave: Literal["disconnect", "drop"] = "drop"
+
+
+class ReconnectPlan(BaseModel):
+    """A client that connects again when its connection is lost during the run
+    (``workload.reconnect``): after ``backoff_initial_ns``, the wait doubling after each
+    failed attempt up to ``backoff_max_ns`` (no jitter)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    backoff_initial_ns: int = Field(gt=0)
+    backoff_max_ns: int = Field(gt=0)
+
+
 class ClientAssignment(BaseModel):
     """One MQTT client an agent runs during a run."""
 
@@ -180,6 +231,15 @@ class ClientAssignment(BaseModel):
     # publisher pacing: open loop on the schedule, or the next PUBLISH once the last one
     # is acknowledged (PUBACK / PUBCOMP), never faster than rate_hz
     closed_loop: bool = False
+    # a publisher over a topic tree (workload.topic_tree): a topic per message; a
+    # subscriber's ``topic`` is then its filter (and a shared subscriber's, $share/G/F)
+    topic_tree: PublishedTree | None = None
+    # workload.retained: a publisher's retained values, a subscriber's SUBSCRIBE in the run
+    retained: RetainedPlan | None = None
+    # workload.sessions / workload.reconnect: a persistent session and absences; connects
+    # again after a lost connection (native engine only)
+    session: SessionPlan | None = None
+    reconnect: ReconnectPlan | None = None
 
     def subscriptions(self) -> list[tuple[str, int]]:
         """The (topic, QoS) a subscriber subscribes to, in order: its streams' distinct
@@ -190,6 +250,35 @@ class ClientAssignment(BaseModel):
         for stream in self.streams:
             qos[stream.topic] = max(qos.get(stream.topic, 0), stream.qos)
         return list(qos.items())
+
+
+class StormPlan(BaseModel):
+    """One agent's share of a connection storm (``workload.mode: connect``): storm clients
+    ``first``, ``first + step``, ... (``count`` of them, of ``total`` over every agent),
+    client k named ``{client_id_prefix}{k}`` and intended at ``k / rate_hz`` s after the
+    start (None: every client at the start); each held ``hold_s`` once all are made."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    client_id_prefix: str = Field(min_length=1, max_length=64)
+    first: int = Field(ge=0)
+    step: int = Field(ge=1)
+    count: int = Field(ge=1)
+    total: int = Field(ge=1)
+    rate_hz: float | None = Field(None, gt=0)
+    hold_s: float = Field(ge=0)
+    clean_session: bool = True
+    keepalive_s: int = Field(60, ge=1, le=65535)
+    connect_timeout_s: float = Field(10.0, gt=0, description="a connect not done this long "
+                                                             "after its connect() fails as "
+                                                             "a timeout")
+
+    def clients(self) -> range:
+        """The storm indexes of this agent's clients."""
+        return range(self.first, self.first + self.count * self.step, self.step)
+
+    def offset_ns(self, k: int) -> int:
+        """Client k's intended connect time after the start."""
+        return 0 if self.rate_hz is None else round(k * 1e9 / self.rate_hz)
 
 
 class Assignment(Message):
@@ -215,6 +304,8 @@ class Assignment(Message):
     # what every client sends in CONNECT and presents in TLS (secrets: masked in every dump
     # but the commands' own, core.broker_access.reveal_secrets_context)
     credentials: ClientCredentials | None = None
+    # workload.mode connect: this agent's share of the storm (``clients`` is empty then)
+    storm: StormPlan | None = None
 
 
 class Subscribe(Message):
@@ -380,6 +471,88 @@ class Done(Message):
     generator: GeneratorReport | None = None
     # each client's connection, phase by phase (TCP, TLS, WebSocket, CONNECT -> CONNACK)
     connections: list[ConnectPhases] = Field(default_factory=list, max_length=1 << 20)
+    # workload.mode connect: every storm client's connect (the controller keeps it as a
+    # file of the run, connect_storm.json: 20,000 clients are ~1 MB, too big for a row)
+    storm: StormOutcomes | None = None
+    # workload.sessions / workload.reconnect: each such client's absences and returns
+    reconnects: list[ClientReconnects] = Field(default_factory=list, max_length=1 << 20)
+
+
+class Reconnect(BaseModel):
+    """One absence of a client (left on schedule, or its connection lost) and its way back,
+    on the agent's CLOCK_MONOTONIC (ns; None: not reached before the run ended)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    t_lost_ns: int = Field(description="it left, or its loss was seen")
+    scheduled: bool = Field(description="a planned absence (workload.sessions)")
+    reason: str = Field(max_length=256, description="how the connection went")
+    attempts: int = Field(ge=0, description="connects tried until one was accepted")
+    t_connect_ns: int | None = Field(None, description="the accepted attempt's connect()")
+    tcp_ns: int | None = Field(None, description="its TCP connect")
+    tls_ns: int | None = None
+    websocket_ns: int | None = None
+    connack_ns: int | None = Field(None, description="its CONNECT written to CONNACK read")
+    t_connack_ns: int | None = Field(None, description="when it was back: CONNACK read")
+    session_present: bool | None = Field(None, description="the CONNACK's flag")
+    t_subscribed_ns: int | None = Field(None, description="the SUBACK of its subscribe "
+                                                          "again (None: session kept)")
+    publishes_skipped: int = Field(0, ge=0, description="own publishes due while away")
+    publishes_abandoned: int = Field(0, ge=0, description="own QoS 1/2 publishes in "
+                                                          "flight when it went")
+
+
+class ClientReconnects(BaseModel):
+    """A persistent or reconnecting client of a run: its first CONNACK's session present
+    flag and each absence (:class:`Reconnect`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    client_id: str
+    role: Role
+    qos: int
+    persistent: bool
+    session_present: bool | None = Field(None, description="its first CONNACK's flag")
+    reconnects: list[Reconnect] = Field(default_factory=list, max_length=1 << 16)
+
+
+class StormOutcomes(BaseModel):
+    """One agent's storm clients, column by column (one entry per client, in ``clients``
+    order), on the agent's CLOCK_MONOTONIC: each instant in ns after the client's intended
+    connect time (None: not reached), its outcome (``connected``, or why it failed:
+    ``connack``, ``refused``, ``reset``, ``closed``, ``timeout``, ``tls``, ``websocket``,
+    ``other``; ``pending``: never opened) and code (the CONNACK's return or reason code,
+    or the errno)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    t_start_ns: int = Field(description="the storm's start: client k is intended at "
+                                        "t_start_ns + k / rate_hz")
+    t_all_done_ns: int | None = Field(None, description="every connect made or failed")
+    t_left_ns: int | None = Field(None, description="the held connections ended "
+                                                    "(DISCONNECT)")
+    clients: list[int] = Field(max_length=1 << 20, description="storm indexes")
+    intended_ns: list[int] = Field(max_length=1 << 20, description="after t_start_ns")
+    connect_ns: list[int | None] = Field(max_length=1 << 20, description="connect() called")
+    tcp_ns: list[int | None] = Field(max_length=1 << 20, description="TCP established")
+    tls_ns: list[int | None] = Field(max_length=1 << 20, description="TLS handshake done")
+    websocket_ns: list[int | None] = Field(max_length=1 << 20, description="101 read")
+    mqtt_sent_ns: list[int | None] = Field(max_length=1 << 20, description="CONNECT written")
+    connack_ns: list[int | None] = Field(max_length=1 << 20, description="CONNACK read")
+    ended_ns: list[int | None] = Field(max_length=1 << 20, description="failed, or lost "
+                                                                       "while held")
+    outcome: list[str] = Field(max_length=1 << 20)
+    code: list[int] = Field(max_length=1 << 20)
+    details: dict[str, str] = Field(default_factory=dict, description="per outcome, the "
+                                                                      "first failure's text")
+
+    @model_validator(mode="after")
+    def _columns_align(self) -> StormOutcomes:
+        lengths = {name: len(getattr(self, name)) for name in STORM_COLUMNS}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"storm columns differ in length: {lengths}")
+        return self
+
+
+STORM_COLUMNS = ("clients", "intended_ns", "connect_ns", "tcp_ns", "tls_ns", "websocket_ns",
+                 "mqtt_sent_ns", "connack_ns", "ended_ns", "outcome", "code")
 
 
 class AgentFailure(Message):

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from mqttbed.core.backends import DeploymentRecord, Fault
 from mqttbed.core.broker_access import ConnectPhases
 from mqttbed.core.errors import MqttbedError
-from mqttbed.core.protocol import ClockEstimate, Endpoint, GeneratorReport
+from mqttbed.core.protocol import ClientReconnects, ClockEstimate, Endpoint, GeneratorReport
 
 DeploymentT = TypeVar("DeploymentT", bound=DeploymentRecord)
 
@@ -187,6 +187,10 @@ class RunRecord(BaseModel):
         default_factory=dict, description="agent id -> each connection its clients made, "
                                           "phase by phase (Done.connections); empty for a "
                                           "run from before they were timed")
+    reconnects: dict[str, list[ClientReconnects]] = Field(
+        default_factory=dict, description="agent id -> its persistent or reconnecting "
+                                          "clients' absences and returns (Done.reconnects: "
+                                          "workload.sessions, workload.reconnect)")
     faults: list[Fault] = Field(default_factory=list)
     retry_of: str | None = Field(None, description="the interrupted attempt this one retries")
     retried_as: str | None = Field(None, description="the attempt that retried this one")

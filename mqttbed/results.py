@@ -72,6 +72,8 @@ EVENT_COLUMN_DOCS: dict[str, str] = {
     "clock_offset_uncertainty_ns": "the offset's uncertainty (half the probe's round trip)",
     "t_recv_user_ns": "the user-space receive time, whatever clock_source says (null in "
                       "files from before it was recorded)",
+    "retain": "the PUBLISH's RETAIN flag: a value set to be retained (publish rows), or "
+              "retained state sent on subscribing (delivery rows); null where not recorded",
     "campaign_id": "partition column (directory campaign_id=C): the campaign",
     "run_id": "partition column (directory run_id=R): the run",
 }

@@ -131,7 +131,9 @@ def test_declared_features_are_the_measured_ones():
     assert presets.preset("ejabberd").features.qos == {0, 1, 2}
     for name in presets.preset_names():
         features = presets.preset(name).features
-        assert features.retained and features.wildcards and features.note
+        assert features.wildcards and features.note
+        # RabbitMQ 3.10 sends a retained message to an exact-topic subscription only
+        assert features.retained == (name != "rabbitmq")
 
 
 # -- each broker for real -------------------------------------------------------------------

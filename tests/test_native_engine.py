@@ -132,7 +132,7 @@ def test_the_engine_hands_the_uploader_whole_columns(broker):
         assert {len(column) for column in batch.values()} == {len(batch["kind"])}
         assert set(batch) == {"kind", "publisher", "seq", "receiver", "topic", "payload_bytes",
                               "qos", "warmup", "t_intended_ns", "t_pub_ns", "t_recv_ns",
-                              "clock_source", "t_recv_user_ns"}
+                              "clock_source", "t_recv_user_ns", "retain"}
 
 
 def test_the_uploader_merges_columns_and_single_events_into_one_chunk():

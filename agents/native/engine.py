@@ -30,18 +30,18 @@ PROJECT = make_build.MakeProject(
 
 # Tables and columns, as numbered in src/engine.h.
 T_PUBLISH, T_DELIVERY, T_SUBSCRIBE, T_TX, T_EDGE = range(5)
-PUB_COLUMNS = ("client", "seq", "t_intended", "t_pub", "warmup")
+PUB_COLUMNS = ("client", "seq", "t_intended", "t_pub", "warmup", "topic")
 DLV_COLUMNS = ("client", "publisher", "seq", "topic", "payload_bytes", "qos", "warmup",
-               "t_intended", "t_pub", "t_recv", "kernel", "t_recv_user")
-SUB_COLUMNS = ("client", "topic", "qos", "t_suback")
+               "t_intended", "t_pub", "t_recv", "kernel", "t_recv_user", "retain")
+SUB_COLUMNS = ("client", "topic", "qos", "t_suback", "t_sent", "t_intended")
 TX_COLUMNS = ("client", "seq", "t_pub", "t_kernel", "lag")
 EDGE_COLUMNS = ("pin", "t", "level", "lag", "write")
 _WIDTH_TYPES = {1: ctypes.c_uint8, 4: ctypes.c_int32, 8: ctypes.c_int64}
 _WIDTH_FORMATS = {1: "B", 4: "i", 8: "q"}
 _TABLE_WIDTHS = {
-    T_PUBLISH: (4, 8, 8, 8, 1),
-    T_DELIVERY: (4, 4, 8, 4, 4, 1, 1, 8, 8, 8, 1, 8),
-    T_SUBSCRIBE: (4, 4, 1, 8),
+    T_PUBLISH: (4, 8, 8, 8, 1, 4),
+    T_DELIVERY: (4, 4, 8, 4, 4, 1, 1, 8, 8, 8, 1, 8, 1),
+    T_SUBSCRIBE: (4, 4, 1, 8, 8, 8),
     T_TX: (4, 8, 8, 8, 8),
     T_EDGE: (4, 8, 1, 8, 8),
 }
@@ -51,7 +51,7 @@ _TABLE_COLUMNS = {T_PUBLISH: PUB_COLUMNS, T_DELIVERY: DLV_COLUMNS, T_SUBSCRIBE: 
 def _column_format(name: str, width: int) -> str:
     """A column's memoryview format: a warm-up flag reads as Python bools ("?"), the event
     column's type; the rest as integers of the column's width."""
-    return "?" if name == "warmup" else _WIDTH_FORMATS[width]
+    return "?" if name in ("warmup", "retain") else _WIDTH_FORMATS[width]
 
 
 def as_lists(table: int, columns: dict[str, bytes]) -> dict[str, list[int]]:
@@ -85,6 +85,34 @@ class ConnectPhaseTimes(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
         "t_connect_ns", "t_tcp_ns", "t_tls_ns", "t_websocket_ns", "t_mqtt_sent_ns",
         "t_connack_ns")] + [("tls", ctypes.c_char * 64)]
+
+
+class ReconnectRecord(ctypes.Structure):
+    """``mqe_reconnect_record``: one absence of a client and its way back (CLOCK_MONOTONIC
+    ns, :data:`NO_TIME` where not reached)."""
+
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "t_lost_ns", "t_connect_ns", "t_tcp_ns", "t_tls_ns", "t_websocket_ns",
+        "t_mqtt_sent_ns", "t_connack_ns", "t_subscribed_ns", "skipped")] + [
+        (name, ctypes.c_int32) for name in (
+            "attempts", "session_present", "scheduled", "abandoned")] + [
+        ("reason", ctypes.c_char * 128)]
+
+
+class StormOutcome(ctypes.Structure):
+    """``mqe_storm_outcome``: one storm client's connect (CLOCK_MONOTONIC ns, :data:`NO_TIME`
+    where not reached), its outcome (``STORM_OUTCOMES``) and code (CONNACK code or errno)."""
+
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "t_intended_ns", "t_connect_ns", "t_tcp_ns", "t_tls_ns", "t_websocket_ns",
+        "t_mqtt_sent_ns", "t_connack_ns", "t_ended_ns")] + [
+        (name, ctypes.c_int32) for name in ("outcome", "code")] + [
+        ("detail", ctypes.c_char * 256)]
+
+
+# MQE_STORM_*, in src/engine.h's order: what became of one storm client's connect
+STORM_OUTCOMES = ("pending", "opening", "connected", "connack", "refused", "reset", "closed",
+                  "timeout", "tls", "websocket", "other")
 
 
 def library_path() -> Path:
@@ -145,6 +173,18 @@ def load() -> Any:
         "mqe_gpio_open_chip": (i32, [p, cstr, ctypes.POINTER(ctypes.c_int32), u32]),
         "mqe_gpio_set": (i32, [p, i32, i32]),
         "mqe_gpio_write_failures": (i64, [p, ctypes.POINTER(ctypes.c_int)]),
+        "mqe_set_topic_tree": (i32, [p, i32, u32, u32, ctypes.c_uint64]),
+        "mqe_set_retained": (i32, [p, i32, u32, u32, u32, u32]),
+        "mqe_subscribe_later": (i32, [p, i32, cstr, i32, i64, i64]),
+        "mqe_set_persistent": (i32, [p, i32, u32]),
+        "mqe_set_absence": (i32, [p, i32, i64, i64, i32]),
+        "mqe_set_reconnect": (i32, [p, i32, i64, i64]),
+        "mqe_reconnects": (i32, [p, i32]),
+        "mqe_reconnect_of": (i32, [p, i32, i32, ctypes.POINTER(ReconnectRecord)]),
+        "mqe_session_present_of": (i32, [p, i32]),
+        "mqe_storm_begin": (i32, [p, i64, i32, i64, i32]),
+        "mqe_storm_step": (i64, [p, i64]),
+        "mqe_storm_outcome_of": (i32, [p, i32, ctypes.POINTER(StormOutcome)]),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)
@@ -167,6 +207,8 @@ class Engine:
         self._clients = 0
         self._final: list[ClientStats] = []  # every client's stats when the engine closed
         self._final_phases: list[ConnectPhaseTimes] = []
+        self._final_reconnects: list[list[ReconnectRecord]] = []
+        self._final_present: list[int] = []
         self._lock = threading.Lock()  # wake() from other threads against close()
         self.realtime_gap_ns = int(self._lib.mqe_realtime_gap_ns(self._handle))
         # every column as a typed memoryview over the engine's memory (allocated once, at
@@ -251,6 +293,67 @@ class Engine:
         """Carry this client's MQTT in WebSocket frames (RFC 6455) upgraded at ``path``."""
         if self._lib.mqe_set_websocket(self._live(), client, path.encode()):
             raise ValueError(self.error)
+
+    def set_topic_tree(self, client: int, levels: int, fanout: int, first: int) -> None:
+        """Send this publisher's message k to topic (first + k) mod fanout ** levels of the
+        tree under its topic (``{topic}/{a}/{b}/...``; src/topics_tree.c)."""
+        if self._lib.mqe_set_topic_tree(self._live(), client, levels, fanout, first):
+            raise ValueError(self.error)
+
+    def set_retained(self, client: int, *, topics: int, first: int, stride: int,
+                     count: int) -> None:
+        """Send this publisher's message k with the RETAIN flag to topic
+        ``first + (k mod count) * stride`` of ``{topic}/{i}``, i < topics
+        (src/retained.c; after :meth:`set_session`)."""
+        if self._lib.mqe_set_retained(self._live(), client, topics, first, stride, count):
+            raise ValueError(self.error)
+
+    def subscribe_later(self, client: int, topic_filter: str, qos: int, *,
+                        after_start_ns: int, after_publishers_ns: int) -> None:
+        """Subscribe during the run: at the start plus ``after_start_ns``, and no earlier
+        than ``after_publishers_ns`` after this engine's publishers are done
+        (src/retained.c)."""
+        if self._lib.mqe_subscribe_later(self._live(), client, topic_filter.encode(), qos,
+                                         after_start_ns, after_publishers_ns):
+            raise ValueError(self.error)
+
+    def set_persistent(self, client: int, session_expiry_s: int) -> None:
+        """Keep this client's session: clean session 0 (3.1.1), clean start 0 and a Session
+        Expiry Interval (MQTT 5); before connecting (src/reconnect.c)."""
+        if self._lib.mqe_set_persistent(self._live(), client, session_expiry_s):
+            raise ValueError(self.error)
+
+    def set_absence(self, client: int, *, at_ns: int, for_ns: int, drop: bool) -> None:
+        """Send this client away ``at_ns`` into the run (``drop``: the socket closed, else
+        a DISCONNECT first) and back with the same id ``for_ns`` later."""
+        if self._lib.mqe_set_absence(self._live(), client, at_ns, for_ns, int(drop)):
+            raise ValueError(self.error)
+
+    def set_reconnect(self, client: int, *, backoff_initial_ns: int,
+                      backoff_max_ns: int) -> None:
+        """Connect again, with exponential backoff, when the connection is lost during the
+        run (the run does not fail for it)."""
+        if self._lib.mqe_set_reconnect(self._live(), client, backoff_initial_ns,
+                                       backoff_max_ns):
+            raise ValueError(self.error)
+
+    def reconnects(self, client: int) -> list[ReconnectRecord]:
+        """Every absence of one client and its way back, in order (kept after close)."""
+        if not self._handle:
+            return self._final_reconnects[client] if self._final_reconnects else []
+        records = []
+        for n in range(int(self._lib.mqe_reconnects(self._handle, client))):
+            record = ReconnectRecord()
+            self._lib.mqe_reconnect_of(self._handle, client, n, ctypes.byref(record))
+            records.append(record)
+        return records
+
+    def session_present(self, client: int) -> int:
+        """The first CONNACK's session present flag (-1: none, or not a persistent or
+        reconnecting client)."""
+        if not self._handle:
+            return self._final_present[client] if self._final_present else -1
+        return int(self._lib.mqe_session_present_of(self._handle, client))
 
     def connect_phases(self, client: int) -> ConnectPhaseTimes:
         """When each phase of one client's connection ended (kept after close)."""
@@ -359,6 +462,31 @@ class Engine:
         """Whether every socket took SO_TIMESTAMPING."""
         return bool(self._handle) and bool(self._lib.mqe_kernel_stamps(self._handle))
 
+    # -- connection storms (src/storm.c) ------------------------------------------------
+
+    def storm_begin(self, t_start_ns: int, *, keepalive_s: int, timeout_s: float,
+                    clean_session: bool) -> None:
+        """Begin a storm of every client added: each connects at ``t_start_ns`` + its
+        start offset, and fails as a timeout when not connected ``timeout_s`` later."""
+        if self._lib.mqe_storm_begin(self._live(), t_start_ns, keepalive_s,
+                                     int(timeout_s * 1e9), int(not clean_session)):
+            raise ValueError(self.error)
+
+    def storm_step(self, until_ns: int) -> int:
+        """Open the connects due and serve every socket until ``until_ns`` (or a wake);
+        how many clients are not yet connected or failed."""
+        left = int(self._lib.mqe_storm_step(self._live(), until_ns))
+        if left < 0:
+            raise RuntimeError(self.error)
+        return left
+
+    def storm_outcome(self, client: int) -> StormOutcome:
+        """One storm client's connect, phase by phase, and what became of it."""
+        out = StormOutcome()
+        if self._lib.mqe_storm_outcome_of(self._live(), client, ctypes.byref(out)):
+            raise ValueError(f"client {client} is not in a storm")
+        return out
+
     # -- events ---------------------------------------------------------------------------
 
     def take(self, table: int) -> dict[str, list[int]]:
@@ -415,6 +543,8 @@ class Engine:
         self._lib.mqe_disconnect_all(self._handle)
         self._final = [self.client_counters(i) for i in range(self._clients)]
         self._final_phases = [self.connect_phases(i) for i in range(self._clients)]
+        self._final_reconnects = [self.reconnects(i) for i in range(self._clients)]
+        self._final_present = [self.session_present(i) for i in range(self._clients)]
         with self._lock:
             handle, self._handle = self._handle, None
         self._lib.mqe_destroy(handle)

@@ -29,8 +29,9 @@ from mqttbed.brokers.command.ready import probe_ready
 from mqttbed.brokers.command.templates import render, render_command
 from mqttbed.brokers.processes import BrokerProcess, local_processes, processes_in_group
 from mqttbed.brokers.reachability import ConnectRefused, Unreachable
+from mqttbed.brokers.restarts import BrokerRestarts
 from mqttbed.brokers.sys_monitor import SysMonitor, SysTopicsRecord
-from mqttbed.core.backends import AccessRecord, DeploymentRecord
+from mqttbed.core.backends import AccessRecord, DeploymentRecord, Fault
 from mqttbed.core.broker_access import ClientCredentials, MqttProtocol
 from mqttbed.core.errors import BackendError, MissingSystemDependency
 from mqttbed.core.host import Host, ProcessHandle, describe_exit, sha256_file
@@ -86,6 +87,36 @@ class CommandBackend:
         self._ready_after_s: float | None = None
         self._sys = SysMonitor()
         self._torn_down = False
+        self._restarts = BrokerRestarts(self.name)
+        self._account: pwd.struct_passwd | None = None
+        self._host: Host | None = None
+
+    # -- restarts (workload.reconnect) ---------------------------------------------------
+
+    def keep_sessions(self, persistent: bool) -> None:
+        """Nothing to configure: whether the broker keeps sessions across its restart is
+        its own (the results' session present flags say what it did)."""
+
+    def restart_at(self, at_ns: int, down_s: float) -> None:
+        """Stop the broker at ``at_ns`` (SIGTERM) and run its command again ``down_s``
+        later, with the same arguments, environment, config and port."""
+        proc, options, port, host = self._proc, self._options, self._port, self._host
+        if proc is None or options is None or port is None or host is None \
+                or self._torn_down:
+            raise BackendError("restart_at comes after deploy, before teardown")
+        argv = _as_user(self._argv, self._account)
+        env = _env_for(self._env, self._account)
+        self._restarts.arm(
+            proc, lambda n: host.spawn(argv, env=env,
+                                       log_path=proc.dir / f"restart-{n}-{LOG_NAME}"),
+            host.address, port, at_ns, down_s, options.stats_interval_s)
+
+    def started(self, t_start_ns: int) -> None:
+        """Nothing to arm at the start: a restart is armed by :meth:`restart_at`."""
+
+    def faults(self) -> list[Fault]:
+        """The restarts done (when each stopped, and listened again)."""
+        return self._restarts.faults()
 
     # -- deploy -------------------------------------------------------------------------
 
@@ -100,7 +131,8 @@ class CommandBackend:
         options = (spec if isinstance(spec, self.options_model)
                    else self.options_model.model_validate(spec))
         self._options = options
-        account = _account(options.user)
+        account = self._account = _account(options.user)
+        self._host = host
         self._proc = proc = BrokerProcess(self.name, host, "mqttbed-command-",
                                           log_names=(LOG_NAME,))
         try:
@@ -253,6 +285,10 @@ class CommandBackend:
             return "broker command is not deployed"
         if self._torn_down:
             return f"broker command (pid {self._proc.pid}) was torn down"
+        if self._restarts.error is not None:
+            return self._restarts.error
+        if self._restarts.restarting:
+            return None  # stopped on purpose, and coming back (workload.reconnect)
         return self._proc.exit_reason()
 
     def resource_samples(self) -> list[BrokerResourceSample]:
@@ -298,6 +334,7 @@ class CommandBackend:
         if self._torn_down:
             return
         self._torn_down = True
+        self._restarts.cancel()
         self._sys.stop()
         proc = self._proc
         if proc is None:

@@ -120,12 +120,18 @@ RABBITMQ = CommandPreset(
     # 7-12 s here: its MQTT plugin alone waits 3-6 s (at random) for cluster peers.
     ready_timeout_s=90.0,
     features=BrokerFeatures(
-        qos=frozenset({0, 1}), retained=True, wildcards=True,
+        # retained: it keeps them, but sends them to a subscription of the exact topic
+        # only; a wildcard filter, which workload.retained subscribes with, gets none
+        qos=frozenset({0, 1}), retained=False, wildcards=True,
         protocols=frozenset({"3.1.1"}), transports=frozenset(ListenerTransport), auth=True,
         note="rabbitmq_mqtt 3.10: a QoS 2 SUBSCRIBE is granted QoS 1 and a QoS 2 PUBLISH is "
-             "delivered at QoS 1; no $SYS topics; payloads of 64 MiB delivered; MQTT 3.1 "
+             "delivered at QoS 1; retained messages reach a subscription of their exact "
+             "topic only (rt/y/1 got its value; rt/y/# and rt/+/1 got none), so retained "
+             "state under wildcards is not declared; no $SYS topics; payloads of 64 MiB "
+             "delivered; MQTT 3.1 "
              "and 3.1.1 only (MQTT 5 came in RabbitMQ 3.13); ws and wss through its "
-             "rabbitmq_web_mqtt plugin"),
+             "rabbitmq_web_mqtt plugin; no shared subscriptions: members of "
+             "$share/g-0/sh/x received nothing of a QoS 1 stream to sh/x"),
 )
 
 NATS_BASE_CONFIG = """\
@@ -156,7 +162,9 @@ NATS = CommandPreset(
         note="nats-server 2.9: a QoS 2 SUBSCRIBE is granted QoS 1 and a QoS 2 PUBLISH closes "
              "the connection; no $SYS topics over MQTT; payloads of 16 MiB delivered, a "
              "64 MiB one cuts the subscriber off (slow consumer: 64 MiB pending); MQTT "
-             "3.1.1 only; no MQTT over WebSocket (its websocket block is NATS' protocol)"),
+             "3.1.1 only; no MQTT over WebSocket (its websocket block is NATS' protocol); "
+             "no shared subscriptions: members of $share/g-0/sh/x received nothing of a "
+             "QoS 1 stream to sh/x"),
 )
 
 # amqtt is a Python package (the `brokers` extra): its console script sits beside the
@@ -188,8 +196,13 @@ AMQTT = CommandPreset(
     features=BrokerFeatures(
         qos=frozenset({0, 1, 2}), retained=True, wildcards=True,
         protocols=frozenset({"3.1.1"}), transports=frozenset(ListenerTransport), auth=True,
+        persistent_sessions=False,
         note="amqtt 0.12: MQTT 3.1.1 with QoS 0, 1, 2; $SYS only with its BrokerSysPlugin "
-             "(not loaded); payloads of 200 MiB delivered"),
+             "(not loaded); payloads of 200 MiB delivered; no shared subscriptions: "
+             "members of $share/g-0/sh/x received nothing of a QoS 1 stream to sh/x; no "
+             "persistent sessions: a clean-session-0 subscriber back after 0.8 s (socket "
+             "dropped or DISCONNECT) got CONNACK session present 0 and none of the QoS 1 "
+             "messages sent while it was away"),
 )
 
 # -- ActiveMQ ------------------------------------------------------------------------------
@@ -253,7 +266,8 @@ ACTIVEMQ = CommandPreset(
         protocols=frozenset({"3.1.1"}),
         transports=frozenset({ListenerTransport.TCP, ListenerTransport.TLS}), auth=True,
         note="ActiveMQ 5.17 (Debian 12): MQTT 3.1 and 3.1.1; Debian leaves out activemq-http, "
-             "so no ws or wss transport"),
+             "so no ws or wss transport; no shared subscriptions: members of "
+             "$share/g-0/sh/x received nothing of a QoS 1 stream to sh/x"),
 )
 
 # -- ejabberd ------------------------------------------------------------------------------
@@ -306,7 +320,9 @@ listen:
         protocols=frozenset({"3.1.1", "5"}),
         transports=frozenset({ListenerTransport.TCP, ListenerTransport.TLS}), auth=True,
         note="ejabberd 23.01 mod_mqtt: MQTT 3.1.1 and 5; every client must send a user name "
-             "and password (broker.auth); no MQTT over WebSocket"),
+             "and password (broker.auth); no MQTT over WebSocket; no shared "
+             "subscriptions: at MQTT 5 its DISCONNECT says 0x9E Shared Subscriptions not "
+             "supported, at 3.1.1 it closes the connection"),
 )
 
 # name -> preset; see the module docstring.

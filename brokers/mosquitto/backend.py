@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mqttbed.brokers.mosquitto import access as listener
 from mqttbed.brokers.mosquitto.access import AccessRecord, ListenerFiles
+from mqttbed.brokers.mosquitto.persistence import persistence_lines
 from mqttbed.brokers.processes import (
     BrokerProcess,
     capture_output,
@@ -29,8 +30,9 @@ from mqttbed.brokers.processes import (
     start_listening,
 )
 from mqttbed.brokers.remote import RemoteBrokerProcess
+from mqttbed.brokers.restarts import BrokerRestarts
 from mqttbed.brokers.sys_monitor import SysMonitor, SysTopicsRecord
-from mqttbed.core.backends import BrokerAccess, DeploymentRecord
+from mqttbed.core.backends import BrokerAccess, DeploymentRecord, Fault
 from mqttbed.core.broker_access import ClientCredentials, SecretUnavailable
 from mqttbed.core.errors import BackendError, MissingSystemDependency
 from mqttbed.core.host import Host, ProcessHandle, raise_nofile_limit, sha256_file
@@ -97,6 +99,9 @@ class MosquittoDeployment(DeploymentRecord):
     sys_topics: SysTopicsRecord | None = None
     access: AccessRecord | None = Field(None, description="how clients reached it (TLS, "
                                                           "WebSocket, user; no secret)")
+    persistence: bool = Field(False, description="sessions written to a file in the run's "
+                                                 "directory and read back after a restart "
+                                                 "(workload.reconnect.persistent)")
 
 
 class MosquittoBackend:
@@ -119,6 +124,36 @@ class MosquittoBackend:
         self._access_record: AccessRecord | None = None
         self._plain_port: int | None = None
         self._credentials: ClientCredentials | None = None
+        self._persistence = False
+        self._restarts = BrokerRestarts(self.name)
+        self._argv: list[str] = []
+        self._host: Host | None = None
+
+    def keep_sessions(self, persistent: bool) -> None:
+        """Keep the clients' sessions across a restart: Mosquitto's persistence on, its
+        file in the run's directory (before deploy)."""
+        if self._proc is not None or self._torn_down:
+            raise BackendError("keep_sessions comes before deploy")
+        self._persistence = persistent
+
+    def restart_at(self, at_ns: int, down_s: float) -> None:
+        """Stop Mosquitto at ``at_ns`` (SIGTERM: it saves its sessions when persistent),
+        start it again ``down_s`` later with the same config and port."""
+        if not isinstance(self._proc, BrokerProcess) or self._host is None \
+                or self._port is None:
+            raise BackendError("mosquitto: a restart mid-run needs a broker deployed on this "
+                               "machine (not on a lab host)")
+        options, proc, host, argv = self._options or Options(), self._proc, self._host, self._argv
+        self._restarts.arm(
+            proc, lambda n: host.spawn(argv, log_path=proc.dir / f"stdout-restart-{n}.log"),
+            host.address, self._port, at_ns, down_s, options.stats_interval_s)
+
+    def started(self, t_start_ns: int) -> None:
+        """Nothing to arm at the start: a restart is armed by :meth:`restart_at`."""
+
+    def faults(self) -> list[Fault]:
+        """The restarts done (when each stopped, and listened again)."""
+        return self._restarts.faults()
 
     def configure_access(self, access: BrokerAccess) -> None:
         """Take the run's listener, MQTT version and user (checked at deploy)."""
@@ -151,8 +186,8 @@ class MosquittoBackend:
                 conf_path = proc.dir / "mosquitto.conf"
                 self._config = self._render(options, host, port, proc.dir, files)
                 conf_path.write_text(self._config)
-                return host.spawn([binary, "-c", str(conf_path)],
-                                  log_path=proc.dir / "stdout.log")
+                self._argv, self._host = [binary, "-c", str(conf_path)], host
+                return host.spawn(self._argv, log_path=proc.dir / "stdout.log")
 
             port, handle = start_listening(
                 host, f"mosquitto ({binary})", launch, attempts=DEPLOY_ATTEMPTS,
@@ -252,7 +287,8 @@ class MosquittoBackend:
             while self._plain_port == port:
                 self._plain_port = host.free_port()
         return render_config(options, host.address, port, Path(str(broker_dir)),
-                             access=self._access, files=files, plain_port=self._plain_port)
+                             access=self._access, files=files, plain_port=self._plain_port,
+                             persistence=self._persistence)
 
     def _serve(self, options: Options, address: str, port: int, handle: ProcessHandle,
                files: ListenerFiles) -> Endpoint:
@@ -300,6 +336,10 @@ class MosquittoBackend:
             return "broker mosquitto is not deployed"
         if self._torn_down:
             return f"broker mosquitto (pid {self._proc.pid}) was torn down"
+        if self._restarts.error is not None:
+            return self._restarts.error
+        if self._restarts.restarting:
+            return None  # stopped on purpose, and coming back (workload.reconnect)
         return self._proc.exit_reason()
 
     def resource_samples(self) -> list[BrokerResourceSample]:
@@ -328,7 +368,8 @@ class MosquittoBackend:
             pid=None if proc is None else proc.pid,
             exit_code=None if proc is None else proc.exit_code,
             log_tail=None if proc is None else proc.log_tail(),
-            sys_topics=self._sys.record(), access=self._access_record)
+            sys_topics=self._sys.record(), access=self._access_record,
+            persistence=self._persistence)
 
     def sys_samples(self) -> list[SysSample]:
         """The numeric ``$SYS`` values Mosquitto published since deploy."""
@@ -345,6 +386,7 @@ class MosquittoBackend:
         if self._torn_down:
             return
         self._torn_down = True
+        self._restarts.cancel()
         self._sys.stop()   # before the broker goes: its last values, not a lost connection
         if self._proc is not None:
             self._proc.stop(timeout_s=5.0)
@@ -402,17 +444,18 @@ def _probe_version(binary: str, host: Host, workdir: Path) -> str:
 
 def render_config(options: Options, address: str, port: int, workdir: Path, *,
                   access: BrokerAccess | None = None, files: ListenerFiles | None = None,
-                  plain_port: int | None = None) -> str:
+                  plain_port: int | None = None, persistence: bool = False) -> str:
     """Return the full config text for one deploy (recorded verbatim in the metadata).
 
     ``access`` and ``files`` configure the listener (TLS, WebSocket, password file: see
-    :mod:`.access`); it holds paths, never a secret."""
+    :mod:`.access`); it holds paths, never a secret. ``persistence`` keeps the sessions in
+    a file of ``workdir`` across a restart (:mod:`.restart`)."""
     access, files = access or BrokerAccess(), files or ListenerFiles()
     lines = [
         "# generated by mqttbed for one run; recorded in the run's metadata",
         *listener.listener_lines(access, port, address, files, options.max_connections),
         *listener.security_lines(files),
-        "persistence false",
+        *persistence_lines(workdir if persistence else None),
         f"max_queued_messages {options.max_queued_messages}",
         f"max_inflight_messages {options.max_inflight_messages}",
         f"set_tcp_nodelay {'true' if options.set_tcp_nodelay else 'false'}",

@@ -122,6 +122,20 @@ typedef struct {
     char failure[MQE_FAILURE_CHARS];
     int64_t sent, acked, deliveries;
     int64_t first_intended_ns, last_pub_ns, send_lag_max_ns, last_delivery_ns;
+    struct mqe_tree *tree;      /* topics_tree.c: a topic per message, NULL: `topic` */
+    uint64_t tree_first;
+    /* reconnect.c: a persistent session, absences and reconnects (NULL: none asked) */
+    struct mqe_reconnect *rc;
+    int keep_session;           /* CONNECT with clean session / clean start 0 */
+    uint32_t session_expiry_s;  /* MQTT 5: its Session Expiry Interval */
+    int session_present;        /* the last CONNACK's session present flag (-1: none) */
+    /* retained.c: a retained publisher's topics; a subscription made during the run */
+    int retain;
+    uint32_t retain_first, retain_stride, retain_count;
+    struct mqe_later *later;    /* NULL: subscribed before the run */
+    int64_t t_subscribe_sent_ns, t_subscribe_intended_ns;
+    /* storm.c: the CONNACK's return / reason code as read (io.c's mqe_frame) */
+    int connack_seen, connack_code;
 } mqe_client;
 
 typedef struct {
@@ -162,6 +176,13 @@ struct mqe_engine {
     uint8_t *scratch;           /* a TLS client's ciphertext as read (one read at a time) */
     size_t n_held;              /* clients with held bytes (layers.c) */
     char error[MQE_FAILURE_CHARS];
+    struct mqe_tree **trees;    /* topics_tree.c: the publishers' topic trees */
+    size_t n_trees;
+    size_t n_rc;                /* reconnect.c: clients with an absence or reconnects */
+    int64_t rc_due_ns;          /* ... the next time one has something to do */
+    int64_t publishers_done_ns; /* retained.c: every publisher done (MQE_NO_TIME: not yet) */
+    size_t n_later, n_later_unsent; /* ... clients subscribing during the run; not yet */
+    struct mqe_storm *storm;    /* storm.c: a connection storm's schedule and outcomes */
 };
 
 int64_t mqe_now_ns(void);
@@ -231,5 +252,45 @@ void mqe_tls_free(mqe_client *c);
 void mqe_tls_free_context(mqe_engine *e);
 /* layers.c, for tls.c: room for `bytes` more in `wire`, and a record queued */
 int mqe_wire_reserve(mqe_engine *e, mqe_client *c, size_t bytes);
+
+/* topics_tree.c: the PUBLISH prefix of a tree publisher's message k (its longest first),
+ * with the topic's index; the trees freed */
+size_t mqe_tree_prefix_max(const mqe_client *c);
+size_t mqe_tree_prefix(mqe_client *c, int64_t k, uint8_t *to, size_t *packet_id_at,
+                       int32_t *topic_index);
+void mqe_trees_free(mqe_engine *e);
+/* retained.c: a retained publisher's topic of message k; later subscriptions written when
+ * due, the loop's wait cut to the next, one without its SUBACK yet; freed */
+int64_t mqe_retained_slot(const mqe_client *c, int64_t k);
+void mqe_later_tick(mqe_engine *e, int64_t now);
+int64_t mqe_later_wait(mqe_engine *e, int64_t now, int64_t wait);
+int mqe_later_pending(const mqe_engine *e);
+void mqe_later_free(mqe_client *c);
+
+/* reconnect.c: the hooks of absences and reconnects in the loop. mqe_reconnect_lost: a
+ * client's connection failed (why: the failure's text); 1 if it reconnects instead of
+ * failing. mqe_reconnect_named: a failed persistent client's failure says a client id
+ * collision may be why. _event: 1 if the epoll event was the reconnect's (a connect under
+ * way, or a socket already gone). _tick: absences and attempts that are due; the wait
+ * bounded by the next. _connack / _suback: a reconnect's answers (1: taken). */
+int mqe_reconnect_lost(mqe_engine *e, mqe_client *c, const char *why);
+void mqe_reconnect_named(mqe_client *c);
+int mqe_reconnect_event(mqe_engine *e, mqe_client *c, uint32_t events);
+int64_t mqe_reconnect_tick(mqe_engine *e, int64_t now, int64_t wait_ns);
+void mqe_reconnect_connack(mqe_engine *e, mqe_client *c, int64_t t_read_ns);
+int mqe_reconnect_suback(mqe_engine *e, mqe_client *c);
+int mqe_reconnect_remember(mqe_engine *e, mqe_client *c, int32_t topic, int qos);
+int mqe_reconnect_away(const mqe_client *c);     /* 1: no connection to publish on */
+int64_t mqe_reconnect_abandoned(const mqe_client *c);
+int64_t mqe_reconnect_not_sent(const mqe_client *c);  /* publishes skipped while away */
+void mqe_reconnect_skipped(mqe_client *c);       /* a publish due while away, not sent */
+void mqe_reconnect_free(mqe_client *c);
+
+
+/* storm.c: a connection storm. _event: 1 if the epoll event was a storm client's connect
+ * under way (taken); _free: the storm's state freed (mqe_destroy). */
+typedef struct mqe_storm mqe_storm;
+int mqe_storm_event(mqe_engine *e, mqe_client *c, uint32_t events);
+void mqe_storm_free(mqe_engine *e);
 
 #endif

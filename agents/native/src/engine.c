@@ -24,9 +24,9 @@
 
 static const int SN_RECEIVE_BUFFER = 1 << 20;  /* agents/mqtt_session.py's, for MQTT-SN */
 
-static const uint8_t PUB_WIDTHS[PUB_COLUMNS] = {4, 8, 8, 8, 1};
-static const uint8_t DLV_WIDTHS[DLV_COLUMNS] = {4, 4, 8, 4, 4, 1, 1, 8, 8, 8, 1, 8};
-static const uint8_t SUB_WIDTHS[SUB_COLUMNS] = {4, 4, 1, 8};
+static const uint8_t PUB_WIDTHS[PUB_COLUMNS] = {4, 8, 8, 8, 1, 4};
+static const uint8_t DLV_WIDTHS[DLV_COLUMNS] = {4, 4, 8, 4, 4, 1, 1, 8, 8, 8, 1, 8, 1};
+static const uint8_t SUB_WIDTHS[SUB_COLUMNS] = {4, 4, 1, 8, 8, 8};
 static const uint8_t TX_WIDTHS[TX_COLUMNS] = {4, 8, 8, 8, 8};
 static const uint8_t EDGE_WIDTHS[EDGE_COLUMNS] = {4, 8, 1, 8, 8};
 
@@ -97,6 +97,7 @@ mqe_engine *mqe_create(uint32_t event_capacity, int kernel_stamps, int pulse_mod
 }
 
 static void free_client(mqe_client *c) {
+    mqe_reconnect_free(c);
     mqe_session_free(c);  /* the password and the buffers a CONNECT went through, wiped */
     if (c->fd >= 0)
         close(c->fd);
@@ -119,6 +120,7 @@ static void free_client(mqe_client *c) {
     free(c->tx_t_pub);
     free(c->tx_end);
     mqe_layers_free(c);
+    mqe_later_free(c);
 }
 
 void mqe_destroy(mqe_engine *e) {
@@ -129,6 +131,8 @@ void mqe_destroy(mqe_engine *e) {
     free(e->clients);
     for (int t = 0; t < MQE_TABLES; t++)
         mqe_table_free(&e->tables[t]);
+    mqe_trees_free(e);
+    mqe_storm_free(e);
     mqe_topics_free(&e->topics);
     free(e->levels);
     free(e->line_bit);
@@ -204,6 +208,7 @@ int mqe_add_client(mqe_engine *e, const char *client_id, const char *host, int p
     c->start_offset_ns = start_offset_ns;
     c->closed_loop = closed_loop;
     c->in_cap = MQE_RECEIVE_BUFFER;
+    c->t_subscribe_sent_ns = c->t_subscribe_intended_ns = MQE_NO_TIME;  /* retained.c */
     c->t_connect_ns = c->t_tcp_ns = c->t_tls_ns = c->t_ws_ns = c->t_mqtt_sent_ns
         = c->t_connack_ns = MQE_NO_TIME;
     c->in = malloc(c->in_cap);
@@ -418,6 +423,8 @@ int mqe_subscribe(mqe_engine *e, int client, const char *topic, int qos) {
     c->subscribed = 0;
     c->subscribing_topic = (int32_t)index;
     c->subscribing_qos = qos;
+    if (c->rc && mqe_reconnect_remember(e, c, (int32_t)index, qos) != 0)
+        return set_error(e, -1, "out of memory for subscriptions");
     uint16_t packet_id = (uint16_t)(c->next_packet_id % 0xFFFF + 1);
     c->next_packet_id = packet_id;
     if (c->sn && mqe_sn_subscribe_size(len) > MQE_SN_MAX_DATAGRAM)
@@ -435,7 +442,8 @@ int mqe_subscribe(mqe_engine *e, int client, const char *topic, int qos) {
     }
     c->out_len += n;
     c->stream_bytes += n;
-    mqe_flush(e, c);
+    int64_t t_written = mqe_flush(e, c);
+    c->t_subscribe_sent_ns = t_written != MQE_NO_TIME ? t_written : mqe_now_ns();
     return 0;
 }
 

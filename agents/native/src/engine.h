@@ -16,10 +16,15 @@ typedef struct mqe_engine mqe_engine;
 
 /* Event tables and their columns (the Python side reads them by these numbers). */
 enum { MQE_T_PUBLISH, MQE_T_DELIVERY, MQE_T_SUBSCRIBE, MQE_T_TX, MQE_T_EDGE, MQE_TABLES };
-enum { PUB_CLIENT, PUB_SEQ, PUB_T_INTENDED, PUB_T_PUB, PUB_WARMUP, PUB_COLUMNS };
+/* PUB_TOPIC: the topic the message went to, in the interned topics (mqe_topic) */
+enum { PUB_CLIENT, PUB_SEQ, PUB_T_INTENDED, PUB_T_PUB, PUB_WARMUP, PUB_TOPIC, PUB_COLUMNS };
+/* DLV_RETAIN: the delivered PUBLISH's RETAIN flag (a retained value sent on subscribing) */
 enum { DLV_CLIENT, DLV_PUBLISHER, DLV_SEQ, DLV_TOPIC, DLV_PAYLOAD_BYTES, DLV_QOS, DLV_WARMUP,
-       DLV_T_INTENDED, DLV_T_PUB, DLV_T_RECV, DLV_KERNEL, DLV_T_RECV_USER, DLV_COLUMNS };
-enum { SUB_CLIENT, SUB_TOPIC, SUB_QOS, SUB_T_SUBACK, SUB_COLUMNS };
+       DLV_T_INTENDED, DLV_T_PUB, DLV_T_RECV, DLV_KERNEL, DLV_T_RECV_USER, DLV_RETAIN,
+       DLV_COLUMNS };
+/* SUB_T_SENT: the SUBSCRIBE written; SUB_T_INTENDED: when a later subscription was due
+ * (mqe_subscribe_later), MQE_NO_TIME (INT64_MIN) for one made before the run */
+enum { SUB_CLIENT, SUB_TOPIC, SUB_QOS, SUB_T_SUBACK, SUB_T_SENT, SUB_T_INTENDED, SUB_COLUMNS };
 enum { TX_CLIENT, TX_SEQ, TX_T_PUB, TX_T_KERNEL, TX_LAG, TX_COLUMNS };
 /* EDGE_T: read right before the line is driven; EDGE_LAG: EDGE_T - the return of the send
  * or receive call the edge marks; EDGE_WRITE: how long driving a chip's line took (the
@@ -145,6 +150,84 @@ int mqe_gpio_set(mqe_engine *e, int pin, int level);
 int64_t mqe_gpio_write_failures(const mqe_engine *e, int *last_errno);
 /* The level a virtual GPIO line is at (0 for a pin outside 0..65535). */
 int mqe_gpio_level(const mqe_engine *e, int pin);
+
+/* A publisher's messages over a tree of topics (workload.topic_tree; mqtt-tcp or mqtt-udp,
+ * before connecting): message k goes to topic (first + k) mod fanout^levels of the tree
+ * under the client's topic, {topic}/{a}/{b}/... (decimal levels, the last fastest). The
+ * tree's names are interned once per engine; 0, or -1 (mqe_error says why). */
+#define MQE_TREE_MAX_TOPICS 1000000
+int mqe_set_topic_tree(mqe_engine *e, int client, uint32_t levels, uint32_t fanout,
+                       uint64_t first);
+
+/* Retained values (workload.retained, src/retained.c; before connecting): this publisher's
+ * message k goes with the RETAIN flag to topic first + (k mod count) * stride of
+ * {topic}/{i}, i < topics. 0, or -1 (mqe_error says why). */
+int mqe_set_retained(mqe_engine *e, int client, uint32_t topics, uint32_t first,
+                     uint32_t stride, uint32_t count);
+/* Subscribe this client to topic_filter during the run, not before it: at the start plus
+ * after_start_ns, and no earlier than after_publishers_ns past the moment every publisher
+ * of this engine had sent its messages (acknowledged, at QoS > 0). The subscription's
+ * row has the SUBSCRIBE's intended and written times. 0, or -1 (mqe_error says why). */
+int mqe_subscribe_later(mqe_engine *e, int client, const char *topic_filter, int qos,
+                        int64_t after_start_ns, int64_t after_publishers_ns);
+
+/* Persistent sessions and reconnects (src/reconnect.c; mqtt-tcp, with TLS and WebSocket
+ * too; set before connecting, before the subscribes). mqe_set_persistent: the CONNECT keeps
+ * the session: clean session 0 (3.1.1), clean start 0 and a Session Expiry Interval of
+ * session_expiry_s (MQTT 5). mqe_set_absence: during the run the client goes away at_ns
+ * after its start (drop 0: a DISCONNECT first; 1: the socket closed) and connects again
+ * for_ns later with the same client id. mqe_set_reconnect: a connection lost during the
+ * run does not fail the client: it connects again after backoff_initial_ns, the wait
+ * doubling after each failed attempt up to backoff_max_ns (no jitter), and subscribes
+ * again unless the broker kept its session (persistent, CONNACK's session present). While
+ * away a publisher sends nothing (its due messages are skipped, counted) and its QoS 1/2
+ * publishes in flight are given up (counted). 0, or -1 (mqe_error says why). */
+int mqe_set_persistent(mqe_engine *e, int client, uint32_t session_expiry_s);
+int mqe_set_absence(mqe_engine *e, int client, int64_t at_ns, int64_t for_ns, int drop);
+int mqe_set_reconnect(mqe_engine *e, int client, int64_t backoff_initial_ns,
+                      int64_t backoff_max_ns);
+/* One absence of a client (a scheduled one, or a lost connection) and its way back, on
+ * CLOCK_MONOTONIC (MQE_NO_TIME: not reached): the phases of the attempt that made it. */
+typedef struct {
+    int64_t t_lost_ns;          /* it left, or its loss was seen */
+    int64_t t_connect_ns, t_tcp_ns, t_tls_ns, t_websocket_ns, t_mqtt_sent_ns, t_connack_ns;
+    int64_t t_subscribed_ns;    /* the SUBACK of its subscribe again (none: session kept) */
+    int64_t skipped;            /* own publishes due while away, not sent */
+    int32_t attempts;           /* connects tried */
+    int32_t session_present;    /* the CONNACK's flag; -1: no CONNACK came */
+    int32_t scheduled;          /* 1: mqe_set_absence's; 0: a lost connection */
+    int32_t abandoned;          /* own QoS 1/2 publishes in flight when it went */
+    char reason[128];           /* how the connection went */
+} mqe_reconnect_record;
+int mqe_reconnects(const mqe_engine *e, int client);
+int mqe_reconnect_of(const mqe_engine *e, int client, int n, mqe_reconnect_record *out);
+/* The session present flag of a persistent or reconnecting client's first CONNACK (-1:
+ * none yet, or neither). */
+int mqe_session_present_of(const mqe_engine *e, int client);
+
+/* A connection storm (workload.mode connect; src/storm.c): every client added, begun with
+ * mqe_storm_begin, connects at t_start_ns + its start_offset_ns, non-blocking, many in
+ * flight at once; mqe_storm_step serves them until until_ns (or a wake) and returns how
+ * many are not yet connected or failed (-1: no storm begun). A connect not done within
+ * timeout_ns of its connect() fails as a timeout; the storm goes on. keep_session: the
+ * CONNECTs' clean session (clean start) 0, MQTT 5 with no session expiry. Held
+ * connections keep alive; mqe_disconnect_all ends them. */
+enum { MQE_STORM_PENDING, MQE_STORM_OPENING, MQE_STORM_CONNECTED, MQE_STORM_CONNACK,
+       MQE_STORM_REFUSED, MQE_STORM_RESET, MQE_STORM_CLOSED, MQE_STORM_TIMEOUT, MQE_STORM_TLS,
+       MQE_STORM_WEBSOCKET, MQE_STORM_OTHER, MQE_STORM_LOST };
+/* One storm client's connect (CLOCK_MONOTONIC ns; MQE_NO_TIME: not reached): its intended
+ * time, the phases as mqe_connect_phases, when it failed or (connected) was lost while
+ * held; outcome MQE_STORM_*, code: the CONNACK's return / reason code, or the errno. */
+typedef struct {
+    int64_t t_intended_ns, t_connect_ns, t_tcp_ns, t_tls_ns, t_websocket_ns, t_mqtt_sent_ns,
+        t_connack_ns, t_ended_ns;
+    int32_t outcome, code;
+    char detail[256];
+} mqe_storm_outcome;
+int mqe_storm_begin(mqe_engine *e, int64_t t_start_ns, int keepalive_s, int64_t timeout_ns,
+                    int keep_session);
+int64_t mqe_storm_step(mqe_engine *e, int64_t until_ns);
+int mqe_storm_outcome_of(const mqe_engine *e, int client, mqe_storm_outcome *out);
 
 #pragma GCC visibility pop
 

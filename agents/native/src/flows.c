@@ -27,6 +27,8 @@ void mqe_record_subscribed(mqe_engine *e, mqe_client *c) {
     MQE_I32(subs, SUB_TOPIC)[row] = c->subscribing_topic;
     MQE_U8(subs, SUB_QOS)[row] = (uint8_t)c->subscribing_qos;
     MQE_I64(subs, SUB_T_SUBACK)[row] = mqe_now_ns();
+    MQE_I64(subs, SUB_T_SENT)[row] = c->t_subscribe_sent_ns;          /* retained.c */
+    MQE_I64(subs, SUB_T_INTENDED)[row] = c->t_subscribe_intended_ns;
 }
 
 static int64_t warmup_of(const mqe_client *c, uint32_t publisher) {
@@ -77,6 +79,7 @@ void mqe_delivered(mqe_engine *e, mqe_client *c, const mqe_packet *p, int64_t t_
     MQE_I64(dlv, DLV_T_RECV)[row] = t_kernel == MQE_NO_TIME ? t_user : t_kernel;
     MQE_U8(dlv, DLV_KERNEL)[row] = t_kernel != MQE_NO_TIME;
     MQE_I64(dlv, DLV_T_RECV_USER)[row] = t_user;
+    MQE_U8(dlv, DLV_RETAIN)[row] = (uint8_t)(p->type == MQE_PUBLISH && (p->flags & 1));
 }
 
 static int bit(const uint8_t *bits, uint16_t i) { return (bits[i >> 3] >> (i & 7)) & 1; }
@@ -161,6 +164,8 @@ static void suback_received(mqe_engine *e, mqe_client *c, const mqe_packet *p) {
         return;
     }
     c->subscribed = 1;
+    if (c->rc && mqe_reconnect_suback(e, c))
+        return;  /* a subscribe again after a reconnect: the reconnect's record has it */
     mqe_record_subscribed(e, c);
 }
 
@@ -193,6 +198,10 @@ void mqe_handle_packet(mqe_engine *e, mqe_client *c, mqe_packet *p, int64_t t_us
             c->resend_len = 0;
         }
         mqe_session_connack(e, c, p, &grants);
+        if (c->connected)  /* the acknowledge flags: bit 0, session present (3.2.2.2) */
+            c->session_present = p->body_len ? p->body[0] & 1 : 0;
+        if (c->rc)
+            mqe_reconnect_connack(e, c, t_user);
         break;
     case MQE_SUBACK:
         suback_received(e, c, p);

@@ -30,6 +30,15 @@ int64_t mqe_now_ns(void) {
 void mqe_client_fail(mqe_engine *e, mqe_client *c, const char *fmt, ...) {
     if (c->dead)
         return;
+    if (c->rc && !c->closing) {  /* reconnect.c: a client that reconnects does not fail */
+        char why[MQE_FAILURE_CHARS];
+        va_list lost;
+        va_start(lost, fmt);
+        vsnprintf(why, sizeof why, fmt, lost);
+        va_end(lost);
+        if (mqe_reconnect_lost(e, c, why))
+            return;
+    }
     c->dead = 1;
     c->connected = 0;
     c->out_head = c->out_len = 0;
@@ -42,6 +51,8 @@ void mqe_client_fail(mqe_engine *e, mqe_client *c, const char *fmt, ...) {
     va_start(args, fmt);
     vsnprintf(c->failure, sizeof c->failure, fmt, args);
     va_end(args);
+    if (c->rc)
+        mqe_reconnect_named(c);
 }
 
 /* -- GPIO (virtual lines: levels in memory, every edge recorded; a chip's too) -------- */
@@ -232,6 +243,10 @@ void mqe_frame(mqe_engine *e, mqe_client *c, int64_t t_user, int64_t t_kernel) {
         if (n < 0) {
             mqe_client_fail(e, c, "malformed packet from the broker: %s", error);
             return;
+        }
+        if (packet.type == MQE_CONNACK && packet.body_len >= 2) {  /* storm.c names refusals */
+            c->connack_seen = 1;
+            c->connack_code = packet.body[1];
         }
         mqe_handle_packet(e, c, &packet, t_user, t_kernel);
         if (packet.type == MQE_CONNACK && c->connected && c->t_connack_ns == MQE_NO_TIME)
@@ -518,8 +533,12 @@ void mqe_handle_events(mqe_engine *e, int64_t timeout_ns) {
             continue;
         }
         mqe_client *c = &e->clients[tag];
+        if (c->rc && mqe_reconnect_event(e, c, events[i].events))
+            continue;  /* a reconnect's connect under way, or a socket already closed */
         if (c->dead)
             continue;
+        if (e->storm && mqe_storm_event(e, c, events[i].events))
+            continue;  /* storm.c: a storm client's connect under way */
         if ((events[i].events & EPOLLERR) && c->udp)
             client_read(e, c);  /* a pending ICMP error: the read reports it */
         else if (events[i].events & EPOLLERR)

@@ -128,22 +128,29 @@ static uint16_t new_packet_id(mqe_engine *e, mqe_client *c) {
 static void publish(mqe_engine *e, mqe_client *c, int64_t k, int64_t t_intended) {
     size_t payload = c->payload_bytes > MQE_PAYLOAD_MIN ? (size_t)c->payload_bytes
                                                         : MQE_PAYLOAD_MIN;
-    if (mqe_out_reserve(e, c, c->prefix_len + 2 + payload) != 0)
+    size_t room = c->tree ? mqe_tree_prefix_max(c) : c->prefix_len, id_at = c->packet_id_at;
+    if (mqe_out_reserve(e, c, room + 2 + payload) != 0)
         return;
     int64_t t_pub = mqe_now_ns();
     uint8_t *to = c->out + c->out_len;
-    memcpy(to, c->prefix, c->prefix_len);
+    int32_t topic = c->topic_index;
     size_t n = c->prefix_len;
+    if (c->tree)  /* topics_tree.c: this message's topic, written in place */
+        n = mqe_tree_prefix(c, c->retain ? mqe_retained_slot(c, k) : k, to, &id_at, &topic);
+    else
+        memcpy(to, c->prefix, c->prefix_len);
+    if (c->retain)  /* retained.c: the RETAIN flag (MQTT 3.1.1 3.3.1.3) */
+        to[0] |= 0x01;
     if (c->qos) {
         uint16_t packet_id = new_packet_id(e, c);
         if (!packet_id)
             return;
         c->inflight[packet_id] = c->qos == 1 ? MQE_PUBACK : MQE_PUBREC;
         /* MQTT 5: the id's slot is inside the prefix, before the property length */
-        uint8_t *slot = c->packet_id_at ? to + c->packet_id_at : to + n;
+        uint8_t *slot = id_at ? to + id_at : to + n;
         slot[0] = (uint8_t)(packet_id >> 8);
         slot[1] = (uint8_t)packet_id;
-        n += c->packet_id_at ? 0u : 2u;
+        n += id_at ? 0u : 2u;
     } else if (c->sn) {  /* an MQTT-SN PUBLISH has a msg id always: 0x0000 at QoS 0 */
         to[n++] = 0;
         to[n++] = 0;
@@ -164,6 +171,7 @@ static void publish(mqe_engine *e, mqe_client *c, int64_t k, int64_t t_intended)
     MQE_I64(pubs, PUB_T_INTENDED)[row] = t_intended;
     MQE_I64(pubs, PUB_T_PUB)[row] = t_pub;
     MQE_U8(pubs, PUB_WARMUP)[row] = k < c->warmup;
+    MQE_I32(pubs, PUB_TOPIC)[row] = topic;
     if (e->kernel_stamps_ok && !c->udp && tx_remember(c, k, t_pub) != 0)
         mqe_client_fail(e, c, "out of memory for send stamps");
 }
@@ -184,7 +192,7 @@ static void write_batch(mqe_engine *e) {
 }
 
 static int finished(const mqe_engine *e, int window_over, int64_t idle_since_ns) {
-    if (e->n_heap)
+    if (e->n_heap || mqe_later_pending(e))  /* retained.c: a SUBSCRIBE still to come */
         return 0;
     for (size_t i = 0; i < e->n_clients; i++) {
         const mqe_client *c = &e->clients[i];
@@ -193,9 +201,11 @@ static int finished(const mqe_engine *e, int window_over, int64_t idle_since_ns)
         if (c->out_len && !c->dead && c->fd >= 0)
             return 0;
         if (c->role == 0) {
-            if (c->sent < c->messages && !window_over)
+            if (c->sent + (c->rc ? mqe_reconnect_not_sent(c) : 0) < c->messages
+                && !window_over)
                 return 0;  /* a closed-loop publisher waits for its acknowledgements */
-            if (c->qos && c->acked < c->sent)
+            /* (reconnect.c: what was in flight when a connection went is given up) */
+            if (c->qos && c->acked + (c->rc ? mqe_reconnect_abandoned(c) : 0) < c->sent)
                 return 0;
         } else if ((int64_t)c->received.count < c->messages
                    && (idle_since_ns == MQE_NO_TIME || c->last_delivery_ns >= idle_since_ns)) {
@@ -258,11 +268,16 @@ int mqe_step(mqe_engine *e, int64_t slice_end_ns) {
             }
             mqe_due due = heap_pop(e);
             mqe_client *c = &e->clients[due.client];
-            publish(e, c, due.k, due.due_ns);
-            if (c->in_batch++ == 0)
-                e->batch[e->n_batch++] = due.client;
+            int away = c->rc && mqe_reconnect_away(c);  /* reconnect.c: not sent, counted */
+            if (away) {
+                mqe_reconnect_skipped(c);
+            } else {
+                publish(e, c, due.k, due.due_ns);
+                if (c->in_batch++ == 0)
+                    e->batch[e->n_batch++] = due.client;
+            }
             in_turn++;
-            if (!c->closed_loop && due.k + 1 < c->messages)
+            if ((!c->closed_loop || away) && due.k + 1 < c->messages)
                 mqe_heap_push(e, mqe_due_ns(e, c, due.k + 1), due.client, due.k + 1);
             now = mqe_now_ns();
         }
@@ -302,6 +317,12 @@ int mqe_step(mqe_engine *e, int64_t slice_end_ns) {
                 wait = quiet_at - now;
             if (grace_end > now && wait > grace_end - now)
                 wait = grace_end - now;
+        }
+        if (e->n_rc)  /* reconnect.c: absences and reconnect attempts due */
+            wait = mqe_reconnect_tick(e, now, wait);
+        if (e->n_later_unsent) {  /* retained.c: later SUBSCRIBEs due, the wait to the next */
+            mqe_later_tick(e, now);
+            wait = mqe_later_wait(e, mqe_now_ns(), wait);
         }
         mqe_handle_events(e, wait);
         if (now - e->last_misc_ns > MISC_INTERVAL_NS)

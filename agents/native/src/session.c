@@ -89,7 +89,8 @@ static mqe_connect_fields connect_fields(const mqe_client *c, uint16_t keepalive
         .level = mqe_level(c), .client_id = c->client_id,
         .client_id_len = strlen(c->client_id), .keepalive_s = keepalive_s,
         .username = c->username, .username_len = c->username_len,
-        .password = c->password, .password_len = c->password_len};
+        .password = c->password, .password_len = c->password_len,
+        .keep_session = c->keep_session, .session_expiry_s = c->session_expiry_s};
 }
 
 size_t mqe_session_connect_size(const mqe_client *c) {

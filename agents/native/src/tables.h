@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MQE_MAX_COLUMNS 12
+#define MQE_MAX_COLUMNS 16
 
 typedef struct {
     uint32_t rows, capacity, columns;

@@ -143,7 +143,9 @@ static size_t put_string(uint8_t *to, const char *text, size_t len) {
 }
 
 static size_t connect_remaining(const mqe_connect_fields *f) {
-    return 10 + (f->level == MQE_MQTT_5 ? 1u : 0u) + 2 + f->client_id_len
+    /* MQTT 5: a property length, and the Session Expiry Interval (5 bytes) if kept */
+    size_t properties = f->level != MQE_MQTT_5 ? 0u : f->keep_session ? 6u : 1u;
+    return 10 + properties + 2 + f->client_id_len
            + (f->username ? 2 + f->username_len : 0) + (f->password ? 2 + f->password_len : 0);
 }
 
@@ -161,11 +163,18 @@ size_t mqe_encode_connect(uint8_t *to, const mqe_connect_fields *f) {
     n += sizeof name;
     to[n++] = (uint8_t)f->level;
     /* clean session (3.1.1) / clean start (5); the user name and password flags */
-    to[n++] = (uint8_t)(0x02 | (f->username ? 0x80 : 0) | (f->password ? 0x40 : 0));
+    to[n++] = (uint8_t)((f->keep_session ? 0 : 0x02) | (f->username ? 0x80 : 0)
+                        | (f->password ? 0x40 : 0));
     to[n++] = (uint8_t)(f->keepalive_s >> 8);
     to[n++] = (uint8_t)f->keepalive_s;
-    if (f->level == MQE_MQTT_5)
+    if (f->level == MQE_MQTT_5 && f->keep_session) {  /* the session outlives the connection */
+        to[n++] = 5;
+        to[n++] = 0x11;  /* Session Expiry Interval (section 3.1.2.11.2) */
+        for (int shift = 24; shift >= 0; shift -= 8)
+            to[n++] = (uint8_t)(f->session_expiry_s >> shift);
+    } else if (f->level == MQE_MQTT_5) {
         to[n++] = 0;  /* no property: every default is what a measurement wants */
+    }
     n += put_string(to + n, f->client_id, f->client_id_len);
     if (f->username)
         n += put_string(to + n, f->username, f->username_len);

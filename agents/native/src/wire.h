@@ -108,6 +108,8 @@ typedef struct {
     size_t username_len;
     const uint8_t *password;          /* NULL: none (3.1.1: only with a user name) */
     size_t password_len;
+    int keep_session;                 /* reconnect.c: clean session / clean start 0 */
+    uint32_t session_expiry_s;        /* MQTT 5, keep_session: Session Expiry Interval */
 } mqe_connect_fields;
 
 /* Encoders return the bytes written to `to`, which must hold what they say. */

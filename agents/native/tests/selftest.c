@@ -171,12 +171,16 @@ static void mqtt5(void) {
     static uint8_t buf[512];
     static const uint8_t password[] = {'p', 0, 0xFF, 'w'};  /* binary data: any octet */
     static const mqe_connect_fields connects[] = {
-        {MQE_MQTT_311, "c-311", 5, 60, "user", 4, password, sizeof password},
-        {MQE_MQTT_311, "c-311", 5, 60, "user", 4, NULL, 0},
-        {MQE_MQTT_5, "c-5", 3, 65535, NULL, 0, NULL, 0},
-        {MQE_MQTT_5, "c-5", 3, 10, "user", 4, password, sizeof password},
-        {MQE_MQTT_5, "c-5", 3, 10, NULL, 0, password, sizeof password},
-        {MQE_MQTT_5, "", 0, 0, "", 0, password, 0},
+        {MQE_MQTT_311, "c-311", 5, 60, "user", 4, password, sizeof password, 0, 0},
+        {MQE_MQTT_311, "c-311", 5, 60, "user", 4, NULL, 0, 0, 0},
+        {MQE_MQTT_5, "c-5", 3, 65535, NULL, 0, NULL, 0, 0, 0},
+        {MQE_MQTT_5, "c-5", 3, 10, "user", 4, password, sizeof password, 0, 0},
+        {MQE_MQTT_5, "c-5", 3, 10, NULL, 0, password, sizeof password, 0, 0},
+        {MQE_MQTT_5, "", 0, 0, "", 0, password, 0, 0, 0},
+        /* persistent sessions (src/reconnect.c): clean session / clean start 0, and MQTT
+         * 5's Session Expiry Interval property */
+        {MQE_MQTT_311, "c-311", 5, 60, NULL, 0, NULL, 0, 1, 0},
+        {MQE_MQTT_5, "c-5", 3, 60, "user", 4, NULL, 0, 1, 0x01020304},
     };
     for (size_t i = 0; i < sizeof connects / sizeof connects[0]; i++) {
         size_t n = mqe_encode_connect(buf, &connects[i]);
