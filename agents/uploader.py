@@ -34,9 +34,12 @@ from mqttbed.core.binary_chunk import CONTENT_TYPE, BinaryBatch, EdgeBuffers, en
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.protocol import ResultChunk
 
-_RAW_COLUMNS = ("kind", "publisher", "seq", "receiver", "topic", "payload_bytes", "qos",
+# a RawEvent's fields, in order; then what only the native engine's column batches carry
+# (null for the rest: not recorded, which reads as not retained)
+_ROW_COLUMNS = ("kind", "publisher", "seq", "receiver", "topic", "payload_bytes", "qos",
                 "warmup", "t_intended_ns", "t_pub_ns", "t_recv_ns", "clock_source",
                 "t_recv_user_ns")
+_RAW_COLUMNS = (*_ROW_COLUMNS, "retain")
 
 
 class ChunkUploader:
@@ -234,10 +237,12 @@ class ChunkUploader:
 
 def _merge(rows: list[RawEvent], batches: list[dict[str, list[Any]]]) -> list[list[Any]]:
     """Events recorded one by one and as columns, as one list per raw column."""
-    columns = [list(c) for c in zip(*rows, strict=True)] or [[] for _ in _RAW_COLUMNS]
+    columns = [list(c) for c in zip(*rows, strict=True)] or [[] for _ in _ROW_COLUMNS]
+    columns.append([None] * len(rows))   # retain: rows do not record it
     for batch in batches:
+        size = len(batch["kind"])
         for column, name in zip(columns, _RAW_COLUMNS, strict=True):
-            column.extend(batch[name])
+            column.extend(batch[name] if name in batch else [None] * size)
     return columns
 
 

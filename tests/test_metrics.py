@@ -30,7 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "kind": "delivery", "agent_id": "a1", "publisher": "pub-0", "seq": 0, "receiver": None,
     "topic": "t/a", "payload_bytes": 64, "qos": 0, "warmup": False, "t_intended_ns": None,
     "t_pub_ns": None, "t_recv_ns": None, "clock_source": "user", "clock_offset_ns": 0,
-    "clock_offset_uncertainty_ns": 0, "t_recv_user_ns": None}
+    "clock_offset_uncertainty_ns": 0, "t_recv_user_ns": None, "retain": None}
 
 
 def chunk(rows: list[dict[str, Any]], seq: int = 0, run_id: str = "c1-r0000",

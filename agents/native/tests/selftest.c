@@ -533,7 +533,7 @@ static void print_ws_sent(const mqe_client *c) {
 static void print_engine(const mqe_engine *e) {
     static const int pub_clock[] = {PUB_T_INTENDED, PUB_T_PUB, -1};
     static const int dlv_clock[] = {DLV_T_RECV, DLV_T_RECV_USER, -1};
-    static const int sub_clock[] = {SUB_T_SUBACK, -1};
+    static const int sub_clock[] = {SUB_T_SUBACK, SUB_T_SENT, SUB_T_INTENDED, -1};
     static const int edge_clock[] = {EDGE_T, EDGE_LAG, -1};
     for (size_t i = 0; i < e->n_clients; i++) {
         const mqe_client *c = &e->clients[i];
