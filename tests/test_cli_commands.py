@@ -88,7 +88,8 @@ def test_run_by_an_unknown_name_lists_the_built_in_ones(tmp_path):
     done = mqttbed("run", "capacity-serch", "--data-dir", str(tmp_path / "data"),
                    env={"COLUMNS": "400"})   # the console wraps at its width
     assert done.returncode == 2
-    assert "no built-in campaign of that name; built-in: brokers, capacity-search" in done.stderr
+    assert ("no built-in campaign of that name; built-in: broker-shapes, brokers, "
+            "capacity-search") in done.stderr
 
 
 @pytest.mark.integration  # Mosquitto under a CPU budget, agents: the campaign's first run
