@@ -640,20 +640,22 @@ def test_the_run_hands_back_between_slices_only_when_no_publish_is_in_flight(bro
                                                                              monkeypatch):
     # The drain between slices must not run while a PUBLISH is on its way through the
     # broker (it put itself in the latency's p99). With slices of 1 ms at 100 Hz, every
-    # hand-back must fall 1 ms or more after a publish and 0.5 ms or more before the next.
-    # The time is read once the step has returned, so a test thread descheduled across the
-    # next publish reads a hand-back as late; two such are let pass (handing back every
-    # 1 ms, as before, put ~15 % of ~600 hand-backs in those windows).
+    # quiet hand-back falls 1 ms or more after a publish and 0.5 ms or more before the
+    # next; a forced one (no quiet moment in the 10 ms grace: the process was descheduled)
+    # comes at a publish already due, before it is sent. The times are the step's own
+    # clock readings: the test's, read after the return, run late on a loaded machine.
+    # (Handing back every 1 ms, as before, put ~15 % of ~600 hand-backs in those windows.)
     from mqttbed.agents import native_session
 
     monkeypatch.setattr(native_session, "SLICE_NS", 1_000_000)
     step = native.Engine.step
-    handed_back: list[int] = []
+    handed_back: list[tuple[int, bool, int]] = []
 
     def recorded_step(engine: native.Engine, slice_end_ns: int) -> int:
         status = step(engine, slice_end_ns)
         if status == native.SLICE:
-            handed_back.append(monotonic_ns())
+            at_ns, quiet = engine.last_hand_back()
+            handed_back.append((at_ns, quiet, slice_end_ns))
         return status
 
     monkeypatch.setattr(native.Engine, "step", recorded_step)
@@ -661,12 +663,17 @@ def test_the_run_hands_back_between_slices_only_when_no_publish_is_in_flight(bro
                                               warmup=0))
     sent = sorted(e[9] for e in events if e[0] == "publish")
     assert len(sent) == 60 and len([e for e in events if e[0] == "delivery"]) == 60
-    within = [t for t in handed_back if sent[0] < t < sent[-1]]
+    within = [h for h in handed_back if sent[0] < h[0] < sent[-1]]
     assert len(within) >= 50  # one a period or so: the slices did end
-    outside = []
-    for t in within:
-        last = max(s for s in sent if s < t)
+    assert all(at_ns >= slice_end for at_ns, _, slice_end in within)
+    wrong = []
+    for at_ns, quiet, slice_end in within:
+        last = max(s for s in sent if s < at_ns)
         due = start + (sent.index(last) + 1) * 10_000_000
-        if t - last < 1_000_000 or due - t < 500_000:
-            outside.append((t - last, due - t))
-    assert len(outside) <= 2, (len(within), outside)
+        if quiet and (at_ns - last < 1_000_000 or due - at_ns < 500_000):
+            wrong.append(("quiet", at_ns - last, due - at_ns))
+        if not quiet and (at_ns < slice_end + 10_000_000 or due > at_ns):
+            wrong.append(("forced", at_ns - slice_end, due - at_ns))
+    assert not wrong, (len(within), wrong)
+    # forced ones are the exception, not the way slices end
+    assert sum(1 for _, quiet, _ in within if quiet) >= 45

@@ -162,6 +162,7 @@ def load() -> Any:
         "mqe_client_failure": (cstr, [p, i32]),
         "mqe_run_begin": (None, [p, i64, i64, i64, i64, i64]),
         "mqe_step": (i32, [p, i64]),
+        "mqe_hand_back_of": (i64, [p, ctypes.POINTER(ctypes.c_int)]),
         "mqe_rows": (u32, [p, i32]),
         "mqe_column": (p, [p, i32, i32]),
         "mqe_clear": (None, [p, i32]),
@@ -400,6 +401,13 @@ class Engine:
     def step(self, slice_end_ns: int) -> int:
         """Run until the slice ends, the run ends, a table needs draining or a wake."""
         return int(self._lib.mqe_step(self._live(), slice_end_ns))
+
+    def last_hand_back(self) -> tuple[int, bool]:
+        """The last SLICE's time as the step read it, and whether it came at a quiet moment
+        (False: forced, at a due publish once the grace was over)."""
+        quiet = ctypes.c_int(0)
+        at_ns = int(self._lib.mqe_hand_back_of(self._live(), ctypes.byref(quiet)))
+        return at_ns, bool(quiet.value)
 
     def feed(self, client: int, data: bytes) -> bool:
         """Hand ``data`` to a client as if its socket had read it (tests, fuzzing); False

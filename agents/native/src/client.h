@@ -169,6 +169,8 @@ struct mqe_engine {
     int64_t last_misc_ns;
     int64_t last_read_ns;       /* the last time a socket had something to read */
     int64_t last_publish_ns;    /* the last time PUBLISHes were written */
+    int64_t hand_back_ns;       /* the last MQE_SLICE's clock reading ... */
+    int hand_back_quiet;        /* ... and whether it was quiet (else the forced one) */
     int need_drain;
     int woken;                  /* mqe_wake was called: the step returns */
     void *ssl_ctx;              /* SSL_CTX * for every TLS client (mqe_tls_configure) */

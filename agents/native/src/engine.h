@@ -122,6 +122,9 @@ void mqe_run_begin(mqe_engine *e, int64_t t_start_ns, int64_t t_deadline_ns,
 #define MQE_QUIET_BEFORE_DUE_NS 500000LL
 #define MQE_SLICE_GRACE_NS 10000000LL
 int mqe_step(mqe_engine *e, int64_t slice_end_ns);
+/* The last MQE_SLICE: when the step decided it, and (quiet_out) 1 if at a quiet moment,
+ * 0 if forced once the grace was over. */
+int64_t mqe_hand_back_of(const mqe_engine *e, int *quiet_out);
 
 /* Event tables: rows, a column's first element, forget the rows. */
 uint32_t mqe_rows(const mqe_engine *e, int table);

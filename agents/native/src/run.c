@@ -241,13 +241,26 @@ static int forced_hand_back(const mqe_engine *e, int64_t now, int64_t slice_end_
            && (!e->n_heap || e->heap[0].due_ns <= now);
 }
 
+/* The hand-back's time and whether it was quiet, as the step decided it (the caller reads
+ * its clock only after the return, which a descheduled thread reads late). */
+static int hand_back(mqe_engine *e, int64_t now) {
+    e->hand_back_ns = now;
+    e->hand_back_quiet = quiet(e, now);
+    return MQE_SLICE;
+}
+
+int64_t mqe_hand_back_of(const mqe_engine *e, int *quiet_out) {
+    *quiet_out = e->hand_back_quiet;
+    return e->hand_back_ns;
+}
+
 int mqe_step(mqe_engine *e, int64_t slice_end_ns) {
     e->need_drain = 0;
     const mqe_table *pubs = &e->tables[MQE_T_PUBLISH], *edges = &e->tables[MQE_T_EDGE];
     for (;;) {
         int64_t now = mqe_now_ns();
         if (now >= slice_end_ns && (quiet(e, now) || forced_hand_back(e, now, slice_end_ns)))
-            return MQE_SLICE;
+            return hand_back(e, now);
         int full = pubs->rows + MQE_MAX_BATCH > pubs->capacity
                    || edges->rows + 2 * MQE_MAX_BATCH > edges->capacity;
         /* a generator behind schedule sends in turns of MAX_BATCH, reading between them */
@@ -307,7 +320,7 @@ int mqe_step(mqe_engine *e, int64_t slice_end_ns) {
             if (wait > slice_end_ns - now)
                 wait = slice_end_ns - now;
         } else if (quiet(e, now)) {
-            return MQE_SLICE;
+            return hand_back(e, now);
         } else {
             /* look again when the last publish's deliveries should be in and the reads
              * have settled (a read wakes us anyway), at the next publish, or when the
