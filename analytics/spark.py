@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -121,6 +122,44 @@ def stop_spark() -> None:
         if _session is not None:
             _session.stop()
             _session = None
+
+
+def end_spark(wait_s: float = 30.0) -> None:
+    """Stop this process's Spark session and end its JVM before the process exits.
+
+    Left to itself, the JVM ends only once it reads the end of its standard input, i.e.
+    after the Python process has exited, and then stops the context in its shutdown hooks:
+    a command that was interrupted exits while the JVM lives on, holding the terminal or the
+    pipes the command's caller reads to their end. A session that another thread is still
+    creating is waited for (up to ``wait_s``); a JVM that has not ended ``wait_s`` after its
+    input closed is killed.
+    """
+    global _session
+    if not _session_lock.acquire(timeout=wait_s):
+        log.warning("Spark is still starting after %.0f s; its JVM is ended unstopped", wait_s)
+    else:
+        try:
+            if _session is not None:
+                with contextlib.suppress(Exception):  # a broken gateway: the JVM ends below
+                    _session.stop()
+                _session = None
+        finally:
+            _session_lock.release()
+    pyspark = sys.modules.get("pyspark")
+    if pyspark is None:
+        return  # this process started no JVM
+    gateway = pyspark.SparkContext._gateway
+    process = getattr(gateway, "proc", None) if gateway is not None else None
+    if process is None or process.poll() is not None:
+        return
+    with contextlib.suppress(OSError):
+        process.stdin.close()  # the gateway exits on the end of its input
+    try:
+        process.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        log.warning("the Spark JVM (pid %d) did not end in %.0f s; killed", process.pid, wait_s)
+        process.kill()
+        process.wait()
 
 
 def start_spark_in_background(settings: Settings | None = None,

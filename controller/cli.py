@@ -484,6 +484,13 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except MqttbedError as exc:  # bad settings, a campaign in the wrong state ...
         raise SystemExit(f"mqttbed {args.command}: {exc}") from None
+    except KeyboardInterrupt:  # what was recorded stays (a run's state says "interrupted")
+        print(f"mqttbed {args.command}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    finally:
+        if "pyspark" in sys.modules:  # a command that analysed, or a Ctrl-C'd run:
+            from mqttbed.analytics.spark import end_spark  # no JVM outlives it
+            end_spark()
 
 
 if __name__ == "__main__":
