@@ -45,6 +45,7 @@ from mqttbed.analytics.passes import (
     figure_rows,
     literal_map,
     lookup,
+    union_all,
 )
 from mqttbed.analytics.shared_subscriptions import (
     group_of_receiver,
@@ -442,10 +443,7 @@ def _count_rows(publishes: DataFrame, deliveries: DataFrame) -> DataFrame:
     frames = [frame.select("run_id", "publisher", F.lit(figure).alias("figure"),
                            how_many.cast("double").alias("value"))
               for figure, (frame, how_many) in counted.items()]
-    rows = frames[0]
-    for frame in frames[1:]:
-        rows = rows.unionByName(frame)
-    return rows
+    return union_all(frames)
 
 
 def _distribution_rows(unique: DataFrame, ends: dict[str, tuple[str, str]],

@@ -41,6 +41,14 @@ PERCENTILE_LEVELS = list(PERCENTILES.values())
 FIGURE_ROW_COLUMNS = ("family", "level", "key", "sub", "figure", "value", "full")
 
 
+def union_all(frames: Sequence[DataFrame]) -> DataFrame:
+    """The rows of every frame (of the same columns, by name) as one frame."""
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+    return union
+
+
 def figure_rows(frame: DataFrame, family: str, *, level: Column | str = "level",
                 key: Column | str = "key", sub: Column | str | None = None,
                 figure: Column | str = "figure", value: Column | str | None = "value",

@@ -23,10 +23,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from mqttbed.analytics.passes import Aggregate, GroupKey, figure_rows, literal_map, lookup
-from mqttbed.core.sections import Distribution
+from mqttbed.analytics.passes import (
+    Aggregate,
+    GroupKey,
+    figure_rows,
+    literal_map,
+    lookup,
+    union_all,
+)
+from mqttbed.core.sections import Distribution, SectionBlock
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -129,20 +136,13 @@ def shared_rows(levelled: DataFrame) -> DataFrame:
                               value=None))
     frames.append(figure_rows(first, FAMILY, sub=member, figure=F.lit("latency_us"),
                               value="latency_us"))
-    union = frames[0]
-    for frame in frames[1:]:
-        union = union.unionByName(frame)
-    return union
+    return union_all(frames)
 
 
 # -- the results ------------------------------------------------------------------------
 
 
-class _Block(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class SharedMember(_Block):
+class SharedMember(SectionBlock):
     """One member of a shared-subscription group: its share of the group's stream."""
 
     deliveries: int = Field(0, description="messages whose first copy this member received")
@@ -152,7 +152,7 @@ class SharedMember(_Block):
                                      description="of those deliveries")
 
 
-class SharedGroup(_Block):
+class SharedGroup(SectionBlock):
     """One shared-subscription group: the stream it received once, and how its members
     shared it."""
 
@@ -173,7 +173,7 @@ class SharedGroup(_Block):
     by_member: dict[str, SharedMember] = Field(default_factory=dict)
 
 
-class SharedSubscriptionFigures(_Block):
+class SharedSubscriptionFigures(SectionBlock):
     """Shared subscriptions (``$share/GROUP/FILTER``) of a run, or pooled over a point's
     done runs: per group, exact accounting; per member, its share and latency."""
 

@@ -17,10 +17,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from mqttbed.analytics.passes import Aggregate, GroupKey, figure_rows, literal_map, lookup
-from mqttbed.core.sections import Distribution
+from mqttbed.analytics.passes import (
+    Aggregate,
+    GroupKey,
+    figure_rows,
+    literal_map,
+    lookup,
+    union_all,
+)
+from mqttbed.core.sections import Distribution, SectionBlock
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -75,20 +82,13 @@ def tree_rows(deliveries: DataFrame, publishes: DataFrame,
     topics = per_level(publishes.where(F.col("run_id").isin(sorted(filters)))
                        .select("run_id", "topic").distinct())
     frames.append(figure_rows(topics, FAMILY, figure=F.lit("topics"), value=None))
-    union = frames[0]
-    for frame in frames[1:]:
-        union = union.unionByName(frame)
-    return union
+    return union_all(frames)
 
 
 # -- the results ------------------------------------------------------------------------
 
 
-class _Block(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class FilterFigures(_Block):
+class FilterFigures(SectionBlock):
     """One filter over the tree: what it matched against what its subscribers received."""
 
     subscribers: int = Field(0, description="receivers holding the filter (summed over a "
@@ -103,7 +103,7 @@ class FilterFigures(_Block):
     latency_us: Distribution = Field(default_factory=Distribution)
 
 
-class TopicTreeFigures(_Block):
+class TopicTreeFigures(SectionBlock):
     """A topic tree's run, or a point's done runs pooled: per filter, deliveries against
     matches, and latency."""
 

@@ -51,7 +51,8 @@ def clients(qos: int, leave: str, topic: str) -> list[ClientAssignment]:
 
 
 def run(endpoint: Endpoint, assigned: list[ClientAssignment], protocol: str
-        ) -> tuple[list[tuple], list[ClientReconnects]]:
+        ) -> tuple[list[tuple], list[ClientReconnects], int]:
+    """The run's events, the reconnects of its persistent clients and its start time."""
     events: list[tuple] = []
     session = MqttSession(endpoint, assigned, VirtualGpio(), events.append,
                           protocol=protocol)  # type: ignore[arg-type]
@@ -64,7 +65,7 @@ def run(endpoint: Endpoint, assigned: list[ClientAssignment], protocol: str
         away = session.reconnects()
     finally:
         session.close()
-    return events, away
+    return events, away, start
 
 
 def published_while_away(events: list[tuple], lost_ns: int, back_ns: int) -> set[int]:
@@ -77,7 +78,7 @@ def published_while_away(events: list[tuple], lost_ns: int, back_ns: int) -> set
 def test_subscribers_away_get_what_was_sent_late_at_qos_1_and_2_and_lose_it_at_qos_0(
         mosquitto, qos, protocol, leave):
     topic = f"sess/{qos}/{protocol}/{leave}"
-    events, away = run(mosquitto, clients(qos, leave, topic), protocol)
+    events, away, start = run(mosquitto, clients(qos, leave, topic), protocol)
     published = {e[2]: e[9] for e in events if e[0] == "publish"}
     assert len(published) == MESSAGES
     assert [c.client_id for c in away] == [f"{topic}-sub-0", f"{topic}-sub-1"]
@@ -89,8 +90,12 @@ def test_subscribers_away_get_what_was_sent_late_at_qos_1_and_2_and_lose_it_at_q
         assert absence.session_present is True       # the broker kept it
         assert absence.t_subscribed_ns is None       # so no SUBSCRIBE again
         assert absence.t_connack_ns is not None and absence.connack_ns is not None
-        # back for_s after the scheduled leave (seen up to a loop turn late)
-        assert AWAY_FOR_NS - 5e7 <= absence.t_connack_ns - absence.t_lost_ns < AWAY_FOR_NS + 5e8
+        # gone at the scheduled leave, back for_s after it (the leave read up to a loop
+        # turn late, which a loaded machine stretches: the return is scheduled from the
+        # plan, not from when the leave was seen)
+        leave_at = start + AWAY_AT_NS
+        assert leave_at <= absence.t_lost_ns < leave_at + 5e8
+        assert leave_at + AWAY_FOR_NS <= absence.t_connack_ns < leave_at + AWAY_FOR_NS + 5e8
         sent_away = published_while_away(events, absence.t_lost_ns, absence.t_connack_ns)
         assert len(sent_away) > 100                  # ~1 s at 200 Hz
         mine = [e for e in events if e[0] == "delivery" and e[3] == client.client_id]
@@ -101,10 +106,17 @@ def test_subscribers_away_get_what_was_sent_late_at_qos_1_and_2_and_lose_it_at_q
             assert late == sent_away
             assert all(e[12] >= absence.t_connack_ns for e in mine if e[2] in sent_away)
         else:     # what was sent while away is lost, the rest delivered
-            assert late == set()
-            # (but for what was on its way when it left: sent in its last moments)
-            lost_before = set(published) - sent_away - got
-            assert all(absence.t_lost_ns - published[seq] < 50_000_000 for seq in lost_before)
+            # At the absence's edges a message may go either way: on its way when the
+            # client left, or read by the broker after the reconnect's CONNECT on another
+            # socket (it reads its sockets in its own order; a loaded machine stretches
+            # that: 10-50 ms seen). Well inside the absence, every message is lost.
+            edge = 200_000_000
+            inside = {seq for seq in sent_away
+                      if absence.t_lost_ns + edge <= published[seq] < absence.t_connect_ns - edge}
+            assert len(inside) > 50 and not inside & got
+            missing = set(published) - got
+            assert all(absence.t_lost_ns - edge < published[seq] < absence.t_connack_ns
+                       for seq in missing)
     stayed = {e[2] for e in events if e[0] == "delivery" and e[3] == f"{topic}-sub-2"}
     assert stayed == set(published)
 
@@ -116,7 +128,7 @@ def test_a_session_kept_over_tls_and_websocket_delivers_every_message(transport,
                                           protocol=protocol))  # type: ignore[arg-type]
     endpoint = backend.deploy(Options(sys_topics=False), LocalHost())
     try:
-        events, away = run(endpoint, clients(1, "drop", f"sess/{transport}"), protocol)
+        events, away, _ = run(endpoint, clients(1, "drop", f"sess/{transport}"), protocol)
     finally:
         backend.teardown()
     for client in away:

@@ -295,4 +295,7 @@ typedef struct mqe_storm mqe_storm;
 int mqe_storm_event(mqe_engine *e, mqe_client *c, uint32_t events);
 void mqe_storm_free(mqe_engine *e);
 
+/* engine.c: a set-up call refused: its reason formatted into mqe_error's text; -1. */
+int mqe_refuse(mqe_engine *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 #endif

@@ -41,6 +41,14 @@ static int set_error(mqe_engine *e, int code, const char *fmt, ...) {
     return code;
 }
 
+int mqe_refuse(mqe_engine *e, const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(e->error, sizeof e->error, fmt, args);
+    va_end(args);
+    return -1;
+}
+
 /* CLOCK_REALTIME - CLOCK_MONOTONIC from the pair read closest together (kernel stamps are
  * on CLOCK_REALTIME; the run measures on CLOCK_MONOTONIC). */
 static void measure_realtime_offset(mqe_engine *e) {

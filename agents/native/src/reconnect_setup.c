@@ -1,7 +1,6 @@
 /* Persistent sessions and reconnects, set up (engine.h: mqe_set_persistent,
  * mqe_set_absence, mqe_set_reconnect) and read back (mqe_reconnects, mqe_reconnect_of,
  * mqe_session_present_of); what a client goes through is reconnect.c's. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -20,27 +19,17 @@ static struct mqe_reconnect *reconnect_of(mqe_engine *e, mqe_client *c) {
     return c->rc;
 }
 
-static int refuse(mqe_engine *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static int refuse(mqe_engine *e, const char *fmt, ...) {
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(e->error, sizeof e->error, fmt, args);
-    va_end(args);
-    return -1;
-}
-
 static int check_client(mqe_engine *e, int client) {
     if (client < 0 || (size_t)client >= e->n_clients)
-        return refuse(e, "no client %s", "");
+        return mqe_refuse(e, "no client %s", "");
     mqe_client *c = &e->clients[client];
     if (c->udp || c->sn)
-        return refuse(e, "client %s: sessions and reconnects ride on mqtt-tcp only (its "
+        return mqe_refuse(e, "client %s: sessions and reconnects ride on mqtt-tcp only (its "
                       "connection is what goes and comes back)", c->client_id);
     if (c->fd >= 0)
-        return refuse(e, "client %s: set its session and reconnects before it connects",
+        return mqe_refuse(e, "client %s: set its session and reconnects before it connects",
                       c->client_id);
-    return reconnect_of(e, c) ? 0 : refuse(e, "out of memory for client %s", c->client_id);
+    return reconnect_of(e, c) ? 0 : mqe_refuse(e, "out of memory for client %s", c->client_id);
 }
 
 int mqe_set_persistent(mqe_engine *e, int client, uint32_t session_expiry_s) {
@@ -57,7 +46,7 @@ int mqe_set_absence(mqe_engine *e, int client, int64_t at_ns, int64_t for_ns, in
         return -1;
     mqe_client *c = &e->clients[client];
     if (at_ns < 0 || for_ns <= 0)
-        return refuse(e, "client %s: an absence starts at 0 or later and lasts more than 0",
+        return mqe_refuse(e, "client %s: an absence starts at 0 or later and lasts more than 0",
                       c->client_id);
     c->rc->absent_at_ns = at_ns;
     c->rc->absent_for_ns = for_ns;
@@ -71,7 +60,7 @@ int mqe_set_reconnect(mqe_engine *e, int client, int64_t backoff_initial_ns,
         return -1;
     mqe_client *c = &e->clients[client];
     if (backoff_initial_ns <= 0 || backoff_max_ns < backoff_initial_ns)
-        return refuse(e, "client %s: the backoff starts above 0 and its maximum is no less",
+        return mqe_refuse(e, "client %s: the backoff starts above 0 and its maximum is no less",
                       c->client_id);
     c->rc->on_loss = 1;
     c->rc->backoff_initial_ns = backoff_initial_ns;

@@ -3,22 +3,11 @@
  * grants applied (Server Keep Alive) and checked against the client's publishes (Maximum
  * QoS, Maximum Packet Size). The password lives in engine memory only: copied at set-up,
  * wiped with every buffer that held a CONNECT, never formatted into a message. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "client.h"
-
-static int refuse(mqe_engine *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static int refuse(mqe_engine *e, const char *fmt, ...) {
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(e->error, sizeof e->error, fmt, args);
-    va_end(args);
-    return -1;
-}
 
 static void wipe_credentials(mqe_client *c) {
     if (c->password) {
@@ -45,28 +34,28 @@ int mqe_set_session(mqe_engine *e, int client, int protocol_level, const char *u
     mqe_client *c = &e->clients[client];
     int credentials = username != NULL || password != NULL;
     if (protocol_level != MQE_MQTT_311 && protocol_level != MQE_MQTT_5)
-        return refuse(e, "client %s: protocol level %d is neither 4 (MQTT 3.1.1) nor 5 "
+        return mqe_refuse(e, "client %s: protocol level %d is neither 4 (MQTT 3.1.1) nor 5 "
                       "(MQTT 5)", c->client_id, protocol_level);
     if ((c->sn || c->udp) && (protocol_level == MQE_MQTT_5 || credentials))
-        return refuse(e, "client %s: MQTT 5 and a user name or password ride on mqtt-tcp "
+        return mqe_refuse(e, "client %s: MQTT 5 and a user name or password ride on mqtt-tcp "
                       "only, not %s", c->client_id, c->sn ? "mqtt-sn-udp" : "mqtt-udp");
     size_t username_len = username ? strlen(username) : 0;
     if (username_len > 65535)
-        return refuse(e, "client %s: a user name of %zu bytes is longer than 65535",
+        return mqe_refuse(e, "client %s: a user name of %zu bytes is longer than 65535",
                       c->client_id, username_len);
     if (password_len > 65535)  /* its length only: the value is never written anywhere */
-        return refuse(e, "client %s: a password of %zu bytes is longer than 65535",
+        return mqe_refuse(e, "client %s: a password of %zu bytes is longer than 65535",
                       c->client_id, password_len);
     if (protocol_level == MQE_MQTT_311 && password != NULL && username == NULL)
-        return refuse(e, "client %s: MQTT 3.1.1 sends a password only with a user name "
+        return mqe_refuse(e, "client %s: MQTT 3.1.1 sends a password only with a user name "
                       "(section 3.1.2.9); give a user name or speak MQTT 5", c->client_id);
     wipe_credentials(c);
     if (username && (c->username = strdup(username)) == NULL)
-        return refuse(e, "out of memory for client %s", c->client_id);
+        return mqe_refuse(e, "out of memory for client %s", c->client_id);
     c->username_len = username_len;
     if (password) {  /* malloc(0) may give NULL: an empty password takes one byte */
         if ((c->password = malloc(password_len ? password_len : 1)) == NULL)
-            return refuse(e, "out of memory for client %s", c->client_id);
+            return mqe_refuse(e, "out of memory for client %s", c->client_id);
         memcpy(c->password, password, password_len);
         c->password_len = password_len;
     }
@@ -76,7 +65,7 @@ int mqe_set_session(mqe_engine *e, int client, int protocol_level, const char *u
                                                              : MQE_PAYLOAD_MIN;
         uint8_t *prefix = realloc(c->prefix, c->topic_len + 16);
         if (prefix == NULL)
-            return refuse(e, "out of memory for client %s", c->client_id);
+            return mqe_refuse(e, "out of memory for client %s", c->client_id);
         c->prefix = prefix;
         c->prefix_len = mqe_publish_prefix(prefix, c->topic, c->topic_len, c->qos, payload,
                                            mqe_level(c), &c->packet_id_at);
