@@ -35,16 +35,16 @@ SUBSCRIBERS_BACK = ReconnectPlan(backoff_initial_ns=300_000_000,
                                  backoff_max_ns=1_000_000_000)
 
 
-def storm_clients() -> list[ClientAssignment]:
+def storm_clients(messages: int = MESSAGES) -> list[ClientAssignment]:
     """A QoS 0 and a QoS 1 publisher; per QoS a clean and a persistent subscriber."""
     publishers = [ClientAssignment(
         client_id=f"pub-{qos}", role=Role.PUBLISHER, topic=f"storm/{qos}", qos=qos,
-        gpio_pin=2 + qos, payload_bytes=64, rate_hz=RATE_HZ, messages=MESSAGES,
+        gpio_pin=2 + qos, payload_bytes=64, rate_hz=RATE_HZ, messages=messages,
         publisher_index=qos, reconnect=PUBLISHERS_BACK) for qos in (0, 1)]
     subscribers = [ClientAssignment(
         client_id=f"sub-{qos}-{'kept' if kept else 'clean'}", role=Role.SUBSCRIBER,
         topic=f"storm/{qos}", qos=qos, gpio_pin=4 + 2 * qos + kept,
-        expected_messages=MESSAGES, subscribe_rank=2 * qos + kept, reconnect=SUBSCRIBERS_BACK,
+        expected_messages=messages, subscribe_rank=2 * qos + kept, reconnect=SUBSCRIBERS_BACK,
         session=SessionPlan() if kept else None) for qos in (0, 1) for kept in (0, 1)]
     return [*publishers, *subscribers]
 
@@ -112,6 +112,35 @@ def test_a_restarted_mosquitto_gets_every_client_back_and_kept_sessions_lose_not
     assert outage["sub-1-kept"][0] > 0 and outage["sub-1-kept"][1] == outage["sub-1-kept"][0]
     for name in ("sub-0-clean", "sub-0-kept", "sub-1-clean"):
         assert outage[name][0] - outage[name][1] > 10, (name, outage[name])
+
+
+@pytest.mark.integration  # Mosquitto
+def test_an_idle_drain_does_not_end_the_run_while_clients_are_away():
+    # The broker comes back only after the publishing window (0.5 s) and its idle drain
+    # (0.3 s): nothing is delivered meanwhile, yet the run waits for the clients that are
+    # away (amqtt, 2.6 s to listen again, ended a campaign's run with none of them back).
+    backend = MosquittoBackend()
+    endpoint = backend.deploy(Options(sys_topics=False), LocalHost())
+    try:
+        session = MqttSession(endpoint, storm_clients(messages=50), VirtualGpio(),
+                              lambda event: None)
+        try:
+            session.connect(timeout_s=10)
+            start = monotonic_ns() + 20_000_000
+            backend.restart_at(start + 300_000_000, 1.5)
+            session.run(start, start + 8_000_000_000, abort=lambda: False,
+                        t_publish_end_ns=start + 500_000_000,
+                        drain_idle=(start + 500_000_000, 300_000_000))
+            ended = monotonic_ns()
+            away = session.reconnects()
+        finally:
+            session.close()
+    finally:
+        backend.teardown()
+    [restart] = backend.faults()
+    assert restart.until_ns is not None
+    assert len(away) == 6 and all(c.reconnects[0].t_connack_ns is not None for c in away)
+    assert restart.until_ns < ended < start + 8_000_000_000   # back, then idle: not the deadline
 
 
 def spec(backend: dict[str, object], **workload: object) -> CampaignSpec:

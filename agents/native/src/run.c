@@ -208,8 +208,9 @@ static int finished(const mqe_engine *e, int window_over, int64_t idle_since_ns)
             if (c->qos && c->acked + (c->rc ? mqe_reconnect_abandoned(c) : 0) < c->sent)
                 return 0;
         } else if ((int64_t)c->received.count < c->messages
-                   && (idle_since_ns == MQE_NO_TIME || c->last_delivery_ns >= idle_since_ns)) {
-            return 0;
+                   && (idle_since_ns == MQE_NO_TIME || c->last_delivery_ns >= idle_since_ns
+                       || (c->rc && mqe_reconnect_away(c)))) {
+            return 0;  /* (idle, but away: it is not idle, it cannot receive; reconnect.c) */
         }
     }
     return 1;
