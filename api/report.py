@@ -25,11 +25,13 @@ from mqttbed.analytics.results import (
 from mqttbed.analytics.results_files import StaleResults
 from mqttbed.api.report_connect_storm import connect_storm_figures, connect_storm_tables
 from mqttbed.api.report_connections import CONNECT_PHASES, connection_figure, connection_rows
+from mqttbed.api.report_legends import readable_legend
 from mqttbed.api.report_retained import retained_report_figures
 from mqttbed.api.report_search import VERDICT_COLOURS, search_figures
 from mqttbed.api.report_sessions import away_figures, away_tables
 from mqttbed.api.report_streams import stream_latency_cdf, stream_rows
 from mqttbed.api.report_subscriptions import subscription_figures
+from mqttbed.api.report_sys import sys_rate_figure
 from mqttbed.controller.analysis import load_results
 from mqttbed.controller.controller import Controller
 from mqttbed.controller.db import CampaignRow, RunRow
@@ -142,35 +144,6 @@ def backend_figures(backend: str) -> ReportFigures | None:
         return None
 
 
-# Mosquitto's cumulative message counters on $SYS: their slope is the broker's own rate.
-SYS_COUNTERS = {"$SYS/broker/messages/received": "received",
-                "$SYS/broker/messages/sent": "sent"}
-
-
-def sys_rate_figure(stats: CampaignStats, run_label: dict[str, str]
-                    ) -> dict[str, Any] | None:
-    """Messages/s the broker itself counted (the slope of its $SYS message counters), per
-    run over the run's time; None when no run's broker published those counters."""
-    data = []
-    for run_id, topics in list(stats.series.sys_topics.items())[:MAX_TIMELINE_RUNS]:
-        for topic, direction in SYS_COUNTERS.items():
-            series = topics.get(topic)
-            if series is None or len(series.t_s) < 2:
-                continue
-            pairs = list(zip(series.t_s, series.value, strict=True))
-            rates = [(t1, (v1 - v0) / (t1 - t0)) for (t0, v0), (t1, v1)
-                     in zip(pairs, pairs[1:], strict=False) if t1 > t0]
-            data.append({"type": "scatter", "mode": "lines",
-                         "name": f"{run_label.get(run_id, run_id)}: {direction}",
-                         "x": [t for t, _ in rates], "y": [r for _, r in rates]})
-    if not data:
-        return None
-    return {"data": data, "layout": {
-        "title": {"text": "Broker's own message rate ($SYS counters, per update interval)"},
-        "xaxis": {"title": {"text": "time since the run's start (s)"}},
-        "yaxis": {"title": {"text": "messages/s"}}}}
-
-
 def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Every plot of the report as a Plotly figure (data + layout), keyed by element id."""
     points = stats.points
@@ -236,7 +209,7 @@ def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[
                    "xaxis": {"title": {"text": "time since first measured publish (s)"}},
                    "yaxis": _AXIS_US}}
 
-    if (broker_rates := sys_rate_figure(stats, run_label)) is not None:
+    if (broker_rates := sys_rate_figure(stats, run_label, MAX_TIMELINE_RUNS)) is not None:
         figures["plot-sys-rates"] = broker_rates   # beside latency over time
     if (connects := connection_figure(points, labels)) is not None:
         figures["plot-connections"] = connects
@@ -295,6 +268,8 @@ def build_figures(stats: CampaignStats, spec: dict[str, Any]) -> dict[str, dict[
         ((lambda b: b.net_recv_kb_per_s, lambda b: b.net_recv_kb_per_s_std, "received"),
          (lambda b: b.net_sent_kb_per_s, lambda b: b.net_sent_kb_per_s_std, "sent")),
         "Broker I/O (mean ± std over runs)", "kB/s")
+    for figure in figures.values():   # nine runs' labels and more: under the plot
+        readable_legend(figure)
     return figures
 
 
