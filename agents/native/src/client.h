@@ -133,7 +133,7 @@ typedef struct {
     int retain;
     uint32_t retain_first, retain_stride, retain_count;
     struct mqe_later *later;    /* NULL: subscribed before the run */
-    int64_t t_subscribe_sent_ns, t_subscribe_intended_ns;
+    int64_t t_subscribe_sent_ns, t_subscribe_intended_ns, t_suback_ns;
     /* storm.c: the CONNACK's return / reason code as read (io.c's mqe_frame) */
     int connack_seen, connack_code;
 } mqe_client;

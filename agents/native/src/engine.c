@@ -216,7 +216,7 @@ int mqe_add_client(mqe_engine *e, const char *client_id, const char *host, int p
     c->start_offset_ns = start_offset_ns;
     c->closed_loop = closed_loop;
     c->in_cap = MQE_RECEIVE_BUFFER;
-    c->t_subscribe_sent_ns = c->t_subscribe_intended_ns = MQE_NO_TIME;  /* retained.c */
+    c->t_subscribe_sent_ns = c->t_subscribe_intended_ns = c->t_suback_ns = MQE_NO_TIME;
     c->t_connect_ns = c->t_tcp_ns = c->t_tls_ns = c->t_ws_ns = c->t_mqtt_sent_ns
         = c->t_connack_ns = MQE_NO_TIME;
     c->in = malloc(c->in_cap);

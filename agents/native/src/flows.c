@@ -26,7 +26,7 @@ void mqe_record_subscribed(mqe_engine *e, mqe_client *c) {
     MQE_I32(subs, SUB_CLIENT)[row] = (int32_t)(c - e->clients);
     MQE_I32(subs, SUB_TOPIC)[row] = c->subscribing_topic;
     MQE_U8(subs, SUB_QOS)[row] = (uint8_t)c->subscribing_qos;
-    MQE_I64(subs, SUB_T_SUBACK)[row] = mqe_now_ns();
+    MQE_I64(subs, SUB_T_SUBACK)[row] = c->t_suback_ns = mqe_now_ns();
     MQE_I64(subs, SUB_T_SENT)[row] = c->t_subscribe_sent_ns;          /* retained.c */
     MQE_I64(subs, SUB_T_INTENDED)[row] = c->t_subscribe_intended_ns;
 }

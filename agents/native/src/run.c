@@ -191,9 +191,19 @@ static void write_batch(mqe_engine *e) {
     mqe_gpio_settle(e);
 }
 
+/* Done once every publisher has sent (and had acknowledged) its messages and every
+ * subscriber has received its own, or, with an idle drain (idle_since_ns), once no
+ * subscriber of this engine has received anything since idle_since_ns: a broker still
+ * delivering to one subscriber (amqtt sends retained values to one after another) may
+ * yet reach the others. A subscriber away (reconnect.c) or whose subscription made in
+ * the run was acknowledged since (retained.c) is waited for all the same. */
 static int finished(const mqe_engine *e, int window_over, int64_t idle_since_ns) {
     if (e->n_heap || mqe_later_pending(e))  /* retained.c: a SUBSCRIBE still to come */
         return 0;
+    int idle = idle_since_ns != MQE_NO_TIME;
+    for (size_t i = 0; idle && i < e->n_clients; i++)
+        if (e->clients[i].role != 0 && e->clients[i].last_delivery_ns >= idle_since_ns)
+            idle = 0;
     for (size_t i = 0; i < e->n_clients; i++) {
         const mqe_client *c = &e->clients[i];
         /* bytes still queued (a broker behind, the socket full) are not yet published:
@@ -208,9 +218,9 @@ static int finished(const mqe_engine *e, int window_over, int64_t idle_since_ns)
             if (c->qos && c->acked + (c->rc ? mqe_reconnect_abandoned(c) : 0) < c->sent)
                 return 0;
         } else if ((int64_t)c->received.count < c->messages
-                   && (idle_since_ns == MQE_NO_TIME || c->last_delivery_ns >= idle_since_ns
+                   && (!idle || (c->later && c->t_suback_ns >= idle_since_ns)
                        || (c->rc && mqe_reconnect_away(c)))) {
-            return 0;  /* (idle, but away: it is not idle, it cannot receive; reconnect.c) */
+            return 0;
         }
     }
     return 1;
