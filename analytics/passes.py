@@ -281,12 +281,15 @@ def collect_facts(frames: dict[str, DataFrame]) -> dict[str, list[dict[str, Any]
     """Collect several small frames in one Spark action: each row as a dict, by name.
 
     The rows travel as JSON (``to_json`` of the row), so frames of any schema share one
-    union; integers stay exact (JSON numbers without a fraction).
+    union; integers stay exact (JSON numbers without a fraction). A null stays a key with
+    None (``to_json`` leaves it out by default: a run that measured nothing, its start
+    null, lost the key and failed the analysis of every run).
     """
     from pyspark.sql import functions as F
 
     named = [frame.select(F.lit(name).alias("name"),
-                          F.to_json(F.struct(*frame.columns)).alias("row"))
+                          F.to_json(F.struct(*frame.columns),
+                                    {"ignoreNullFields": "false"}).alias("row"))
              for name, frame in frames.items()]
     union = named[0]
     for frame in named[1:]:

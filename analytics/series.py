@@ -62,7 +62,9 @@ def series_rows(deliveries: DataFrame, starts: Sequence[dict[str, Any]],
     """
     from pyspark.sql import functions as F
 
-    t0 = lookup(literal_map({r["run_id"]: r["t0_ns"] for r in starts}), F.col("run_id"),
+    # (a run with no publish and no delivery has no start, and nothing to bin)
+    t0 = lookup(literal_map({r["run_id"]: r["t0_ns"] for r in starts
+                             if r["t0_ns"] is not None}), F.col("run_id"),
                 "bigint")
     received = deliveries.where("received")
     if run_ids is not None:

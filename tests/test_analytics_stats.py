@@ -101,6 +101,23 @@ RUNS = [
 # -- the hand-made dataset ------------------------------------------------------------
 
 
+def test_a_run_that_failed_before_its_first_publish_leaves_the_others_analysed(spark, tmp_path):
+    # its agents subscribed, then it failed (an agent lost): events, but no start time.
+    # Collected facts dropped a null start's key, and the analysis of every run failed.
+    _write_events(tmp_path / "events", "camp-cut", "y1", _run_rows(5))
+    _write_events(tmp_path / "events", "camp-cut", "y2",
+                  [r for r in _run_rows(6) if r["kind"] == "subscribe"])
+    stats = compute_campaign_stats(
+        spark, events_path=tmp_path / "events", samples_path=tmp_path / "no-samples",
+        campaign={"id": "camp-cut"}, runs=[RunInfo("y1", 0, {}, 0, "done", "mosquitto"),
+                                           RunInfo("y2", 0, {}, 1, "failed", "mosquitto")])
+    done, failed = sorted(stats.runs, key=lambda run: run.run_id)
+    assert done.deliveries_received > 0 and done.latency_us.count > 0
+    assert failed.deliveries_received == 0 and failed.latency_us.count == 0
+    assert stats.points[0].latency_us.count == done.latency_us.count
+    assert set(stats.series.latency_timeline) == {"y1"}
+
+
 def _row(kind: str, agent: str, **fields: Any) -> dict[str, Any]:
     row = dict.fromkeys(EVENT_COLUMNS)
     row.update(kind=kind, agent_id=agent, payload_bytes=64, qos=1, warmup=False,
