@@ -79,9 +79,11 @@ fuzz: install
 	$(MAKE) -C brokers/forkpipe fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
 	$(MAKE) -C agents/native fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
 
+# The quickstart into the default data dir (MQTTBED_DATA_DIR or ./data), the one
+# `mqttbed report latest`, `compare` and `campaigns list` read when given no --data-dir.
 demo: install
-	$(VENV)/bin/mqttbed run campaigns/quickstart.yaml --data-dir data/demo
-	$(VENV)/bin/mqttbed report latest --data-dir data/demo --out data/demo/quickstart-report.html
+	$(VENV)/bin/mqttbed run quickstart
+	$(VENV)/bin/mqttbed report latest --out data/quickstart-report.html
 
 bench: install   # every bench/ script, then one table of their closing JSON lines
 	$(PY) bench/run_all.py

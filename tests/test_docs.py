@@ -113,10 +113,13 @@ def test_docs_site_builds_strict_without_a_warning(tmp_path):
 # A block marked `<!-- docs-test: cleanup -->` undoes what the page did (uninstalls a
 # package): it runs with the long ones, after them, in a shell of its own, even when they
 # failed; and the venv's packages must then be as they were before the page ran.
+# A block marked `<!-- docs-test: setup -->` installs what the test's environment already
+# has (`make demo`, `make install`: the tests run from the checkout's venv): it is never
+# run, but each of its lines must be a target of the Makefile that `make -n` accepts.
 
 TUTORIALS = sorted((ROOT / "docs" / "tutorials").glob("*.md"))
 SHELL_LANGUAGES = {"", "sh", "bash", "shell", "console"}
-TIERS = {"short", "system", "hardware", "cleanup"}
+TIERS = {"short", "system", "hardware", "cleanup", "setup"}
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<language>[\w-]*)")
 MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(?P<tier>[\w-]+)\s*-->\s*$")
 
@@ -214,6 +217,23 @@ def test_every_tutorial_shell_block_runs_or_is_visibly_marked_as_needing_hardwar
                 assert '!!! warning "Needs hardware"' in block.preceding, (
                     f"{where}: a hardware block needs a visible 'Needs hardware' admonition "
                     "before it")
+
+
+def test_setup_blocks_are_make_targets_make_accepts():
+    setup = [block for page in TUTORIALS for block in shell_blocks(page)
+             if block.tier == "setup"]
+    assert setup, "no tutorial shows how to install (a `docs-test: setup` block)"
+    for block in setup:
+        for line in filter(None, (line.strip() for line in block.code.splitlines())):
+            words = line.split()
+            where = f"{block.page.name}:{block.line}: {line!r}"
+            assert words[0] == "make" and len(words) == 2, (
+                f"{where}: a setup block holds `make TARGET` lines only")
+            # -n prints what the target would run and runs none of it (a sub-make
+            # inherits -n); an unknown target or a broken rule fails
+            done = subprocess.run(["make", "-n", words[1]], cwd=ROOT, capture_output=True,
+                                  text=True, timeout=30)
+            assert done.returncode == 0, f"{where}: {done.stderr[-1000:]}"
 
 
 def test_shell_blocks_are_found_with_their_markers(tmp_path):
