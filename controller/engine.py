@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import sessionmaker
 
 from mqttbed.agents.deploy import AgentPool, Agents, Site, StartAgents
+from mqttbed.agents.native.engine import ensure_built as ensure_native_engine_built
 from mqttbed.analytics.connect_storm import write_storm_outcomes
 from mqttbed.brokers.cpu_budget import CpuBudget, CpuBudgetError, cpu_budget_unavailable
 from mqttbed.brokers.cpu_budget import reap_stale as reap_cpu_budgets
@@ -83,7 +84,7 @@ from mqttbed.core.backends import (
 )
 from mqttbed.core.broker_access import SecretUnavailable
 from mqttbed.core.clock import monotonic_ns
-from mqttbed.core.errors import RunFailed, SpecError
+from mqttbed.core.errors import BackendError, MissingSystemDependency, RunFailed, SpecError
 from mqttbed.core.host import Host
 from mqttbed.core.process_journal import reap_stale as reap_processes
 from mqttbed.core.protocol import Endpoint, Shutdown, StartAt, Subscribe
@@ -619,6 +620,9 @@ class RunEngine:
             controller_url = self.ctx.controller_url
         else:
             live.sites, controller_url = self._agent_sites(spec, live.backend)
+        if spec.workload.client == "native" and any(
+                not isinstance(site.host, SshHost) for site in live.sites.sites):
+            _build_native_engine()
         live.pool = self.ctx.start_agents(
             live.sites.sites, controller_url, self.ctx.agent_token, run.id,
             self.ctx.layout.run_dir(run.campaign_id, run.id) / "agents",
@@ -941,3 +945,15 @@ class RunEngine:
         finally:
             for agent_id in agents:
                 self.ctx.agent_registry.forget(agent_id)
+
+
+def _build_native_engine() -> None:
+    """The agents' C engine built on this machine before its agents start: after a fresh
+    install the first run's agents would each compile it before registering, 7-36 s here
+    under load, past the registration's setup timeout (a lab host's is built by `mqttbed
+    lab provision`). A machine that cannot build it fails the run with the reason."""
+    try:
+        ensure_native_engine_built()
+    except (MissingSystemDependency, BackendError) as exc:
+        raise RunFailed(f"the agents' native MQTT client (workload.client: native): "
+                        f"{exc}") from None
