@@ -87,21 +87,27 @@ def native_publisher(host: str, port: int, seconds: float, publishers: int,
 # -- P3b: one measured process under callgrind -----------------------------------------
 
 def measured_process(client: str, side: str, messages: int, endpoint_json: str,
-                     protocol: str = "3.1.1", rate_hz: float = 5000.0) -> None:
+                     protocol: str = "3.1.1", rate_hz: float = 5000.0, tree: str = "") -> None:
     """Connect, say "ready", wait for "go" (instrumentation on), run ``messages``, say
     "ran" and wait (instrumentation off) before closing: connecting, closing and the
-    interpreter's exit are not the hot path."""
+    interpreter's exit are not the hot path. ``tree`` ("LEVELS,FANOUT"): the publisher
+    spreads its messages over a topic tree, the subscriber holds ``#`` under it."""
     from mqttbed.agents.gpio import VirtualGpio
     from mqttbed.agents.mqtt_session import MqttSession
     from mqttbed.core.clock import monotonic_ns
-    from mqttbed.core.protocol import ClientAssignment, Role
+    from mqttbed.core.protocol import ClientAssignment, PublishedTree, Role
 
+    spread = None
+    if tree:
+        levels, fanout = (int(n) for n in tree.split(","))
+        spread = PublishedTree(levels=levels, fanout=fanout)
     clients = [ClientAssignment(client_id="pub-0", role=Role.PUBLISHER, topic="cg/x", qos=0,
                                 gpio_pin=2, payload_bytes=PAYLOAD_BYTES, rate_hz=rate_hz,
-                                messages=messages)]
+                                messages=messages, topic_tree=spread)]
     if side == "both":
-        clients.append(ClientAssignment(client_id="sub-0", role=Role.SUBSCRIBER, topic="cg/x",
-                                        qos=0, gpio_pin=3, expected_messages=messages))
+        clients.append(ClientAssignment(client_id="sub-0", role=Role.SUBSCRIBER,
+                                        topic="cg/x/#" if tree else "cg/x", qos=0,
+                                        gpio_pin=3, expected_messages=messages))
     events: list = []
     session = MqttSession(Endpoint.model_validate_json(endpoint_json), clients, VirtualGpio(),
                           events.append, mqtt_client=client, record_columns=events.append,
@@ -120,7 +126,7 @@ def measured_process(client: str, side: str, messages: int, endpoint_json: str,
 
 def callgrind_instructions(client: str, side: str, messages: int, endpoint: Endpoint,
                            protocol: str = "3.1.1", rate_hz: float = 5000.0,
-                           calls_of: tuple[str, ...] = ()
+                           calls_of: tuple[str, ...] = (), tree: str = ""
                            ) -> tuple[int, list, dict[str, tuple[int, int]]]:
     """Instructions the measured process ran from "go" to "ran" (its run), its counts, and
     the calls to each function of ``calls_of`` meanwhile with their inclusive instructions;
@@ -131,7 +137,7 @@ def callgrind_instructions(client: str, side: str, messages: int, endpoint: Endp
         argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                 f"--callgrind-out-file={out_file}", sys.executable, str(HERE), "--measured",
                 client, side, str(messages), endpoint.model_dump_json(), protocol,
-                str(rate_hz)]
+                str(rate_hz), tree]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         assert proc.stdout is not None and proc.stdin is not None
@@ -185,13 +191,13 @@ def calls_to(lines: list[str], names: tuple[str, ...]) -> dict[str, tuple[int, i
 
 def per_message(client: str, side: str, small: int, large: int, endpoint: Endpoint,
                 protocol: str = "3.1.1", rate_hz: float = 5000.0,
-                calls_of: tuple[str, ...] = ()) -> dict:
+                calls_of: tuple[str, ...] = (), tree: str = "") -> dict:
     """Instructions (and calls of ``calls_of``) per message: two run lengths differenced
     (start-up and close cancel)."""
     few, few_counts, few_calls = callgrind_instructions(client, side, small, endpoint,
-                                                        protocol, rate_hz, calls_of)
+                                                        protocol, rate_hz, calls_of, tree)
     many, many_counts, many_calls = callgrind_instructions(client, side, large, endpoint,
-                                                           protocol, rate_hz, calls_of)
+                                                           protocol, rate_hz, calls_of, tree)
     return {"instructions_per_message": (many - few) / (large - small),
             # per message: (calls, their inclusive instructions)
             "calls_per_message": {name: tuple((many_calls[name][i] - few_calls[name][i])
@@ -318,7 +324,7 @@ def shown(value: float | None) -> str:
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--measured":
         measured_process(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6],
-                         float(sys.argv[7]))
+                         float(sys.argv[7]), sys.argv[8] if len(sys.argv) > 8 else "")
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
