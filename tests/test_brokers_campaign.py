@@ -34,11 +34,7 @@ def test_five_brokers_deliver_every_qos1_message_and_the_report_ranks_them(tmp_p
     spec["workload"] |= {"rate_hz": 200, "messages": 200}
     served = Served(tmp_path / "data")
     with served.server, served.client() as http:
-        created = http.post("/api/v1/campaigns", content=yaml.safe_dump(spec),
-                            headers={"content-type": "application/yaml"})
-        assert created.status_code == 201, created.text
-        campaign_id = created.json()["id"]
-        assert http.post(f"/api/v1/campaigns/{campaign_id}/start").status_code == 200
+        campaign_id = served.start_yaml_campaign(yaml.safe_dump(spec))
         served.wait_for_status(campaign_id, ("done",), 500)
         stats = http.get(f"/api/v1/campaigns/{campaign_id}/stats").json()
         html = render_report(served.controller, campaign_id, standalone=True)

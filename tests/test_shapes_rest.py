@@ -73,11 +73,7 @@ SPEC = {
 def test_the_six_shapes_run_over_rest_on_mosquitto_and_nats_into_the_report(tmp_path):
     served = Served(tmp_path / "data")
     with served.server, served.client() as http:
-        created = http.post("/api/v1/campaigns", content=yaml.safe_dump(SPEC),
-                            headers={"content-type": "application/yaml"})
-        assert created.status_code == 201, created.text
-        campaign_id = created.json()["id"]
-        assert http.post(f"/api/v1/campaigns/{campaign_id}/start").status_code == 200
+        campaign_id = served.start_yaml_campaign(yaml.safe_dump(SPEC))
         served.wait_for_status(campaign_id, ("done",), 400)
         answer = http.get(f"/api/v1/campaigns/{campaign_id}/stats")
         assert answer.status_code == 200, answer.text
