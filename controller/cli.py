@@ -487,11 +487,24 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # what was recorded stays (a run's state says "interrupted")
         print(f"mqttbed {args.command}: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
+
+
+def entry() -> int:
+    """The ``mqttbed`` command: :func:`main` in a process of its own, which it ends cleanly.
+
+    A command that started Spark (it analysed, or a run was interrupted) ends its JVM
+    before it exits: left to itself the JVM ends only once it reads the end of its input,
+    after the process has gone, and holds the terminal or the caller's pipes meanwhile
+    (60-180 s in CI). (:func:`main` called in a process that keeps its Spark session, a
+    test's, leaves the session alone.)
+    """
+    try:
+        return main()
     finally:
-        if "pyspark" in sys.modules:  # a command that analysed, or a Ctrl-C'd run:
-            from mqttbed.analytics.spark import end_spark  # no JVM outlives it
+        if "pyspark" in sys.modules:
+            from mqttbed.analytics.spark import end_spark
             end_spark()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

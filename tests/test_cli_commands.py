@@ -105,8 +105,11 @@ def test_run_capacity_search_by_name_starts_its_first_probe(tmp_path):
     # (with pipes, waiting for their end also waits for any child holding them)
     out_path, err_path = tmp_path / "stdout", tmp_path / "stderr"
     with out_path.open("w") as out, err_path.open("w") as err_file:
+        # SIGINT as a terminal's foreground job has it: a suite started in the background
+        # (CI's) inherits it ignored, and Python then takes no Ctrl-C (it hung 180 s so)
         proc = subprocess.Popen([CLI, "run", "capacity-search", "--data-dir", str(data_dir)],
-                                stdout=out, stderr=err_file, text=True, env=env)
+                                stdout=out, stderr=err_file, text=True, env=env,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         def run_states() -> list[tuple[str, str]]:
             if not (data_dir / "mqttbed.sqlite").exists():
@@ -125,10 +128,8 @@ def test_run_capacity_search_by_name_starts_its_first_probe(tmp_path):
         wait_until(lambda: ("capacity-search", "running") in run_states(), 120,
                    "capacity-search's first probe to measure")
         proc.send_signal(signal.SIGINT)
-        # 5 s here, loaded or not. Twice in CI's clean-clone runs it took more than 60 and
-        # 180 s: the CLI had exited, but the Spark JVM it started outlived it (it ends on
-        # the end of its input, then stops its context) and held these pipes; the CLI now
-        # ends it first. A stuck stop fails with where each thread of the CLI was.
+        # 5 s here, loaded or not (the Spark JVM ended first: it outlived the CLI and held
+        # its caller's pipes). A stuck stop fails with where each thread of the CLI was.
         try:
             proc.wait(timeout=180)
         except subprocess.TimeoutExpired:
