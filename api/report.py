@@ -369,6 +369,7 @@ def report_context(controller: Controller, campaign_id: str) -> dict[str, Any]:
         # runs whose figures cover only what was stored before they ended
         "partial_runs": {r.run_id for r in stats.runs if r.partial} if stats else set(),
         "cpu_budgets": cpu_budget_notes(runs),
+        "scope_wiring": scope_wiring_rows(runs),
         "campaign": campaign, "runs": runs, "stats": stats, "stale_results": stale,
         "spec_yaml": yaml.safe_dump(campaign.spec, sort_keys=False),
         "points": [(point_label(p, show_backend), p) for p in points],
@@ -399,6 +400,30 @@ def cpu_budget_notes(runs: list[RunRow]) -> dict[str, str]:
         notes[run.id] = (f"{record.cores:g} cores per broker ({record.mechanism})"
                          + (f": {held}" if held else ""))
     return notes
+
+
+def scope_wiring_rows(runs: list[RunRow]) -> list[dict[str, Any]]:
+    """Where each scope channel's probe was, over the runs a scope watched: one row per
+    channel and line (a channel with two rows was rewired within the campaign), with the
+    clients it watched and how many runs. Records from before the wiring was kept give
+    the channel and client only."""
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for run in runs:
+        scope = run_record(run.run_metadata, run.id).scope
+        if scope is None:
+            continue
+        lines: dict[str, tuple[str, str, str | None, int | None, int | None]] = {
+            channel: (line.role, line.client, line.host, line.bcm_pin, line.header_pin)
+            for channel, line in scope.wiring.items()} or {
+            channel: ("", client, None, None, None) for channel, client in scope.channels.items()}
+        for channel, (role, client, host, bcm_pin, header_pin) in lines.items():
+            row = rows.setdefault((int(channel), role, host, bcm_pin), {
+                "channel": f"CH{channel}", "role": role, "clients": [], "host": host,
+                "bcm_pin": bcm_pin, "header_pin": header_pin, "runs": 0})
+            row["runs"] += 1
+            if client not in row["clients"]:
+                row["clients"].append(client)
+    return [rows[key] for key in sorted(rows, key=lambda k: (k[0], str(k[1:])))]
 
 
 def scope_table(points: list[PointStats], show_backend: bool) -> list[dict[str, Any]]:

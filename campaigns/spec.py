@@ -47,6 +47,7 @@ from mqttbed.campaigns.shapes import (
     TopicTree,
     check_shape_features,
 )
+from mqttbed.campaigns.wiring import check_header_lines, plan_wiring
 from mqttbed.core.bounded_yaml import MAX_BYTES as MAX_SPEC_BYTES
 from mqttbed.core.bounded_yaml import YamlBoundsError, load_bounded_yaml
 from mqttbed.core.broker_access import (
@@ -498,6 +499,18 @@ class AgentHost(SshTarget):
     ca_file: str | None = Field(None, description="there: the CA or certificate its agents "
                                                   "trust for an https controller (default: "
                                                   "that machine's CAs)")
+    gpio_pins: list[int] | None = Field(
+        None, min_length=1, description="BCM lines (0-27) of its 40-pin header the agents "
+                                        "may drive, in the order they are handed out: scope "
+                                        "probes take the first (campaigns.wiring); default "
+                                        "BCM 2-27")
+
+    @field_validator("gpio_pins")
+    @classmethod
+    def _header_lines(cls, pins: list[int] | None) -> list[int] | None:
+        if pins is not None:
+            check_header_lines(pins)
+        return pins
 
 
 class Agents(_Strict):
@@ -772,6 +785,16 @@ class CampaignSpec(_Strict):
         here, before anything runs (the files they name are checked on the controller:
         :func:`check_access_files`)."""
         check_access(self.broker, self.workload.protocol)
+        return self
+
+    @model_validator(mode="after")
+    def _probes_fit_headers(self) -> CampaignSpec:
+        """A scope needing more GPIO lines on a host than its header gives is refused here
+        (each sweep point is checked as it is resolved)."""
+        try:
+            plan_wiring(self)
+        except SpecError as exc:
+            raise ValueError(str(exc)) from None
         return self
 
     @model_validator(mode="after")

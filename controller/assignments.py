@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from mqttbed.campaigns.shapes import shared_filter, tree_messages_matching
 from mqttbed.campaigns.spec import CampaignSpec
+from mqttbed.campaigns.wiring import plan_wiring
 from mqttbed.core.backends import check_restarts
 from mqttbed.core.broker_access import ClientCredentials
 from mqttbed.core.events import publisher_client_id, subscriber_client_id
@@ -22,8 +23,6 @@ from mqttbed.core.protocol import (
     StormPlan,
     SubscribedStream,
 )
-
-FIRST_GPIO_PIN = 2  # BCM 2 is the first general-purpose line on a Raspberry Pi header
 
 
 @dataclass(frozen=True)
@@ -73,8 +72,11 @@ def agent_roles(spec: CampaignSpec, agents: int) -> list[frozenset[str]]:
     """The client roles each of ``agents`` agents will play under :func:`plan_assignments`
     (for a backend that places agents by role before they exist)."""
     roles: list[set[str]] = [set() for _ in range(agents)]
-    for n, client in enumerate(_clients(spec)):
-        roles[n % agents].add(client.role.value)
+    clients = _clients(spec)
+    # the same dealing as plan_assignments: scope-probed clients to their wiring slots
+    dealt = plan_wiring(spec).deal([c.client_id for c in clients], agents)
+    for client, index in zip(clients, dealt, strict=True):
+        roles[index].add(client.role.value)
     return [frozenset(r) for r in roles]
 
 
@@ -218,7 +220,8 @@ def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint
                      broker_of: Callable[[ClientAssignment], Endpoint] | None = None,
                      placement: ClientPlacement | None = None, *,
                      credentials: ClientCredentials | None = None) -> dict[str, Assignment]:
-    """Spread the run's clients round-robin over the agents (publishers first), or as
+    """Spread the run's clients round-robin over the agents (publishers first; a scope's
+    probed clients to their slots of :mod:`mqttbed.campaigns.wiring`), or as
     ``placement`` says.
 
     ``broker_of`` gives each client its own broker (a backend that deploys several);
@@ -231,10 +234,19 @@ def plan_assignments(spec: CampaignSpec, run_id: str, campaign_id: str, endpoint
     broker = dict.fromkeys(agent_ids, endpoint)
     if placement is not None:
         broker.update({agent_ids[i]: e for i, e in enumerate(placement.endpoints) if e})
-    for n, client in enumerate(_clients(spec)):
-        index = n % len(agent_ids) if placement is None else placement.agent_of[client.client_id]
+    clients = _clients(spec)
+    # Scope-probed clients keep their agent and header line at every sweep point (the
+    # wiring plan); the others are dealt round robin and share their host's other lines.
+    wiring = plan_wiring(spec)
+    dealt = (wiring.deal([c.client_id for c in clients], len(agent_ids)) if placement is None
+             else [placement.agent_of[c.client_id] for c in clients])
+    dealt_ids: list[list[str]] = [[] for _ in agent_ids]
+    for client, index in zip(clients, dealt, strict=True):
+        dealt_ids[index].append(client.client_id)
+    pins = wiring.pins(dealt_ids)
+    for client, index in zip(clients, dealt, strict=True):
         agent = agent_ids[index]
-        update: dict[str, object] = {"gpio_pin": FIRST_GPIO_PIN + len(per_agent[agent])}
+        update: dict[str, object] = {"gpio_pin": pins[client.client_id]}
         if broker_of is not None:
             update["broker"] = broker_of(client)
         per_agent[agent].append(client.model_copy(update=update))

@@ -1,4 +1,5 @@
-"""``mqttbed lab provision|status|upgrade|remove``: lab machines, on this controller's database."""
+"""``mqttbed lab provision|status|upgrade|remove``: lab machines, on this controller's database;
+``mqttbed lab wiring``: where a campaign's scope probes go."""
 
 from __future__ import annotations
 
@@ -70,6 +71,50 @@ def _lab(args: argparse.Namespace) -> int:
     return 0
 
 
+def _wiring(args: argparse.Namespace) -> int:
+    """Print the scope probes' wiring of every sweep point (one table when it never changes)."""
+    from mqttbed.campaigns.library import spec_path
+    from mqttbed.campaigns.spec import expand_points, load_spec
+    from mqttbed.campaigns.wiring import (
+        GROUND_PINS,
+        format_table,
+        header_picture,
+        sweep_wiring,
+        table_rows,
+    )
+    from mqttbed.core.errors import MqttbedError
+
+    try:
+        spec = load_spec(spec_path(args.spec))
+        points = [(", ".join(f"{k}={v}" for k, v in p.params.items()) or "the only point",
+                   p.spec) for p in expand_points(spec)]
+        groups = sweep_wiring(points)
+    except MqttbedError as exc:
+        raise SystemExit(f"mqttbed lab wiring: invalid campaign spec {args.spec}: "
+                         f"{exc}") from None
+    if spec.measurement.scope is None:
+        print(f"{spec.name}: no measurement.scope, so no probe to wire")
+        return 0
+    print(f"{spec.name}: scope probes ({spec.measurement.scope.resource}, "
+          f"{spec.measurement.scope.dialect}) on the agents' GPIO lines")
+    if len(groups) == 1:
+        print(f"the same table for every point of the sweep ({len(points)} point"
+              f"{'s' if len(points) != 1 else ''}): wire once for the whole campaign")
+    else:
+        print(f"the wiring changes within the sweep ({len(groups)} tables): rewire between "
+              "the points of each table (the sweep changes agents, hosts or channels)")
+    for labels, plans in groups:
+        if len(groups) > 1:
+            print(f"\npoints: {'; '.join(labels)}")
+        print(format_table(table_rows(plans), markdown=args.markdown))
+        if args.picture:
+            for host in dict.fromkeys(line.host for line in plans[0].lines):
+                print(f"\n{header_picture(plans[0], host)}")
+    print(f"each probe's ground clip: a GND pin of the same header "
+          f"({', '.join(map(str, GROUND_PINS))})")
+    return 0
+
+
 def add_commands(commands: argparse._SubParsersAction) -> None:
     """Add the ``lab`` command group to the ``mqttbed`` parser."""
     group = commands.add_parser("lab", help="lab machines (Raspberry Pis) that run agents: "
@@ -109,3 +154,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     for action in (provision, upgrade, status, remove):
         action.add_argument("--data-dir", help="default: MQTTBED_DATA_DIR or ./data")
         action.set_defaults(func=_lab)
+    wiring = actions.add_parser(
+        "wiring", help="print where each scope channel's probe goes (channel, client, agent, "
+                       "host, BCM line, header pin): the same at every sweep point")
+    wiring.add_argument("spec", help="a spec file (YAML or JSON) or a built-in campaign's "
+                                     "name (e.g. scope-sync-spread)")
+    wiring.add_argument("--markdown", action="store_true", help="the table in Markdown")
+    wiring.add_argument("--picture", action="store_true",
+                        help="also draw each host's 40-pin header with the probed pins")
+    wiring.set_defaults(func=_wiring)

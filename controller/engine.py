@@ -27,6 +27,7 @@ from mqttbed.analytics.connect_storm import write_storm_outcomes
 from mqttbed.brokers.cpu_budget import CpuBudget, CpuBudgetError, cpu_budget_unavailable
 from mqttbed.brokers.cpu_budget import reap_stale as reap_cpu_budgets
 from mqttbed.campaigns.spec import CampaignSpec, SweepPoint, check_access_files, plan_runs
+from mqttbed.campaigns.wiring import plan_wiring
 from mqttbed.controller.agent_registry import AgentRegistry, RunInbox
 from mqttbed.controller.agent_sites import AgentSites, open_sites
 from mqttbed.controller.assignments import (
@@ -637,7 +638,8 @@ class RunEngine:
                                                spec.timing.heartbeat_timeout_s})
                        for a, x in assignments.items()}
         if spec.measurement.scope is not None:
-            live.recorder = ScopeRecorder(spec.measurement.scope, assignments)
+            live.recorder = ScopeRecorder(spec.measurement.scope, assignments,
+                                          wiring=plan_wiring(spec))
             live.recorder.open()
             live.record.scope = live.recorder.metadata()
             live.inbox.edge_sink = live.recorder.feed

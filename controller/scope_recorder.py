@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from mqttbed.campaigns.spec import Scope
+from mqttbed.campaigns.wiring import HEADER_PIN, Wiring, subscriber_role
 from mqttbed.controller.storage import DataLayout, write_event_chunk
 from mqttbed.core.clock import monotonic_ns
 from mqttbed.core.events import ClockSource, EventKind
 from mqttbed.core.protocol import Assignment, ClockEstimate, ResultChunk, Role
-from mqttbed.core.run_record import ScopeSetup
+from mqttbed.core.run_record import ScopeLine, ScopeSetup
 
 log = logging.getLogger("mqttbed.scope")
 SCOPE_AGENT = "scope"
@@ -36,6 +37,7 @@ class Probe:
     agent_id: str
     pin: int
     client_id: str
+    role: str = ""   # publisher, first subscriber, last subscriber, subscriber <rank>
 
 
 def probed_edges(edges: Mapping[str, Any], pins: list[int],
@@ -67,9 +69,9 @@ def wire_probes(scope: Scope, assignments: dict[str, Assignment]) -> tuple[Probe
     if not publishers or not subscribers:
         raise ValueError("a scope needs a publisher and at least one subscriber to watch")
 
-    def probe(channel: int, client_id: str) -> Probe:
+    def probe(channel: int, client_id: str, role: str) -> Probe:
         agent, client = clients[client_id]
-        return Probe(channel, agent, client.gpio_pin, client_id)
+        return Probe(channel, agent, client.gpio_pin, client_id, role)
 
     watched = []
     for selector, channel in scope.channels.subscriber_channels().items():
@@ -78,15 +80,18 @@ def wire_probes(scope: Scope, assignments: dict[str, Assignment]) -> tuple[Probe
         if index >= len(subscribers):
             raise ValueError(f"scope channel {channel} watches subscriber {selector}, but the "
                              f"run has {len(subscribers)} subscribers")
-        watched.append(probe(channel, subscribers[index].client_id))
-    return probe(scope.channels.publisher, publishers[0].client_id), watched
+        watched.append(probe(channel, subscribers[index].client_id, subscriber_role(selector)))
+    return probe(scope.channels.publisher, publishers[0].client_id, "publisher"), watched
 
 
 class ScopeRecorder:
     """Acquires on its own thread while the run goes on; its rows are written at the end."""
 
-    def __init__(self, spec: Scope, assignments: dict[str, Assignment]):
+    def __init__(self, spec: Scope, assignments: dict[str, Assignment],
+                 wiring: Wiring | None = None):
         self.spec = spec
+        # the run's wiring plan (campaigns.wiring.plan_wiring): where each probe's host is
+        self.wiring = wiring
         self.publisher, self.subscribers = wire_probes(spec, assignments)
         publisher = next(c for a in assignments.values() for c in a.clients
                          if c.client_id == self.publisher.client_id)
@@ -130,7 +135,7 @@ class ScopeRecorder:
         fell short of) once its acquisitions have ended."""
         channels = {str(p.channel): p.client_id for p in (self.publisher, *self.subscribers)}
         setup = ScopeSetup(resource=self.spec.resource, dialect=self.spec.dialect,
-                           identity=self.identity, channels=channels)
+                           identity=self.identity, channels=channels, wiring=self.lines())
         if not with_acquisitions:
             return setup
         made, requested = self.acquisitions, self.spec.acquisitions
@@ -139,6 +144,16 @@ class ScopeRecorder:
                           acquisitions=made, requested=requested,
                           shortfall=max(0, requested - made), timeouts=self.timeouts,
                           error=self.error)
+
+    def lines(self) -> dict[str, ScopeLine]:
+        """Scope channel -> the line its probe is on, with the host the wiring plan put
+        the client on (None without a plan)."""
+        planned = {(line.channel, line.client_id): line.host
+                   for line in (self.wiring.lines if self.wiring else ())}
+        return {str(p.channel): ScopeLine(client=p.client_id, role=p.role, agent=p.agent_id,
+                                          host=planned.get((p.channel, p.client_id)),
+                                          bcm_pin=p.pin, header_pin=HEADER_PIN.get(p.pin))
+                for p in (self.publisher, *self.subscribers)}
 
     # -- the virtual scope's feed -------------------------------------------------------
 

@@ -61,6 +61,19 @@ class GpioLine(_Fact):
                                                "engine drove the lines on (uAPI v2)")
 
 
+class ScopeLine(_Fact):
+    """One scope channel's probe: the client it watched, where that client ran, its line."""
+
+    client: str
+    role: str = Field("", description="publisher, first subscriber, last subscriber, "
+                                      "subscriber <rank>")
+    agent: str = Field(description="the agent id that ran the client")
+    host: str | None = Field(None, description="the host the agent ran on (a lab host's "
+                                               "name, or 'local'); None: not known")
+    bcm_pin: int = Field(description="the GPIO line (BCM number, gpiod line offset)")
+    header_pin: int | None = Field(None, description="its pin on a 40-pin header")
+
+
 class ScopeSetup(_Fact):
     """The oscilloscope that watched the run, and what it acquired.
 
@@ -72,6 +85,10 @@ class ScopeSetup(_Fact):
     identity: str = ""
     channels: dict[str, str] = Field(default_factory=dict,
                                      description="scope channel -> client id probed")
+    wiring: dict[str, ScopeLine] = Field(
+        default_factory=dict, description="scope channel -> the line it probed: client, "
+                                          "agent, host, BCM pin (empty in records from "
+                                          "before it was kept)")
     acquisitions: int | None = None
     requested: int | None = None
     shortfall: int = 0

@@ -8,7 +8,6 @@ import pytest
 
 from mqttbed.campaigns.spec import parse_spec
 from mqttbed.controller.analysis import analyze_campaign
-from mqttbed.controller.assignments import FIRST_GPIO_PIN
 from mqttbed.controller.db import RunRow
 from mqttbed.core.run_record import run_record
 
@@ -69,10 +68,10 @@ def test_every_scope_delay_is_a_delay_between_recorded_gpio_edges(scoped):
     scope_rows = events.filter(pc.equal(events["clock_source"], "scope")).to_pylist()
     edges = ds.dataset(ctl.layout.gpio_edges / f"campaign_id={campaign_id}"
                        / f"run_id={run.id}").to_table().to_pylist()
-    # each agent's clients got GPIO pins 2, 3, ... in the order of its assignment
-    line = {client: (agent, FIRST_GPIO_PIN + i)
-            for agent, clients in run_record(run.run_metadata, run.id).agents.items()
-            for i, client in enumerate(clients)}
+    # each probed client's agent and GPIO line, as the run recorded its scope's wiring
+    scope = run_record(run.run_metadata, run.id).scope
+    assert scope is not None
+    line = {probe.client: (probe.agent, probe.bcm_pin) for probe in scope.wiring.values()}
     rising: dict[tuple[str, int], list[int]] = {}
     for edge in edges:
         if edge["level"] == 1:
