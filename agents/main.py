@@ -41,6 +41,7 @@ from mqttbed.core.tls import CA_FILE_HINT, TlsSetupError, client_verify, is_untr
 log = logging.getLogger("mqttbed.agent")
 
 EXIT_CONTROLLER_LOST = 5  # the controller stopped answering for the heartbeat timeout
+EARLIER_RUN_JOIN_S = 5.0  # how long a new assignment waits for the last run's runner to end
 
 
 class CommandsUnreadable(RuntimeError):
@@ -168,6 +169,10 @@ class Agent:
         if isinstance(command, Assignment):
             if command.run_id in self._runners:
                 return  # a repeated assignment: the run is already under way
+            # A kept agent's last run may still be closing its clients (it said done
+            # first): let it end, so nothing of it overlaps this run (kept_agents).
+            for earlier in list(self._runners.values()):
+                earlier.join(EARLIER_RUN_JOIN_S)
             self._controller_timeout_s = command.heartbeat_timeout_s
             started = AssignmentRunner(self._http, self.agent_id, command, self._gpio,
                                        on_finished=lambda: self._runners.pop(command.run_id, None),

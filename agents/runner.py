@@ -104,6 +104,10 @@ class AssignmentRunner:
         uploader = None
         tracker = None
         try:
+            # A kept agent's lines may hold edges recorded after its last run's final
+            # upload (its clients' close): they belong to no run, least of all this one.
+            if stale := self._gpio.edge_buffers().rows:
+                log.info("run %s: %d GPIO edges from before it dropped", a.run_id, stale)
             self._clock = estimate_offset(self._http, self._controller_boot_id,
                                           a.force_clock_probe)
             if a.storm is not None:  # workload.mode connect: no messages, no uploads

@@ -16,7 +16,8 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from sqlalchemy.orm import sessionmaker
@@ -54,6 +55,7 @@ from mqttbed.controller.db import (
 )
 from mqttbed.controller.documents import CampaignUpdate, DocumentStream, RunUpdate
 from mqttbed.controller.impaired_links import ImpairedLinks, has_impaired_clients
+from mqttbed.controller.kept_agents import KeptAgents, KeptPool, agents_key
 from mqttbed.controller.lab_hosts import lab_host_backends, resolve_named_hosts, target_of
 from mqttbed.controller.run_access import conceal, run_access, secret_values
 from mqttbed.controller.scope_recorder import ScopeRecorder
@@ -149,6 +151,9 @@ class _LiveRun:
     budget: CpuBudget | None = None      # the brokers' cgroup under broker.cpu_limit
     active: list[str] = field(default_factory=list)
     secrets: list[str] = field(default_factory=list)   # masked in the run's reason
+    agents_key: str | None = None   # set where the run's agents may be kept (kept_agents)
+    keep_agents: bool = False       # the run is done: its agents go to the next run
+    agents_from: str | None = None  # the run that started its agents (their logs are there)
 
 
 @dataclass
@@ -207,6 +212,8 @@ class RunEngine:
         self._analysis_starting: threading.Thread | None = None  # see hold_measurements
         self._held_for = JVM_START
         self._run_ended: Callable[[str], None] | None = None     # see after_each_run
+        self._kept = KeptAgents(ctx.agent_registry, self._stop_and_close)
+        self._keeping = 0   # agents_kept() depth: while > 0 a done run's agents are kept
 
     # -- campaigns ----------------------------------------------------------------------
 
@@ -309,6 +316,20 @@ class RunEngine:
         that raises is logged, never the run's or the campaign's end."""
         self._run_ended = hook
 
+    @contextmanager
+    def agents_kept(self) -> Iterator[None]:
+        """Within this, a done run's agents are kept for the campaign's next run
+        (:mod:`mqttbed.controller.kept_agents`); on leaving the outermost, whatever was
+        kept is stopped. :meth:`run_campaign` keeps them for its runs; a caller that runs
+        a campaign in several calls (a search's probes) keeps them across all of them."""
+        self._keeping += 1
+        try:
+            yield
+        finally:
+            self._keeping -= 1
+            if self._keeping == 0:
+                self._kept.release()
+
     @property
     def stopping(self) -> str | None:
         """Why the controller is stopping, or None while it runs campaigns."""
@@ -337,15 +358,16 @@ class RunEngine:
             runs = (s.query(RunRow).filter_by(campaign_id=campaign_id)
                     .order_by(RunRow.ordinal, RunRow.attempt).all())
         total = len({run.ordinal for run in runs})
-        for run in runs:
-            if self._stopping is not None:
-                break  # the rest stays queued for the next controller
-            if run.state != RunState.QUEUED:
-                continue
-            if self.is_cancelled(campaign_id):
-                self._transition(run, total, RunState.INTERRUPTED, "campaign cancelled")
-                continue
-            self._execute(run, total)
+        with self.agents_kept():
+            for run in runs:
+                if self._stopping is not None:
+                    break  # the rest stays queued for the next controller
+                if run.state != RunState.QUEUED:
+                    continue
+                if self.is_cancelled(campaign_id):
+                    self._transition(run, total, RunState.INTERRUPTED, "campaign cancelled")
+                    continue
+                self._execute(run, total)
         return self.outcome(campaign_id)[0]
 
     @retry_on_disconnect
@@ -512,6 +534,9 @@ class RunEngine:
             # A scope that failed mid-run leaves the software figures whole: the run is
             # done, marked with the scope's error (its acquisitions so far are kept).
             scope_error = live.recorder.error if live.recorder is not None else None
+            live.keep_agents = (live.agents_key is not None and self._keeping > 0
+                                and self._stopping is None
+                                and not self.is_cancelled(run.campaign_id))
             self._transition(run, total, RunState.DONE,
                              None if scope_error is None else f"scope error: {scope_error}",
                              record=live.record)
@@ -532,6 +557,11 @@ class RunEngine:
             if live.recorder is not None:
                 live.recorder.stop()
             try:
+                if live.keep_agents and live.pool is not None and live.sites is not None:
+                    assert live.agents_key is not None   # keep_agents says so
+                    self._kept.keep(KeptPool(live.agents_key, run.campaign_id, live.sites,
+                                             live.pool, live.agents_from or run.id))
+                    live.pool = live.sites = None   # the next run's now
                 self._teardown(live.pool, live.sites, live.backend, live.links)
             finally:
                 self._release(run, live)
@@ -616,18 +646,28 @@ class RunEngine:
         if live.budget is not None:
             live.record.cpu_budget = live.budget.record()
         placement = None
-        if has_impaired_clients(spec):
+        live.agents_key = self._agents_key(spec, backend)
+        kept = self._kept.take(live.agents_key, run.campaign_id,
+                               spec.timing.heartbeat_timeout_s)
+        if kept is not None:   # the last run's agents, alive and heard from
+            live.sites, live.pool, live.agents_from = kept.sites, kept.pool, kept.started_by
+            log.info("run %s: the agents of run %s take its assignment", run.id,
+                     kept.started_by)
+        elif has_impaired_clients(spec):
             live.sites, placement = self._impaired_sites(run, live, endpoint)
             controller_url = self.ctx.controller_url
         else:
             live.sites, controller_url = self._agent_sites(spec, live.backend)
-        if spec.workload.client == "native" and any(
-                not isinstance(site.host, SshHost) for site in live.sites.sites):
-            _build_native_engine()
-        live.pool = self.ctx.start_agents(
-            live.sites.sites, controller_url, self.ctx.agent_token, run.id,
-            self.ctx.layout.run_dir(run.campaign_id, run.id) / "agents",
-            gpio=spec.agents.gpio, gpio_chip=spec.agents.gpio_chip, env=self.ctx.agent_env)
+        if live.pool is None:
+            if spec.workload.client == "native" and any(
+                    not isinstance(site.host, SshHost) for site in live.sites.sites):
+                _build_native_engine()
+            live.pool = self.ctx.start_agents(
+                live.sites.sites, controller_url, self.ctx.agent_token, run.id,
+                self.ctx.layout.run_dir(run.campaign_id, run.id) / "agents",
+                gpio=spec.agents.gpio, gpio_chip=spec.agents.gpio_chip,
+                env=self.ctx.agent_env)
+            live.agents_from = run.id
         live.record.agent_hosts = live.pool.hosts
         agent_ids = self._await_agents(live.pool, spec, run.campaign_id)
         assignments = plan_assignments(spec, run.id, run.campaign_id, endpoint, agent_ids,
@@ -707,6 +747,15 @@ class RunEngine:
         except SshError as exc:
             raise RunFailed(f"broker.host: {exc}") from exc
         return live.broker_host
+
+    def _agents_key(self, spec: CampaignSpec, backend: BrokerBackend) -> str | None:
+        """What the run's agents must match to be the last run's (``kept_agents``); None
+        where they are placed for this run alone (impaired links' namespaces, a backend's
+        own hosts), which are never kept."""
+        if has_impaired_clients(spec) or isinstance(backend, OwnNetwork):
+            return None
+        return agents_key(spec, agents_needed(spec), self.ctx.controller_url,
+                          self.ctx.agent_env)
 
     def _agent_sites(self, spec: CampaignSpec, backend: BrokerBackend) -> tuple[AgentSites, str]:
         """Where the agents run and the controller URL they use: the backend's placement
@@ -930,6 +979,10 @@ class RunEngine:
                 links.close()
             if backend is not None:
                 backend.teardown()
+
+    def _stop_and_close(self, pool: Agents | None, sites: AgentSites | None) -> None:
+        """Stop kept agents as a run's teardown would, and close their sites."""
+        self._teardown(pool, sites, None)
 
     def _stop_agents(self, pool: Agents) -> None:
         """Tell the run's agents to shut down, stop the pool, and forget them whatever

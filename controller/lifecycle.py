@@ -86,20 +86,23 @@ def _conduct(engine: RunEngine, layout: DataLayout, campaign_id: str,
              run_analyses: RunAnalyses, settings: Settings | None) -> CampaignStatus:
     with engine.ctx.sessions() as s:
         spec = CampaignSpec.model_validate(s.get(CampaignRow, campaign_id).spec)
-    engine.run_campaign(campaign_id)
-    probe_figures: dict[str, RunStats] = {}
-    chosen_to_end = False   # the campaign's own choice (a search's stop), not a failure
-    while engine.stopping is None and not engine.is_cancelled(campaign_id):
-        run_analyses.wait()
-        try:
-            if not next_runs(engine, layout, campaign_id, spec, probe_figures, settings):
-                chosen_to_end = True
-                break
-        except Exception:  # noqa: BLE001 - the analysis below says why, the events stay
-            log.exception("campaign %s: its next runs could not be chosen; it ends here",
-                          campaign_id)
-            break
+    # the same agents serve every run, a search's later probes too (kept_agents); they
+    # stop before the campaign's analysis
+    with engine.agents_kept():
         engine.run_campaign(campaign_id)
+        probe_figures: dict[str, RunStats] = {}
+        chosen_to_end = False   # the campaign's own choice (a search's stop), not a failure
+        while engine.stopping is None and not engine.is_cancelled(campaign_id):
+            run_analyses.wait()
+            try:
+                if not next_runs(engine, layout, campaign_id, spec, probe_figures, settings):
+                    chosen_to_end = True
+                    break
+            except Exception:  # noqa: BLE001 - the analysis below says why, the events stay
+                log.exception("campaign %s: its next runs could not be chosen; it ends here",
+                              campaign_id)
+                break
+            engine.run_campaign(campaign_id)
     if engine.stopping is not None:
         # The controller is stopping: the campaign stays running, for the next controller
         # on the data dir to requeue (RunEngine.recover) and finish.

@@ -92,6 +92,9 @@ def test_killed_agent_fails_run_with_reason_keeps_uploaded_events_and_next_run_p
     # the next run proceeds: done, its 100 publishes, 2 x 100 deliveries, 2 subscriptions
     assert next_run.state == RunState.DONE, next_run.reason
     assert dataset_rows(controller, campaign_id, next_run_id) == 100 + 200 + 2
+    # on agents of its own: a failed run's surviving agents are not kept for the next
+    assert sorted(next_run.run_metadata["agent_hosts"]) == [f"{next_run_id}-a0",
+                                                            f"{next_run_id}-a1"]
     # both runs' chunks were compacted as each ended, the failed one too
     for ended in (run_id, next_run_id):
         partition = controller.layout.run_events(campaign_id, ended)
