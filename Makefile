@@ -1,25 +1,47 @@
 # mqttbed: `make install`, `make test`, `make demo`.
 PYTHON ?= python3
+# the venv's folder: `make demo VENV=/tmp/demo-venv` installs into a fresh one
 VENV := .venv
 PY := $(VENV)/bin/python
 EXTRAS := agent,controller,analytics,p4,brokers,dev
+# What the quickstart imports: the controller (its local agents come with it) and Spark's
+# analytics; the wheel test runs a quickstart run from an install of these two alone.
+DEMO_EXTRAS := controller,analytics
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+# System packages come in profiles (`scripts/system-deps.sh --help` lists what each holds):
+# every target installs the profiles it uses; `make install`, which CI runs, all of them.
+SYSTEM_PROFILES := build demo network lab brokers postgres cross fuzz rtl bench browser test system
 
 .PHONY: install system-deps test test-system test-postgres rtl-test rtl-build lint fuzz demo bench docs clean lab-up lab-down postgres-up postgres-down
+.PHONY: $(addprefix system-deps-,$(SYSTEM_PROFILES))
 
+# Everything: every system profile and every extra (CI, `make test`, development).
 install: system-deps $(VENV)/.installed
 
+# `make system-deps PROFILES="demo postgres"` installs those profiles only.
+PROFILES ?= all
 system-deps:
-	@scripts/system-deps.sh
+	@scripts/system-deps.sh $(PROFILES)
 
+$(addprefix system-deps-,$(SYSTEM_PROFILES)): system-deps-%:
+	@scripts/system-deps.sh $*
+
+# Every extra; a venv with all of them has the demo's too.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	touch $@ $(VENV)/.installed-demo
+
+# The demo's extras only, with the venv's own pip (any pip since 21.3 installs a
+# pyproject.toml project editable).
+$(VENV)/.installed-demo: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -e '.[$(DEMO_EXTRAS)]'
 	touch $@
 
-lint: install   # ruff, the import contracts of pyproject.toml (the dependency direction), mypy
+lint: $(VENV)/.installed   # ruff, the import contracts of pyproject.toml (the dependency direction), mypy
 	$(VENV)/bin/ruff check .
 	$(PY) scripts/lint_imports.py
 	$(PY) scripts/typecheck.py
@@ -51,20 +73,20 @@ test-system: install
 # The database's tests on PostgreSQL only: the migrations, the types, tokens, run states and
 # recovery, a restart under a running campaign (each on a private cluster the tests start
 # and stop: `make test` runs them too, beside their SQLite twins).
-test-postgres: install
+test-postgres: system-deps-demo system-deps-postgres $(VENV)/.installed
 	$(PY) -m pytest -ra --durations=10 -m postgres
 
 # The FPGA broker's RTL suite in full (brokers/fpga/rtl, `rtl` marker): what `make test`
 # runs of it, plus the Verilator harness and whole-broker cocotb tests, the 4,096th
 # subscriber, the yosys synthesis and a campaign against the RTL (minutes).
-rtl-test: install
+rtl-test: system-deps-rtl $(VENV)/.installed
 	MQTTBED_RTL_FULL=1 $(PY) -m pytest -ra --durations=20 -m rtl
 
 # The RTL's two builds ahead of rtl-test, niced: the Verilated harness, then yosys
 # synthesis (~4 min of one core). Each is kept by a hash of its sources, so the tests that
 # need them find them built; .ci/run starts this, then rtl-test, beside `make test` and waits
 # for both before the system tier, whose campaigns measure.
-rtl-build: install
+rtl-build: system-deps-rtl $(VENV)/.installed
 	nice -n 10 $(PY) -c "from mqttbed.brokers.fpga.rtl.build import ensure_sim, ensure_synth; \
 	print(ensure_sim()); print(ensure_synth())"
 
@@ -73,7 +95,7 @@ rtl-build: install
 # native engine's broker replies, each for FUZZ_SECONDS.
 FUZZ_EXAMPLES ?= 20000
 FUZZ_SECONDS ?= 300
-fuzz: install
+fuzz: system-deps-fuzz $(VENV)/.installed
 	MQTTBED_FUZZ_RANDOM=1 MQTTBED_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q \
 		-p no:cacheprovider tests/test_fuzz_codecs.py tests/test_api_schema.py
 	$(MAKE) -C brokers/forkpipe fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
@@ -81,16 +103,17 @@ fuzz: install
 
 # The quickstart into the default data dir (MQTTBED_DATA_DIR or ./data), the one
 # `mqttbed report latest`, `compare` and `campaigns list` read when given no --data-dir.
-demo: install
+# Installs only what it runs: the demo profile and the demo's extras.
+demo: system-deps-demo $(VENV)/.installed-demo
 	$(VENV)/bin/mqttbed run quickstart
 	$(VENV)/bin/mqttbed report latest --out data/quickstart-report.html
 
-bench: install   # every bench/ script, then one table of their closing JSON lines
+bench: system-deps-bench $(VENV)/.installed   # every bench/ script, then one table of their closing JSON lines
 	$(PY) bench/run_all.py
 
 # The published JSON schema of the results document, then the docs site (mkdocs.yml), built
 # strict into build/site; its Reference pages are generated from the code as it builds.
-docs: install
+docs: $(VENV)/.installed
 	$(VENV)/bin/mqttbed schema stats > docs/stats.schema.json
 	$(PY) -m mkdocs build --strict --site-dir build/site
 
@@ -98,7 +121,7 @@ docs: install
 # bridge (python -m mqttbed.network.lab); it prints how to provision them. Needs root.
 LAB_HOSTS ?= 2
 LAB_DIR ?= data/lab
-lab-up: install
+lab-up: system-deps-lab $(VENV)/.installed
 	$(PY) -m mqttbed.network.lab up --hosts $(LAB_HOSTS) --dir $(LAB_DIR)
 
 lab-down:
@@ -109,7 +132,7 @@ lab-down:
 # MQTTBED_DATABASE_URL to export. Root runs it as the `postgres` user.
 POSTGRES_DIR ?= data/postgres
 POSTGRES_PORT ?= 5433
-postgres-up: install
+postgres-up: system-deps-postgres $(VENV)/.installed
 	$(PY) -m tests.postgres_cluster up --dir $(POSTGRES_DIR) --port $(POSTGRES_PORT)
 
 postgres-down:

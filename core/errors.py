@@ -29,3 +29,18 @@ class BackendError(MqttbedError):
 
 class MissingSystemDependency(MqttbedError):
     """A program mqttbed needs is not installed; the message says how to install it."""
+
+
+# The script that installs the system packages, by profile (scripts/system-deps.sh --help).
+SYSTEM_DEPS_SCRIPT = "scripts/system-deps.sh"
+
+
+def system_deps_hint(profile: str, packages: str) -> str:
+    """How to install a missing system package: apt-get, or the checkout's one command.
+
+    ``profile`` is the system-deps.sh profile that brings ``packages`` (with whatever else
+    its targets need), so a message names the exact command; tests/test_install_profiles.py
+    checks that every hint's profile lists its packages.
+    """
+    return (f"apt-get install {packages} (as root; in the mqttbed checkout "
+            f"`{SYSTEM_DEPS_SCRIPT} {profile}` does it)")

@@ -10,11 +10,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from mqttbed.core.errors import MissingSystemDependency, MqttbedError
+from mqttbed.core.errors import MissingSystemDependency, MqttbedError, system_deps_hint
 
 COMMAND_TIMEOUT_S = 30
-INSTALL_HINT = ("install iproute2, bpftool and clang (`make install` in the mqttbed checkout "
-                "runs scripts/system-deps.sh)")
+INSTALL_HINT = "install iproute2, bpftool and clang: " + system_deps_hint(
+    "network", "iproute2 bpftool clang")
 
 
 class NetworkCommandError(MqttbedError):

@@ -33,6 +33,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mqttbed.core.errors import system_deps_hint
 from mqttbed.network import netns
 from mqttbed.network.commands import NetworkCommandError, ip
 from mqttbed.network.topology import _quiet_root_link, leftovers, reap
@@ -90,8 +91,8 @@ class LabNetwork:
     def build(self) -> None:
         """Create the bridge, then every host with its sshd; write ``lab.json``."""
         if not Path(SSHD).exists():
-            raise NetworkCommandError([SSHD], 127, "sshd not found: install openssh-server "
-                                      "(scripts/system-deps.sh does it in `make install`)")
+            raise NetworkCommandError([SSHD], 127, "sshd not found: " + system_deps_hint(
+                "lab", "openssh-server"))
         PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)   # sshd refuses to start without it
         self.root.mkdir(parents=True, exist_ok=True)
         _keygen(self.client_key)

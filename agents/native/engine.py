@@ -19,14 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from mqttbed.core import make_build
+from mqttbed.core.errors import system_deps_hint
 
 SOURCE_DIR = Path(__file__).resolve().parent
 LIBRARY_NAME = "libmqttbed-engine.so"
 PROJECT = make_build.MakeProject(
     name="the native load engine", source_dir=SOURCE_DIR, patterns=("Makefile", "src/*.[ch]"),
     cache_name="native-engine",
-    install_hint="install a C compiler, make and OpenSSL's headers (`apt-get install gcc make "
-                 "libssl-dev`); until then the agents run the lean Python client")
+    install_hint=("install a C compiler, make and OpenSSL's headers: "
+                  + system_deps_hint("build", "gcc make libc6-dev libssl-dev")
+                  + "; until then the agents run the lean Python client"))
 
 # Tables and columns, as numbered in src/engine.h.
 T_PUBLISH, T_DELIVERY, T_SUBSCRIBE, T_TX, T_EDGE = range(5)

@@ -34,7 +34,7 @@ from mqttbed.brokers.command.options import Options
 from mqttbed.brokers.command.presets import ACTIVEMQ_CLASSPATH, EJABBERD_LIBS, preset
 from mqttbed.core.backends import AccessRecord, BackendDeclaration, BrokerAccess
 from mqttbed.core.broker_access import ClientCredentials, EndpointTls, MqttProtocol
-from mqttbed.core.errors import BackendError
+from mqttbed.core.errors import BackendError, system_deps_hint
 from mqttbed.core.protocol import Endpoint
 
 
@@ -234,7 +234,7 @@ def _needs(program: str, install: str) -> str | None:
         return reason
     if shutil.which(program) is None and not any(
             shutil.which(program, path=p) for p in ("/usr/sbin", "/usr/lib/rabbitmq/bin")):
-        return f"{program} is not installed; {install} (`make install` does)"
+        return f"{program} is not installed; {install}"
     return None
 
 
@@ -244,7 +244,7 @@ def _needs_files(files: tuple[str, ...], install: str) -> str | None:
         return reason
     for file in files:
         if not glob.glob(file):
-            return f"{file} is missing; {install} (`make install` does)"
+            return f"{file} is missing; {install}"
     return None
 
 
@@ -281,22 +281,25 @@ def _ejabberd_example() -> Iterator[dict[str, Any]]:
 
 RABBITMQ = _declare("rabbitmq", "RabbitMQ's MQTT plugin, a private node per run",
                     RabbitMqOptions, RabbitMqBackend, "rabbitmq-server",
-                    "apt-get install rabbitmq-server")
+                    system_deps_hint("brokers", "rabbitmq-server"))
 NATS = _declare("nats", "NATS server's MQTT support (JetStream), per run", NatsOptions,
-                NatsBackend, "nats-server", "apt-get install nats-server")
+                NatsBackend, "nats-server", system_deps_hint("brokers", "nats-server"))
 AMQTT = _declare("amqtt", "amqtt, the asyncio Python broker, per run", AmqttOptions,
                  AmqttBackend, str(Path(sys.executable).parent / "amqtt"),
-                 "pip install 'mqttbed[brokers]'")
+                 "pip install 'mqttbed[brokers]' (`make install` does)")
+# ActiveMQ runs on the Java runtime the brokers profile brings too (/usr/bin/java).
+ACTIVEMQ_INSTALL = system_deps_hint("brokers",
+                                    "activemq libmqtt-client-java default-jre-headless")
 ACTIVEMQ = _declare(
     "activemq", "Apache ActiveMQ's MQTT transport, a private JVM per run", ActiveMqOptions,
-    ActiveMqBackend, "java", "apt-get install activemq libmqtt-client-java",
+    ActiveMqBackend, "java", ACTIVEMQ_INSTALL,
     unavailable=lambda: _needs_files(
         ("/usr/bin/java", "/usr/share/activemq/bin/activemq.jar",
-         *ACTIVEMQ_CLASSPATH.split(":")), "apt-get install activemq libmqtt-client-java"))
+         *ACTIVEMQ_CLASSPATH.split(":")), ACTIVEMQ_INSTALL))
 EJABBERD = _declare(
     "ejabberd", "ejabberd's mod_mqtt (MQTT 5), a private Erlang node per run",
-    EjabberdOptions, EjabberdBackend, "erl", "apt-get install ejabberd",
+    EjabberdOptions, EjabberdBackend, "erl", system_deps_hint("brokers", "ejabberd"),
     unavailable=lambda: _needs_files(
         ("/usr/bin/erl", f"{EJABBERD_LIBS}/ejabberd-*/ebin/mod_mqtt.beam"),
-        "apt-get install ejabberd"),
+        system_deps_hint("brokers", "ejabberd")),
     example=_ejabberd_example)

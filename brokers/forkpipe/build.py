@@ -11,11 +11,11 @@ from enum import StrEnum
 from pathlib import Path
 
 from mqttbed.core import make_build
-from mqttbed.core.errors import MissingSystemDependency
+from mqttbed.core.errors import MissingSystemDependency, system_deps_hint
 
 SOURCE_DIR = Path(__file__).resolve().parent
-INSTALL_HINT = ("install a C compiler and make (`apt-get install gcc make`, or `make install` "
-                "in the mqttbed checkout), or set the broker option `binary`")
+INSTALL_HINT = (f"install a C compiler and make: {system_deps_hint('build', 'gcc make libc6-dev')}"
+                ", or set the broker option `binary`")
 PROJECT = make_build.MakeProject(name="mqttbed-forkpipe", source_dir=SOURCE_DIR,
                                  patterns=("Makefile", "src/*.[ch]"), cache_name="forkpipe",
                                  install_hint=INSTALL_HINT)

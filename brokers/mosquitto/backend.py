@@ -34,7 +34,7 @@ from mqttbed.brokers.restarts import BrokerRestarts
 from mqttbed.brokers.sys_monitor import SysMonitor, SysTopicsRecord
 from mqttbed.core.backends import BrokerAccess, DeploymentRecord, Fault
 from mqttbed.core.broker_access import ClientCredentials, SecretUnavailable
-from mqttbed.core.errors import BackendError, MissingSystemDependency
+from mqttbed.core.errors import BackendError, MissingSystemDependency, system_deps_hint
 from mqttbed.core.host import Host, ProcessHandle, raise_nofile_limit, sha256_file
 from mqttbed.core.protocol import Endpoint, Transport
 from mqttbed.core.samples import BrokerResourceSample, SysSample
@@ -42,8 +42,8 @@ from mqttbed.core.sections import SectionRecords
 from mqttbed.core.ssh import SshError, SshHost
 
 FALLBACK_BINARIES = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")
-INSTALL_HINT = ("install it with `apt-get install mosquitto` (Debian/Ubuntu) or build it "
-                "from source with `make install`, or set the broker option `binary`")
+INSTALL_HINT = (f"install it with {system_deps_hint('demo', 'mosquitto')}, or set the "
+                "broker option `binary`")
 DEPLOY_ATTEMPTS = 3
 STARTUP_TIMEOUT_S = 5.0
 

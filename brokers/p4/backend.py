@@ -44,7 +44,7 @@ from mqttbed.brokers.p4.controller import PamsController
 from mqttbed.brokers.p4.dataplane import EbpfSwitch
 from mqttbed.brokers.p4.tables import EbpfTables
 from mqttbed.core.backends import AgentPlacement
-from mqttbed.core.errors import BackendError
+from mqttbed.core.errors import BackendError, system_deps_hint
 from mqttbed.core.host import Host
 from mqttbed.core.protocol import Endpoint
 from mqttbed.core.samples import BrokerResourceSample
@@ -285,8 +285,7 @@ def unavailable() -> str | None:
         return "the p4 backend builds network namespaces and loads eBPF: it needs root"
     missing = [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
     if missing or not Path("/usr/include/bpf/bpf_helpers.h").exists():
-        return (f"the p4 backend needs {', '.join(missing) or 'libbpf headers'}; install "
-                "iproute2, bpftool, clang and libbpf-dev (`make install` runs "
-                "scripts/system-deps.sh)")
+        return (f"the p4 backend needs {', '.join(missing) or 'libbpf headers'}; "
+                + system_deps_hint("network", "iproute2 bpftool clang libbpf-dev"))
     return None
 

@@ -14,11 +14,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from mqttbed.core.errors import BackendError, MissingSystemDependency
+from mqttbed.core.errors import BackendError, MissingSystemDependency, system_deps_hint
 
 SOURCE = Path(__file__).resolve().parent / "ebpf" / "pams.bpf.c"
-INSTALL_HINT = ("install clang and libbpf-dev (`apt-get install clang libbpf-dev`, or "
-                "`make install` in the mqttbed checkout)")
+INSTALL_HINT = ("install clang and libbpf's headers: "
+                + system_deps_hint("network", "clang libbpf-dev"))
 BUILD_TIMEOUT_S = 120
 
 

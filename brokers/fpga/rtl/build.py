@@ -15,15 +15,15 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from mqttbed.core.errors import BackendError, MissingSystemDependency
+from mqttbed.core.errors import BackendError, MissingSystemDependency, system_deps_hint
 
 SOURCE_DIR = Path(__file__).resolve().parent
 SIM_BINARY = "mqttbed-fpga-rtl"
 # A guard against a hung tool, not a budget: CI runs the synthesis niced beside `make
 # test`'s two workers, where yosys took over 600 s of wall time (2026-11-29).
 BUILD_TIMEOUT_S = 1800
-INSTALL_HINT = ("install Verilator (and yosys for the synthesis check): `apt-get install "
-                "verilator yosys g++ make`, or `make install` in the mqttbed checkout")
+INSTALL_HINT = ("install Verilator (and yosys for the synthesis check): "
+                + system_deps_hint("rtl", "verilator yosys g++ make"))
 
 
 def sources() -> list[Path]:
