@@ -13,11 +13,16 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 # every target installs the profiles it uses; `make install`, which CI runs, all of them.
 SYSTEM_PROFILES := build demo network lab brokers postgres cross fuzz rtl bench browser test system
 
-.PHONY: install system-deps test test-system test-postgres rtl-test rtl-build lint fuzz demo bench docs clean lab-up lab-down postgres-up postgres-down
+.PHONY: install class-archive system-deps test test-system test-postgres rtl-test rtl-build lint fuzz demo bench docs clean lab-up lab-down postgres-up postgres-down
 .PHONY: $(addprefix system-deps-,$(SYSTEM_PROFILES))
 
 # Everything: every system profile and every extra (CI, `make test`, development).
-install: system-deps $(VENV)/.installed
+install: system-deps $(VENV)/.installed class-archive
+
+# The Spark JVM's class archive for this Java and Spark, made once (about a minute): every
+# later session's JVM starts on less CPU (mqttbed.analytics.class_archive).
+class-archive: $(VENV)/.installed
+	$(PY) -m mqttbed.controller.class_archive
 
 # `make system-deps PROFILES="demo postgres"` installs those profiles only.
 PROFILES ?= all

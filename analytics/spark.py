@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from mqttbed.analytics import class_archive
 from mqttbed.core.settings import Settings
 
 if TYPE_CHECKING:
@@ -108,7 +109,12 @@ def _create(settings: Settings | None) -> SparkSession:
         # Executors connect back to the driver at the lab address (a cluster on this
         # machine alone reaches it on loopback).
         builder = builder.config("spark.driver.host", settings.lab_address)
-    for key, value in settings.spark_conf.items():
+    conf = dict(settings.spark_conf)
+    if settings.spark_class_archive and (
+            archive := class_archive.use_options(settings.spark_driver_memory)) is not None:
+        key = "spark.driver.extraJavaOptions"   # the user's own options kept, after it
+        conf[key] = f"{archive} {conf[key]}" if conf.get(key) else archive
+    for key, value in conf.items():
         builder = builder.config(key, value)
     _session = builder.getOrCreate()
     _session.sparkContext.setLogLevel("WARN")

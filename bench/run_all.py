@@ -27,6 +27,7 @@ BENCHES = [
     ("scale.py", "P4: 1,000 + 1,000 clients, no loss, no process left"),
     ("chunk_upload.py", "an agent's chunk upload: same bytes, less CPU than json.dumps"),
     ("quickstart.py", "P6: POST -> report <= 60 s"),
+    ("spark_start.py", "issue 42: a session + first analysis on less CPU with the class archive"),
     ("api_load.py", "50 API clients, 60 s, 1,000-client run: 0 errors, 0 lost"),
     ("analysis.py", "Spark vs DuckDB, same figures"),
     ("analysis_growth.py", "issue 24: 10 M -> 100 M rows, time <= 12x, 2 GB driver (~1 h)"),

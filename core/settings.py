@@ -81,6 +81,10 @@ class Settings(_Loadable):
         "each ended run's own figures are computed while the next run deploys (it measures "
         "once they are done) and kept beside the run; the analysis after the last run "
         "then aggregates only the points' pooled figures and the last run's"))
+    spark_class_archive: bool = Field(True, description=(
+        "the Spark JVM maps the class archive `make install` made (python -m "
+        "mqttbed.controller.class_archive), where one exists for this Java, Spark and "
+        "driver memory: a cheaper start (mqttbed.analytics.class_archive)"))
     spark_conf: dict[str, str] = Field(default_factory=dict, description=(
         "further Spark properties as JSON, e.g. {\"spark.hadoop.fs.s3a.endpoint\": \"...\"}"))
     auth_failures_per_minute: int = Field(10, ge=1, le=100_000, description=(

@@ -1,0 +1,54 @@
+"""The Spark JVM's class archive (mqttbed.analytics.class_archive): found by what it was
+made for, mapped by the session's JVM, and harmless when stale."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from mqttbed.analytics import class_archive
+from mqttbed.analytics.spark import spark_jvm_pid
+from mqttbed.core.settings import Settings
+
+
+def test_an_archive_is_used_only_for_the_java_spark_and_heap_it_was_made_for(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv(class_archive.ENV_DIR, str(tmp_path))
+    two = class_archive.archive_path("2g")
+    assert two is not None and two.parent == tmp_path
+    assert class_archive.archive_path("40g") != two   # another heap, other pointers
+    assert class_archive.use_options("2g") is None    # not made yet: Spark starts as before
+    two.write_bytes(b"made")
+    options = class_archive.use_options("2g")
+    assert options is not None and f"-XX:SharedArchiveFile={two}" in options.split()
+    assert class_archive.use_options("40g") is None
+    # another Java: another archive
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-java"))
+    assert class_archive.archive_path("2g") is None
+
+
+def test_a_stale_or_broken_archive_is_a_silent_fallback(tmp_path, monkeypatch):
+    broken = tmp_path / "broken.jsa"
+    broken.write_bytes(b"not an archive" * 100)
+    monkeypatch.setattr(class_archive, "archive_path", lambda memory: broken)
+    options = class_archive.use_options("2g")
+    assert options is not None
+    java = class_archive.java_binary()
+    assert java is not None
+    started = subprocess.run([str(java), *options.split(), "-version"], capture_output=True,
+                             text=True, timeout=60)
+    assert started.returncode == 0, started.stderr
+    # the version, and nothing about the archive on the JVM's output
+    assert "version" in started.stderr and "shared" not in started.stderr.lower()
+    assert started.stdout == ""
+
+
+@pytest.mark.integration
+def test_the_session_maps_the_archive_make_install_made(spark):
+    path = class_archive.archive_path(Settings.load().spark_driver_memory)
+    if path is None or not path.is_file():
+        pytest.skip(f"no class archive at {path}: `make install` makes it "
+                    "(python -m mqttbed.controller.class_archive)")
+    maps = open(f"/proc/{spark_jvm_pid(spark)}/maps").read()
+    assert str(path) in maps
