@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from mqttbed.analytics import class_archive
@@ -166,6 +166,28 @@ def end_spark(wait_s: float = 30.0) -> None:
         log.warning("the Spark JVM (pid %d) did not end in %.0f s; killed", process.pid, wait_s)
         process.kill()
         process.wait()
+
+
+@contextlib.contextmanager
+def tagged_jobs(spark: SparkSession, tag: str) -> Iterator[None]:
+    """The Spark jobs this thread starts within carry ``tag``, so that
+    :func:`cancel_tagged` can stop them (their tasks interrupted)."""
+    context = spark.sparkContext
+    context.addJobTag(tag)
+    context.setInterruptOnCancel(True)
+    try:
+        yield
+    finally:
+        context.removeJobTag(tag)
+
+
+def cancel_tagged(tag: str) -> None:
+    """Cancel this process's running Spark jobs tagged ``tag``; nothing if no session is
+    up (it never starts one). The thread that started them sees its call raise."""
+    session = _session
+    if session is not None:
+        with contextlib.suppress(Exception):   # a session stopping meanwhile: nothing runs
+            session.sparkContext.cancelJobsWithTag(tag)
 
 
 def start_spark_in_background(settings: Settings | None = None,

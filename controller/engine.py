@@ -211,6 +211,7 @@ class RunEngine:
         self._running: tuple[str, _LiveRun] | None = None   # (run id, its live run)
         self._analysis_starting: threading.Thread | None = None  # see hold_measurements
         self._held_for = JVM_START
+        self._give_way: Callable[[], None] | None = None   # see hold_measurements
         self._run_ended: Callable[[str], None] | None = None     # see after_each_run
         self._kept = KeptAgents(ctx.agent_registry, self._stop_and_close)
         self._keeping = 0   # agents_kept() depth: while > 0 a done run's agents are kept
@@ -294,11 +295,18 @@ class RunEngine:
         return (running[0], samples[-1]) if samples else None
 
     def hold_measurements(self, starting: threading.Thread | None,
-                          what: str = JVM_START) -> None:
+                          what: str = JVM_START,
+                          give_way: Callable[[], None] | None = None) -> None:
         """Have each run, once deployed, wait for ``starting`` (the thread that starts the
         analysis JVM and warms it up, or that analyses the run before) to end before it
         measures, for at most ANALYSIS_START_WAIT_S; the run records the wait
         (``analysis_start_wait_s``) and the log says it waited for ``what``.
+
+        ``give_way``, if given, is called (again and again, cheaply) from the moment the
+        run is deployed until ``starting`` has ended: it asks that work to end now (a
+        warm-up or a run's own analysis whose Spark jobs it cancels, leaving them to the
+        campaign's analysis), so a run waits for the analysis only as long as its own
+        deployment lasted, plus what cannot be cut short (the JVM's start).
 
         A JVM starting beside a run takes CPU from what is measured, niced or not: on this
         2-core machine it took 0.4-1.0 of a core through the whole first run, and amqtt near
@@ -309,6 +317,7 @@ class RunEngine:
         """
         self._analysis_starting = starting
         self._held_for = what
+        self._give_way = give_way
 
     def after_each_run(self, hook: Callable[[str], None] | None) -> None:
         """Call ``hook(run_id)`` once each run has ended and released all it held (its
@@ -513,10 +522,19 @@ class RunEngine:
         self._running = (run.id, live)
         try:
             self._transition(run, total, RunState.DEPLOYING, record=live.record)
+            deploying = monotonic_ns()
             self._deploy(run, live)
+            live.record.deploy_s = round((monotonic_ns() - deploying) / 1e9, 3)
             if (starting := self._analysis_starting) is not None and starting.is_alive():
                 began = monotonic_ns()
-                if not self._wait(live, until=lambda: not starting.is_alive(),
+                give_way = self._give_way
+
+                def ended(thread: threading.Thread = starting) -> bool:
+                    if give_way is not None and thread.is_alive():
+                        give_way()
+                    return not thread.is_alive()
+
+                if not self._wait(live, until=ended,
                                   timeout_s=ANALYSIS_START_WAIT_S, fail_on_timeout=False,
                                   waiting_for=self._held_for):
                     log.warning("run %s measures beside the analysis, still waiting for %s "

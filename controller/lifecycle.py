@@ -4,13 +4,14 @@
 the runs begin (:func:`mqttbed.analytics.spark.start_spark_in_background`), while the
 first run deploys, and analyses a tiny synthetic campaign to warm up
 (:mod:`mqttbed.controller.analysis_warm_up`, unless ``spark_warm_up`` is off): that run
-measures only once both are done
-(:meth:`~mqttbed.controller.engine.RunEngine.hold_measurements`), and the JVM is niced
-from then on. With ``analysis_per_run``, each ended run but the last of the queue is then
-analysed alone while the next run deploys, which measures once that is done
-(:class:`RunAnalyses`); the campaign's analysis merges those runs' figures. A served
-controller keeps
-that one session for its life. What the runs came to (all done,
+measures only once the JVM is up and the warm-up has ended or given way (:class:`GivesWay`:
+its jobs are cancelled once the run is deployed), and the JVM is niced from then on. With
+``analysis_per_run``, each ended run but the last of the queue is then analysed alone
+while the next run deploys, and gives way likewise when that run is ready
+(:class:`RunAnalyses`); the campaign's analysis merges the runs' figures that were
+finished and computes the others. Nothing analyses beside a measurement, and no run
+waits for work that can be done after the last one. A served controller keeps that one
+session for its life. What the runs came to (all done,
 some failed, cancelled) becomes the campaign's status only after Spark has written
 ``stats.json``, so a client that sees ``done`` can fetch the statistics at once. Failed
 and cancelled campaigns are analysed too: their partial results are kept. An analysis
@@ -27,9 +28,16 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from mqttbed.analytics.results import RunStats
-from mqttbed.analytics.spark import start_spark_in_background
+from mqttbed.analytics.spark import (
+    cancel_tagged,
+    get_spark,
+    start_spark_in_background,
+    tagged_jobs,
+)
 from mqttbed.campaigns.repetitions import RepetitionsUntil
 from mqttbed.campaigns.spec import CampaignSpec, expand_points, probe_point
 from mqttbed.controller.analysis import (
@@ -47,12 +55,20 @@ from mqttbed.controller.repetition_runs import next_round, runs_per_point
 from mqttbed.controller.search_runs import conclusion, next_point_index, replay
 from mqttbed.controller.states import TERMINAL_STATES, CampaignStatus, RunState
 from mqttbed.controller.storage import DataLayout
+from mqttbed.core.run_record import run_record
 from mqttbed.core.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("mqttbed.lifecycle")
 
 # A Spark failure's message carries the whole JVM stack trace; the log keeps it all.
 REASON_MAX_CHARS = 1000
+# A run's own analysis starts only when deploying a run takes at least this long: a
+# quickstart run's took 5-13 s here at load 6-9, much of it in the driver's planning,
+# which a run ready to measure cannot cut short (only Spark jobs can be cancelled).
+PARTIAL_MIN_DEPLOY_S = 5.0
 
 
 def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
@@ -69,9 +85,10 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     # measures once it is up (a starting JVM beside a measurement perturbed it), and the
     # analysis after the last run is a warm one.
     chosen = settings or Settings.load()
-    warm_up = warm_up_analysis if chosen.spark_warm_up else None
-    starting = start_spark_in_background(settings, then=warm_up)
-    engine.hold_measurements(starting)
+    warm_up = GivesWay("mqttbed-warm-up", "the warm-up analysis")
+    starting = start_spark_in_background(
+        settings, then=warm_up.wrap(warm_up_analysis) if chosen.spark_warm_up else None)
+    engine.hold_measurements(starting, give_way=warm_up.give_way)
     run_analyses = RunAnalyses(engine, layout, settings, starting)
     if chosen.analysis_per_run:
         engine.after_each_run(run_analyses.run_ended)
@@ -128,11 +145,13 @@ def _conduct(engine: RunEngine, layout: DataLayout, campaign_id: str,
 
 class RunAnalyses:
     """Each ended run's own figures (:mod:`mqttbed.analytics.partials`), computed on the
-    analysis JVM while the next run deploys and kept beside the run; the next run
-    measures once they are done (:meth:`RunEngine.hold_measurements`: an analysis beside a
-    measurement takes CPU from what is measured). The last run of a campaign's queue has
-    none: the analysis that follows it computes its figures with the pooled ones at once.
-    One analysis at a time: each waits for the one before (the JVM's start first).
+    analysis JVM while the next run deploys and kept beside the run; once the next run is
+    deployed they give way (:class:`GivesWay`) and it measures (an analysis beside a
+    measurement takes CPU from what is measured), so they are kept where the deployment
+    lasts long enough (a broker slow to start, agents on lab hosts). The last run of a
+    campaign's queue has none: the analysis that follows it computes its figures with the
+    pooled ones at once. One analysis at a time: each waits for the one before (the JVM's
+    start first).
     """
 
     def __init__(self, engine: RunEngine, layout: DataLayout, settings: Settings | None,
@@ -142,7 +161,8 @@ class RunAnalyses:
         self._last: threading.Thread | None = None
 
     def run_ended(self, run_id: str) -> None:
-        """Start the run's analysis if more runs are queued (an engine hook)."""
+        """Start the run's analysis if more runs are queued and deploying one lasts long
+        enough to be worth it (an engine hook)."""
         with self._engine.ctx.sessions() as s:
             row = s.get(RunRow, run_id)
             queued = s.query(RunRow).filter_by(campaign_id=row.campaign_id,
@@ -150,14 +170,27 @@ class RunAnalyses:
             s.expunge(row)
         if not queued:
             return
+        # The next run's deployment will take about what this one's did (the same broker,
+        # the same kept agents): shorter than an analysis, the analysis would only start
+        # and give way. It is left to the campaign's analysis, which is no slower for it.
+        deploy_s = run_record(row.run_metadata, row.id).deploy_s
+        if deploy_s is not None and deploy_s < PARTIAL_MIN_DEPLOY_S:
+            log.info("run %s: its own figures are left to the campaign's analysis (a run "
+                     "deploys in %.1f s, under the %.0f s an analysis needs)", run_id,
+                     deploy_s, PARTIAL_MIN_DEPLOY_S)
+            return
         before = self._last or self._starting
+        own = GivesWay(f"mqttbed-partial-{run_id}", f"run {run_id}'s own figures")
+
+        def store(_: SparkSession) -> None:
+            path = store_run_partial(self._layout, row, self._settings)
+            log.info("run %s: its own figures are kept in %s", run_id, path)
 
         def analyse() -> None:
             if before is not None:
                 before.join()
             try:
-                path = store_run_partial(self._layout, row, self._settings)
-                log.info("run %s: its own figures are kept in %s", run_id, path)
+                own.wrap(store)(get_spark(self._settings))
             except Exception:  # noqa: BLE001 - the campaign's analysis computes them instead
                 log.exception("run %s: its own figures were not computed ahead; the "
                               "campaign's analysis computes them", run_id)
@@ -165,12 +198,48 @@ class RunAnalyses:
         thread = threading.Thread(target=analyse, name=f"analyse-{run_id}", daemon=True)
         thread.start()
         self._last = thread
-        self._engine.hold_measurements(thread, f"the analysis of run {run_id}")
+        self._engine.hold_measurements(thread, f"the analysis of run {run_id}",
+                                       give_way=own.give_way)
 
     def wait(self) -> None:
         """Wait for the runs' analyses started so far (before the campaign's own)."""
         if self._last is not None:
             self._last.join()
+
+
+class GivesWay:
+    """Analysis work that gives way to a run ready to measure: its Spark jobs carry a tag
+    that :meth:`give_way` cancels (the engine calls it while the run waits,
+    :meth:`RunEngine.hold_measurements`). What it did not finish is the campaign's
+    analysis's to do: a run's own figures are computed with the pooled ones, a warm-up
+    leaves the JVM less warm. A run then waits only for its own deployment and the JVM's
+    start, never for work that can be done after the last run."""
+
+    def __init__(self, tag: str, what: str):
+        self._tag, self._what = tag, what
+        self._asked = threading.Event()
+
+    def give_way(self) -> None:
+        """Stop the work's Spark jobs now, and any it would start after."""
+        self._asked.set()
+        cancel_tagged(self._tag)
+
+    def wrap(self, work: Callable[[SparkSession], object]) -> Callable[[SparkSession], None]:
+        """``work`` with its jobs tagged, not started once asked to give way, and quiet
+        when cut short."""
+        def run(spark: SparkSession) -> None:
+            if self._asked.is_set():
+                log.info("%s gave way to a run before it began", self._what)
+                return
+            try:
+                with tagged_jobs(spark, self._tag):
+                    work(spark)
+            except Exception:
+                if not self._asked.is_set():
+                    raise
+                log.info("%s gave way to a run ready to measure; the campaign's analysis "
+                         "does it", self._what)
+        return run
 
 
 def settle_outcome(spec: CampaignSpec, outcome: CampaignStatus, reason: str | None, *,

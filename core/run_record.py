@@ -190,6 +190,9 @@ class RunRecord(BaseModel):
     network: NetworkRecord | None = None
     subscribe_s: float | None = Field(None, description="from the first SUBSCRIBE to the "
                                                         "last agent ready")
+    deploy_s: float | None = Field(None, ge=0, description=(
+        "seconds from the run's start to every agent ready: the broker's start, the "
+        "agents' (or the kept ones'), connections and subscriptions; not the analysis hold"))
     agent_clocks: dict[str, ClockEstimate] = Field(default_factory=dict)
     gpio: dict[str, GpioLine] = Field(default_factory=dict)
     t_start_ns: int | None = Field(None, description="the run's common start time, on the "

@@ -78,9 +78,9 @@ class Settings(_Loadable):
         "a Spark session started for a campaign first analyses a tiny synthetic campaign, "
         "before the first run measures, so the analysis after the last run is a warm one"))
     analysis_per_run: bool = Field(True, description=(
-        "each ended run's own figures are computed while the next run deploys (it measures "
-        "once they are done) and kept beside the run; the analysis after the last run "
-        "then aggregates only the points' pooled figures and the last run's"))
+        "each ended run's own figures are computed while the next run deploys (cancelled "
+        "once it is ready to measure) and kept beside the run; the analysis after the last "
+        "run then aggregates the points' pooled figures and the runs' figures not kept"))
     spark_class_archive: bool = Field(True, description=(
         "the Spark JVM maps the class archive `make install` made (python -m "
         "mqttbed.controller.class_archive), where one exists for this Java, Spark and "
