@@ -11,10 +11,11 @@ and 15.1 s.
 
 The archive is made once per install (:mod:`mqttbed.controller.class_archive`, which
 ``make install`` runs) by a JVM that starts a session, analyses the warm-up campaign and
-exits. It belongs to one Java runtime, one set of Spark jars and one heap size (the heap
+exits. It belongs to one Java runtime, one set of Spark jars where they are (the JVM
+checks its classpath: a copy in another venv does not match) and one heap size (the heap
 decides how the JVM compresses its pointers), so its file name carries a digest of
-those: another JVM or Spark, or another ``spark_driver_memory``, finds no archive and
-starts as before. An unusable archive is never fatal either: ``-Xshare:auto`` falls back
+those: another JVM, Spark or venv, or another ``spark_driver_memory``, finds no archive
+and starts as before. An unusable archive is never fatal either: ``-Xshare:auto`` falls back
 to loading the classes.
 """
 
@@ -54,7 +55,10 @@ def archive_path(driver_memory: str) -> Path | None:
 
     java = java.resolve()
     stat = java.stat()
-    jars = sorted(p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
+    # The JVM checks the classpath it was made with: the jars by their paths (another
+    # venv's copy of the same jars is another classpath) and sizes.
+    jars = sorted(f"{p.resolve()}:{p.stat().st_size}"
+                  for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
     digest = hashlib.sha256("\n".join(
         [str(java), str(stat.st_size), str(stat.st_mtime_ns), pyspark.__version__,
          driver_memory, *jars]).encode()).hexdigest()[:16]

@@ -82,8 +82,9 @@ def conduct_campaign(engine: RunEngine, layout: DataLayout, campaign_id: str,
     if engine.is_cancelled(campaign_id):
         return CampaignStatus.CANCELLED  # cancelled while queued: nothing ran
     # The JVM starts and warms up while the first run deploys (niced after); that run
-    # measures once it is up (a starting JVM beside a measurement perturbed it), and the
-    # analysis after the last run is a warm one.
+    # measures once it is up (a starting JVM beside a measurement perturbed it) and the
+    # warm-up has ended or given way: a warm-up the deployment had time for makes the
+    # analysis after the last run a warm one.
     chosen = settings or Settings.load()
     warm_up = GivesWay("mqttbed-warm-up", "the warm-up analysis")
     starting = start_spark_in_background(

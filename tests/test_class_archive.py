@@ -4,6 +4,7 @@ made for, mapped by the session's JVM, and harmless when stale."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,15 @@ def test_an_archive_is_used_only_for_the_java_spark_and_heap_it_was_made_for(
     options = class_archive.use_options("2g")
     assert options is not None and f"-XX:SharedArchiveFile={two}" in options.split()
     assert class_archive.use_options("40g") is None
+    # the same Spark in another venv: another classpath, another archive
+    import pyspark
+
+    elsewhere = tmp_path / "venv" / "pyspark"
+    (elsewhere / "jars").mkdir(parents=True)
+    for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar"):
+        (elsewhere / "jars" / jar.name).write_bytes(b"")
+    monkeypatch.setattr(pyspark, "__file__", str(elsewhere / "__init__.py"))
+    assert class_archive.archive_path("2g") not in (None, two)
     # another Java: another archive
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-java"))
     assert class_archive.archive_path("2g") is None
