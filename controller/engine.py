@@ -552,12 +552,12 @@ class RunEngine:
             # A scope that failed mid-run leaves the software figures whole: the run is
             # done, marked with the scope's error (its acquisitions so far are kept).
             scope_error = live.recorder.error if live.recorder is not None else None
-            live.keep_agents = (live.agents_key is not None and self._keeping > 0
-                                and self._stopping is None
-                                and not self.is_cancelled(run.campaign_id))
             self._transition(run, total, RunState.DONE,
                              None if scope_error is None else f"scope error: {scope_error}",
                              record=live.record)
+            live.keep_agents = (live.agents_key is not None and self._keeping > 0
+                                and self._stopping is None
+                                and not self.is_cancelled(run.campaign_id))
         except RunFailed as exc:
             self._end_badly(run, total, live, RunState.FAILED, exc.reason)
         except (RunInterrupted, KeyboardInterrupt) as exc:
