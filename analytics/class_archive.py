@@ -27,6 +27,9 @@ import shutil
 from pathlib import Path
 
 ENV_DIR = "MQTTBED_CLASS_ARCHIVE_DIR"   # where archives are kept (default: the user's cache)
+# the JVM's archive messages off: a stale archive is a fallback to loading, not a warning
+# on every command
+QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
 def archive_dir() -> Path:
@@ -70,10 +73,9 @@ def use_options(driver_memory: str) -> str | None:
     path = archive_path(driver_memory)
     if path is None or not path.is_file():
         return None
-    # -Xlog: a stale archive is a fallback to loading, not a warning on every command
-    return f"-XX:SharedArchiveFile={path} -Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
+    return f"-XX:SharedArchiveFile={path} -Xshare:auto {QUIET}"
 
 
 def dump_options(to: Path) -> str:
     """The JVM options that write the archive of what the JVM loaded, at its exit."""
-    return f"-XX:ArchiveClassesAtExit={to} -Xlog:cds=off -Xlog:cds+dynamic=off"
+    return f"-XX:ArchiveClassesAtExit={to} {QUIET}"
