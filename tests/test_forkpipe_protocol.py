@@ -199,8 +199,18 @@ class Deployed:
         return self.backend.state_dir
 
     def pipes(self) -> list[str]:
-        """Pipe names ("<client pid>/<encoded filter>") present right now."""
-        return sorted(f"{p.parent.name}/{p.name}" for p in self.state.glob("*/*"))
+        """Pipe names ("<client pid>/<encoded filter>") present right now.
+
+        A client's directory may go while it is listed (its process ending): that
+        client then has no pipes, which is what the listing says.
+        """
+        names: list[str] = []
+        for client in self.state.iterdir():
+            try:
+                names.extend(f"{client.name}/{pipe.name}" for pipe in client.iterdir())
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+        return sorted(names)
 
     def processes(self) -> int:
         """Live processes in the broker's tree, the listener included."""
