@@ -40,6 +40,9 @@ _session_lock = threading.Lock()
 # the lowest priority): well below the measuring processes, not starved when the machine
 # is idle.
 SPARK_NICE = 10
+# The JIT's quick tier only (Settings.spark_quick_jit): C2 compiles in the background for
+# tens of seconds of CPU that a JVM of a few small analyses never earns back.
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
 # Generated classes the session keeps compiled (spark.sql.codegen.cache.maxEntries): room
 # for a few analyses' worth, so that analysing again reuses them.
 CODEGEN_CACHE_ENTRIES = 2000
@@ -109,16 +112,27 @@ def _create(settings: Settings | None) -> SparkSession:
         # Executors connect back to the driver at the lab address (a cluster on this
         # machine alone reaches it on loopback).
         builder = builder.config("spark.driver.host", settings.lab_address)
-    conf = dict(settings.spark_conf)
-    if settings.spark_class_archive and (
-            archive := class_archive.use_options(settings.spark_driver_memory)) is not None:
-        key = "spark.driver.extraJavaOptions"   # the user's own options kept, after it
-        conf[key] = f"{archive} {conf[key]}" if conf.get(key) else archive
-    for key, value in conf.items():
+    for key, value in session_conf(settings).items():
         builder = builder.config(key, value)
     _session = builder.getOrCreate()
     _session.sparkContext.setLogLevel("WARN")
     return _session
+
+
+def session_conf(settings: Settings) -> dict[str, str]:
+    """The user's ``spark_conf`` with the driver JVM's options mqttbed adds (the class
+    archive, the quick JIT) first in ``spark.driver.extraJavaOptions``, the user's after."""
+    conf = dict(settings.spark_conf)
+    java_options = []
+    if settings.spark_class_archive and (
+            archive := class_archive.use_options(settings.spark_driver_memory)) is not None:
+        java_options.append(archive)
+    if settings.spark_quick_jit:
+        java_options.append(QUICK_JIT)
+    if java_options:
+        key = "spark.driver.extraJavaOptions"
+        conf[key] = " ".join([*java_options, *([conf[key]] if conf.get(key) else [])])
+    return conf
 
 
 def stop_spark() -> None:
