@@ -217,6 +217,7 @@ def test_the_password_reaches_the_broker_and_no_file_row_or_log_of_the_runs(
 
 
 @pytest.mark.system
+@pytest.mark.parallel
 @pytest.mark.integration   # Mosquitto, agent processes, Spark
 @pytest.mark.timeout(600)
 def test_no_secret_in_the_results_report_api_views_or_exports(broker_and_secrets, tmp_path,

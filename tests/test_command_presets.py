@@ -21,7 +21,7 @@ from mqttbed.brokers.command.backend import CommandBackend
 from mqttbed.brokers.command.options import Options
 from mqttbed.brokers.command.templates import placeholders_in, render, render_command
 from mqttbed.core.host import LocalHost
-from tests.conftest import processes_mentioning
+from tests.conftest import TEST_TAG, processes_tagged
 
 PORT = 41883
 RUN_DIR = Path("/tmp/mqttbed-command-run")
@@ -35,9 +35,6 @@ PROGRAMS = {
     "activemq": "/usr/share/activemq/bin/activemq.jar",
     "ejabberd": "erl",
 }
-# What a broker can leave running when it is stopped carelessly: RabbitMQ's Erlang VM and
-# the epmd an Erlang VM puts in the background, the other two brokers themselves.
-LEFTOVER_NAMES = ("beam.smp", "epmd", "nats-server", "amqtt", "activemq.jar")
 MESSAGES = 1000
 
 
@@ -183,26 +180,40 @@ def exchange(port: int, qos: int, count: int) -> Counter[int]:
     return arrived
 
 
-def names_running(names: tuple[str, ...]) -> set[int]:
-    """Pids of live processes whose command line mentions one of ``names``."""
-    return {proc.pid for name in names for proc in processes_mentioning(name)}
+def live(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.mark.integration  # RabbitMQ, NATS server, amqtt
 @pytest.mark.system
+@pytest.mark.parallel
+@pytest.mark.xdist_group("rabbitmq")   # one RabbitMQ boot at a time: each takes a core
 @pytest.mark.timeout(120)  # RabbitMQ alone takes 7-12 s to answer
 @pytest.mark.parametrize("name", ["rabbitmq", "nats", "amqtt", "activemq"])
-def test_each_installed_preset_carries_1000_qos0_and_1000_qos1_messages_and_leaves_nothing(name):
+def test_each_installed_preset_carries_1000_qos0_and_1000_qos1_messages_and_leaves_nothing(
+        name, tmp_path, monkeypatch):
     if not installed(name):
         pytest.skip(f"{PROGRAMS[name]} is not installed (make install)")
+    # Everything the broker starts inherits the tag (LocalHost.spawn passes this process's
+    # environment on, setpriv keeps it): what is left is this broker's, not another test's
+    # beam.smp, epmd or nats-server.
+    tag = str(tmp_path)
+    monkeypatch.setenv(TEST_TAG, tag)
     # Through the command backend, the way a campaign starts a preset: the preset's user,
     # environment and private directory are what is tested, not a copy of them here.
-    before = names_running(LEFTOVER_NAMES)
     backend = CommandBackend()
     endpoint = backend.deploy({"preset": name, "sys_topics": False}, LocalHost())
     try:
         record = backend.deployment()
         tree = [psutil.Process(record.pid), *psutil.Process(record.pid).children(recursive=True)]
+        # the tag reached the broker's whole tree (one that ended meanwhile is no miss)
+        untagged = {proc.pid for proc in tree} - processes_tagged(tag)
+        assert record.pid not in untagged and not any(
+            live(pid) for pid in untagged), f"{name}: untagged {untagged}"
         if presets.preset(name).user is not None:
             assert {proc.username() for proc in tree} == {presets.preset(name).user}
         for qos in (0, 1):
@@ -214,4 +225,4 @@ def test_each_installed_preset_carries_1000_qos0_and_1000_qos1_messages_and_leav
         backend.teardown()
     assert not any(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
                    for proc in tree), f"{name}: part of its process tree still runs"
-    assert names_running(LEFTOVER_NAMES) - before == set(), f"{name} left a process running"
+    assert processes_tagged(tag) == set(), f"{name} left a process running"

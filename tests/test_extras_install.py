@@ -1,8 +1,10 @@
 """Each extra installed alone, in a fresh venv, runs its commands: a client (no extra), a
 controller without the agent extra, an agent (a Pi) without the controller's.
 
-Installs with uv (in the dev extra) from this tree: a few seconds an install once its
-cache is warm. In each venv every ``mqttbed`` subcommand's ``--help`` must work (the
+Installs with uv (in the dev extra) from a copy of this tree's source files: a few seconds
+an install once its cache is warm. (A build inside the checkout would rewrite its
+``*.egg-info`` and ``build/``, which other tests read: from the copy the module runs beside
+them, on one worker.) In each venv every ``mqttbed`` subcommand's ``--help`` must work (the
 parser of every subcommand is built whatever is installed), and each role's own commands
 must run: ``campaigns list`` for a client, ``token create/list`` for a controller, the
 agent program for an agent.
@@ -18,7 +20,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(300)]
+from tests.test_wheel import source_files
+
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(300),
+              pytest.mark.parallel, pytest.mark.xdist_group("extras")]
 
 REPO = Path(__file__).resolve().parents[1]
 UV = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
@@ -57,11 +62,15 @@ def install(tmp_path_factory):
     if UV is None:
         pytest.fail("uv not found: it comes with the dev extra (make install)")
     root = tmp_path_factory.mktemp("extras")
+    tree = root / "tree"
+    for name in source_files():
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, tree / name)
 
     def install_extra(extra: str | None) -> Path:
         venv = root / (extra or "client")
         subprocess.run([UV, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
-        target = f"{REPO}[{extra}]" if extra else str(REPO)
+        target = f"{tree}[{extra}]" if extra else str(tree)
         done = subprocess.run([UV, "pip", "install", "-q", "--python", str(venv / "bin/python"),
                                "--refresh-package", "mqttbed", target],
                               capture_output=True, text=True, timeout=240)

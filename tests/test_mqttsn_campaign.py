@@ -28,6 +28,7 @@ SPEC = {
 
 
 @pytest.mark.system
+@pytest.mark.parallel
 @pytest.mark.timeout(300)
 def test_mqttbed_run_on_mqtt_sn_delivers_everything_and_reports_the_gateways_packets(tmp_path):
     spec_path = tmp_path / "spec.yaml"

@@ -77,6 +77,7 @@ def test_killing_the_root_elects_the_next_and_delivery_resumes(tmp_path):
 
 
 @pytest.mark.system
+@pytest.mark.parallel   # counts and text only; the recovery times are the test above's
 @pytest.mark.timeout(400)
 def test_the_three_placements_over_the_rest_api(tmp_path):
     from tests.conftest import Served

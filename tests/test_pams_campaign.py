@@ -21,7 +21,7 @@ from mqttbed.analytics.queueing import pams_expected_wait_s
 from mqttbed.campaigns.spec import builtin_spec_path, load_spec
 from mqttbed.network.commands import ip
 from mqttbed.network.topology import JOURNAL_DIR, leftovers, reap_stale
-from tests.conftest import wait_until
+from tests.conftest import processes_tagged, run_tagged, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -40,12 +40,6 @@ CLI = Path(sys.executable).with_name("mqttbed")
 ENV = {**os.environ, "COLUMNS": "200", "PYSPARK_PYTHON": sys.executable}
 
 
-def gateways_running() -> list[int]:
-    """Pids of MQTT-SN gateway processes on this machine."""
-    return [p.pid for p in psutil.process_iter(["cmdline"])
-            if "mqttbed.brokers.mqttsn" in (p.info["cmdline"] or [])]
-
-
 def run_prefixes(data_dir: Path) -> list[str]:
     """The topology prefixes the runs under ``data_dir`` used (from their run.json)."""
     return [json.loads(path.read_text())["metadata"]["broker"]["topology_prefix"]
@@ -53,13 +47,17 @@ def run_prefixes(data_dir: Path) -> list[str]:
 
 
 @pytest.mark.system
+@pytest.mark.parallel
 @pytest.mark.timeout(300)
 def test_the_pams_packets_campaign_from_the_cli_accelerates_and_leaves_nothing(tmp_path):
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(SPEC))
-    before = set(gateways_running())
-    done = subprocess.run([str(CLI), "run", str(spec_path), "--data-dir", str(tmp_path / "d")],
-                          capture_output=True, text=True, timeout=280, env=ENV)
+    # what the run starts carries its tag: a gateway of a test on another worker is not
+    # this run's leftover
+    tag = str(tmp_path)
+    done, seen = run_tagged([str(CLI), "run", str(spec_path), "--data-dir", str(tmp_path / "d")],
+                            tag, timeout_s=280,
+                            env={"COLUMNS": "200", "PYSPARK_PYTHON": sys.executable})
     assert done.returncode == 0, done.stderr[-3000:]
     stats_line = next(line for line in done.stdout.splitlines() if line.startswith("stats:"))
     stats = json.loads(Path(stats_line.split(":", 1)[1].strip()).read_text())
@@ -76,10 +74,14 @@ def test_the_pams_packets_campaign_from_the_cli_accelerates_and_leaves_nothing(t
         assert packets["switch_received"] >= packets["publishers_sent"]
     prefixes = run_prefixes(tmp_path / "d")
     assert len(prefixes) == 2 and all(leftovers(prefix) == [] for prefix in prefixes)
-    assert set(gateways_running()) <= before
+    # the tag reached the gateway and the agents (in their namespaces), and none is left
+    assert any("mqttbed.brokers.mqttsn" in line for line in seen), seen
+    assert any("mqttbed.agents" in line for line in seen), seen
+    assert processes_tagged(tag) == set()
 
 
 @pytest.mark.system
+@pytest.mark.parallel
 @pytest.mark.timeout(300)
 def test_a_pams_point_over_the_rest_api_delivers_everything(tmp_path):
     from tests.conftest import Served

@@ -16,7 +16,8 @@ from mqttbed.controller.analysis import results_type
 from mqttbed.core.backends import unavailable_reason
 from tests.test_spine_end_to_end import run_cli
 
-pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.parallel,
+              pytest.mark.timeout(240)]
 
 TOPICS = 200
 UPDATES = 2

@@ -14,7 +14,8 @@ import pytest
 from mqttbed.campaigns.shapes import TopicTree, tree_messages_matching
 from tests.test_spine_end_to_end import run_cli
 
-pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.parallel,
+              pytest.mark.timeout(300)]
 
 MESSAGES, WARMUP = 120, 10
 TREE = {"levels": 2, "fanout": 10, "filters": ["#", "+/3", "4/#"]}

@@ -312,6 +312,8 @@ def test_ejabberd_carries_messages_both_ways_with_a_user_and_refuses_a_wrong_pas
 
 @pytest.mark.integration  # rabbitmq-server: ~10-20 s per start, one per transport
 @pytest.mark.system
+@pytest.mark.parallel
+@pytest.mark.xdist_group("rabbitmq")   # one RabbitMQ boot at a time: each takes a core
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("transport", ["tls", "ws", "wss"])
 def test_rabbitmq_carries_messages_both_ways_with_a_user_and_refuses_a_wrong_password(
