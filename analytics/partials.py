@@ -63,9 +63,10 @@ class RunPartial:
             raise ValueError(f"a run partial of format {document.get('format')!r}; this "
                              f"version reads format {PARTIAL_FORMAT}")
         groups: dict[GroupKey, Aggregate] = {}
-        for entry in document["groups"]:
-            family, level, key, sub, figure = entry.pop("key")
-            groups[(family, level, key, sub, figure)] = Aggregate(**entry)
+        for entry in document["groups"]:   # read, not consumed: the caller's document stays
+            fields = dict(entry)
+            family, level, key, sub, figure = fields.pop("key")
+            groups[(family, level, key, sub, figure)] = Aggregate(**fields)
         return cls(run_id=str(document["run_id"]), fingerprint=str(document["fingerprint"]),
                    groups=groups)
 

@@ -120,18 +120,21 @@ def _create(settings: Settings | None) -> SparkSession:
 
 
 def session_conf(settings: Settings) -> dict[str, str]:
-    """The user's ``spark_conf`` with the driver JVM's options mqttbed adds (the class
-    archive, the quick JIT) first in ``spark.driver.extraJavaOptions``, the user's after."""
+    """The user's ``spark_conf`` with the JVM options mqttbed adds first in each
+    ``extraJavaOptions``, the user's after: the class archive (the driver's: it is made
+    for the driver's heap) and the quick JIT (the driver's and a cluster's executors')."""
     conf = dict(settings.spark_conf)
-    java_options = []
+    driver, executor = [], []
     if settings.spark_class_archive and (
             archive := class_archive.use_options(settings.spark_driver_memory)) is not None:
-        java_options.append(archive)
+        driver.append(archive)
     if settings.spark_quick_jit:
-        java_options.append(QUICK_JIT)
-    if java_options:
-        key = "spark.driver.extraJavaOptions"
-        conf[key] = " ".join([*java_options, *([conf[key]] if conf.get(key) else [])])
+        driver.append(QUICK_JIT)
+        executor.append(QUICK_JIT)
+    for key, ours in (("spark.driver.extraJavaOptions", driver),
+                      ("spark.executor.extraJavaOptions", executor)):
+        if ours:
+            conf[key] = " ".join([*ours, *([conf[key]] if conf.get(key) else [])])
     return conf
 
 

@@ -86,7 +86,8 @@ class Settings(_Loadable):
         "mqttbed.controller.class_archive), where one exists for this Java, Spark and "
         "driver memory: a cheaper start (mqttbed.analytics.class_archive)"))
     spark_quick_jit: bool = Field(False, description=(
-        "the Spark JVM compiles with its quick compiler only (C1, -XX:TieredStopAtLevel=1): "
+        "the Spark JVMs (the driver, a cluster's executors) compile with the quick tier "
+        "only (C1, -XX:TieredStopAtLevel=1): "
         "a third less CPU for a JVM that lives for a few small analyses (a session and one "
         "analysis of a few thousand events: 66 s of CPU, 44 s with it), three times the "
         "time for an analysis of millions of events (2 M deliveries: 66 s, 187 s with it)"))

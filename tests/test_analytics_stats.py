@@ -944,6 +944,23 @@ def _partials(spark, root: Path, runs=RUNS) -> dict[str, Any]:
         run=run) for run in runs}
 
 
+@pytest.fixture(scope="module")
+def kept_partials(spark, dataset) -> dict[str, Any]:
+    """Each run's partial of the module's dataset as kept beside the run (JSON), computed
+    once: a fingerprint holds the data files' names, sizes and times, not where they are,
+    so a copy of the dataset made with its times takes them too."""
+    root, _, _ = dataset
+    return {run_id: json.loads(json.dumps(partial.to_json()))
+            for run_id, partial in _partials(spark, root).items()}
+
+
+def _read_partials(kept: dict[str, Any]) -> dict[str, Any]:
+    """Fresh partials from the kept JSON, for a test to alter."""
+    from mqttbed.analytics.partials import RunPartial
+
+    return {run_id: RunPartial.from_json(document) for run_id, document in kept.items()}
+
+
 def _with_partials(spark, root: Path, partials: dict[str, Any], runs=RUNS):
     return compute_campaign_stats(
         spark, events_path=root / "events", samples_path=root / "samples",
@@ -953,15 +970,12 @@ def _with_partials(spark, root: Path, partials: dict[str, Any], runs=RUNS):
 
 
 def test_results_merged_from_run_partials_are_the_whole_analysis_to_the_bit(
-        spark, dataset, results):
+        spark, dataset, results, kept_partials):
     """Each run's own figures computed alone when it ended (through JSON, as they are
     kept), then the campaign's analysis of the pooled figures only: the same document,
     every figure, sketch, interval, stream, section and series."""
-    from mqttbed.analytics.partials import RunPartial
-
     root, _, _ = dataset
-    partials = {run_id: RunPartial.from_json(json.loads(json.dumps(partial.to_json())))
-                for run_id, partial in _partials(spark, root).items()}
+    partials = _read_partials(kept_partials)
     # r5 failed before it stored anything: no groups, as in the whole analysis
     assert [r for r, partial in partials.items() if partial.groups] == ["r1", "r2", "r3", "r4"]
     assert {key[1] for partial in partials.values() for key in partial.groups} == {"run"}
@@ -973,12 +987,13 @@ def test_results_merged_from_run_partials_are_the_whole_analysis_to_the_bit(
     assert by_parts["points"][0]["connections"], "the connection figures were compared"
 
 
-def test_a_partial_gives_its_runs_own_figures_and_never_a_points(spark, dataset, results):
+def test_a_partial_gives_its_runs_own_figures_and_never_a_points(spark, dataset, results,
+                                                                  kept_partials):
     """The merge reads a run's own figures from its partial, not from the events: a
     partial altered on purpose (same fingerprint) shows in its run, while the point pools
     the events as before."""
     root, _, _ = dataset
-    partials = _partials(spark, root)
+    partials = _read_partials(kept_partials)
     key = ("distribution", "run", "r1", None, "latency_us")
     found = partials["r1"].groups[key]
     partials["r1"].groups[key] = type(found)(**{**found.__dict__, "max": 1e9})
@@ -989,7 +1004,8 @@ def test_a_partial_gives_its_runs_own_figures_and_never_a_points(spark, dataset,
     assert merged.points[0].latency_us.max == results.points[0].latency_us.max
 
 
-def test_a_partial_whose_run_or_data_changed_is_ignored(spark, dataset, results, tmp_path):
+def test_a_partial_whose_run_or_data_changed_is_ignored(spark, dataset, results, tmp_path,
+                                                        kept_partials):
     """A partial holds while its run's RunInfo, its data files and the analysis code are
     what it was computed from; otherwise the run's figures are computed again."""
     import dataclasses
@@ -997,8 +1013,8 @@ def test_a_partial_whose_run_or_data_changed_is_ignored(spark, dataset, results,
 
     root, _, _ = dataset
     copy = tmp_path / "data"
-    shutil.copytree(root, copy)
-    partials = _partials(spark, copy)
+    shutil.copytree(root, copy)   # with the files' times: the partials still hold
+    partials = _read_partials(kept_partials)
     for run_id, partial in partials.items():   # marked: a figure read from one shows
         key = ("distribution", "run", run_id, None, "latency_us")
         if key in partial.groups:

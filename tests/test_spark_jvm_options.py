@@ -15,7 +15,8 @@ def test_the_quick_jit_goes_first_and_the_users_own_options_stay_after_it():
     own = {KEY: "-Dmine=1", "spark.sql.ansi.enabled": "true"}
     quick = session_conf(Settings(spark_quick_jit=True, spark_class_archive=False,
                                   spark_conf=own))
-    assert quick == {KEY: f"{QUICK_JIT} -Dmine=1", "spark.sql.ansi.enabled": "true"}
+    assert quick == {KEY: f"{QUICK_JIT} -Dmine=1", "spark.sql.ansi.enabled": "true",
+                     "spark.executor.extraJavaOptions": QUICK_JIT}
     assert session_conf(Settings(spark_quick_jit=False, spark_class_archive=False,
                                  spark_conf=own)) == own
     assert KEY not in session_conf(Settings(spark_quick_jit=False, spark_class_archive=False))
@@ -28,6 +29,7 @@ def test_the_archive_comes_before_the_quick_jit_where_one_was_made(tmp_path, mon
     if path is None:
         pytest.skip("no java: no archive can be named")
     assert session_conf(settings)[KEY] == QUICK_JIT   # none made yet
+    assert session_conf(settings)["spark.executor.extraJavaOptions"] == QUICK_JIT
     path.write_bytes(b"")
     options = session_conf(settings)[KEY]
     assert options == f"{class_archive.use_options(settings.spark_driver_memory)} {QUICK_JIT}"
