@@ -69,11 +69,11 @@ lint: $(VENV)/.installed   # ruff, the import contracts of pyproject.toml (the d
 # 391 s on four (both cores busy: more workers only share them).
 TEST_WORKERS ?= 2
 test: install lint
-	$(PY) -m pytest -ra --durations=40 -m "not system" -n $(TEST_WORKERS)
+	$(PY) -m pytest -ra --durations=40 -m "not system" -n $(TEST_WORKERS) --junitxml=build/junit/test.xml
 
 test-system: install
-	$(PY) -m pytest -ra --durations=20 -m "system and not rtl and parallel" -n 2 --dist loadgroup
-	$(PY) -m pytest -ra --durations=40 -m "system and not rtl and not parallel"
+	$(PY) -m pytest -ra --durations=20 -m "system and not rtl and parallel" -n 2 --dist loadgroup --junitxml=build/junit/system-parallel.xml
+	$(PY) -m pytest -ra --durations=40 -m "system and not rtl and not parallel" --junitxml=build/junit/system-serial.xml
 
 # The database's tests on PostgreSQL only: the migrations, the types, tokens, run states and
 # recovery, a restart under a running campaign (each on a private cluster the tests start
