@@ -11,7 +11,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 # System packages come in profiles (`scripts/system-deps.sh --help` lists what each holds):
 # every target installs the profiles it uses; `make install`, which CI runs, all of them.
-SYSTEM_PROFILES := build demo network lab brokers postgres cross fuzz rtl bench browser test system
+SYSTEM_PROFILES := build demo network lab brokers postgres cross fuzz rtl bench browser vm test system
 
 .PHONY: install class-archive system-deps test test-system test-postgres rtl-test rtl-build lint fuzz demo bench docs clean lab-up lab-down postgres-up postgres-down
 .PHONY: $(addprefix system-deps-,$(SYSTEM_PROFILES))
@@ -65,8 +65,10 @@ lint: $(VENV)/.installed   # ruff, the import contracts of pyproject.toml (the d
 # measures. test-system first runs the others (marker `parallel`: they assert counts,
 # states and text, and share nothing machine-wide) on two workers, tests that share a
 # module's or the session's campaign on one (`--dist loadgroup`); then the rest, one at a
-# time. Those 19 tests took ~420 s one at a time (CI, 2026-11-28), 320 s on two workers and
-# 391 s on four (both cores busy: more workers only share them).
+# time. In a clean-clone CI run (2026-11-29, ci7) the three took 18:09 (make test, the
+# RTL's tier beside it), 10:18 (46 parallel) and 12:08 (23 alone). The tests' JVMs use
+# the JIT's quick tier (tests/conftest.py): a one-analysis command took 61.6 s of CPU
+# with the full JIT and 32.5 s with it (tests/test_spine_end_to_end.py).
 TEST_WORKERS ?= 2
 test: install lint
 	$(PY) -m pytest -ra --durations=40 -m "not system" -n $(TEST_WORKERS) --junitxml=build/junit/test.xml
@@ -131,6 +133,26 @@ lab-up: system-deps-lab $(VENV)/.installed
 
 lab-down:
 	$(PY) -m mqttbed.network.lab down --dir $(LAB_DIR)
+
+# A lab host with its own kernel and clock: a Debian 12 VM under QEMU without KVM (TCG) on
+# a lab bridge of its own (network/lab_vm.py). `make lab-vm` builds its image from Debian's
+# packages (scripts/lab-vm/build.sh: debootstrap, mkfs.ext4 -d), cached by the digest of
+# its recipe in ~/.cache/mqttbed/lab-vm (MQTTBED_LAB_VM_CACHE), so a second build is
+# instant; lab-vm-up boots it and prints how to provision it; test-vm runs its test.
+# Needs root.
+LAB_VM_DIR ?= data/lab-vm
+.PHONY: lab-vm lab-vm-up lab-vm-down test-vm
+lab-vm: system-deps-vm
+	scripts/lab-vm/build.sh
+
+lab-vm-up: lab-vm $(VENV)/.installed
+	$(PY) -m mqttbed.network.lab_vm up --dir $(LAB_VM_DIR)
+
+lab-vm-down:
+	$(PY) -m mqttbed.network.lab_vm down --dir $(LAB_VM_DIR)
+
+test-vm: lab-vm $(VENV)/.installed
+	MQTTBED_LAB_VM_TESTS=1 $(PY) -m pytest -ra -s -p no:cacheprovider tests/test_lab_vm.py
 
 # A PostgreSQL of your own for the controller (tests/postgres_cluster.py): a cluster in
 # POSTGRES_DIR on 127.0.0.1:POSTGRES_PORT with a database `mqttbed`; it prints the

@@ -154,6 +154,28 @@ class LabNetwork:
         return leftovers(self.prefix)
 
 
+def create_bridge(bridge: str) -> ipaddress.IPv4Interface:
+    """Create a lab bridge named ``bridge`` with .254 of a free 10.78.x.0/24; return it.
+
+    For a lab host that is not a namespace (the lab VM, :mod:`mqttbed.network.lab_vm`):
+    the same layout as :class:`LabNetwork`'s bridge, so the controller's address is found
+    the same way.
+    """
+    subnet = _free_subnet()
+    address = ipaddress.IPv4Interface(f"{subnet.broadcast_address - 1}/{subnet.prefixlen}")
+    ip("link", "add", bridge, "type", "bridge")
+    _quiet_root_link(bridge)
+    ip("addr", "add", str(address), "dev", bridge)
+    ip("link", "set", bridge, "up")
+    return address
+
+
+def attach_to_bridge(link: str, bridge: str) -> None:
+    """Enslave a root-side ``link`` we made (a veth, a VM's tap) to ``bridge`` and bring it up."""
+    _quiet_root_link(link)
+    ip("link", "set", link, "master", bridge, "up")
+
+
 def _keygen(path: Path) -> None:
     if not path.exists():
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name,

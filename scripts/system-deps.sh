@@ -21,12 +21,13 @@
 #   rtl      `make rtl-build`, `make rtl-test`: demo, Verilator, yosys
 #   bench    `make bench`, every bench/ script: rtl, network, brokers, Valgrind
 #   browser  the browser test (test-system): Chromium
+#   vm       `make lab-vm`, `make lab-vm-up`: the lab VM's image (debootstrap) and QEMU
 #   test     `make test`: demo, fuzz, lab, brokers, postgres, cross, and the tests' own tools
 #   system   `make test-system`: test, browser
 #   all      every profile: `make install`, what CI runs
 set -euo pipefail
 
-PROFILES=(build demo network lab brokers postgres cross fuzz rtl bench browser test system all)
+PROFILES=(build demo network lab brokers postgres cross fuzz rtl bench browser vm test system all)
 
 wanted=()        # the selected profiles' packages, in order, each once
 need=()          # those of them this machine lacks
@@ -198,9 +199,22 @@ profile_test() {
     want libhdrhistogram-java '[ -f /usr/share/java/hdrhistogram.jar ]'
 }
 
+profile_vm() {
+    use lab
+    # The lab VM (scripts/lab-vm, network/lab_vm.py): its root file system is debootstrapped
+    # from Debian's packages and made an ext4 image with mkfs.ext4 -d; it boots under
+    # qemu-system-x86_64 (TCG) from a qcow2 overlay (qemu-img). 20 s to install here.
+    want debootstrap 'command -v debootstrap || [ -x /usr/sbin/debootstrap ]'
+    want e2fsprogs 'command -v mkfs.ext4 || [ -x /usr/sbin/mkfs.ext4 ]'
+    want qemu-system-x86 'command -v qemu-system-x86_64'
+    want qemu-utils 'command -v qemu-img'
+    # its test pings the guest from the lab bridge (netem's delay, seen from outside)
+    want iputils-ping 'command -v ping'
+}
+
 profile_system() { use test browser; }
 
-profile_all() { use system rtl bench; }
+profile_all() { use system rtl bench vm; }
 
 usage() {
     sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
