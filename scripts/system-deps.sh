@@ -24,7 +24,7 @@
 #   vm       `make lab-vm`, `make lab-vm-up`: the lab VM's image (debootstrap) and QEMU
 #   test     `make test`: demo, fuzz, lab, brokers, postgres, cross, and the tests' own tools
 #   system   `make test-system`: test, browser
-#   all      every profile: `make install`, what CI runs
+#   all      every profile but vm: `make install`, what CI runs
 set -euo pipefail
 
 PROFILES=(build demo network lab brokers postgres cross fuzz rtl bench browser vm test system all)
@@ -214,7 +214,7 @@ profile_vm() {
 
 profile_system() { use test browser; }
 
-profile_all() { use system rtl bench vm; }
+profile_all() { use system rtl bench; }
 
 usage() {
     sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
