@@ -96,12 +96,8 @@ class LabNetwork:
         PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)   # sshd refuses to start without it
         self.root.mkdir(parents=True, exist_ok=True)
         _keygen(self.client_key)
-        subnet = _free_subnet()
-        self.lab_address = str(subnet.broadcast_address - 1)
-        ip("link", "add", self.bridge, "type", "bridge")
-        _quiet_root_link(self.bridge)
-        ip("addr", "add", f"{self.lab_address}/24", "dev", self.bridge)
-        ip("link", "set", self.bridge, "up")
+        lab = create_bridge(self.bridge)
+        self.lab_address, subnet = str(lab.ip), lab.network
         self._save()   # the prefix on disk before any namespace exists: `down` finds it
         for index, name in enumerate(self.host_names):
             self.hosts[name] = self._host(index, name, subnet)
@@ -112,8 +108,7 @@ class LabNetwork:
         netns.create(namespace)
         ip("link", "add", root_link, "type", "veth", "peer", "name", HOST_IFACE,
            "netns", namespace)
-        _quiet_root_link(root_link)
-        ip("link", "set", root_link, "master", self.bridge, "up")
+        attach_to_bridge(root_link, self.bridge)
         address = str(subnet.network_address + index + 1)
         ip("addr", "add", f"{address}/24", "dev", HOST_IFACE, netns=namespace)
         ip("link", "set", HOST_IFACE, "up", netns=namespace)
@@ -157,9 +152,8 @@ class LabNetwork:
 def create_bridge(bridge: str) -> ipaddress.IPv4Interface:
     """Create a lab bridge named ``bridge`` with .254 of a free 10.78.x.0/24; return it.
 
-    For a lab host that is not a namespace (the lab VM, :mod:`mqttbed.network.lab_vm`):
-    the same layout as :class:`LabNetwork`'s bridge, so the controller's address is found
-    the same way.
+    :class:`LabNetwork`'s bridge, and the lab VM's (:mod:`mqttbed.network.lab_vm`): the
+    same layout, so the controller's address is found the same way.
     """
     subnet = _free_subnet()
     address = ipaddress.IPv4Interface(f"{subnet.broadcast_address - 1}/{subnet.prefixlen}")
