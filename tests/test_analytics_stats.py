@@ -935,23 +935,18 @@ def test_quantiles_by_rank_give_the_same_results_to_the_bit(spark, dataset, resu
 # -- run partials ---------------------------------------------------------------------
 
 
-def _partials(spark, root: Path, runs=RUNS) -> dict[str, Any]:
-    from mqttbed.analytics.stats import compute_run_partial
-
-    return {run.run_id: compute_run_partial(
-        spark, events_path=root / "events", samples_path=root / "samples",
-        records_path=root / "records", section_types=[ProbeSection], campaign_id=CAMPAIGN,
-        run=run) for run in runs}
-
-
 @pytest.fixture(scope="module")
 def kept_partials(spark, dataset) -> dict[str, Any]:
     """Each run's partial of the module's dataset as kept beside the run (JSON), computed
     once: a fingerprint holds the data files' names, sizes and times, not where they are,
     so a copy of the dataset made with its times takes them too."""
+    from mqttbed.analytics.stats import compute_run_partial
+
     root, _, _ = dataset
-    return {run_id: json.loads(json.dumps(partial.to_json()))
-            for run_id, partial in _partials(spark, root).items()}
+    return {run.run_id: json.loads(json.dumps(compute_run_partial(
+        spark, events_path=root / "events", samples_path=root / "samples",
+        records_path=root / "records", section_types=[ProbeSection], campaign_id=CAMPAIGN,
+        run=run).to_json())) for run in RUNS}
 
 
 def _read_partials(kept: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from mqttbed.brokers.command.backend import CommandBackend
 from mqttbed.brokers.command.options import Options
 from mqttbed.brokers.command.templates import placeholders_in, render, render_command
 from mqttbed.core.host import LocalHost
+from mqttbed.core.procfs import is_live
 from tests.conftest import TEST_TAG, processes_tagged
 
 PORT = 41883
@@ -180,14 +181,6 @@ def exchange(port: int, qos: int, count: int) -> Counter[int]:
     return arrived
 
 
-def live(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie does not)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 @pytest.mark.integration  # RabbitMQ, NATS server, amqtt
 @pytest.mark.system
 @pytest.mark.parallel
@@ -213,7 +206,7 @@ def test_each_installed_preset_carries_1000_qos0_and_1000_qos1_messages_and_leav
         # the tag reached the broker's whole tree (one that ended meanwhile is no miss)
         untagged = {proc.pid for proc in tree} - processes_tagged(tag)
         assert record.pid not in untagged and not any(
-            live(pid) for pid in untagged), f"{name}: untagged {untagged}"
+            is_live(pid) for pid in untagged), f"{name}: untagged {untagged}"
         if presets.preset(name).user is not None:
             assert {proc.username() for proc in tree} == {presets.preset(name).user}
         for qos in (0, 1):
