@@ -12,11 +12,12 @@ and 15.1 s.
 The archive is made once per install (:mod:`mqttbed.controller.class_archive`, which
 ``make install`` runs) by a JVM that starts a session, analyses the warm-up campaign and
 exits. It belongs to one Java runtime, one set of Spark jars where they are (the JVM
-checks its classpath: a copy in another venv does not match) and one heap size (the heap
-decides how the JVM compresses its pointers), so its file name carries a digest of
-those: another JVM, Spark or venv, or another ``spark_driver_memory``, finds no archive
-and starts as before. An unusable archive is never fatal either: ``-Xshare:auto`` falls back
-to loading the classes.
+checks its classpath: a copy in another venv does not match, nor the same venv installed
+again, whose jars have new modification times) and one heap size (the heap decides how
+the JVM compresses its pointers), so its file name carries a digest of those: another
+JVM, Spark or venv, a venv made again, or another ``spark_driver_memory`` finds no
+archive and starts as before, until ``make install`` makes its own. An unusable archive
+is never fatal either: ``-Xshare:auto`` falls back to loading the classes.
 """
 
 from __future__ import annotations
@@ -50,7 +51,12 @@ def java_binary() -> Path | None:
 
 
 def archive_path(driver_memory: str) -> Path | None:
-    """The archive for this Java, these Spark jars and this heap (None: no Java found)."""
+    """The archive for this Java, these Spark jars and this heap (None: no Java found).
+
+    Its name is ``spark-<version>-<place>-<content>.jsa``: the place is where the jars are
+    (and the Java and heap), the content what the JVM validates at start. A venv made
+    again at the same path keeps the place and changes the content, so its new archive
+    replaces the old one (:func:`stale_archives`)."""
     java = java_binary()
     if java is None or not java.exists():
         return None
@@ -58,14 +64,24 @@ def archive_path(driver_memory: str) -> Path | None:
 
     java = java.resolve()
     stat = java.stat()
-    # The JVM checks the classpath it was made with: the jars by their paths (another
-    # venv's copy of the same jars is another classpath) and sizes.
-    jars = sorted(f"{p.resolve()}:{p.stat().st_size}"
-                  for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
-    digest = hashlib.sha256("\n".join(
-        [str(java), str(stat.st_size), str(stat.st_mtime_ns), pyspark.__version__,
-         driver_memory, *jars]).encode()).hexdigest()[:16]
-    return archive_dir() / f"spark-{pyspark.__version__}-{digest}.jsa"
+    jars_dir = (Path(pyspark.__file__).parent / "jars").resolve()
+    place = hashlib.sha256("\n".join(
+        [str(java), str(jars_dir), pyspark.__version__, driver_memory]).encode()).hexdigest()
+    # The JVM checks the classpath it was made with: each jar by its path (another venv's
+    # copy of the same jars is another classpath), size and modification time (the same
+    # venv installed again has new times, and the JVM silently ignores the old archive).
+    jars = sorted(f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
+                  for p in jars_dir.glob("*.jar"))
+    content = hashlib.sha256("\n".join(
+        [str(stat.st_size), str(stat.st_mtime_ns), *jars]).encode()).hexdigest()
+    return archive_dir() / f"spark-{pyspark.__version__}-{place[:8]}-{content[:12]}.jsa"
+
+
+def stale_archives(path: Path) -> list[Path]:
+    """The other archives made for ``path``'s place: the same Java, jars' directory and
+    heap, whose jars have since been installed again (the JVM would not map them)."""
+    version, place, _content = path.stem.rsplit("-", 2)
+    return sorted(p for p in path.parent.glob(f"{version}-{place}-*.jsa") if p != path)
 
 
 def use_options(driver_memory: str) -> str | None:

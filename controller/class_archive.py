@@ -4,7 +4,8 @@
 session whose JVM writes the classes it loaded to the archive when it exits, analyses the
 warm-up campaign (:mod:`mqttbed.controller.analysis_warm_up`: every class an analysis
 loads), and ends. It does nothing where the archive exists already; ``--force`` makes it
-again. About a minute here, once.
+again. About a minute here, once per install: an archive left by an earlier install of
+the same venv is deleted once its successor is made.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def make_archive(settings: Settings, force: bool = False) -> str:
         partial.replace(path)
     finally:
         partial.unlink(missing_ok=True)
+    for stale in class_archive.stale_archives(path):   # ~180 MiB each, never mapped again
+        stale.unlink(missing_ok=True)
     return f"class archive made: {path} ({path.stat().st_size / 2**20:.0f} MiB)"
 
 

@@ -3,6 +3,7 @@ made for, mapped by the session's JVM, and harmless when stale."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -32,7 +33,20 @@ def test_an_archive_is_used_only_for_the_java_spark_and_heap_it_was_made_for(
     for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar"):
         (elsewhere / "jars" / jar.name).write_bytes(b"")
     monkeypatch.setattr(pyspark, "__file__", str(elsewhere / "__init__.py"))
-    assert class_archive.archive_path("2g") not in (None, two)
+    there = class_archive.archive_path("2g")
+    assert there not in (None, two)
+    assert there is not None
+    # the same venv installed again: the jars' times change and the JVM would not map the
+    # archive made before (what CI's fresh venv at the same path met), so another name
+    # for the same place, and the earlier one is stale
+    there.write_bytes(b"made")
+    jar = next((elsewhere / "jars").glob("*.jar"))
+    os.utime(jar, ns=(jar.stat().st_atime_ns, jar.stat().st_mtime_ns + 1_000_000_000))
+    again = class_archive.archive_path("2g")
+    assert again is not None and again != there
+    assert again.name.rsplit("-", 1)[0] == there.name.rsplit("-", 1)[0]   # the same place
+    assert class_archive.stale_archives(again) == [there]
+    assert class_archive.stale_archives(two) == []     # another venv's is not stale
     # another Java: another archive
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-java"))
     assert class_archive.archive_path("2g") is None
