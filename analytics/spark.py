@@ -43,6 +43,12 @@ SPARK_NICE = 10
 # The JIT's quick tier only (Settings.spark_quick_jit): C2 compiles in the background for
 # tens of seconds of CPU that a JVM of a few small analyses never earns back.
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
+# The most events a campaign's runs may record for `mqttbed run`'s JVM to take the quick
+# tier when the setting is unset (quick_jit_suits). Measured here (bench/analysis.py, a
+# fresh process's first analysis, 5 runs of 100 subscribers; 2026-11-29, load 2): 100 k
+# deliveries 28.5 s with C2, 22.2 s with C1 only; 400 k 36.8 s and 36.5 s, even; 2 M,
+# warm, 66 s and 187 s. Half the even point: C1 only where it clearly saves.
+QUICK_JIT_MAX_EVENTS = 200_000
 # Generated classes the session keeps compiled (spark.sql.codegen.cache.maxEntries): room
 # for a few analyses' worth, so that analysing again reuses them.
 CODEGEN_CACHE_ENTRIES = 2000
@@ -117,6 +123,13 @@ def _create(settings: Settings | None) -> SparkSession:
     _session = builder.getOrCreate()
     _session.sparkContext.setLogLevel("WARN")
     return _session
+
+
+def quick_jit_suits(events: int | None) -> bool:
+    """Whether a JVM started to analyse one campaign of at most ``events`` events (None:
+    not known before it runs) spends less with the quick tier alone: its analysis is then
+    over before C2's compilations would pay for themselves."""
+    return events is not None and events <= QUICK_JIT_MAX_EVENTS
 
 
 def session_conf(settings: Settings) -> dict[str, str]:

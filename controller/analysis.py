@@ -22,8 +22,10 @@ from mqttbed.analytics.results import (
     results_model,
 )
 from mqttbed.analytics.results_files import STATS_JSON, read_stats
+from mqttbed.analytics.spark import quick_jit_suits
 from mqttbed.campaigns.repetitions import RepetitionsUntil
 from mqttbed.campaigns.spec import CampaignSpec, Workload
+from mqttbed.controller.assignments import campaign_events_bound
 from mqttbed.controller.db import CampaignRow, RunRow
 from mqttbed.controller.engine import RunEngine, latest_attempts
 from mqttbed.controller.repetition_runs import repetitions_results
@@ -47,6 +49,16 @@ log = logging.getLogger("mqttbed.analysis")
 ANALYSIS_FAILED = "analysis failed"
 # A run's own figures, beside the run (mqttbed.analytics.partials)
 PARTIAL_JSON = "partial.json"
+
+
+def settings_for_one_campaign(settings: Settings, spec: CampaignSpec) -> Settings:
+    """``settings`` for a process that runs and analyses ``spec`` alone (``mqttbed run``):
+    where the quick JIT is left unset, its JVM takes it if the campaign is small enough
+    (:func:`mqttbed.analytics.spark.quick_jit_suits` of :func:`campaign_events_bound`)."""
+    if settings.spark_quick_jit is not None:
+        return settings
+    quick = quick_jit_suits(campaign_events_bound(spec))
+    return settings.model_copy(update={"spark_quick_jit": quick})
 
 
 def results_type() -> type[CampaignStats]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from mqttbed.campaigns.repetitions import most_repetitions
 from mqttbed.campaigns.shapes import shared_filter, tree_messages_matching
-from mqttbed.campaigns.spec import CampaignSpec
+from mqttbed.campaigns.spec import CampaignSpec, expand_points
 from mqttbed.campaigns.wiring import plan_wiring
 from mqttbed.core.backends import check_restarts
 from mqttbed.core.broker_access import ClientCredentials
@@ -124,6 +125,36 @@ def _clients(spec: CampaignSpec) -> list[ClientAssignment]:
             else sum(s.publishers * s.messages for s in streams),
             subscribe_rank=j, streams=subscribed))
     return _away(spec, _retained(spec, _shaped(spec, clients)))
+
+
+# A connection storm's events per client, at most: its attempts, CONNACK, hold and leave.
+STORM_EVENTS_PER_CLIENT = 10
+
+
+def run_events_bound(spec: CampaignSpec) -> int:
+    """At most how many events one run of ``spec`` records: every PUBLISH its publishers
+    send (``messages``, the warm-up's among them) and a copy of each for every
+    subscriber, or a connection storm's few per client. A bound known before the run, for
+    choices made before it (how the analysis JVM compiles,
+    :func:`mqttbed.analytics.spark.quick_jit_suits`)."""
+    w = spec.workload
+    if w.mode == "connect":
+        assert w.connect is not None   # the spec's validation holds it
+        return STORM_EVENTS_PER_CLIENT * w.connect.clients
+    clients = _clients(spec)
+    sent = sum(c.messages for c in clients if c.role == Role.PUBLISHER)
+    subscribers = sum(1 for c in clients if c.role == Role.SUBSCRIBER)
+    return sent * (1 + subscribers)
+
+
+def campaign_events_bound(spec: CampaignSpec) -> int | None:
+    """At most how many events the campaign's runs record (:func:`run_events_bound` over
+    its points and most repetitions), or None for a search, whose probes are not known
+    before it runs."""
+    if spec.search is not None:
+        return None
+    return most_repetitions(spec.repetitions) * sum(
+        run_events_bound(point.spec) for point in expand_points(spec))
 
 
 def retained_topic_counts(topics: int, publishers: int) -> list[int]:

@@ -29,6 +29,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from mqttbed.campaigns.library import spec_path
     from mqttbed.campaigns.spec import load_spec
+    from mqttbed.controller.analysis import settings_for_one_campaign
     from mqttbed.controller.controller import create_controller
     from mqttbed.controller.documents import CampaignUpdate, Document, ResultsReady, RunUpdate
     from mqttbed.controller.states import CAMPAIGN_ENDED, TERMINAL_STATES, CampaignStatus
@@ -41,7 +42,9 @@ def _run(args: argparse.Namespace) -> int:
     except MqttbedError as exc:
         console.print(f"[red]invalid campaign spec {args.spec}:[/red] {exc}")
         return 2
-    settings = Settings.from_env(args.data_dir, args.spark_master)
+    # the JVM that analyses this campaign alone compiles as its size suits
+    settings = settings_for_one_campaign(Settings.from_env(args.data_dir, args.spark_master),
+                                         spec)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console)
     task = progress.add_task(spec.name, total=None)

@@ -85,12 +85,14 @@ class Settings(_Loadable):
         "the Spark JVM maps the class archive `make install` made (python -m "
         "mqttbed.controller.class_archive), where one exists for this Java, Spark and "
         "driver memory: a cheaper start (mqttbed.analytics.class_archive)"))
-    spark_quick_jit: bool = Field(False, description=(
+    spark_quick_jit: bool | None = Field(None, description=(
         "the Spark JVMs (the driver, a cluster's executors) compile with the quick tier "
         "only (C1, -XX:TieredStopAtLevel=1): "
         "a third less CPU for a JVM that lives for a few small analyses (a session and one "
         "analysis of a few thousand events: 66 s of CPU, 44 s with it), three times the "
-        "time for an analysis of millions of events (2 M deliveries: 66 s, 187 s with it)"))
+        "time for an analysis of millions of events (2 M deliveries: 66 s, 187 s with it). "
+        "Unset: `mqttbed run` uses it for a campaign whose runs record few enough events "
+        "(mqttbed.analytics.spark.quick_jit_suits), every other JVM does not"))
     spark_conf: dict[str, str] = Field(default_factory=dict, description=(
         "further Spark properties as JSON, e.g. {\"spark.hadoop.fs.s3a.endpoint\": \"...\"}"))
     auth_failures_per_minute: int = Field(10, ge=1, le=100_000, description=(
