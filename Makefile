@@ -115,6 +115,15 @@ demo: system-deps-demo $(VENV)/.installed-demo
 	$(VENV)/bin/mqttbed run quickstart
 	$(VENV)/bin/mqttbed report latest --out data/quickstart-report.html
 
+# `make demo` timed as a newcomer meets it: in a fresh Debian 12 root (debootstrap, cached
+# by its recipe in ~/.cache/mqttbed/fresh-demo) on this machine's kernel and network, a
+# clean clone of this checkout's HEAD, apt and pip included; one JSON line of each phase's
+# seconds and the downloads' sizes (scripts/fresh-demo.sh). Needs root and debootstrap.
+.PHONY: fresh-demo
+fresh-demo:
+	@[ "$$(id -u)" -eq 0 ] || { echo "make fresh-demo needs root (debootstrap, chroot, mounts): run it as root" >&2; exit 1; }
+	scripts/fresh-demo.sh
+
 bench: system-deps-bench $(VENV)/.installed   # every bench/ script, then one table of their closing JSON lines
 	$(PY) bench/run_all.py
 
