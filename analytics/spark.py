@@ -46,8 +46,9 @@ QUICK_JIT = "-XX:TieredStopAtLevel=1"
 # The most events a campaign's runs may record for `mqttbed run`'s JVM to take the quick
 # tier when the setting is unset (quick_jit_suits). Measured here (bench/analysis.py, a
 # fresh process's first analysis, 5 runs of 100 subscribers; 2026-11-29, load 2): 100 k
-# deliveries 28.5 s with C2, 22.2 s with C1 only; 400 k 36.8 s and 36.5 s, even; 2 M,
-# warm, 66 s and 187 s. Half the even point: C1 only where it clearly saves.
+# deliveries 28.5 s with C2, 22.2 s with C1 only; 400 k 36.8 s and 36.5 s, even; 1 M
+# 78.4 s and 92.7 s; 2 M, warm, 66 s and 187 s. Half the even point: C1 only where it
+# clearly saves.
 QUICK_JIT_MAX_EVENTS = 200_000
 # Generated classes the session keeps compiled (spark.sql.codegen.cache.maxEntries): room
 # for a few analyses' worth, so that analysing again reuses them.

@@ -110,7 +110,10 @@ def run_cocotb(toplevel: str, test_module: str, results_dir: Path) -> tuple[int,
     if (missing := missing_tool("verilator")) is not None:
         raise MissingSystemDependency(missing)
     runner = get_runner("verilator")
-    out_dir = build_root() / f"cocotb-{toplevel}-{source_hash()[:16]}"
+    # the build's arguments are here: a build kept by the sources' hash alone would outlive
+    # a change to them
+    arguments = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8]
+    out_dir = build_root() / f"cocotb-{toplevel}-{source_hash()[:16]}-{arguments}"
     out_dir.mkdir(parents=True, exist_ok=True)
     env_before = os.environ.get("MAKEFLAGS")
     os.environ["MAKEFLAGS"] = "-j2"
