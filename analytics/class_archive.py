@@ -70,8 +70,8 @@ def archive_path(driver_memory: str) -> Path | None:
     # The JVM checks the classpath it was made with: each jar by its path (another venv's
     # copy of the same jars is another classpath), size and modification time (the same
     # venv installed again has new times, and the JVM silently ignores the old archive).
-    jars = sorted(f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
-                  for p in jars_dir.glob("*.jar"))
+    jars = sorted(f"{p.resolve()}:{s.st_size}:{s.st_mtime_ns}"
+                  for p in jars_dir.glob("*.jar") for s in [p.stat()])
     content = hashlib.sha256("\n".join(
         [str(stat.st_size), str(stat.st_mtime_ns), *jars]).encode()).hexdigest()
     return archive_dir() / f"spark-{pyspark.__version__}-{place[:8]}-{content[:12]}.jsa"
