@@ -120,7 +120,7 @@ demo: system-deps-demo $(VENV)/.installed-demo
 # clean clone of this checkout's HEAD, apt and pip included; one JSON line of each phase's
 # seconds and the downloads' sizes (scripts/fresh-demo.sh). Needs root and debootstrap.
 .PHONY: fresh-demo
-fresh-demo:
+fresh-demo: system-deps-vm
 	@[ "$$(id -u)" -eq 0 ] || { echo "make fresh-demo needs root (debootstrap, chroot, mounts): run it as root" >&2; exit 1; }
 	scripts/fresh-demo.sh
 

@@ -21,7 +21,7 @@
 #   rtl      `make rtl-build`, `make rtl-test`: demo, Verilator, yosys
 #   bench    `make bench`, every bench/ script: rtl, network, brokers, Valgrind
 #   browser  the browser test (test-system): Chromium
-#   vm       `make lab-vm`, `make lab-vm-up`: the lab VM's image (debootstrap) and QEMU
+#   vm       `make lab-vm`, `make lab-vm-up`, `make fresh-demo`: debootstrap, QEMU, time
 #   test     `make test`: demo, fuzz, lab, brokers, postgres, cross, and the tests' own tools
 #   system   `make test-system`: test, browser
 #   all      every profile but vm: `make install`, what CI runs
@@ -210,6 +210,9 @@ profile_vm() {
     want qemu-utils 'command -v qemu-img'
     # its test pings the guest from the lab bridge (netem's delay, seen from outside)
     want iputils-ping 'command -v ping'
+    # `make fresh-demo` (scripts/fresh-demo.sh) debootstraps a bare Debian 12 too, and times
+    # `make demo` in it with /usr/bin/time
+    want time '[ -x /usr/bin/time ]'
 }
 
 profile_system() { use test browser; }
