@@ -559,8 +559,10 @@ def _rfc3550_rows(unique: DataFrame) -> DataFrame:
                    .agg(F.sort_array(F.collect_list(F.when(
                        F.col("d_ns").isNotNull(), F.struct("t_recv_ns", "seq", "d_ns"))))
                        .alias("ds")))
-    jitter_ns = F.aggregate(F.transform("ds", lambda x: x["d_ns"]), F.lit(0.0),
-                            lambda j, d: j + (F.abs(d) - j) / RFC3550_GAIN)
+    # in SQL: a Python lambda's variable gets a new name on every call, and with it the
+    # generated code, compiled again each analysis (see passes.sketch)
+    jitter_ns = F.expr(f"aggregate(transform(ds, x -> x.d_ns), 0.0D,"
+                       f" (j, d) -> j + (abs(d) - j) / {RFC3550_GAIN})")
     return differences.where(F.size("ds") > 0).select(
         "run_id", F.lit("jitter_rfc3550_us").alias("figure"),
         (jitter_ns / NS_PER_US).alias("value"))

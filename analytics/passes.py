@@ -140,7 +140,7 @@ def aggregate_figures(frames: Sequence[DataFrame], *, ranked: bool = False
                     F.array_sort(F.collect_list(F.when(full, value))).alias("sorted"),
                     F.percentile(F.when(~full, value), PERCENTILE_LEVELS)
                     .alias("percentiles")))
-    rows = grouped.select(*columns, sketch(F.col("sorted")).alias("quantiles"),
+    rows = grouped.select(*columns, sketch("sorted").alias("quantiles"),
                           "percentiles").collect()
     return {_group_key(r): _aggregate(r, _collected_quantiles(r)) for r in rows}
 
@@ -206,8 +206,9 @@ def quantile_at(by_rank: Mapping[int, float], n: int, q: float) -> float:
     return low + (position - float(lower)) * (by_rank[upper] - low)
 
 
-def sketch(ascending: Column) -> Column:
-    """The :data:`SKETCH_LEVELS` quantiles of a sorted array of doubles (null if empty).
+def sketch(ascending: str) -> Column:
+    """The :data:`SKETCH_LEVELS` quantiles of the sorted array of doubles in column
+    ``ascending`` (null if empty).
 
     Exactly what Spark's ``percentile`` gives for those levels: at position (n - 1) q, the
     value of rank ``floor`` plus (position - floor) times the step to rank ``ceil``, the
@@ -215,24 +216,25 @@ def sketch(ascending: Column) -> Column:
     ``percentile`` in ``tests/test_analytics_passes.py``). ``percentile`` itself rebuilds
     an array of all of a group's distinct values for every level it is asked: 1,001 levels
     over the values of a run cost it about 12 times this sort and look-up.
+
+    Written in SQL, not with Python lambdas: PySpark names a Python lambda's variable
+    afresh on every call (``x_14``, then ``x_19``), the generated code carries the name,
+    and every analysis compiled its classes again (4 a call, 0.2-0.45 s); SQL's names are
+    the ones written.
     """
     from pyspark.sql import functions as F
 
-    size = F.size(ascending)
-
-    def at(q: Column) -> Column:
-        position = (size - 1).cast("double") * q
-        lower, upper = F.floor(position).cast("int"), F.ceil(position).cast("int")
-        low, high = F.element_at(ascending, lower + 1), F.element_at(ascending, upper + 1)
-        return F.when(lower == upper, low).otherwise(
-            low + (position - lower.cast("double")) * (high - low))
-
+    array, size = f"`{ascending}`", f"size(`{ascending}`)"
+    position = f"CAST({size} - 1 AS DOUBLE) * q"
+    lower, upper = f"CAST(floor({position}) AS INT)", f"CAST(ceil({position}) AS INT)"
+    low, high = f"element_at({array}, {lower} + 1)", f"element_at({array}, {upper} + 1)"
+    at = (f"CASE WHEN {lower} = {upper} THEN {low}"
+          f" ELSE {low} + ({position} - CAST({lower} AS DOUBLE)) * ({high} - {low}) END")
     # SKETCH_LEVELS computed in the plan, as Python computes them (k / 1000, one IEEE
-    # division): a literal array would cost a round trip to the JVM per level
+    # division): a literal array would make a plan of 1,001 literals
     last = len(SKETCH_LEVELS) - 1
-    levels = F.transform(F.sequence(F.lit(0), F.lit(last)),
-                         lambda k: k.cast("double") / F.lit(float(last)))
-    return F.when(size > 0, F.transform(levels, at))
+    levels = f"transform(sequence(0, {last}), k -> CAST(k AS DOUBLE) / {float(last)!r}D)"
+    return F.expr(f"CASE WHEN {size} > 0 THEN transform({levels}, q -> {at}) END")
 
 
 # Adaptive query execution re-plans what is left of a query after every shuffle stage and
