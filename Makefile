@@ -60,7 +60,9 @@ lint: $(VENV)/.installed   # ruff, the import contracts of pyproject.toml (the d
 # make test runs on TEST_WORKERS processes (pytest-xdist; each with its own Spark session
 # and fixtures): its tests wait on brokers, agents and Spark more than they compute, so two
 # workers on two cores halve it. More gain nothing: 2, 3 and 4 workers took 545, 553 and
-# 571 s beside the RTL's builds (2026-11-28), with 298-355 s of CPU. A system test whose
+# 571 s beside the RTL's builds (2026-11-28), with 298-355 s of CPU. Its tests are dealt
+# by module (`--dist loadgroup`; tests/conftest.py gives each test its module's group),
+# so a module's fixtures are made on one worker only. A system test whose
 # campaign measures runs alone: a second campaign beside it would be part of what it
 # measures. test-system first runs the others (marker `parallel`: they assert counts,
 # states and text, and share nothing machine-wide) on two workers, tests that share a
@@ -71,7 +73,7 @@ lint: $(VENV)/.installed   # ruff, the import contracts of pyproject.toml (the d
 # with the full JIT and 32.5 s with it (tests/test_spine_end_to_end.py).
 TEST_WORKERS ?= 2
 test: install lint
-	$(PY) -m pytest -ra --durations=40 -m "not system" -n $(TEST_WORKERS) --junitxml=build/junit/test.xml
+	$(PY) -m pytest -ra --durations=40 -m "not system" -n $(TEST_WORKERS) --dist loadgroup --junitxml=build/junit/test.xml
 
 test-system: install
 	$(PY) -m pytest -ra --durations=20 -m "system and not rtl and parallel" -n 2 --dist loadgroup --junitxml=build/junit/system-parallel.xml
@@ -154,8 +156,9 @@ LAB_VM_DIR ?= data/lab-vm
 lab-vm: system-deps-vm
 	scripts/lab-vm/build.sh
 
+# LAB_VM_BRIDGE=PREFIXbr joins a namespace lab's bridge (`make lab-up`) instead of its own
 lab-vm-up: lab-vm $(VENV)/.installed
-	$(PY) -m mqttbed.network.lab_vm up --dir $(LAB_VM_DIR)
+	$(PY) -m mqttbed.network.lab_vm up --dir $(LAB_VM_DIR) $(if $(LAB_VM_BRIDGE),--bridge $(LAB_VM_BRIDGE))
 
 lab-vm-down:
 	$(PY) -m mqttbed.network.lab_vm down --dir $(LAB_VM_DIR)

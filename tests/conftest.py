@@ -50,8 +50,18 @@ SESSION_CAMPAIGNS = {"served"}
 SESSION_CAMPAIGN_TIMEOUT_S = 480
 
 
+# make test deals its tests to pytest-xdist's workers by group (`--dist loadgroup`), and
+# a test of no group is given its module's: a module's tests then run on one worker, whose
+# module fixtures (a dataset and its analysis, campaigns) are made once, not once on each
+# worker some of its tests were dealt to (`--dist load`). A named group (tests of several
+# modules sharing a per-process fixture) wins. The system tests keep test-by-test dealing:
+# their modules hold long tests that are better spread over the workers.
+@pytest.hookimpl(tryfirst=True)   # before pytest-xdist names each test by its group
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        if (item.get_closest_marker("system") is None
+                and item.get_closest_marker("xdist_group") is None):
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
         if REAL_FIXTURES.keys() & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
         if "postgres" in getattr(item, "fixturenames", ()):

@@ -25,6 +25,10 @@ SECOND = {**FIRST, "name": "results-second", "sweep": {}, "repetitions": 1,
           "workload": {**FIRST["workload"], "subscribers": 3}}
 
 
+# the pytest-xdist group of the tests that read them: on one worker, made once
+RESULTS_CAMPAIGNS = "results-campaigns"
+
+
 @dataclass(frozen=True)
 class Campaigns:
     """The data dir and its two campaigns' ids, oldest first."""

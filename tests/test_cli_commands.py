@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import processes_tagged, wait_until
-from tests.results_campaigns import Campaigns, two_campaigns
+from tests.results_campaigns import RESULTS_CAMPAIGNS, Campaigns, two_campaigns
 
 # The first test to use the campaigns makes them (tests/results_campaigns.py).
-pytestmark = pytest.mark.timeout(480)
+# with tests/test_results_api.py on one worker: the two campaigns are made once a process
+pytestmark = [pytest.mark.timeout(480), pytest.mark.xdist_group(RESULTS_CAMPAIGNS)]
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = str(Path(sys.executable).with_name("mqttbed"))

@@ -20,11 +20,12 @@ from mqttbed.results import (
     Results,
     campaign_ref_offset,
 )
-from tests.results_campaigns import FIRST, Campaigns, two_campaigns
+from tests.results_campaigns import FIRST, RESULTS_CAMPAIGNS, Campaigns, two_campaigns
 
 # The first test to use the campaigns makes them (runs, and an analysis each; the first
 # analysis in a process starts Spark): up to a few minutes on a loaded 2-core machine.
-pytestmark = pytest.mark.timeout(480)
+# with tests/test_cli_commands.py on one worker: the two campaigns are made once a process
+pytestmark = [pytest.mark.timeout(480), pytest.mark.xdist_group(RESULTS_CAMPAIGNS)]
 
 ROOT = Path(__file__).resolve().parents[1]
 HOW_TO = ROOT / "docs" / "how-to" / "results-in-python.md"
