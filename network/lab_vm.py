@@ -22,6 +22,11 @@ route beyond the lab's /24, and the bridge does not forward: nothing leaves the 
 ``python -m mqttbed.network.lab_vm up|down`` (``make lab-vm-up`` / ``make lab-vm-down``)
 keeps the VM running between commands, its state in ``lab_vm.json`` of its directory;
 ``up`` prints the ``root@address`` to give ``mqttbed lab provision``.
+
+``up --bridge B`` puts the guest on an existing lab bridge instead (a namespace lab's,
+``make lab-up``), at .200 of its /24, out of the way of the namespace hosts' .1, .2, ...:
+then one campaign can run agents both in namespaces (this machine's kernel and clock) and
+in the guest (its own), and ``down`` leaves that bridge to its lab.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from pathlib import Path
 from mqttbed.core.errors import MissingSystemDependency, MqttbedError, system_deps_hint
 from mqttbed.core.procfs import is_live, process_strings
 from mqttbed.network import netns
+from mqttbed.network.commands import NetworkCommandError, ip
 from mqttbed.network.lab import attach_to_bridge, create_bridge
 from mqttbed.network.topology import leftovers, reap
 
@@ -63,6 +69,7 @@ BOOT_TIMEOUT_S = 300.0   # TCG on a busy two-core machine; a normal boot takes f
 TCG_CODE_CACHE_MB = 256
 STOP_TIMEOUT_S = 5.0
 SERIAL_TAIL_CHARS = 2000
+SHARED_BRIDGE_HOST = 200   # the guest's host number on a namespace lab's bridge
 # linux/if_tun.h
 TUNSETIFF = 0x400454CA
 IFF_TAP = 0x0002
@@ -160,7 +167,7 @@ class LabVm:
 
     def __init__(self, image: VmImage, root: Path, *, prefix: str | None = None,
                  memory_mb: int = DEFAULT_MEMORY_MB, cpus: int = DEFAULT_CPUS,
-                 boot_timeout_s: float = BOOT_TIMEOUT_S):
+                 boot_timeout_s: float = BOOT_TIMEOUT_S, bridge: str | None = None):
         self.image = image
         self.root = root
         self.prefix = prefix or "lb" + secrets.token_hex(3)[:5]
@@ -169,6 +176,9 @@ class LabVm:
         self.boot_timeout_s = boot_timeout_s
         self.bridge, self.tap, self.netns = (f"{self.prefix}br", f"{self.prefix}t0",
                                              f"{self.prefix}-vm0")
+        self.shared_bridge = bridge is not None
+        if bridge is not None:
+            self.bridge = bridge
         self.serial_log = root / "serial.log"
         self.state: VmState | None = None
         self._qemu: subprocess.Popen[bytes] | None = None
@@ -193,8 +203,12 @@ class LabVm:
         self.root.mkdir(parents=True, exist_ok=True)
         # the prefix on disk before anything exists: `down` finds whatever was made
         (self.root / STATE_FILE).write_text(json.dumps({"prefix": self.prefix}))
-        lab = create_bridge(self.bridge)
-        address = str(lab.network.network_address + 1)
+        if self.shared_bridge:
+            lab = bridge_address(self.bridge)
+            address = str(lab.network.network_address + SHARED_BRIDGE_HOST)
+        else:
+            lab = create_bridge(self.bridge)
+            address = str(lab.network.network_address + 1)
         overlay = self.root / "rootfs.qcow2"
         subprocess.run([QEMU_IMG, "create", "-q", "-f", "qcow2", "-F", "raw", "-b",
                         str(self.image.rootfs), str(overlay)], check=True)
@@ -275,7 +289,8 @@ class LabVm:
         return "\n".join(parts)
 
     def reap(self) -> None:
-        """Stop QEMU, then remove the namespace, the tap and the bridge."""
+        """Stop QEMU, then remove the namespace, the tap and the bridge (a shared one stays:
+        its name does not start with this VM's prefix)."""
         if self._qemu is not None:
             stop_qemu(self._qemu.pid, self.netns)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -285,6 +300,21 @@ class LabVm:
     def leftovers(self) -> list[str]:
         """Whatever of this VM still exists on the machine (empty once reaped)."""
         return leftovers(self.prefix)
+
+
+def bridge_address(bridge: str) -> ipaddress.IPv4Interface:
+    """The lab address of an existing bridge (refused, naming the fix, if it has none)."""
+    try:
+        links = json.loads(ip("-j", "-4", "addr", "show", "dev", bridge))
+    except NetworkCommandError as exc:
+        raise LabVmError(f"--bridge {bridge}: no such link here ({exc}); give a lab's "
+                         "bridge (`make lab-up` prints its prefix: the bridge is PREFIXbr) "
+                         "or leave --bridge out for a bridge of the VM's own") from None
+    addresses = [a for link in links for a in link.get("addr_info", [])]
+    if not addresses:
+        raise LabVmError(f"--bridge {bridge}: it has no IPv4 address, so it is no lab's "
+                         "bridge; give one made by `make lab-up` or leave --bridge out")
+    return ipaddress.IPv4Interface(f"{addresses[0]['local']}/{addresses[0]['prefixlen']}")
 
 
 def _open_tap(name: str) -> int:
@@ -332,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--cpus", type=int, default=DEFAULT_CPUS)
     up.add_argument("--timeout", type=float, default=BOOT_TIMEOUT_S,
                     help="seconds to wait for the guest's sshd")
+    up.add_argument("--bridge", help="an existing lab bridge to join (a namespace lab's, "
+                                     f"PREFIXbr), the guest at .{SHARED_BRIDGE_HOST}; "
+                                     "default: a bridge of the VM's own")
     down = sub.add_parser("down", help="stop the VM in --dir and remove its bridge and tap")
     down.add_argument("--dir", type=Path, default=Path("data/lab-vm"))
     args = parser.parse_args(argv)
@@ -345,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--cpus {args.cpus}: between 1 and 8")
         image = VmImage.load(args.image) if args.image else build_image()
         vm = LabVm(image, args.dir, memory_mb=args.memory, cpus=args.cpus,
-                   boot_timeout_s=args.timeout)
+                   boot_timeout_s=args.timeout, bridge=args.bridge)
         try:
             state = vm.boot()
         except BaseException:

@@ -1,13 +1,24 @@
 """The lab VM: a lab host with its own kernel and clock, reached over real SSH on a lab bridge.
 
 The image is built from Debian 12's packages by ``scripts/lab-vm/build.sh`` (or reused
-from its cache), booted with ``python -m mqttbed.network.lab_vm up`` as a user would, and
-checked over SSH with the image's client key and its pinned host key: the guest runs
-Debian's 6.1 kernel, not this machine's; its CLOCK_REALTIME set 5 s ahead reads 5 s ahead
-of this machine's, whose own is untouched, and its CLOCK_MONOTONIC started with it; netem
-(which this machine's kernel lacks) delays what the lab bridge sees of it by 20 ms; ``down``
-leaves no QEMU, tap, bridge or namespace. The figures (build, boot to SSH, guest RAM) are
-printed as one JSON line.
+from its cache), booted with ``python -m mqttbed.network.lab_vm up --bridge`` as a user
+would, on the bridge of a namespace lab of two hosts (``ns-pub``, ``ns-sub``: this
+machine's kernel and clock), and checked over SSH with the image's client key and its
+pinned host key: the guest runs Debian's 6.1 kernel, not this machine's; its
+CLOCK_REALTIME set 5 s ahead reads 5 s ahead of this machine's, whose own is untouched,
+and its CLOCK_MONOTONIC started with it; netem (which this machine's kernel lacks) delays
+what the lab bridge sees of it by 20 ms; ``down`` leaves no QEMU, tap or namespace.
+
+Then the guest is a lab host as a Pi is: ``mqttbed lab provision`` installs the agent in a
+venv there (offline, from this machine's wheelhouse: the guest's x86_64 Python 3.11 takes
+the same wheels) and builds the native engine with the guest's gcc. The platform's clock
+estimate (the agent's NTP-style HTTP probes, run in the guest against a controller here)
+is held against the truth measured another way: the guest's CLOCK_MONOTONIC read through
+a long-lived SSH session, bracketed by this machine's; with the guest's clock stepped and
+drifting at a rate set with adjtimex. A campaign with its publisher in a namespace and its
+subscriber in the guest gives the latency of the same campaign in two namespaces within
+the offset's stated bound plus what TCG adds (measured). The figures (build, boot,
+provisioning, offsets and bounds, latencies) are printed as one JSON line.
 """
 
 from __future__ import annotations
@@ -15,17 +26,31 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
+from mqttbed.analytics.results import AgentClock
+from mqttbed.campaigns.spec import parse_spec
+from mqttbed.controller.analysis import load_results
+from mqttbed.controller.controller import Controller, create_controller
+from mqttbed.controller.db import RunRow
+from mqttbed.controller.lab_hosts import REMOTE_DIR_NAME
+from mqttbed.controller.tokens import TokenRole, create_token
 from mqttbed.core.procfs import is_live, pids, process_strings
+from mqttbed.core.settings import Settings
 from mqttbed.core.ssh import SshHost, SshTarget
-from mqttbed.network.lab_vm import BUILD_SCRIPT, QEMU, build_image, load
+from mqttbed.network.lab import LabNetwork
+from mqttbed.network.lab_vm import BUILD_SCRIPT, QEMU, SHARED_BRIDGE_HOST, build_image, load
 from mqttbed.network.topology import leftovers
 
 pytestmark = [pytest.mark.system, pytest.mark.integration,
@@ -39,6 +64,22 @@ OPT_IN = "MQTTBED_LAB_VM_TESTS"
 NETEM_DELAY_MS = 20.0
 CLOCK_STEP_S = 5.0
 MEASURED: dict[str, object] = {}
+NS_HOSTS = ["ns-pub", "ns-sub"]
+VM_HOST = "vm-0"
+MQTTBED = str(Path(sys.executable).with_name("mqttbed"))
+# Kept between test runs, like a controller's data dir (tests/test_lab.py's too): the
+# wheelhouse is filled once, then every provision installs offline.
+WHEEL_CACHE = Path(__file__).resolve().parent.parent / "build" / "lab-wheels"
+GUEST_PYTHON = f"/root/{REMOTE_DIR_NAME}/venv/bin/python"
+# Injected into the guest's clock: a step of CLOCK_REALTIME (which the platform's
+# CLOCK_MONOTONIC offsets must not follow) and a drift set with adjtimex: tick 10010 us
+# per 10 ms tick (+1000 ppm) plus a frequency of +500 ppm, both CLOCK_MONOTONIC's rate.
+REALTIME_STEP_NS = 3_000_000_000
+DRIFT_TICK_US = 10010
+DRIFT_FREQ_PPM = 500.0
+DRIFT_PPM = (DRIFT_TICK_US - 10000) / 10000 * 1e6 + DRIFT_FREQ_PPM
+TRUTH_READS = 7
+ESTIMATE_SPACING_S = 2.5
 
 
 def missing_reason() -> str | None:
@@ -60,10 +101,37 @@ def missing_reason() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def vm(tmp_path_factory):
+def lab(tmp_path_factory):
+    """Two namespace hosts (this machine's kernel and clock) on the bridge the VM joins."""
     reason = missing_reason()
     if reason:
         pytest.skip(reason)
+    network = LabNetwork(NS_HOSTS, tmp_path_factory.mktemp("ns-lab"))
+    with network:
+        yield network
+    assert network.leftovers() == []
+
+
+@pytest.fixture(scope="module")
+def namespace_provisioning(lab, tmp_path_factory):
+    """``mqttbed lab provision`` of the namespace hosts, started before the VM boots (so
+    that it overlaps the boot) and awaited by :func:`provisioned`."""
+    data = tmp_path_factory.mktemp("controller") / "data"
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [MQTTBED, "lab", "provision", "--key", str(lab.client_key), "--known-hosts",
+         str(data.parent / "known_hosts"), "--trust-new",
+         *[f"{h.name}={h.ssh_destination}" for h in lab.hosts.values()],
+         "--data-dir", str(data)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "MQTTBED_LAB_WHEELS": str(WHEEL_CACHE)})
+    yield data, process, started
+    if process.poll() is None:
+        process.kill()
+        process.communicate()
+
+
+@pytest.fixture(scope="module")
+def vm(lab, namespace_provisioning, tmp_path_factory):
     image_dir = Path(subprocess.run(["bash", str(BUILD_SCRIPT), "--dir"], capture_output=True,
                                     text=True, check=True).stdout.strip())
     cached = (image_dir / "manifest.json").exists()
@@ -75,12 +143,16 @@ def vm(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("lab-vm") / "vm"
     MEASURED["up_started_monotonic"] = time.monotonic()
     up = subprocess.run([sys.executable, "-m", "mqttbed.network.lab_vm", "up", "--dir",
-                         str(run_dir), "--image", str(image.directory)],
+                         str(run_dir), "--image", str(image.directory), "--bridge",
+                         lab.bridge],
                         capture_output=True, text=True, timeout=900)
     assert up.returncode == 0, up.stdout + up.stderr
     MEASURED["up_wall_s"] = round(time.monotonic() - MEASURED["up_started_monotonic"], 1)
     state = load(run_dir)
     assert f"vm-0=root@{state['address']}" in up.stdout, up.stdout
+    # on the namespace lab's bridge, at .200 of its /24, the controller's address its
+    assert state["bridge"] == lab.bridge and state["lab_address"] == lab.lab_address
+    assert state["address"].split(".")[-1] == str(SHARED_BRIDGE_HOST)
     ssh = SshHost(SshTarget(host=f"root@{state['address']}", key_filename=state["client_key"],
                             known_hosts=state["known_hosts"], connect_timeout_s=60),
                   name="lab-vm")
@@ -168,6 +240,311 @@ def test_the_guests_clock_is_its_own(vm):
                          "guest_uptime_s": guest_uptime, "since_up_s": round(since_up, 1)}
 
 
+def mqttbed(*args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([MQTTBED, *args, "--data-dir", str(data_dir)], capture_output=True,
+                          text=True, timeout=900, env={**os.environ, "MQTTBED_LAB_WHEELS":
+                                                       str(WHEEL_CACHE)})
+    assert done.returncode == 0, done.stderr + done.stdout
+    return done
+
+
+@pytest.fixture(scope="module")
+def provisioned(vm, namespace_provisioning):
+    """The controller's data dir once ``mqttbed lab provision`` has set up all three hosts."""
+    _run_dir, state, _ssh = vm
+    data, namespaces, started = namespace_provisioning
+    out, err = namespaces.communicate(timeout=900)
+    assert namespaces.returncode == 0, err + out
+    MEASURED["provision_namespace_hosts_s"] = round(time.monotonic() - started, 1)
+    started = time.monotonic()
+    # the guest's host key is the image's, pinned by `up`: no --trust-new
+    done = mqttbed("lab", "provision", "--key", state["client_key"], "--known-hosts",
+                   state["known_hosts"], f"{VM_HOST}=root@{state['address']}", data_dir=data)
+    MEASURED["provision_vm_s"] = round(time.monotonic() - started, 1)
+    assert done.stdout.splitlines()[-1] == f"{VM_HOST}: provisioned (mqttbed 0.1.0)", done.stdout
+    return data
+
+
+def test_the_guest_is_provisioned_as_a_lab_host_with_its_native_engine(vm, provisioned):
+    _run_dir, state, ssh = vm
+    status = {entry["name"]: entry for entry in json.loads(
+        mqttbed("lab", "status", "--json", data_dir=provisioned).stdout)}
+    assert sorted(status) == sorted([*NS_HOSTS, VM_HOST])
+    entry = status[VM_HOST]
+    # (not its build: other work edits this checkout meanwhile, so "outdated" is right)
+    assert (entry["state"], entry["answers"]) == ("provisioned", "mqttbed 0.1.0")
+    facts = entry["facts"]
+    # the guest's own kernel and Debian's Python, not this machine's
+    assert facts["kernel"] == state["kernel_release"] != os.uname().release
+    assert facts["machine"] == "x86_64" and facts["python"].startswith("3.11.")
+    assert facts["python"] != ".".join(map(str, sys.version_info[:3]))
+    assert facts["clock"]["source"] == "chrony" and not facts["clock"]["synchronised"]
+    # the native engine was compiled by the guest's gcc into its venv, and is there
+    engine = facts["native_engine"]
+    assert engine["state"] == "built", engine
+    ssh.run(["test", "-f", engine["library"]], "find the native engine's library")
+    assert engine["library"].startswith(f"/root/{REMOTE_DIR_NAME}/venv/")
+    for name in NS_HOSTS:   # the namespaces share this machine's kernel
+        assert status[name]["facts"]["kernel"] == os.uname().release
+    MEASURED["vm_native_engine_build_s"] = engine["seconds"]
+    MEASURED["vm_python"] = facts["python"]
+
+
+# Runs in the guest's venv under the platform's own code: `estimate` is what an agent
+# there does before a run (the NTP-style HTTP probes of agents/clock_sync.py); `read` is
+# the guest's CLOCK_MONOTONIC for the truth; `step` and `drift` change the guest's clock.
+GUEST_CLOCK_SESSION = r"""
+import ctypes, json, sys, time
+import httpx
+from mqttbed.agents.clock_sync import estimate_offset
+
+class Timex(ctypes.Structure):   # <sys/timex.h>'s struct timex up to tick, room after it
+    _fields_ = [("modes", ctypes.c_uint), ("offset", ctypes.c_long),
+                ("freq", ctypes.c_long), ("maxerror", ctypes.c_long),
+                ("esterror", ctypes.c_long), ("status", ctypes.c_int),
+                ("constant", ctypes.c_long), ("precision", ctypes.c_long),
+                ("tolerance", ctypes.c_long), ("tv_sec", ctypes.c_long),
+                ("tv_usec", ctypes.c_long), ("tick", ctypes.c_long),
+                ("rest", ctypes.c_byte * 160)]
+
+ADJ_FREQUENCY, ADJ_TICK = 0x0002, 0x4000
+libc = ctypes.CDLL(None, use_errno=True)
+token = sys.stdin.readline().strip()
+http = httpx.Client(base_url=sys.argv[1], headers={"authorization": "Bearer " + token},
+                    timeout=30)
+print(json.dumps("ready"), flush=True)
+for line in sys.stdin:
+    command, *args = line.split()
+    if command == "read":
+        answer = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    elif command == "estimate":
+        answer = estimate_offset(http, None, force_probe=True).model_dump()
+    elif command == "step":
+        time.clock_settime_ns(time.CLOCK_REALTIME,
+                              time.clock_gettime_ns(time.CLOCK_REALTIME) + int(args[0]))
+        answer = "stepped"
+    elif command == "drift":
+        timex = Timex(modes=ADJ_TICK | ADJ_FREQUENCY, tick=int(args[0]),
+                      freq=round(float(args[1]) * 65536))
+        if libc.adjtimex(ctypes.byref(timex)) < 0:
+            raise OSError(ctypes.get_errno(), "adjtimex")
+        answer = "set"
+    print(json.dumps(answer), flush=True)
+"""
+
+
+class GuestClock:
+    """A session with the guest (OpenSSH, not the platform's paramiko) to read, step and
+    drift its clock and run the platform's offset estimate there."""
+
+    def __init__(self, state: dict, controller_url: str, token: str):
+        remote = shlex.join([GUEST_PYTHON, "-u", "-c", GUEST_CLOCK_SESSION, controller_url])
+        self.process = subprocess.Popen(
+            ["ssh", "-i", state["client_key"], "-o", f"UserKnownHostsFile={state['known_hosts']}",
+             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+             f"root@{state['address']}", remote],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.stdin, self.stdout = self.process.stdin, self.process.stdout
+        self.stdin.write(token + "\n")
+        assert self.ask(None) == "ready"
+
+    def ask(self, command: str | None) -> object:
+        if command is not None:
+            self.stdin.write(command + "\n")
+        self.stdin.flush()
+        line = self.stdout.readline()
+        assert line, f"the guest's clock session ended (exit {self.process.poll()})"
+        return json.loads(line)
+
+    def truth(self) -> tuple[int, int, int]:
+        """Guest CLOCK_MONOTONIC - this machine's, half the round trip that bounds it, and
+        this machine's clock at the read: the shortest of TRUTH_READS round trips."""
+        best: tuple[int, int, int] | None = None
+        for _ in range(TRUTH_READS):
+            sent = time.monotonic_ns()
+            guest = self.ask("read")
+            received = time.monotonic_ns()
+            assert isinstance(guest, int)
+            middle = (sent + received) // 2
+            if best is None or (received - sent) // 2 < best[1]:
+                best = (guest - middle, (received - sent) // 2, middle)
+        assert best is not None
+        return best
+
+    def close(self) -> None:
+        self.stdin.close()
+        self.process.wait(30)
+
+
+def estimate_against_truth(clock: GuestClock) -> dict[str, float]:
+    """The platform's estimate, between two truth readings; asserted to hold the truth.
+
+    The truth at the estimate lies between the readings before and after it (a clock
+    drifting at a steady rate moves one way), so it is their middle, give or take half
+    their difference plus the larger of their own bounds.
+    """
+    before = clock.truth()
+    estimate = clock.ask("estimate")
+    after = clock.truth()
+    assert isinstance(estimate, dict) and estimate["method"] == "ntp", estimate
+    truth_ns = (before[0] + after[0]) / 2
+    truth_bound_ns = max(before[1], after[1]) + abs(after[0] - before[0]) / 2
+    error_ns = estimate["offset_ns"] - truth_ns
+    assert abs(error_ns) <= estimate["uncertainty_ns"] + truth_bound_ns, (
+        estimate, before, after)
+    return {"truth_ms": round(truth_ns / 1e6, 3), "truth_bound_ms": round(truth_bound_ns / 1e6, 3),
+            "estimate_ms": round(estimate["offset_ns"] / 1e6, 3),
+            "uncertainty_ms": round(estimate["uncertainty_ns"] / 1e6, 3),
+            "error_ms": round(error_ns / 1e6, 3)}
+
+
+def paced(check: Callable[[GuestClock], dict[str, float]], clock: GuestClock
+          ) -> dict[str, float]:
+    """``check(clock)`` after ESTIMATE_SPACING_S."""
+    time.sleep(ESTIMATE_SPACING_S)
+    return check(clock)
+
+
+def rate_ppm(first: tuple[int, int, int], last: tuple[int, int, int]) -> tuple[float, float]:
+    """How fast the offset moved between two truth readings (guest faster: +), and the bound."""
+    elapsed = last[2] - first[2]
+    return (last[0] - first[0]) / elapsed * 1e6, (first[1] + last[1]) / elapsed * 1e6
+
+
+def test_the_platforms_offset_estimate_holds_the_guests_true_offset_stepped_and_drifting(
+        lab, vm, provisioned):
+    _run_dir, state, ssh = vm
+    # chronyd (unsynchronised: the guest reaches nothing beyond the lab) would own the
+    # frequency; stopped, the drift below is the only one set
+    ssh.run(["systemctl", "stop", "chrony"], "stop chronyd")
+    with create_controller(Settings(data_dir=provisioned, lab_address=lab.lab_address)) as c:
+        clock = GuestClock(state, c.url, create_token(c.sessions, "clock-check",
+                                                      TokenRole.AGENT))
+        try:
+            first = clock.truth()
+            # spaced out so that the guest's own rate (before the drift) is measured over
+            # seconds, to well under the drift injected next
+            steady = [paced(estimate_against_truth, clock) for _ in range(2)]
+            # CLOCK_REALTIME stepped: the estimate (of CLOCK_MONOTONIC) stays with the truth
+            assert clock.ask(f"step {REALTIME_STEP_NS}") == "stepped"
+            stepped = [paced(estimate_against_truth, clock) for _ in range(2)]
+            natural_ppm, natural_bound_ppm = rate_ppm(first, clock.truth())
+            # drift: the guest's CLOCK_MONOTONIC runs DRIFT_PPM fast from here on
+            assert clock.ask(f"drift {DRIFT_TICK_US} {DRIFT_FREQ_PPM}") == "set"
+            start = clock.truth()
+            drifting = [paced(estimate_against_truth, clock) for _ in range(3)]
+            measured_ppm, bound_ppm = rate_ppm(start, clock.truth())
+        finally:
+            clock.ask("drift 10000 0")
+            clock.close()
+            ssh.run(["systemctl", "start", "chrony"], "start chronyd again")
+    # the truth saw the injected drift (beyond the clocks' own, measured before it), to
+    # within bounds tighter than the drift itself (else the check proves nothing)
+    assert bound_ppm + natural_bound_ppm < DRIFT_PPM / 2, (bound_ppm, natural_bound_ppm)
+    assert abs(measured_ppm - natural_ppm - DRIFT_PPM) <= bound_ppm + natural_bound_ppm, (
+        measured_ppm, natural_ppm, bound_ppm, natural_bound_ppm)
+    # ... and so did the estimates, each at its moment (checked above), whose span shows it
+    assert drifting[-1]["estimate_ms"] > drifting[0]["estimate_ms"]
+    MEASURED["clock_truth"] = {
+        "truth_at_start_s": round(first[0] / 1e9, 6), "steady": steady,
+        "realtime_stepped_s": REALTIME_STEP_NS / 1e9, "stepped": stepped,
+        "drift_injected_ppm": DRIFT_PPM, "drift_measured_ppm": round(measured_ppm, 1),
+        "drift_bound_ppm": round(bound_ppm, 1), "natural_ppm": round(natural_ppm, 1),
+        "natural_bound_ppm": round(natural_bound_ppm, 1), "drifting": drifting}
+
+
+@dataclass(frozen=True)
+class LatencyRun:
+    """What one publisher -> subscriber campaign measured."""
+
+    seconds: float
+    p50_us: float
+    p99_us: float
+    clock: AgentClock                      # the subscriber's agent's, from the results
+    offsets: list[tuple[int, int]]         # (offset, uncertainty) of each delivery, ns
+
+
+def run_latency_campaign(controller: Controller, name: str, subscriber_host: str
+                         ) -> LatencyRun:
+    """One publisher on ns-pub, one subscriber on ``subscriber_host``; what it measured."""
+    spec = parse_spec({
+        "name": name, "broker": {"backend": "mosquitto"},
+        "agents": {"hosts": [{"name": "ns-pub"}, {"name": subscriber_host}],
+                   "clock_probe_interval_s": 1.0},
+        "workload": {"publishers": 1, "subscribers": 1, "rate_hz": 50, "messages": 200,
+                     "warmup_messages": 0},
+        # the guest's agent starts under TCG: seconds to import, not the namespaces' 1 s
+        "timing": {"setup_timeout_s": 120}})
+    started = time.monotonic()
+    campaign_id = controller.engine.create_campaign(spec)
+    assert controller.run_campaign(campaign_id) == "done"
+    with controller.sessions() as s:
+        (run,) = s.query(RunRow).filter_by(campaign_id=campaign_id).all()
+    results = load_results(controller.layout, campaign_id)
+    assert results is not None
+    (point,) = results.points
+    assert (point.messages_sent, point.deliveries_received, point.lost) == (200, 200, 0)
+    (subscriber_agent,) = [agent for agent, clients in run.run_metadata["agents"].items()
+                           if clients == ["sub-0"]]
+    # agent_hosts is keyed by the agent's site, the tail of its id
+    hosts = run.run_metadata["agent_hosts"]
+    assert [h for site, h in hosts.items() if subscriber_agent.endswith(site)] == [
+        subscriber_host]
+    received = pq.read_table(controller.layout.run_events(campaign_id, run.id)).to_pylist()
+    offsets = [(e["clock_offset_ns"], e["clock_offset_uncertainty_ns"]) for e in received
+               if e["kind"] == "delivery" and e["agent_id"] == subscriber_agent]
+    assert len(offsets) == 200, len(offsets)
+    assert point.latency_us.p50 is not None and point.latency_us.p99 is not None
+    return LatencyRun(seconds=round(time.monotonic() - started, 1),
+                      p50_us=point.latency_us.p50, p99_us=point.latency_us.p99,
+                      clock=results.runs[0].clock.agents[subscriber_agent], offsets=offsets)
+
+
+def test_a_subscriber_in_the_guest_measures_the_namespace_latency_within_the_bound(
+        lab, vm, provisioned):
+    _run_dir, state, _ssh = vm
+    with create_controller(Settings(data_dir=provisioned, lab_address=lab.lab_address)) as c:
+        namespaces = run_latency_campaign(c, "ns-latency", "ns-sub")
+        clock = GuestClock(state, c.url, create_token(c.sessions, "truth", TokenRole.AGENT))
+        try:
+            before = clock.truth()
+            guest = run_latency_campaign(c, "vm-latency", VM_HOST)
+            after = clock.truth()
+        finally:
+            clock.close()
+    assert namespaces.clock.method == "same-clock"   # one kernel: offset 0, exactly
+    assert guest.clock.method == "ntp"
+    assert guest.clock.estimates is not None and guest.clock.estimates >= 2   # re-estimated
+    # every receive the guest recorded carries an offset whose bound holds the truth
+    truth_ns = (before[0] + after[0]) / 2
+    truth_bound_ns = max(before[1], after[1]) + abs(after[0] - before[0]) / 2
+    errors = [offset - truth_ns for offset, _ in guest.offsets]
+    outside = [(e, u) for e, (_, u) in zip(errors, guest.offsets, strict=True)
+               if abs(e) > u + truth_bound_ns]
+    assert outside == [], outside[:5]
+    bound_us = guest.clock.offset_uncertainty_us_max
+    assert bound_us is not None
+    # corrected by that offset, the guest's subscriber is never faster than the namespace's
+    # by more than the bound (it is slower: TCG emulates its network stack and its agent)
+    tcg_extra_us = guest.p50_us - namespaces.p50_us
+    assert tcg_extra_us >= -bound_us, (guest.p50_us, namespaces.p50_us, bound_us)
+    # (the p50 on the true offset instead: the offsets' errors, checked above, added)
+    truth_p50_us = guest.p50_us + statistics.median(errors) / 1e3
+    MEASURED["latency"] = {
+        "namespaces": {"p50_us": namespaces.p50_us, "p99_us": namespaces.p99_us,
+                       "campaign_s": namespaces.seconds},
+        "guest": {"p50_us": guest.p50_us, "p99_us": guest.p99_us,
+                  "campaign_s": guest.seconds, "offset_bound_us": bound_us,
+                  "offset_drift_us": guest.clock.offset_drift_us,
+                  "estimates": guest.clock.estimates,
+                  "offset_error_ms": {"min": round(min(errors) / 1e6, 3),
+                                      "max": round(max(errors) / 1e6, 3)},
+                  "truth_bound_ms": round(truth_bound_ns / 1e6, 3),
+                  "p50_on_true_offset_us": round(truth_p50_us, 1)},
+        "tcg_extra_p50_us": round(tcg_extra_us, 1)}
+
+
 def test_netem_in_the_guest_delays_what_the_lab_bridge_sees(vm):
     _run_dir, state, ssh = vm
     baseline = ping_min_ms(state)
@@ -196,5 +573,6 @@ def test_down_leaves_no_qemu_tap_bridge_or_namespace(vm):
     assert [pid for pid in pids() if name in (process_strings(pid, "cmdline") or [])] == []
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
                            check=True).stdout
-    assert state["tap"] not in links and state["bridge"] not in links
+    # the bridge is the namespace lab's: it stays, reaped with that lab (see `lab`)
+    assert state["tap"] not in links and state["bridge"] in links
     assert not run_dir.exists()
