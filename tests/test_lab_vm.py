@@ -402,7 +402,7 @@ def estimate_against_truth(clock: GuestClock) -> dict[str, float]:
 def paced(check: Callable[[GuestClock], dict[str, float]], clock: GuestClock
           ) -> dict[str, float]:
     """``check(clock)`` after ESTIMATE_SPACING_S."""
-    time.sleep(ESTIMATE_SPACING_S)
+    time.sleep(ESTIMATE_SPACING_S)  # window: spaced estimates, so a drift shows between them
     return check(clock)
 
 
