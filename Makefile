@@ -67,8 +67,8 @@ lint: $(VENV)/.installed   # ruff, the import contracts of pyproject.toml (the d
 # measures. test-system first runs the others (marker `parallel`: they assert counts,
 # states and text, and share nothing machine-wide) on two workers, tests that share a
 # module's or the session's campaign on one (`--dist loadgroup`); then the rest, one at a
-# time. In a clean-clone CI run (2026-11-29, ci7) the three took 18:09 (make test, the
-# RTL's tier beside it), 10:18 (46 parallel) and 12:08 (23 alone). The tests' JVMs use
+# time. In a clean-clone CI run (2026-11-29, ci12) the three took 11:27 (make test, the
+# RTL's tier beside it), 9:01 (46 parallel) and 11:51 (23 alone). The tests' JVMs use
 # the JIT's quick tier (tests/conftest.py): a one-analysis command took 61.6 s of CPU
 # with the full JIT and 32.5 s with it (tests/test_spine_end_to_end.py).
 TEST_WORKERS ?= 2
