@@ -123,18 +123,23 @@ class VmImage:
 
 
 def build_image() -> VmImage:
-    """Build the image with ``scripts/lab-vm/build.sh`` (instant when cached); return it.
+    """Build the image with ``scripts/lab-vm/build.sh`` (instant when cached); return it."""
+    return VmImage.load(run_build_script(BUILD_SCRIPT))
 
-    The script's progress goes to this process's stderr; its last line is the directory.
+
+def run_build_script(script: Path) -> Path:
+    """Run one of ``scripts/lab-vm``'s cached builds; return the directory it printed last.
+
+    The script's progress goes to this process's stderr.
     """
-    if not BUILD_SCRIPT.is_file():
-        raise LabVmError(f"{BUILD_SCRIPT} not found: the image is built from an mqttbed "
+    if not script.is_file():
+        raise LabVmError(f"{script} not found: the image is built from an mqttbed "
                          "checkout; give a built image with --image DIR")
-    done = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True,
+    done = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True,
                           check=False)
     if done.returncode != 0:
-        raise LabVmError(f"{BUILD_SCRIPT} failed (exit {done.returncode}); its error is above")
-    return VmImage.load(Path(done.stdout.split()[-1]))
+        raise LabVmError(f"{script} failed (exit {done.returncode}); its error is above")
+    return Path(done.stdout.split()[-1])
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 /* GPIO lines on a kernel GPIO character device (uAPI v2, linux/gpio.h): one line request
  * for the engine's pins, driven with GPIO_V2_LINE_SET_VALUES_IOCTL right where the edges
- * are recorded (io.c). Compiled everywhere Linux >= 5.10 headers are. Validated here
- * against tests/fakes/fake_gpiochip.c, an LD_PRELOAD chip answering the same ioctls with
- * the kernel's checks; NOT on a board's chip (this machine has no /dev/gpiochip*). */
+ * are recorded (io.c). Compiled everywhere Linux >= 5.10 headers are. Validated against
+ * tests/fakes/fake_gpiochip.c, an LD_PRELOAD chip answering the same ioctls with the
+ * kernel's checks, and against a real kernel's gpiolib and PL061 driver: Debian's arm64
+ * kernel on QEMU's emulated `virt` board (tests/test_lab_vm_gpio.py, which reads the lines
+ * back from QEMU's trace). NOT on a Pi's BCM2835/RP1 chip: there is none here. */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/gpio.h>
