@@ -164,7 +164,8 @@ lab-vm-down:
 	$(PY) -m mqttbed.network.lab_vm down --dir $(LAB_VM_DIR)
 
 test-vm: lab-vm $(VENV)/.installed
-	MQTTBED_LAB_VM_TESTS=1 $(PY) -m pytest -ra -s -p no:cacheprovider tests/test_lab_vm.py
+	MQTTBED_LAB_VM_TESTS=1 $(PY) -m pytest -ra -s -p no:cacheprovider tests/test_lab_vm.py \
+		tests/test_lab_vm_gpio.py
 
 # A PostgreSQL of your own for the controller (tests/postgres_cluster.py): a cluster in
 # POSTGRES_DIR on 127.0.0.1:POSTGRES_PORT with a database `mqttbed`; it prints the

@@ -144,7 +144,8 @@ int mqe_feed(mqe_engine *e, int client, const uint8_t *data, size_t len);
  * one request of at most 64 output lines, driven low; once per engine). Every edge then
  * goes to the chip with GPIO_V2_LINE_SET_VALUES_IOCTL right where it is recorded. 0, or
  * -errno (mqe_error names the chip and why). Validated against tests/fakes/fake_gpiochip.c
- * (the same ioctls), not on a board's chip here. */
+ * (the same ioctls) and against the kernel's PL061 driver on QEMU's arm64 `virt` board
+ * (tests/test_lab_vm_gpio.py); not on a Pi's chip. */
 int mqe_gpio_open_chip(mqe_engine *e, const char *chip, const int32_t *pins, uint32_t n);
 /* Drive one requested line to level outside a run (a toggle-cost calibration): 0, or
  * -errno (-ENOENT: the pin is not in the chip's request). The engine's level follows. */
