@@ -7,7 +7,10 @@ shortest round trip, whose half is the bound on the error of the estimate: milli
 over a busy HTTP path. When both machines' clocks are disciplined (chrony or PTP, see
 :mod:`mqttbed.core.clock_discipline`) and the sum of their error bounds is smaller than
 that, the offset comes from comparing their realtime - monotonic differences instead,
-and its uncertainty is that sum. Either way the probe runs, as the fallback and as a
+and its uncertainty is that sum. That holds only when the two keep one time: a chronyd
+that serves its own clock (``local``) agrees with no other machine, so a controller's
+such clock counts only when the agent's chronyd is synchronised to the controller itself,
+and an agent's never. Either way the probe runs, as the fallback and as a
 check, and :class:`ClockTracker` repeats the estimate through the run so drift shows.
 """
 
@@ -21,8 +24,10 @@ import httpx
 from mqttbed.core.clock import boot_id, monotonic_ns, ntp_offset
 from mqttbed.core.clock_discipline import (
     ClockDiscipline,
+    is_own_local_reference,
     read_discipline,
     realtime_minus_monotonic_ns,
+    references_address,
 )
 from mqttbed.core.protocol import ClockEstimate, ClockProbe
 
@@ -47,15 +52,31 @@ def probe_offset(http: httpx.Client, probes: int = PROBES) -> tuple[ClockEstimat
                           probe_uncertainty_ns=best[1]), best[2])
 
 
+def keep_one_time(ours: ClockDiscipline, theirs: ClockDiscipline,
+                  controller_address: str | None) -> bool:
+    """Whether two synchronised disciplines keep one time (module docstring): neither is
+    chronyd's own ``local`` clock, or the controller's is and ours is synchronised to the
+    controller at ``controller_address``."""
+    if is_own_local_reference(ours):
+        return False
+    if is_own_local_reference(theirs):
+        return controller_address is not None and references_address(ours,
+                                                                      controller_address)
+    return True
+
+
 def combine(probe: ClockEstimate, answer: ClockProbe, ours: ClockDiscipline,
-            our_realtime_minus_monotonic_ns: int) -> ClockEstimate:
-    """The better of the probe and the two disciplines' comparison (module docstring)."""
+            our_realtime_minus_monotonic_ns: int, controller_address: str | None = None
+            ) -> ClockEstimate:
+    """The better of the probe and the two disciplines' comparison (module docstring);
+    ``controller_address``: the controller's IP address as the agent reaches it."""
     theirs = answer.discipline
     fields = {"discipline": ours.source, "discipline_error_ns": ours.error_bound_ns,
               "probe_uncertainty_ns": probe.uncertainty_ns}
     if (ours.synchronised and theirs is not None and theirs.synchronised
             and ours.error_bound_ns is not None and theirs.error_bound_ns is not None
-            and answer.realtime_minus_monotonic_ns is not None):
+            and answer.realtime_minus_monotonic_ns is not None
+            and keep_one_time(ours, theirs, controller_address)):
         bound = ours.error_bound_ns + theirs.error_bound_ns
         if bound < probe.uncertainty_ns:
             offset = answer.realtime_minus_monotonic_ns - our_realtime_minus_monotonic_ns
@@ -74,7 +95,7 @@ def estimate_offset(http: httpx.Client, controller_boot_id: str | None,
         return ClockEstimate(offset_ns=0, uncertainty_ns=0, method="same-clock",
                              discipline=ours.source, discipline_error_ns=ours.error_bound_ns)
     probe, answer = probe_offset(http, probes)
-    return combine(probe, answer, ours, realtime_minus_monotonic_ns())
+    return combine(probe, answer, ours, realtime_minus_monotonic_ns(), http.base_url.host)
 
 
 class ClockTracker:

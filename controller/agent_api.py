@@ -37,7 +37,12 @@ from mqttbed.controller.tokens import TokenRole
 from mqttbed.core.binary_chunk import CONTENT_TYPE, decode_chunk, edge_arrays, event_arrays
 from mqttbed.core.broker_access import reveal_secrets_context
 from mqttbed.core.clock import boot_id, monotonic_ns
-from mqttbed.core.clock_discipline import CachedDiscipline, realtime_minus_monotonic_ns
+from mqttbed.core.clock_discipline import (
+    CachedDiscipline,
+    ClockDiscipline,
+    read_discipline,
+    realtime_minus_monotonic_ns,
+)
 from mqttbed.core.protocol import (
     AgentFailure,
     ClockProbe,
@@ -143,8 +148,10 @@ def storage_problem(exc: OSError) -> str:
 
 
 def agent_router(agent_registry: AgentRegistry, chunks: ChunkStore,
-                 authenticate: Authenticate) -> APIRouter:
-    """Build the ``/agent/v1`` routes over ``agent_registry``; every route needs an agent token."""
+                 authenticate: Authenticate,
+                 discipline: Callable[[], ClockDiscipline] = read_discipline) -> APIRouter:
+    """Build the ``/agent/v1`` routes over ``agent_registry``; every route needs an agent
+    token. ``discipline`` reads this machine's clock discipline (for the clock probes)."""
 
     def require_agent(request: Request,
                       authorization: Annotated[str | None, Header()] = None) -> None:
@@ -161,7 +168,7 @@ def agent_router(agent_registry: AgentRegistry, chunks: ChunkStore,
             raise HTTPException(status.HTTP_403_FORBIDDEN, "this route takes agent tokens only")
 
     router = APIRouter(prefix="/agent/v1", tags=["agents"], dependencies=[Depends(require_agent)])
-    own_discipline = CachedDiscipline()   # the controller's clock, for agents to compare
+    own_discipline = CachedDiscipline(read=discipline)   # for agents to compare theirs with
 
     @router.post("/register")
     def register(hello: Register) -> Registered:

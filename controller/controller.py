@@ -41,6 +41,7 @@ from mqttbed.controller.states import CampaignStatus
 from mqttbed.controller.storage import DataLayout
 from mqttbed.controller.tokens import TokenRole, find_token
 from mqttbed.core.clock import monotonic_ns
+from mqttbed.core.clock_discipline import read_discipline
 from mqttbed.core.host import LocalHost, install_journal, installed_journal
 from mqttbed.core.process_journal import ProcessJournal
 from mqttbed.core.settings import Settings
@@ -189,7 +190,9 @@ class Controller:
 
     def agent_router(self) -> APIRouter:
         """The ``/agent/v1`` routes, open to agent tokens only."""
-        return agent_router(self.agent_registry, self.chunks, self.authenticate)
+        socket = self.settings.chronyc_socket
+        return agent_router(self.agent_registry, self.chunks, self.authenticate,
+                            discipline=lambda: read_discipline(chronyc_socket=socket))
 
     @retry_on_disconnect
     def _record_agent(self, record: AgentRecord) -> None:

@@ -22,7 +22,10 @@ chrony: ``chronyc -c tracking`` prints one CSV line; its fields, in the order of
 
 chronyc(1) gives the bound on the clock's error from these:
 ``|System time| + Root dispersion + Root delay / 2``. Stratum 0 / reference id 0 /
-leap status "Not synchronised" mean not synchronised, and no bound.
+leap status "Not synchronised" mean not synchronised, and no bound. chronyd serving its
+own clock (``local stratum N``, reference id 7F7F0101) is synchronised to itself only: a
+controller's such clock is comparable with an agent's only when the agent's chronyd is
+synchronised to that controller (:func:`is_own_local_reference`, :func:`references_address`).
 
 linuxptp: ``pmc -u -b 0 'GET TIME_STATUS_NP'`` asks ptp4l for ``master_offset`` (ns, its
 clock's last measured offset to the grandmaster) and ``gmPresent``. Its bound here is
@@ -33,6 +36,7 @@ system clock itself and the bound is the one that matters.
 
 from __future__ import annotations
 
+import ipaddress
 import shutil
 import subprocess
 import threading
@@ -132,6 +136,38 @@ def read_discipline(chronyc: str = "chronyc", pmc: str = "pmc",
     else:
         tried.append("chronyc not installed")
     return ClockDiscipline(source="none", detail="; ".join(tried))
+
+
+def is_own_local_reference(discipline: ClockDiscipline) -> bool:
+    """Whether chronyd's reference is its own ``local`` clock (reference id 7F7F0101).
+
+    Such a clock is synchronised only to itself: its bound says nothing about how far it
+    is from any other machine's.
+    """
+    return (discipline.source == "chrony" and discipline.reference is not None
+            and discipline.reference.split(" ", 1)[0].upper() == LOCAL_REFERENCE)
+
+
+def references_address(discipline: ClockDiscipline, address: str) -> bool:
+    """Whether chronyd's reference is the NTP server at ``address`` (an IP address).
+
+    An IPv4 source's reference id is its address's 32 bits; an IPv6 source's is a hash of
+    its address, so for those the reference's name (chronyc prints the address when it
+    cannot resolve it) is compared instead.
+    """
+    if discipline.source != "chrony" or discipline.reference is None:
+        return False
+    ref_id, _, name = discipline.reference.partition(" ")
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    if name.strip("()") == str(ip):
+        return True
+    try:
+        return ip.version == 4 and int(ref_id, 16) == int(ip)
+    except ValueError:
+        return False
 
 
 def realtime_minus_monotonic_ns() -> int:

@@ -67,6 +67,12 @@ class Settings(_Loadable):
     # controller and the brokers it deploys. Loopback: only agents on this machine can.
     lab_address: str = Field("127.0.0.1", description="this machine's address on the lab "
                                                       "network")
+    # The controller answers every agent's clock probe with its own clock discipline; its
+    # chronyd is asked through chronyc, at chronyc's default socket unless this says where.
+    chronyc_socket: str | None = Field(None, description=(
+        "the command socket (chrony.conf's bindcmdaddress) of the chronyd that keeps this "
+        "machine's clock, which the controller reports to agents for chrony's offset "
+        "method; default: chronyc's own (/run/chrony/chronyd.sock, then UDP port 323)"))
     spark_master: str = Field("local[*]", description="Spark master URL: local[N] or "
                                                       "spark://HOST:PORT")
     spark_driver_memory: str = Field("2g", description="the Spark driver's heap (JVM size, "
@@ -124,6 +130,14 @@ class Settings(_Loadable):
     @classmethod
     def _an_address(cls, value: str) -> str:
         ipaddress.ip_address(value)  # agents and brokers are reached at an IP address
+        return value
+
+    @field_validator("chronyc_socket")
+    @classmethod
+    def _a_socket_path(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError("expected the absolute path of chronyd's command socket "
+                             "(chronyc -h takes a name without a leading / as a host)")
         return value
 
     @field_validator("spark_master")

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
-import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from mqttbed.agents.clock_sync import combine
+from mqttbed.controller.controller import create_controller
+from mqttbed.controller.tokens import TokenRole, create_token
 from mqttbed.core.clock_discipline import (
     ClockDiscipline,
     ClockParseError,
@@ -27,41 +28,8 @@ from mqttbed.core.clock_discipline import (
     read_discipline,
 )
 from mqttbed.core.protocol import ClockEstimate, ClockProbe
-
-CHRONYD = "/usr/sbin/chronyd"
-
-
-class Chronyd:
-    """One chronyd in the foreground, its files in ``root`` (0700, as chronyd demands)."""
-
-    def __init__(self, root: Path, lines: list[str]):
-        root.mkdir(mode=0o700)
-        self.socket = root / "chronyd.sock"
-        (root / "chrony.conf").write_text("\n".join([
-            *lines, f"bindcmdaddress {self.socket}", "cmdport 0",
-            f"pidfile {root / 'chronyd.pid'}", ""]))
-        self.log = root / "chronyd.log"
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen([CHRONYD, "-x", "-d", "-u", "root", "-f",
-                                          str(root / "chrony.conf")], stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-
-    def tracking(self, csv: bool = True) -> str:
-        """``chronyc [-c] tracking`` against this daemon, once it answers."""
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            done = subprocess.run(["chronyc", "-h", str(self.socket),
-                                   *(["-c"] if csv else []), "tracking"],
-                                  capture_output=True, text=True, timeout=5, check=False)
-            if done.returncode == 0 and done.stdout.strip():
-                return done.stdout
-            assert self.proc.poll() is None, self.log.read_text()
-            time.sleep(0.05)
-        raise AssertionError(f"chronyd did not answer: {self.log.read_text()}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(5)
+from mqttbed.core.settings import Settings, SettingsError
+from tests.chronyd import CHRONYD, Chronyd, free_udp_port
 
 
 @pytest.mark.integration
@@ -69,9 +37,7 @@ def test_chrony_tracking_of_a_real_chronyd_before_and_after_it_synchronises(tmp_
     if not Path(CHRONYD).exists() or shutil.which("chronyc") is None:
         pytest.fail("chrony is not installed: scripts/system-deps.sh installs it "
                     "(`make install`)")
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_udp_port()
     client = Chronyd(tmp_path / "client", [
         f"server 127.0.0.1 port {port} iburst minpoll -4 maxpoll -4", "port 0",
         "acquisitionport 0"])
@@ -195,3 +161,72 @@ def test_two_disciplined_clocks_beat_the_probe_only_when_their_bounds_are_smalle
         "ntp", 5_000, 800_000, "none")
     silent = answer.model_copy(update={"discipline": None})
     assert combine(_probe(800_000), silent, _chrony(20_000), 1_000_000).method == "ntp"
+
+
+def _chrony_of(reference: str, bound_ns: int = 20_000) -> ClockDiscipline:
+    return ClockDiscipline(source="chrony", synchronised=True, offset_ns=0,
+                           error_bound_ns=bound_ns, reference=reference)
+
+
+def test_a_controllers_local_chrony_clock_counts_only_for_an_agent_synchronised_to_it():
+    # chronyd serving its own clock (`local stratum N`) is synchronised to itself only
+    local = parse_chronyc_tracking(
+        "7F7F0101,,8,1764460000.0,0.000000000,0.0,0.0,0.0,0.0,0.0,0.0,0.000010,0.0,Normal")
+    assert local.synchronised and local.reference == "7F7F0101"
+    answer = ClockProbe(t_recv_ns=0, t_send_ns=0, realtime_minus_monotonic_ns=9_000_000,
+                        discipline=local)
+    to_controller = _chrony_of("0A0A0001 (10.10.0.1)")
+    chosen = combine(_probe(800_000), answer, to_controller, 1_000_000, "10.10.0.1")
+    assert (chosen.method, chosen.offset_ns, chosen.uncertainty_ns) == (
+        "chrony", 8_000_000, 20_000 + 10_000)
+    # the reference id alone (chronyc printed no name) is the IPv4 address's 32 bits
+    bare = _chrony_of("0A0A0001")
+    assert combine(_probe(800_000), answer, bare, 1_000_000, "10.10.0.1").method == "chrony"
+    # an IPv6 source's reference id is a hash: its name must be the controller's address
+    six = _chrony_of("A1B2C3D4 (fd00::1)")
+    assert combine(_probe(800_000), answer, six, 1_000_000, "fd00::1").method == "chrony"
+    # synchronised elsewhere (a pool, another lab server), to its own local clock, or to
+    # a controller whose address the agent does not know: the probe, whatever the bounds
+    for ours, address in [(_chrony_of("C0A80101 (192.168.1.1)"), "10.10.0.1"),
+                          (to_controller, "10.10.0.2"), (to_controller, "controller.lab"),
+                          (to_controller, None), (local, "10.10.0.1")]:
+        kept = combine(_probe(800_000), answer, ours, 1_000_000, address)
+        assert (kept.method, kept.offset_ns) == ("ntp", 5_000), (ours, address)
+    # an agent's own local clock never counts, even against a controller synchronised to
+    # a real server
+    served = answer.model_copy(update={"discipline": _chrony_of("C0A80101 (192.168.1.1)")})
+    assert combine(_probe(800_000), served, local, 1_000_000, "10.10.0.1").method == "ntp"
+    assert combine(_probe(800_000), served, to_controller, 1_000_000,
+                   "10.10.0.1").method == "chrony"
+
+
+def test_the_chronyc_socket_setting_must_be_an_absolute_path(monkeypatch):
+    monkeypatch.setenv("MQTTBED_CHRONYC_SOCKET", "run/chrony.sock")
+    with pytest.raises(SettingsError, match=r"MQTTBED_CHRONYC_SOCKET: expected the absolute "
+                                            r"path .* \(got 'run/chrony\.sock'\)"):
+        Settings.load()
+
+
+@pytest.mark.integration
+def test_the_controller_answers_clock_probes_with_the_chronyd_its_settings_name(tmp_path):
+    if not Path(CHRONYD).exists() or shutil.which("chronyc") is None:
+        pytest.fail("chrony is not installed: scripts/system-deps.sh installs it "
+                    "(`make install`)")
+    port = free_udp_port()
+    server = Chronyd(tmp_path / "server", [
+        "local stratum 8", f"port {port}", "bindaddress 127.0.0.1", "allow 127.0.0.1"])
+    try:
+        server.tracking()   # answering
+        settings = Settings(data_dir=tmp_path / "data", chronyc_socket=str(server.socket))
+        with create_controller(settings) as controller, httpx.Client(
+                base_url=controller.url, timeout=10, headers={
+                    "authorization": "Bearer " + create_token(
+                        controller.sessions, "probe", TokenRole.AGENT)}) as http:
+            response = http.post("/agent/v1/clock")
+            response.raise_for_status()
+            answer = ClockProbe.model_validate_json(response.content)
+    finally:
+        server.stop()
+    assert answer.discipline is not None
+    assert (answer.discipline.source, answer.discipline.synchronised,
+            answer.discipline.reference) == ("chrony", True, "7F7F0101")
