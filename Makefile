@@ -11,9 +11,9 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 # System packages come in profiles (`scripts/system-deps.sh --help` lists what each holds):
 # every target installs the profiles it uses; `make install`, which CI runs, all of them.
-SYSTEM_PROFILES := build demo network lab brokers postgres cross fuzz rtl bench browser vm test system
+SYSTEM_PROFILES := build demo network lab brokers postgres cross fuzz rtl bench browser gpio vm test system
 
-.PHONY: install class-archive system-deps test test-system test-postgres rtl-test rtl-build lint fuzz demo bench docs clean lab-up lab-down postgres-up postgres-down
+.PHONY: install class-archive system-deps test test-system test-system-parallel test-system-serial test-postgres rtl-test rtl-build lint fuzz demo bench docs clean lab-up lab-down postgres-up postgres-down
 .PHONY: $(addprefix system-deps-,$(SYSTEM_PROFILES))
 
 # Everything: every system profile and every extra (CI, `make test`, development).
@@ -51,32 +51,37 @@ lint: $(VENV)/.installed   # ruff, the import contracts of pyproject.toml (the d
 	$(PY) scripts/lint_imports.py
 	$(PY) scripts/typecheck.py
 
-# Three tiers, which together are every test (CI, .ci/run, runs rtl-test beside test, then
-# test-system):
+# Three tiers, which together are every test (CI, .ci/run, runs rtl-test and
+# test-system-parallel beside test, then test-system-serial):
 #   test         everything but the long end-to-end tests (`system` marker): minutes
 #   test-system  the `system` tests (whole campaigns through the CLI, REST, a lab, a Spark
-#                cluster, a browser) but the RTL's, which rtl-test runs
+#                cluster, a browser) but the RTL's, which rtl-test runs: first
+#                test-system-parallel, then test-system-serial
 #   rtl-test     every `rtl` test, the FPGA broker's RTL in full
 # make test runs on TEST_WORKERS processes (pytest-xdist; each with its own Spark session
-# and fixtures): its tests wait on brokers, agents and Spark more than they compute, so two
-# workers on two cores halve it. More gain nothing: 2, 3 and 4 workers took 545, 553 and
-# 571 s beside the RTL's builds (2026-11-28), with 298-355 s of CPU. Its tests are dealt
-# by module (`--dist loadgroup`; tests/conftest.py gives each test its module's group),
-# so a module's fixtures are made on one worker only. A system test whose
-# campaign measures runs alone: a second campaign beside it would be part of what it
-# measures. test-system first runs the others (marker `parallel`: they assert counts,
-# states and text, and share nothing machine-wide) on two workers, tests that share a
-# module's or the session's campaign on one (`--dist loadgroup`); then the rest, one at a
-# time. In a clean-clone CI run (2026-11-29, ci12) the three took 11:27 (make test, the
-# RTL's tier beside it), 9:01 (46 parallel) and 11:51 (23 alone). The tests' JVMs use
-# the JIT's quick tier (tests/conftest.py): a one-analysis command took 61.6 s of CPU
-# with the full JIT and 32.5 s with it (tests/test_spine_end_to_end.py).
+# and fixtures): its tests wait on brokers, agents and Spark more than they compute. Its
+# tests are dealt by module (`--dist loadgroup`; tests/conftest.py gives each test its
+# module's group), so a module's fixtures are made on one worker only. A system test
+# whose campaign measures runs alone (test-system-serial): a second campaign beside it
+# would be part of what it measures. The others (marker `parallel`: they assert counts,
+# states and text, and share nothing machine-wide) run on two workers
+# (test-system-parallel), tests that share a module's or the session's campaign on one
+# (`--dist loadgroup`); no load can move what they assert, so CI runs them beside make
+# test. In a clean-clone CI run (2026-11-29, ci12, one tier after another) the three
+# took 11:27 (make test, the RTL's tier beside it), 9:01 (46 parallel) and 11:51 (23
+# alone). The tests' JVMs use the JIT's quick tier (tests/conftest.py): a one-analysis
+# command took 61.6 s of CPU with the full JIT and 32.5 s with it
+# (tests/test_spine_end_to_end.py).
 TEST_WORKERS ?= 2
 test: install lint
 	$(PY) -m pytest -ra --durations=40 -m "not system" -n $(TEST_WORKERS) --dist loadgroup --junitxml=build/junit/test.xml
 
-test-system: install
+test-system: test-system-parallel test-system-serial
+
+test-system-parallel: install
 	$(PY) -m pytest -ra --durations=20 -m "system and not rtl and parallel" -n 2 --dist loadgroup --junitxml=build/junit/system-parallel.xml
+
+test-system-serial: install
 	$(PY) -m pytest -ra --durations=40 -m "system and not rtl and not parallel" --junitxml=build/junit/system-serial.xml
 
 # The database's tests on PostgreSQL only: the migrations, the types, tokens, run states and

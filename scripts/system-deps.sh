@@ -21,14 +21,15 @@
 #   rtl      `make rtl-build`, `make rtl-test`: demo, Verilator, yosys
 #   bench    `make bench`, every bench/ script: rtl, network, brokers, Valgrind
 #   browser  the browser test (test-system): Chromium
-#   vm       `make lab-vm`, `make lab-vm-up`, `make fresh-demo`: debootstrap, QEMU, time;
-#            the arm64 GPIO guest: qemu-system-arm, cpio, cross
+#   gpio     the arm64 GPIO guest (its test is in test-system): cross, qemu-system-arm, cpio
+#   vm       `make lab-vm`, `make lab-vm-up`, `make fresh-demo`: debootstrap, QEMU, time,
+#            gpio
 #   test     `make test`: demo, fuzz, lab, brokers, postgres, cross, and the tests' own tools
-#   system   `make test-system`: test, browser
+#   system   `make test-system`: test, browser, gpio
 #   all      every profile but vm: `make install`, what CI runs
 set -euo pipefail
 
-PROFILES=(build demo network lab brokers postgres cross fuzz rtl bench browser vm test system all)
+PROFILES=(build demo network lab brokers postgres cross fuzz rtl bench browser gpio vm test system all)
 
 wanted=()        # the selected profiles' packages, in order, each once
 need=()          # those of them this machine lacks
@@ -214,16 +215,21 @@ profile_vm() {
     # `make fresh-demo` (scripts/fresh-demo.sh) debootstraps a bare Debian 12 too, and times
     # `make demo` in it with /usr/bin/time
     want time '[ -x /usr/bin/time ]'
+    use gpio
+}
+
+profile_gpio() {
     # The arm64 GPIO guest (scripts/lab-vm/build-arm64.sh, network/lab_vm_gpio.py): Debian's
     # arm64 kernel on QEMU's `virt` board (qemu-system-aarch64, TCG), whose PL061 GPIO
     # controller its kernel drives; an initramfs packed with cpio holding a static busybox
-    # and the engine cross-built statically (the cross profile's compiler and libssl).
+    # and the engine cross-built statically (the cross profile's compiler and libssl). Its
+    # test boots in seconds, so test-system (CI) runs it, unlike the lab VM's.
     use cross
     want qemu-system-arm 'command -v qemu-system-aarch64'
     want cpio 'command -v cpio'
 }
 
-profile_system() { use test browser; }
+profile_system() { use test browser gpio; }
 
 profile_all() { use system rtl bench; }
 

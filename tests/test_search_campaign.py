@@ -95,8 +95,11 @@ def checked_search(controller: Controller, campaign_id: str, slo: list[str], nam
 @pytest.mark.system
 @pytest.mark.integration
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("backend", ["mosquitto", "amqtt"])
-def test_a_capacity_search_brackets_the_capacity_of_a_rate_capped_link(tmp_path, backend):
+def test_a_capacity_search_brackets_the_capacity_of_a_rate_capped_link(tmp_path):
+    # One broker: the link is the limit and the search never looks at the backend. The
+    # same search on amqtt too (until 2026-11-30; it passed beside Mosquitto's in the
+    # clean-clone CI runs) took another minute of CI's serial tier.
+    backend = "mosquitto"
     search = {"parameter": "workload.rate_hz", "low": 250, "high": 20_000, "slo": SLO,
               "resolution": RESOLUTION, "confirmations": 2, "max_probes": 10}
     spec = {"name": f"capacity-{backend}", "broker": {"backend": backend},
