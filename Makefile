@@ -69,7 +69,9 @@ lint: $(VENV)/.installed   # ruff, the import contracts of pyproject.toml (the d
 # (`--dist loadgroup`); no load can move what they assert, so CI runs them beside make
 # test. In a clean-clone CI run (2026-11-29, ci12, one tier after another) the three
 # took 11:27 (make test, the RTL's tier beside it), 9:01 (46 parallel) and 11:51 (23
-# alone). The tests' JVMs use the JIT's quick tier (tests/conftest.py): a one-analysis
+# alone), 35:11 in all; with the parallel tier beside make test (2026-11-30, ci2), make
+# test took 12:21 (the 46 parallel ones 10:15 and the RTL's 3:13 beside it), then 7:54
+# (29 alone), 23:02 in all. The tests' JVMs use the JIT's quick tier (tests/conftest.py): a one-analysis
 # command took 61.6 s of CPU with the full JIT and 32.5 s with it
 # (tests/test_spine_end_to_end.py).
 TEST_WORKERS ?= 2
@@ -169,8 +171,8 @@ lab-vm-down:
 	$(PY) -m mqttbed.network.lab_vm down --dir $(LAB_VM_DIR)
 
 test-vm: lab-vm $(VENV)/.installed
-	MQTTBED_LAB_VM_TESTS=1 $(PY) -m pytest -ra -s -p no:cacheprovider tests/test_lab_vm.py \
-		tests/test_lab_vm_gpio.py
+	MQTTBED_LAB_VM_TESTS=1 $(PY) -m pytest -ra -s -p no:cacheprovider --junitxml=build/junit/vm.xml \
+		tests/test_lab_vm.py
 
 # A PostgreSQL of your own for the controller (tests/postgres_cluster.py): a cluster in
 # POSTGRES_DIR on 127.0.0.1:POSTGRES_PORT with a database `mqttbed`; it prints the

@@ -76,8 +76,8 @@ pytestmark = [pytest.mark.system, pytest.mark.integration,
               pytest.mark.timeout(1800)]
 
 # Opt in: a cold image build downloads Debian's packages (minutes, and the mirror must be
-# reachable), and a TCG boot takes a core for a minute; CI's budget has no room for that,
-# so `make test-system` skips this and `make test-vm` runs it.
+# reachable), and a TCG boot takes a core for a minute, so `make test-system` skips this;
+# `make test-vm` runs it, and CI (.ci/run) runs that beside `make test`.
 OPT_IN = "MQTTBED_LAB_VM_TESTS"
 NETEM_DELAY_MS = 20.0
 CLOCK_STEP_S = 5.0
