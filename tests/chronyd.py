@@ -8,6 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.conftest import terminate
+
 CHRONYD = "/usr/sbin/chronyd"
 
 
@@ -47,9 +49,4 @@ class Chronyd:
         raise AssertionError(f"chronyd did not answer: {self.log.read_text()}")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        terminate(self.proc)

@@ -246,6 +246,16 @@ def eventually(check: Callable[[], bool], timeout_s: float = 3.0) -> bool:
     return check()
 
 
+def terminate(proc: subprocess.Popen, wait_s: float = 5.0) -> None:
+    """SIGTERM ``proc``, SIGKILL it if it has not ended within ``wait_s``; reap it."""
+    proc.terminate()
+    try:
+        proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(wait_s)
+
+
 def wait_until(predicate: Callable[[], T], timeout_s: float, what: str,
                poll_s: float = 0.02) -> T:
     """Poll ``predicate`` until it returns something true, and return that; fail naming

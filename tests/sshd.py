@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import terminate
+
 SSHD = "/usr/sbin/sshd"
 PRIVSEP_DIR = Path("/run/sshd")
 
@@ -90,12 +92,7 @@ class LocalSshd:
         pytest.fail(f"sshd did not answer on port {self.port}: {self.log.read_text()}")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        terminate(self.proc)
 
     def target(self, **extra: object) -> dict[str, object]:
         """SshTarget fields for logging in as root with the client key, host key checked."""

@@ -32,11 +32,16 @@ from mqttbed.core.settings import Settings, SettingsError
 from tests.chronyd import CHRONYD, Chronyd, free_udp_port
 
 
-@pytest.mark.integration
-def test_chrony_tracking_of_a_real_chronyd_before_and_after_it_synchronises(tmp_path):
+def require_chrony() -> None:
+    """Fail (not skip) where chrony is missing: the test profile installs it."""
     if not Path(CHRONYD).exists() or shutil.which("chronyc") is None:
         pytest.fail("chrony is not installed: scripts/system-deps.sh installs it "
                     "(`make install`)")
+
+
+@pytest.mark.integration
+def test_chrony_tracking_of_a_real_chronyd_before_and_after_it_synchronises(tmp_path):
+    require_chrony()
     port = free_udp_port()
     client = Chronyd(tmp_path / "client", [
         f"server 127.0.0.1 port {port} iburst minpoll -4 maxpoll -4", "port 0",
@@ -209,9 +214,7 @@ def test_the_chronyc_socket_setting_must_be_an_absolute_path(monkeypatch):
 
 @pytest.mark.integration
 def test_the_controller_answers_clock_probes_with_the_chronyd_its_settings_name(tmp_path):
-    if not Path(CHRONYD).exists() or shutil.which("chronyc") is None:
-        pytest.fail("chrony is not installed: scripts/system-deps.sh installs it "
-                    "(`make install`)")
+    require_chrony()
     port = free_udp_port()
     server = Chronyd(tmp_path / "server", [
         "local stratum 8", f"port {port}", "bindaddress 127.0.0.1", "allow 127.0.0.1"])
