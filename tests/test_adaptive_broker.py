@@ -221,7 +221,10 @@ def test_the_starvation_timer_releases_a_message_the_congestion_still_holds(brok
     broker = start(brokers, policy="conservative", starvation_s=1.5)
     subscriber = broker.congested("edge")
     sent_ns = broker.publish("msg/large", LARGE, tag=b"L1")
-    assert 1.5 <= arrival_s(subscriber, b"L1", sent_ns) < 1.5 + 0.3
+    # never before the timer; its counter below says the timer (not the policy) released
+    # it, so the upper bound only rules out a timer that fires far too late: 0.3 s was
+    # 0.17 s short on a clean-clone CI run with a TCG guest beside make test
+    assert 1.5 <= arrival_s(subscriber, b"L1", sent_ns) < 1.5 + 1.0
     broker.backend.teardown()
     assert broker.backend.broker_stats["released_by_starvation"] == 1
 
