@@ -141,11 +141,6 @@ class NativeClient:
         return int(self.engine.client_counters(self.index).acked)
 
     @property
-    def received_count(self) -> int:
-        """Unique messages received (the Python client's ``len(received)``)."""
-        return int(self.engine.client_counters(self.index).received_unique)
-
-    @property
     def dropped(self) -> int:
         """mqtt-sn-udp: datagrams from the gateway dropped as malformed or unexpected."""
         return int(self.engine.client_counters(self.index).dropped)

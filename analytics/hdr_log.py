@@ -103,10 +103,6 @@ class HistogramLayout:
             buckets += 1
         return buckets
 
-    @property
-    def counts_length(self) -> int:
-        return (self.bucket_count + 1) * self.sub_bucket_half_count
-
     def counts_index(self, values: np.ndarray) -> np.ndarray:
         """The index in the counts array of each value (non-negative int64 array)."""
         mask = (self.sub_bucket_count - 1) << self.unit_magnitude

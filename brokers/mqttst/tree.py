@@ -111,10 +111,6 @@ class TreeState:
     def is_root(self) -> bool:
         return self.root_link is None
 
-    def active_links(self) -> list[BrokerId]:
-        """The links messages are forwarded on and accepted from (root and designated)."""
-        return [peer for peer, role in self.roles.items() if role in ACTIVE_ROLES]
-
 
 def outranks(capability: float, broker: BrokerId, other_capability: float,
              other: BrokerId) -> bool:
