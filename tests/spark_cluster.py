@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -21,6 +22,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+# Spark logs the port each service bound, which is the one asked for unless something took it
+# between _free_port() and the bind (another JVM's UI, in a busy CI run): then the next one
+STARTED = re.compile(r"Successfully started service '(?P<service>\w+)' on port (?P<port>\d+)")
 
 
 def _free_port() -> int:
@@ -50,6 +55,7 @@ class StandaloneCluster:
                                           "--host", "127.0.0.1", "--port", str(self.port),
                                           "--webui-port", str(self.ui_port)])
         self._wait(lambda state: state.get("status") == "ALIVE", "the master to be alive")
+        self.url = f"spark://127.0.0.1:{self.port}"
         self._start(root / "worker.log", [str(spark_class), "org.apache.spark.deploy.worker.Worker",
                                           self.url, "--host", "127.0.0.1", "--cores", str(cores),
                                           "--memory", memory, "--webui-port", "0",
@@ -61,6 +67,15 @@ class StandaloneCluster:
         with open(log, "wb") as out:
             self._procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                                 env=self.env, start_new_session=True))
+
+    def _bound_ports(self) -> bool:
+        """Take the master's ports from its log, once it says it bound both."""
+        bound = {m["service"]: int(m["port"])
+                 for m in STARTED.finditer((self.root / "master.log").read_text(errors="replace"))}
+        if "sparkMaster" not in bound or "MasterUI" not in bound:
+            return False
+        self.port, self.ui_port = bound["sparkMaster"], bound["MasterUI"]
+        return True
 
     def state(self) -> dict:
         """The master's view (its web UI's JSON): status, workers, applications."""
@@ -76,7 +91,7 @@ class StandaloneCluster:
                     pytest.fail(f"a Spark process exited ({proc.returncode}) while waiting for "
                                 f"{what}; logs in {self.root}")
             try:
-                if ready(self.state()):
+                if self._bound_ports() and ready(self.state()):
                     return
             except OSError:
                 pass  # the UI is not up yet
