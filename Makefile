@@ -71,7 +71,8 @@ lint: $(VENV)/.installed   # ruff, the import contracts of pyproject.toml (the d
 # took 11:27 (make test, the RTL's tier beside it), 9:01 (46 parallel) and 11:51 (23
 # alone), 35:11 in all; with the parallel tier beside make test (2026-11-30, ci2), make
 # test took 12:21 (the 46 parallel ones 10:15 and the RTL's 3:13 beside it), then 7:54
-# (29 alone: the arm64 GPIO guest's 7 joined, amqtt's capacity search left), 23:02 in all. The tests' JVMs use the JIT's quick tier (tests/conftest.py): a one-analysis
+# (29 alone: the arm64 GPIO guest's 7 joined, amqtt's capacity search left), 23:02 in
+# all. The tests' JVMs use the JIT's quick tier (tests/conftest.py): a one-analysis
 # command took 61.6 s of CPU with the full JIT and 32.5 s with it
 # (tests/test_spine_end_to_end.py).
 TEST_WORKERS ?= 2
