@@ -170,7 +170,7 @@ def run_gpio_guest(image: GpioGuestImage, root: Path, *, broker_port: int, messa
     check_run_arguments(messages, rate_hz, pub_line, sub_line)
     if shutil.which(QEMU) is None:
         raise MissingSystemDependency(f"{QEMU} not found: " + system_deps_hint(
-            "vm", "qemu-system-arm"))
+            "gpio", "qemu-system-arm"))
     root.mkdir(parents=True, exist_ok=True)
     serial, trace, events = root / "serial.log", root / "trace.log", root / "trace-events"
     for stale in (serial, trace):

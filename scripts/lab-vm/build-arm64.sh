@@ -19,8 +19,8 @@
 #                      powers off (QEMU exits)
 #
 # The .debs come from the Debian mirror this machine's apt uses (`apt-get download`, the
-# arm64 architecture added: scripts/system-deps.sh vm does it), nothing from elsewhere; they
-# are kept in $cache/debs. The guest is cached by a digest of its recipe (this script and
+# arm64 architecture added: scripts/system-deps.sh gpio does it, through cross), nothing
+# from elsewhere; they are kept in $cache/debs. The guest is cached by a digest of its recipe (this script and
 # the engine's sources) in $MQTTBED_LAB_VM_ARM64_CACHE (default
 # ~/.cache/mqttbed/lab-vm-arm64)/<digest>/: vmlinuz, initrd.cpio, manifest.json.
 set -euo pipefail
@@ -41,12 +41,12 @@ if [ -f "$out/manifest.json" ]; then echo "$out"; exit 0; fi
 fail() { echo "lab-vm arm64 build: $*" >&2; exit 1; }
 for tool in apt-get apt-cache dpkg-deb cpio aarch64-linux-gnu-gcc make flock; do
     command -v "$tool" >/dev/null || \
-        fail "$tool not found: install the vm profile (scripts/system-deps.sh vm)"
+        fail "$tool not found: install the gpio profile (scripts/system-deps.sh gpio)"
 done
 # (into a variable first: grep -q ends early, and pipefail would count dpkg's SIGPIPE)
 foreign=$(dpkg --print-foreign-architectures)
 grep -qx arm64 <<<"$foreign" || \
-    fail "apt has no arm64 architecture: scripts/system-deps.sh vm adds it (dpkg --add-architecture arm64 && apt-get update)"
+    fail "apt has no arm64 architecture: scripts/system-deps.sh gpio adds it (dpkg --add-architecture arm64 && apt-get update)"
 
 mkdir -p "$cache/debs"
 exec 9>"$cache/$digest.lock"
