@@ -51,17 +51,24 @@ class StandaloneCluster:
                     "SPARK_WORKER_DIR": str(root / "work"),
                     "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
         self._procs: list[subprocess.Popen] = []
-        self._start(root / "master.log", [str(spark_class), "org.apache.spark.deploy.master.Master",
-                                          "--host", "127.0.0.1", "--port", str(self.port),
-                                          "--webui-port", str(self.ui_port)])
-        self._wait(lambda state: state.get("status") == "ALIVE", "the master to be alive")
-        self.url = f"spark://127.0.0.1:{self.port}"
-        self._start(root / "worker.log", [str(spark_class), "org.apache.spark.deploy.worker.Worker",
-                                          self.url, "--host", "127.0.0.1", "--cores", str(cores),
-                                          "--memory", memory, "--webui-port", "0",
-                                          "--work-dir", str(root / "work")])
-        self._wait(lambda state: any(w.get("state") == "ALIVE" for w in state.get("workers", [])),
-                   "a worker to register")
+        try:   # whatever stops the start (a failed wait, an unexpected answer) stops the cluster
+            self._start(root / "master.log", [str(spark_class),
+                                              "org.apache.spark.deploy.master.Master",
+                                              "--host", "127.0.0.1", "--port", str(self.port),
+                                              "--webui-port", str(self.ui_port)])
+            self._wait(lambda state: state.get("status") == "ALIVE", "the master to be alive")
+            self.url = f"spark://127.0.0.1:{self.port}"
+            self._start(root / "worker.log", [str(spark_class),
+                                              "org.apache.spark.deploy.worker.Worker",
+                                              self.url, "--host", "127.0.0.1", "--cores",
+                                              str(cores), "--memory", memory, "--webui-port",
+                                              "0", "--work-dir", str(root / "work")])
+            self._wait(lambda state: any(w.get("state") == "ALIVE"
+                                         for w in state.get("workers", [])),
+                       "a worker to register")
+        except BaseException:
+            self.stop()
+            raise
 
     def _start(self, log: Path, argv: list[str]) -> None:
         with open(log, "wb") as out:
@@ -87,7 +94,6 @@ class StandaloneCluster:
         while time.monotonic() < deadline:
             for proc in self._procs:
                 if proc.poll() is not None:
-                    self.stop()
                     pytest.fail(f"a Spark process exited ({proc.returncode}) while waiting for "
                                 f"{what}; logs in {self.root}")
             try:
@@ -96,7 +102,6 @@ class StandaloneCluster:
             except OSError:
                 pass  # the UI is not up yet
             time.sleep(0.5)
-        self.stop()
         pytest.fail(f"timed out waiting for {what}; logs in {self.root}")
 
     def processes(self) -> list[psutil.Process]:
