@@ -18,6 +18,16 @@ the JVM compresses its pointers), so its file name carries a digest of those: an
 JVM, Spark or venv, a venv made again, or another ``spark_driver_memory`` finds no
 archive and starts as before, until ``make install`` makes its own. An unusable archive
 is never fatal either: ``-Xshare:auto`` falls back to loading the classes.
+
+``make demo`` cannot wait for that minute: a newcomer's machine has no archive, and its
+quickstart's JVM paid ~20 s more for it (issue 42). So mqttbed ships the list of classes
+such a JVM loads (:data:`CLASS_LIST`, written by ``python -m
+mqttbed.controller.class_archive --write-list``), and ``make demo`` has Java dump them into
+a static archive (``-Xshare:dump``, :func:`dump_listed`) while pip installs the rest of
+its packages: the same load and verification, but overlapping pip's downloads instead of
+the quickstart. A listed archive stands in until ``make install`` makes the dynamic one,
+which replaces it. Classes of another Spark that the list does not name are loaded as
+before; names it has that this Spark lacks are skipped.
 """
 
 from __future__ import annotations
@@ -25,12 +35,17 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 ENV_DIR = "MQTTBED_CLASS_ARCHIVE_DIR"   # where archives are kept (default: the user's cache)
 # the JVM's archive messages off: a stale archive is a fallback to loading, not a warning
 # on every command
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+# the classes a session and the warm-up analysis load, in the order the JVM loaded them
+CLASS_LIST = Path(__file__).with_name("spark-classes.txt")
+LAUNCHER_TIMEOUT_S = 60.0
+DUMP_TIMEOUT_S = 600.0
 
 
 def archive_dir() -> Path:
@@ -84,10 +99,26 @@ def stale_archives(path: Path) -> list[Path]:
     return sorted(p for p in path.parent.glob(f"{version}-{place}-*.jsa") if p != path)
 
 
+def listed_path(archive: Path) -> Path:
+    """Where the archive dumped from :data:`CLASS_LIST` is kept, beside ``archive`` (the
+    dynamic one, for the same Java, jars and heap): one of the same place, so the dynamic
+    archive's :func:`stale_archives` includes it."""
+    return archive.with_name(f"{archive.stem}.listed.jsa")
+
+
+def made_archive(driver_memory: str) -> Path | None:
+    """This install's archive: the dynamic one, else the one dumped from the class list,
+    else None."""
+    path = archive_path(driver_memory)
+    if path is None:
+        return None
+    return next((p for p in (path, listed_path(path)) if p.is_file()), None)
+
+
 def use_options(driver_memory: str) -> str | None:
     """The JVM options that map this install's archive, or None where none was made."""
-    path = archive_path(driver_memory)
-    if path is None or not path.is_file():
+    path = made_archive(driver_memory)
+    if path is None:
         return None
     return f"-XX:SharedArchiveFile={path} -Xshare:auto {QUIET}"
 
@@ -95,3 +126,62 @@ def use_options(driver_memory: str) -> str | None:
 def dump_options(to: Path) -> str:
     """The JVM options that write the archive of what the JVM loaded, at its exit."""
     return f"-XX:ArchiveClassesAtExit={to} {QUIET}"
+
+
+def driver_command(driver_memory: str) -> list[str]:
+    """The java command and JVM options Spark's own launcher gives a PySpark driver with
+    this heap, without its main class and arguments.
+
+    A static archive is mapped only by a JVM whose class path begins with the one it was
+    dumped with, entry by entry; Spark's launcher writes that path (its conf directory,
+    one jar before the rest, a wildcard the java launcher expands in directory order), so
+    the dump asks the launcher rather than writing it again here."""
+    import pyspark
+
+    java = java_binary()
+    if java is None or not java.exists():
+        raise FileNotFoundError("no java found (Spark needs Java 17): set JAVA_HOME")
+    home = Path(pyspark.__file__).parent.resolve()
+    main = "org.apache.spark.deploy.SparkSubmit"
+    # what bin/spark-class does before it runs the command the launcher prints
+    script = ('. "$SPARK_HOME/bin/load-spark-env.sh" && exec "$0" -Xmx128m'
+              ' -cp "$SPARK_HOME/jars/*" org.apache.spark.launcher.Main "$@"')
+    built = subprocess.run(
+        ["bash", "-c", script, str(java), main, "--conf", f"spark.driver.memory={driver_memory}",
+         "pyspark-shell"], env={**os.environ, "SPARK_HOME": str(home)}, capture_output=True,
+        timeout=LAUNCHER_TIMEOUT_S, check=False)
+    # the launcher prints a line of one NUL (spark-class's marker), then the command's
+    # words, each followed by a NUL
+    _lines, _marker, command = built.stdout.partition(b"\0\n")
+    words = [w.decode() for w in command.split(b"\0") if w]
+    if built.returncode != 0 or main not in words:
+        raise RuntimeError(f"Spark's launcher gave no driver command (exit {built.returncode}):"
+                           f" {built.stderr.decode(errors='replace').strip()[-400:]}")
+    return words[:words.index(main)]
+
+
+def dump_listed(driver_memory: str, classes: Path = CLASS_LIST) -> str:
+    """Dump the classes ``classes`` names into this install's listed archive, where it has
+    no archive yet; return what was done, in words. Half a minute of a core here."""
+    path = archive_path(driver_memory)
+    if path is None:
+        return "no Java found: no class archive made (Spark needs Java 17)"
+    if (made := made_archive(driver_memory)) is not None:
+        return f"class archive present: {made}"
+    target = listed_path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")   # renamed once whole
+    try:
+        dumped = subprocess.run(
+            [*driver_command(driver_memory), "-Xshare:dump",
+             f"-XX:SharedClassListFile={classes}", f"-XX:SharedArchiveFile={partial}",
+             *QUIET.split()],
+            capture_output=True, text=True, timeout=DUMP_TIMEOUT_S, check=False)
+        if dumped.returncode != 0 or not partial.is_file():
+            return (f"the JVM dumped no class archive (exit {dumped.returncode}): its start"
+                    f" stays as it was: {dumped.stderr.strip()[-400:]}")
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
+    size = target.stat().st_size / 2**20
+    return f"class archive made from {classes.name}: {target} ({size:.0f} MiB)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,51 @@ def test_the_session_maps_the_archive_make_install_made(spark):
                     "(python -m mqttbed.controller.class_archive)")
     maps = open(f"/proc/{spark_jvm_pid(spark)}/maps").read()
     assert str(path) in maps
+
+
+def test_the_listed_archive_stands_in_until_the_dynamic_one_is_made(tmp_path, monkeypatch):
+    monkeypatch.setenv(class_archive.ENV_DIR, str(tmp_path))
+    dynamic = class_archive.archive_path("2g")
+    assert dynamic is not None
+    listed = class_archive.listed_path(dynamic)
+    assert listed.parent == tmp_path and listed != dynamic
+    listed.write_bytes(b"dumped from the list")
+    assert class_archive.made_archive("2g") == listed
+    assert f"-XX:SharedArchiveFile={listed}" in (class_archive.use_options("2g") or "").split()
+    # make demo does not dump again where an archive is made
+    assert class_archive.dump_listed("2g") == f"class archive present: {listed}"
+    dynamic.write_bytes(b"made by make install")
+    assert class_archive.made_archive("2g") == dynamic
+    # the dynamic archive's maker deletes the listed one: the same Java, jars and heap
+    assert class_archive.stale_archives(dynamic) == [listed]
+
+
+@pytest.mark.integration
+def test_a_session_maps_the_archive_dumped_from_the_class_list(tmp_path, monkeypatch):
+    # a part of the shipped list, for time: the JDK's first classes and some of Spark's
+    # (classes of the application class path are what make the JVM compare class paths:
+    # an archive dumped with another class path than Spark's launcher gives is not mapped)
+    names = [line for line in class_archive.CLASS_LIST.read_text().splitlines()
+             if line and not line.startswith(("#", "@"))]
+    spark_classes = [n for n in names if n.startswith("org/apache/spark/")]
+    assert len(spark_classes) > 1000   # the list is of a Spark session, not of a bare JVM
+    part = tmp_path / "classes.txt"
+    part.write_text("".join(f"{n}\n" for n in [*names[:800], *spark_classes[:300]]))
+    archives = tmp_path / "archives"
+    monkeypatch.setenv(class_archive.ENV_DIR, str(archives))
+    memory = Settings.load().spark_driver_memory
+    said = class_archive.dump_listed(memory, part)
+    assert said.startswith("class archive made from classes.txt"), said
+    made = class_archive.made_archive(memory)
+    assert made is not None and made.name.endswith(".listed.jsa")
+    # a session started as mqttbed starts one (PySpark, spark-submit, Spark's launcher)
+    started = subprocess.run(
+        [sys.executable, "-c",
+         "from mqttbed.analytics.spark import end_spark, get_spark, spark_jvm_pid\n"
+         "from mqttbed.core.settings import Settings\n"
+         "spark = get_spark(Settings.load())\n"
+         "print(open(f'/proc/{spark_jvm_pid(spark)}/maps').read())\n"
+         "end_spark(wait_s=60.0)\n"],
+        capture_output=True, text=True, timeout=300, env={**os.environ})
+    assert started.returncode == 0, started.stderr[-3000:]
+    assert str(made) in started.stdout
