@@ -76,9 +76,11 @@ def test_sampler_counts_children_cpu(tmp_path):
 def test_sampler_keeps_bytes_of_children_that_exit(tmp_path):
     # A fork-per-client broker's children come and go; their traffic must stay counted.
     done = tmp_path / "all-children-reaped"
+    go = tmp_path / "sampled-once"
     parent = spawn_python(f"""
         import os, time
-        time.sleep(0.3)  # window: the sampler starts before the first child
+        while not os.path.exists({str(go)!r}):   # the sampler's first sample, then a child
+            time.sleep(0.01)  # window: a poll
         for _ in range(4):
             child = os.fork()
             if child == 0:
@@ -93,6 +95,10 @@ def test_sampler_keeps_bytes_of_children_that_exit(tmp_path):
     try:
         sampler = ProcessTreeSampler(parent.pid, interval_s=0.05)
         sampler.start()
+        # the first sample before the first child (ci6: under load, a fixed 0.3 s was
+        # over before the sampler's first sample, which then saw 3 MB for 4)
+        assert eventually(lambda: len(sampler.samples) >= 1, timeout_s=20)
+        go.touch()
         # The parent says when its last child is reaped: "no children right now" is also
         # true between two children, which a loaded machine's timing can hit.
         assert eventually(done.exists, timeout_s=20), "the parent did not finish its children"
