@@ -172,11 +172,16 @@ def dump_listed(driver_memory: str, classes: Path = CLASS_LIST) -> str:
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")   # renamed once whole
     try:
-        dumped = subprocess.run(
-            [*driver_command(driver_memory), "-Xshare:dump",
-             f"-XX:SharedClassListFile={classes}", f"-XX:SharedArchiveFile={partial}",
-             *QUIET.split()],
-            capture_output=True, text=True, timeout=DUMP_TIMEOUT_S, check=False)
+        # an archive is a cheaper start, never a condition of one: what fails here is
+        # said, and the JVM starts as before
+        try:
+            dumped = subprocess.run(
+                [*driver_command(driver_memory), "-Xshare:dump",
+                 f"-XX:SharedClassListFile={classes}", f"-XX:SharedArchiveFile={partial}",
+                 *QUIET.split()],
+                capture_output=True, text=True, timeout=DUMP_TIMEOUT_S, check=False)
+        except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+            return f"no class archive made ({e}): the JVM starts as before"
         if dumped.returncode != 0 or not partial.is_file():
             return (f"the JVM dumped no class archive (exit {dumped.returncode}): its start"
                     f" stays as it was: {dumped.stderr.strip()[-400:]}")

@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="make it again")
     parser.add_argument("--from-list", action="store_true",
-                        help="dump the classes of mqttbed's class list (seconds, not a"
-                             " session), where this install has no archive yet")
+                        help="dump the classes of mqttbed's class list (half a minute of"
+                             " a core, no session), where this install has no archive yet")
     parser.add_argument("--write-list", metavar="FILE", type=Path,
                         help="write the classes a session and the warm-up analysis load to"
                              " FILE (the class list mqttbed ships), and make no archive")

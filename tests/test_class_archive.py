@@ -96,6 +96,18 @@ def test_the_listed_archive_stands_in_until_the_dynamic_one_is_made(tmp_path, mo
     assert class_archive.stale_archives(dynamic) == [listed]
 
 
+def test_a_dump_that_cannot_run_says_why_and_leaves_no_file(tmp_path, monkeypatch):
+    monkeypatch.setenv(class_archive.ENV_DIR, str(tmp_path))
+
+    def no_launcher(memory: str) -> list[str]:
+        raise RuntimeError("Spark's launcher gave no driver command (exit 1): no jars")
+
+    monkeypatch.setattr(class_archive, "driver_command", no_launcher)
+    said = class_archive.dump_listed("2g")
+    assert said.startswith("no class archive made (Spark's launcher gave no driver command")
+    assert list(tmp_path.iterdir()) == [] and class_archive.use_options("2g") is None
+
+
 @pytest.mark.integration
 def test_a_session_maps_the_archive_dumped_from_the_class_list(tmp_path, monkeypatch):
     # a part of the shipped list, for time: the JDK's first classes and some of Spark's
