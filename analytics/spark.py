@@ -35,6 +35,9 @@ log = logging.getLogger("mqttbed.spark")
 # and the lock that makes its creation happen once when two threads ask at the same time.
 _session: SparkSession | None = None
 _session_lock = threading.Lock()
+# set by end_spark: a background start that fails after it (its JVM ended under it, as an
+# interrupted command's is) is no failure to report
+_ending = threading.Event()
 
 # Nice value of a JVM started by start_spark_in_background once it is up (0 is normal, 19
 # the lowest priority): well below the measuring processes, not starved when the machine
@@ -78,6 +81,7 @@ def _create(settings: Settings | None) -> SparkSession:
     global _session
     from pyspark.sql import SparkSession
 
+    _ending.clear()
     settings = settings or Settings.load()
     # Spark's Python workers otherwise start whatever `python3` is first on PATH; a
     # cluster's workers must have the same Python at the same path (a venv in the same
@@ -172,6 +176,7 @@ def end_spark(wait_s: float = 30.0) -> None:
     input closed is killed.
     """
     global _session
+    _ending.set()
     if not _session_lock.acquire(timeout=wait_s):
         log.warning("Spark is still starting after %.0f s; its JVM is ended unstopped", wait_s)
     else:
@@ -245,7 +250,11 @@ def start_spark_in_background(settings: Settings | None = None,
             finally:
                 renice_threads(spark_jvm_pid(spark), nice)
         except Exception:  # noqa: BLE001 - the analysis asks again and reports it
-            log.exception("starting Spark in the background failed")
+            if _ending.is_set():   # ended under it (ci8: a traceback after "interrupted")
+                log.debug("Spark was ended while it started in the background",
+                          exc_info=True)
+            else:
+                log.exception("starting Spark in the background failed")
 
     thread = threading.Thread(target=start, name="spark-warm-up", daemon=True)
     thread.start()

@@ -147,7 +147,8 @@ def test_run_capacity_search_by_name_starts_its_first_probe(tmp_path):
     err = err_path.read_text()
     assert leftovers == set(), err[-2000:]
     assert proc.returncode == 130, err[-2000:]   # interrupted, not done: said, no traceback
-    assert err.rstrip().endswith("mqttbed run: interrupted") and "Traceback" not in err
+    assert err.rstrip().endswith("mqttbed run: interrupted") and "Traceback" not in err, \
+        err[-4000:]
     assert run_states()[0] == ("capacity-search", "interrupted"), err[-2000:]
 
 
