@@ -44,6 +44,7 @@ ENV_DIR = "MQTTBED_CLASS_ARCHIVE_DIR"   # where archives are kept (default: the 
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 # the classes a session and the warm-up analysis load, in the order the JVM loaded them
 CLASS_LIST = Path(__file__).with_name("spark-classes.txt")
+NO_JAVA = "no Java found: no class archive made (Spark needs Java 17)"
 LAUNCHER_TIMEOUT_S = 60.0
 DUMP_TIMEOUT_S = 600.0
 
@@ -110,8 +111,12 @@ def made_archive(driver_memory: str) -> Path | None:
     """This install's archive: the dynamic one, else the one dumped from the class list,
     else None."""
     path = archive_path(driver_memory)
-    if path is None:
-        return None
+    return _made_at(path) if path is not None else None
+
+
+def _made_at(path: Path) -> Path | None:
+    """The archive made for ``path``'s Java, jars and heap: ``path`` (the dynamic one),
+    else its listed one, else None."""
     return next((p for p in (path, listed_path(path)) if p.is_file()), None)
 
 
@@ -165,8 +170,8 @@ def dump_listed(driver_memory: str, classes: Path = CLASS_LIST) -> str:
     no archive yet; return what was done, in words. Half a minute of a core here."""
     path = archive_path(driver_memory)
     if path is None:
-        return "no Java found: no class archive made (Spark needs Java 17)"
-    if (made := made_archive(driver_memory)) is not None:
+        return NO_JAVA
+    if (made := _made_at(path)) is not None:
         return f"class archive present: {made}"
     target = listed_path(path)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ def make_archive(settings: Settings, force: bool = False) -> str:
     its start) and ends the JVM it starts."""
     path = class_archive.archive_path(settings.spark_driver_memory)
     if path is None:
-        return "no Java found: no class archive made (Spark needs Java 17)"
+        return class_archive.NO_JAVA
     if path.is_file() and not force:
         return f"class archive present: {path}"
     path.parent.mkdir(parents=True, exist_ok=True)

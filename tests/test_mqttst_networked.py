@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from mqttbed.brokers.mqttst.wan import Geography
@@ -104,15 +105,14 @@ def test_wan_delays_land_where_the_regions_put_them_and_no_proxy_is_left(tmp_pat
 
 
 def described(pids: list[int]) -> list[str]:
-    """Each process's pid, parent and command line, as far as /proc still has them."""
+    """Each process's pid, parent and command line, as far as they are still there."""
     said = []
     for pid in pids:
         try:
-            parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            parent, argv = "?", "(gone)"
-        said.append(f"{pid} (parent {parent}): {argv[:200]}")
+            proc = psutil.Process(pid)
+            said.append(f"{pid} (parent {proc.ppid()}): {' '.join(proc.cmdline())[:200]}")
+        except psutil.Error:
+            said.append(f"{pid}: gone")
     return said
 
 
